@@ -1,0 +1,32 @@
+# Two commands set everything up on a fresh machine: `make serve` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: serve test check unit bench bench-quick clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(PY) -m daemon $(ARGS)
+
+# Lint + strict types on the pure cores, then the whole suite, then the benchmark smoke run.
+check: $(STAMP)
+	$(VENV)/bin/ruff check daemon sdk webui_model tests benchmarks
+	$(VENV)/bin/mypy --strict $(CORES)
+
+unit: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+test: check unit
+
+bench: $(STAMP)
+	$(PY) -m benchmarks $(ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

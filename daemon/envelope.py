@@ -1,0 +1,167 @@
+"""The event envelope: built once, encoded once, sized by its encoding.
+
+Every published event becomes one :class:`Event`. Its compact JSON encoding (``raw``) is made
+exactly once, at publish time; the ring, the live journals, load snapshots, SSE frames and the
+transcript writer all reuse those bytes. ``size`` is ``len(raw)`` and is the size every limit in
+SPEC §2–§4 counts.
+
+Pure: no clock (callers pass ``now_ms``), no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Final
+
+import msgspec
+
+SCHEMA_VERSION: Final = 1
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder()
+
+encode_json = _encoder.encode
+decode_json = _decoder.decode
+
+JsonObject = dict[str, Any]
+
+
+def is_finite_number(value: object) -> bool:
+    """True for an int or float that is finite; bools are not numbers here."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    return isinstance(value, float) and math.isfinite(value)
+
+
+class Event:
+    """One published (or seeded) event: the envelope dict and its one encoding.
+
+    ``env`` must be treated as immutable once the event exists: its bytes are shared.
+    """
+
+    __slots__ = ("_sse", "env", "id", "prompt_id", "raw", "size", "type")
+
+    def __init__(self, env: JsonObject, raw: bytes) -> None:
+        self.env = env
+        self.raw = raw
+        self.size = len(raw)
+        ident = env.get("id")
+        self.id: int | None = ident if isinstance(ident, int) else None
+        self.type: str = env["type"]
+        prompt_id = env.get("promptId")
+        self.prompt_id: str | None = prompt_id if isinstance(prompt_id, str) else None
+        self._sse: bytes | None = None
+
+    @classmethod
+    def from_env(cls, env: JsonObject) -> Event:
+        """Encode ``env`` (raises ``msgspec.EncodeError``/``TypeError`` if it cannot be)."""
+        return cls(env, encode_json(env))
+
+    @property
+    def data(self) -> Any:
+        return self.env.get("data")
+
+    @property
+    def sse_frame(self) -> bytes:
+        """The SSE frame for this event, made on first use and then shared by all subscribers."""
+        frame = self._sse
+        if frame is None:
+            head = b"id: %d\n" % self.id if self.id is not None else b""
+            frame = b"%sevent: %s\ndata: %s\n\n" % (head, self.type.encode(), self.raw)
+            self._sse = frame
+        return frame
+
+    def __repr__(self) -> str:  # pragma: no cover - debugging aid
+        return f"Event(id={self.id}, type={self.type!r}, size={self.size})"
+
+
+def _lifted_timestamp(data: Any) -> float | int | None:
+    """``update._meta.serverTimestamp`` (else ``.timestamp``) of a session_update, if finite."""
+    if not isinstance(data, dict):
+        return None
+    update = data.get("update")
+    if not isinstance(update, dict):
+        return None
+    meta = update.get("_meta")
+    if not isinstance(meta, dict):
+        return None
+    for key in ("serverTimestamp", "timestamp"):
+        value = meta.get(key)
+        if is_finite_number(value):
+            return value  # type: ignore[no-any-return]
+    return None
+
+
+def build_envelope(
+    event_id: int | None,
+    event_type: str,
+    data: Any,
+    *,
+    now_ms: int,
+    prompt_id: str | None = None,
+    originator_client_id: str | None = None,
+    meta: JsonObject | None = None,
+) -> JsonObject:
+    """The envelope dict as the bus publishes it (SPEC §1).
+
+    ``_meta.serverTimestamp`` is the caller's finite numeric one, else (for ``session_update``)
+    the one lifted from ``update._meta``, else ``now_ms``.
+    """
+    env: JsonObject = {}
+    if event_id is not None:
+        env["id"] = event_id
+    env["v"] = SCHEMA_VERSION
+    env["type"] = event_type
+    env["data"] = data
+    if prompt_id is not None:
+        env["promptId"] = prompt_id
+    if originator_client_id is not None:
+        env["originatorClientId"] = originator_client_id
+    out_meta: JsonObject = dict(meta) if meta else {}
+    if not is_finite_number(out_meta.get("serverTimestamp")):
+        lifted = _lifted_timestamp(data) if event_type == "session_update" else None
+        out_meta["serverTimestamp"] = lifted if lifted is not None else now_ms
+    env["_meta"] = out_meta
+    return env
+
+
+def make_event(
+    event_id: int | None,
+    event_type: str,
+    data: Any,
+    *,
+    now_ms: int,
+    prompt_id: str | None = None,
+    originator_client_id: str | None = None,
+    meta: JsonObject | None = None,
+) -> Event | None:
+    """Build and encode one event; ``None`` when it cannot be encoded (it must then be dropped
+    and consume no id)."""
+    env = build_envelope(
+        event_id,
+        event_type,
+        data,
+        now_ms=now_ms,
+        prompt_id=prompt_id,
+        originator_client_id=originator_client_id,
+        meta=meta,
+    )
+    try:
+        return Event(env, encode_json(env))
+    except (msgspec.EncodeError, TypeError, ValueError, OverflowError):
+        return None
+
+
+def synthetic(
+    event_type: str, data: Any, *, now_ms: int | None = None, prompt_id: str | None = None
+) -> Event:
+    """An id-less transport frame (markers, ``replay_complete``, ``state_resync_required``,
+    ``slow_client_warning``, ``client_evicted``, ``stream_error``). Never stored."""
+    env: JsonObject = {"v": SCHEMA_VERSION, "type": event_type, "data": data}
+    if prompt_id is not None:
+        env["promptId"] = prompt_id
+    if now_ms is not None:
+        env["_meta"] = {"serverTimestamp": now_ms}
+    return Event(env, encode_json(env))

@@ -1,0 +1,1 @@
+"""webui_model."""
