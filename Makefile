@@ -2,6 +2,8 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# Modules type-checked in strict mode (the pure cores and the typed public packages).
+CORES := daemon sdk webui_model
 STAMP := $(VENV)/.installed
 
 .PHONY: serve test check unit bench bench-quick clean

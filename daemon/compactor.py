@@ -1,18 +1,348 @@
 """Turn-boundary compaction (SPEC §3.1). Pure core: no trio, no clock, no I/O.
 
-INTERFACE CONTRACT (the bus depends on these names):
+While a turn runs, the bus hands every non-transient event to :meth:`TurnCompactor.add`, which
+sorts it into an ordered *slot*:
 
-    class TurnCompactor:
-        def add(self, event: Event) -> None     # every non-transient event since the last terminal
-        def finish(self, terminal: Event) -> list[JsonObject]
-            # the compacted envelopes (dicts, in slot order, ending with the terminal's envelope);
-            # resets the compactor for the next turn
-        def reset(self) -> None
-        pending_events: int                     # events added since the last finish/reset
+- top-level ``agent_message_chunk`` / ``agent_thought_chunk`` text merges into the last slot when
+  that slot has the same kind, is top-level and has the same ``sourceRecordIds``;
+- subagent text (``update._meta.parentToolCallId``) merges into the one slot for
+  ``(kind, parentToolCallId, sourceRecordIds)``, wherever it is;
+- ``tool_call`` / ``tool_call_update`` frames with a ``toolCallId`` fold into one slot per tool
+  call, at the position of its first frame;
+- ``available_commands_update`` / ``current_mode_update`` keep one latest-wins slot per kind;
+- everything else (user echo, plan, permission and pending-prompt frames, discrete messages,
+  chunks whose content is not plain text) is kept as is.
 
-    def stamp_record(env: JsonObject, record_id: str) -> JsonObject
-        # a NEW envelope dict (input untouched) with, for session_update,
-        # update._meta["qwen.session.recordId"] = record_id and
-        # update._meta.qwenTranscript.sourceRecordIds = [record_id]; other types returned unchanged
-        # in content (a shallow copy is fine).
+:meth:`TurnCompactor.finish` renders the slots plus the terminal as envelope dicts: one segment
+of the replay window and the turn's transcript records. :func:`stamp_record` puts a record id
+on a compacted envelope (SPEC §5).
 """
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from daemon.envelope import Event, JsonObject, encode_json
+
+__all__ = ["TurnCompactor", "stamp_record"]
+
+_TEXT_KINDS: Final = frozenset({"agent_message_chunk", "agent_thought_chunk"})
+_TOOL_KINDS: Final = frozenset({"tool_call", "tool_call_update"})
+_LATEST_KINDS: Final = frozenset({"available_commands_update", "current_mode_update"})
+
+# Pieces are joined in groups of this many, and the groups again once as many accumulate, so a
+# slot holds at most 2 * _JOIN_EVERY strings however many chunks arrive, and each byte of text is
+# copied a bounded number of times (not once per join as a single running string would be).
+_JOIN_EVERY: Final = 256
+
+# A hashable stand-in for ``sourceRecordIds``: None when absent, a tuple for the normal list of
+# strings, else the value's JSON bytes (odd values still compare by content, never crash).
+_SourcesKey = tuple[str, ...] | bytes | None
+
+
+def _sources_key(value: Any) -> _SourcesKey:
+    if value is None:
+        return None
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return tuple(value)
+    return encode_json(value)
+
+
+class _KeptSlot:
+    """An event kept as is (or, for the latest-wins kinds, the latest one of its kind)."""
+
+    __slots__ = ("env",)
+
+    def __init__(self, env: JsonObject) -> None:
+        self.env = env
+
+    def emit(self) -> JsonObject:
+        return self.env
+
+
+class _TextSlot:
+    """Merged text chunks of one kind (and one subagent, for subagent chunks)."""
+
+    __slots__ = ("blocks", "kind", "last_env", "meta", "originator", "parent", "pieces",
+                 "prompt_id", "sources")
+
+    def __init__(self, kind: str, parent: str | None, sources: _SourcesKey) -> None:
+        self.kind = kind
+        self.parent = parent
+        self.sources = sources
+        self.pieces: list[str] = []
+        self.blocks: list[str] = []
+        self.meta: JsonObject = {}
+        self.last_env: JsonObject = {}
+        self.prompt_id: Any = None
+        self.originator: Any = None
+
+    def absorb(self, env: JsonObject, text: str, meta: JsonObject | None) -> None:
+        pieces = self.pieces
+        pieces.append(text)
+        if len(pieces) >= _JOIN_EVERY:
+            blocks = self.blocks
+            blocks.append("".join(pieces))
+            self.pieces = []
+            if len(blocks) >= _JOIN_EVERY:
+                self.blocks = ["".join(blocks)]
+        if meta:
+            self.meta.update(meta)
+        prompt_id = env.get("promptId")
+        if prompt_id is not None:
+            self.prompt_id = prompt_id
+        originator = env.get("originatorClientId")
+        if originator is not None:
+            self.originator = originator
+        self.last_env = env
+
+    @property
+    def held_pieces(self) -> int:
+        return len(self.blocks) + len(self.pieces)
+
+    def text(self) -> str:
+        return "".join(self.blocks) + "".join(self.pieces)
+
+    def emit(self) -> JsonObject:
+        # id, envelope _meta, data.sessionId and the other update keys are the last chunk's.
+        env = dict(self.last_env)
+        data = dict(env["data"])
+        update = dict(data["update"])
+        content = dict(update["content"])
+        content["text"] = self.text()
+        update["content"] = content
+        if self.meta:
+            update["_meta"] = dict(self.meta)
+        else:
+            update.pop("_meta", None)
+        data["update"] = update
+        env["data"] = data
+        if self.prompt_id is not None:
+            env["promptId"] = self.prompt_id
+        if self.originator is not None:
+            env["originatorClientId"] = self.originator
+        return env
+
+
+class _ToolSlot:
+    """Every frame of one tool call, folded field by field into a ``tool_call``."""
+
+    __slots__ = ("env", "event_id", "originator", "prompt_id", "update")
+
+    def __init__(self, env: JsonObject, update: JsonObject) -> None:
+        self.env = env
+        self.update: JsonObject = dict(update)
+        self.update["sessionUpdate"] = "tool_call"
+        self.event_id: Any = env.get("id")
+        self.prompt_id: Any = env.get("promptId")
+        self.originator: Any = env.get("originatorClientId")
+
+    def absorb(self, env: JsonObject, update: JsonObject) -> None:
+        merged = self.update
+        for key, value in update.items():
+            if value is None:
+                # A null never erases what an earlier frame said.
+                merged.setdefault(key, None)
+            elif key == "_meta" and isinstance(value, dict):
+                # Shallow-merged so that e.g. parentToolCallId from the first frame survives a
+                # later frame that carries only a timestamp.
+                old = merged.get("_meta")
+                merged["_meta"] = {**old, **value} if isinstance(old, dict) else dict(value)
+            else:
+                merged[key] = value
+        merged["sessionUpdate"] = "tool_call"
+        event_id = env.get("id")
+        if event_id is not None:
+            self.event_id = event_id
+        prompt_id = env.get("promptId")
+        if prompt_id is not None:
+            self.prompt_id = prompt_id
+        originator = env.get("originatorClientId")
+        if originator is not None:
+            self.originator = originator
+
+    def emit(self) -> JsonObject:
+        env = dict(self.env)
+        if self.event_id is not None:
+            env["id"] = self.event_id
+        if self.prompt_id is not None:
+            env["promptId"] = self.prompt_id
+        if self.originator is not None:
+            env["originatorClientId"] = self.originator
+        data = dict(env["data"])
+        data["update"] = dict(self.update)
+        env["data"] = data
+        return env
+
+
+_Slot = _KeptSlot | _TextSlot | _ToolSlot
+
+
+class TurnCompactor:
+    """Folds one turn's events into slots; :meth:`finish` renders them at the terminal.
+
+    ``add`` is on the publish hot path: a few dict lookups per event, no copying of envelopes
+    (they are only read), and text kept as a bounded list of pieces.
+    """
+
+    __slots__ = ("_latest", "_slots", "_subagent", "_tools", "pending_events")
+
+    def __init__(self) -> None:
+        self._slots: list[_Slot] = []
+        self._subagent: dict[tuple[str, str, _SourcesKey], _TextSlot] = {}
+        self._tools: dict[str, _ToolSlot] = {}
+        self._latest: dict[str, _KeptSlot] = {}
+        self.pending_events = 0
+
+    @property
+    def slot_count(self) -> int:
+        """Slots the turn has so far (what ``finish`` would emit, before the terminal)."""
+        return len(self._slots)
+
+    @property
+    def held_text_pieces(self) -> int:
+        """Text strings held across all open text slots (bounded per slot, whatever the chunk
+        count); exposed so that memory behaviour can be observed."""
+        return sum(slot.held_pieces for slot in self._slots if isinstance(slot, _TextSlot))
+
+    def add(self, event: Event) -> None:
+        """Classify one non-transient event of the running turn."""
+        self.pending_events += 1
+        env = event.env
+        if event.type == "session_update":
+            data = env.get("data")
+            if isinstance(data, dict):
+                update = data.get("update")
+                if isinstance(update, dict):
+                    kind = update.get("sessionUpdate")
+                    if isinstance(kind, str):
+                        if kind in _TEXT_KINDS:
+                            if self._add_text(env, update, kind):
+                                return
+                        elif kind in _TOOL_KINDS:
+                            if self._add_tool(env, update):
+                                return
+                        elif kind in _LATEST_KINDS:
+                            self._add_latest(env, kind)
+                            return
+        self._slots.append(_KeptSlot(env))
+
+    def _add_text(self, env: JsonObject, update: JsonObject, kind: str) -> bool:
+        content = update.get("content")
+        if not isinstance(content, dict) or content.get("type") != "text":
+            return False
+        text = content.get("text")
+        if not isinstance(text, str):
+            return False
+        meta = update.get("_meta")
+        parent: str | None = None
+        sources: _SourcesKey = None
+        if meta is not None:
+            if not isinstance(meta, dict) or meta.get("qwenDiscreteMessage"):
+                return False
+            candidate = meta.get("parentToolCallId")
+            if isinstance(candidate, str) and candidate:
+                parent = candidate
+            transcript = meta.get("qwenTranscript")
+            if isinstance(transcript, dict):
+                sources = _sources_key(transcript.get("sourceRecordIds"))
+        slot: _TextSlot | None
+        if parent is None:
+            slots = self._slots
+            last = slots[-1] if slots else None
+            if (
+                isinstance(last, _TextSlot)
+                and last.parent is None
+                and last.kind == kind
+                and last.sources == sources
+            ):
+                slot = last
+            else:
+                slot = _TextSlot(kind, None, sources)
+                slots.append(slot)
+        else:
+            key = (kind, parent, sources)
+            slot = self._subagent.get(key)
+            if slot is None:
+                slot = _TextSlot(kind, parent, sources)
+                self._subagent[key] = slot
+                self._slots.append(slot)
+        slot.absorb(env, text, meta)
+        return True
+
+    def _add_tool(self, env: JsonObject, update: JsonObject) -> bool:
+        tool_call_id = update.get("toolCallId")
+        if not isinstance(tool_call_id, str) or not tool_call_id:
+            return False
+        slot = self._tools.get(tool_call_id)
+        if slot is None:
+            slot = _ToolSlot(env, update)
+            self._tools[tool_call_id] = slot
+            self._slots.append(slot)
+        else:
+            slot.absorb(env, update)
+        return True
+
+    def _add_latest(self, env: JsonObject, kind: str) -> None:
+        slot = self._latest.get(kind)
+        if slot is None:
+            slot = _KeptSlot(env)
+            self._latest[kind] = slot
+            self._slots.append(slot)
+        else:
+            slot.env = env
+
+    def finish(self, terminal: Event) -> list[JsonObject]:
+        """The compacted turn: every slot rendered in order, then the terminal's envelope.
+
+        Resets the compactor for the next turn. A terminal that was also passed to ``add`` is
+        not emitted twice.
+        """
+        slots = self._slots
+        if slots:
+            last = slots[-1]
+            if isinstance(last, _KeptSlot) and last.env is terminal.env:
+                slots.pop()
+        out = [slot.emit() for slot in slots]
+        out.append(terminal.env)
+        self.reset()
+        return out
+
+    def reset(self) -> None:
+        """Drop everything held (turn boundary, or a turn abandoned after a failure)."""
+        self._slots = []
+        self._subagent = {}
+        self._tools = {}
+        self._latest = {}
+        self.pending_events = 0
+
+
+def stamp_record(env: JsonObject, record_id: str) -> JsonObject:
+    """A new envelope carrying transcript record id ``record_id`` (SPEC §5).
+
+    For ``session_update``: ``update._meta["qwen.session.recordId"] = record_id`` and
+    ``update._meta.qwenTranscript.sourceRecordIds = [record_id]`` (other ``qwenTranscript`` keys
+    are kept). Other types come back as a shallow copy. The input is never modified.
+    """
+    out = dict(env)
+    if out.get("type") != "session_update":
+        return out
+    data = out.get("data")
+    if not isinstance(data, dict):
+        return out
+    update = data.get("update")
+    if not isinstance(update, dict):
+        return out
+    old_meta = update.get("_meta")
+    meta: JsonObject = dict(old_meta) if isinstance(old_meta, dict) else {}
+    old_transcript = meta.get("qwenTranscript")
+    transcript: JsonObject = dict(old_transcript) if isinstance(old_transcript, dict) else {}
+    transcript["sourceRecordIds"] = [record_id]
+    meta["qwenTranscript"] = transcript
+    meta["qwen.session.recordId"] = record_id
+    new_update = dict(update)
+    new_update["_meta"] = meta
+    new_data = dict(data)
+    new_data["update"] = new_update
+    out["data"] = new_data
+    return out

@@ -1,34 +1,445 @@
-"""Live journal of the unfinished turn (SPEC §2). Pure core: no trio, no clock, no I/O.
+"""The live journal: a bounded record of the unfinished turn (SPEC §2).
 
-INTERFACE CONTRACT (implemented by the journal-core work; the bus depends on these names):
+The bus appends every non-transient published event; a turn terminal resets the journal. A
+load snapshot returns the retained entries, preceded by an id-less ``history_truncated`` marker
+when older entries had to be dropped (§2.3).
 
-    DEFAULT_MAX_EVENTS = 10_000
-    DEFAULT_MAX_BYTES = 8 * 1024 * 1024
+Entries: normally one event is one entry, stored as the :class:`~daemon.envelope.Event` itself so
+that its snapshot bytes are ``event.raw`` with no re-encode. Consecutive compatible text chunks
+(§2.1) merge into one :class:`_MergedEntry` of at most :data:`MAX_EVENTS_PER_ENTRY` source
+events, rendered on demand and cached until it grows.
 
-    def in_summary(event: Event) -> bool
-        SPEC §2.5 filter for the summary journal.
+This is on the publish hot path, so ``append`` is O(1) amortized: a deque of entries, running
+byte/event counters, the merge compatibility of the last entry kept as one comparable key, and a
+non-chunk event rejected by its ``type``/``sessionUpdate`` before any other inspection.
 
-    class LiveJournal:
-        def __init__(self, max_events: int = DEFAULT_MAX_EVENTS,
-                     max_bytes: int = DEFAULT_MAX_BYTES) -> None
-        def append(self, event: Event) -> None          # O(1) amortized, merge + evict
-        def reset(self) -> None                         # turn boundary: entries, bytes, counters
-        max_events: int; max_bytes: int
-        entry_count: int                                # entries now (property or attribute)
-        total_bytes: int                                # sum of entry bytes now
-        truncated_events: int                           # source events evicted this turn
-        retained_events: int                            # source events still held
-        def entries(self) -> list[bytes]                # each entry's encoded JSON envelope
-                                                        # (unmerged: event.raw reused as is)
-        def snapshot(self, *, active_prompt_id: str | None,
-                     full_transcript_available: bool,
-                     record_id: str | None = None) -> list[bytes]
-            # entries(), preceded by the encoded id-less marker of §2.3 when truncated_events > 0
-
-    class LiveJournals:                                  # the full + summary pair (§2.5)
-        def __init__(self, max_events: int, max_bytes: int) -> None
-        full: LiveJournal; summary: LiveJournal
-        def append(self, event: Event) -> None          # full always, summary if in_summary
-        def reset(self) -> None
-        def snapshot(self, mode: str, ...) -> list[bytes]   # mode "full" | "summary"
+Pure: no trio, no clock, no I/O.
 """
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Final, Literal
+
+from daemon.envelope import Event, JsonObject, encode_json, synthetic
+
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "DEFAULT_MAX_EVENTS",
+    "MAX_EVENTS_PER_ENTRY",
+    "LiveJournal",
+    "LiveJournals",
+    "LiveReplayMode",
+    "in_summary",
+    "merge_key",
+]
+
+DEFAULT_MAX_EVENTS: Final = 10_000
+DEFAULT_MAX_BYTES: Final = 8 * 1024 * 1024
+MAX_EVENTS_PER_ENTRY: Final = 256
+
+LiveReplayMode = Literal["full", "summary"]
+LIVE_REPLAY_MODES: Final[frozenset[str]] = frozenset({"full", "summary"})
+
+_MESSAGE_CHUNK: Final = "agent_message_chunk"
+_THOUGHT_CHUNK: Final = "agent_thought_chunk"
+
+_DATA_KEYS: Final = frozenset({"sessionId", "update"})
+_UPDATE_KEYS: Final = frozenset({"sessionUpdate", "content", "_meta"})
+_CONTENT_KEYS: Final = frozenset({"type", "text"})
+_UPDATE_META_KEYS: Final = frozenset(
+    {"timestamp", "serverTimestamp", "parentToolCallId", "subagentType", "qwenTranscript"}
+)
+_TRANSCRIPT_KEYS: Final = frozenset({"sourceRecordIds", "planToolCallId"})
+_ENVELOPE_META_KEYS: Final = frozenset({"serverTimestamp", "timestamp"})
+
+
+class _Missing:
+    """Marks an absent key inside a merge key, so "absent" never equals an explicit value."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:  # pragma: no cover - debugging aid
+        return "<missing>"
+
+
+_MISSING: Final = _Missing()
+
+MergeKey = tuple[Any, ...]
+
+
+def _valid_transcript_meta(value: object) -> bool:
+    if not isinstance(value, dict) or not value.keys() <= _TRANSCRIPT_KEYS:
+        return False
+    sources = value.get("sourceRecordIds", _MISSING)
+    if sources is not _MISSING and not (
+        isinstance(sources, list) and all(isinstance(s, str) for s in sources)
+    ):
+        return False
+    plan = value.get("planToolCallId", _MISSING)
+    return plan is _MISSING or isinstance(plan, str)
+
+
+def merge_key(env: JsonObject) -> MergeKey | None:
+    """What two events must share to merge into one entry (SPEC §2.1), or ``None`` when ``env``
+    can never merge.
+
+    Two events with keys ``a`` and ``b`` are merge-compatible iff neither is ``None`` and
+    ``a == b``; the per-entry count and byte limits are the journal's to check.
+    """
+    # Cheapest rejections first: almost every non-chunk event stops at one of these two.
+    if env.get("type") != "session_update":
+        return None
+    data = env.get("data")
+    if not isinstance(data, dict):
+        return None
+    update = data.get("update")
+    if not isinstance(update, dict):
+        return None
+    kind = update.get("sessionUpdate")
+    if kind != _MESSAGE_CHUNK and kind != _THOUGHT_CHUNK:
+        return None
+    content = update.get("content")
+    if (
+        not isinstance(content, dict)
+        or content.get("type") != "text"
+        or not isinstance(content.get("text"), str)
+        or not content.keys() <= _CONTENT_KEYS
+        or not update.keys() <= _UPDATE_KEYS
+        or not data.keys() <= _DATA_KEYS
+    ):
+        return None
+    env_meta = env.get("_meta", _MISSING)
+    if env_meta is not _MISSING and not (
+        isinstance(env_meta, dict) and env_meta.keys() <= _ENVELOPE_META_KEYS
+    ):
+        return None
+    parent: object = _MISSING
+    sources: object = _MISSING
+    meta = update.get("_meta", _MISSING)
+    if meta is not _MISSING:
+        if not isinstance(meta, dict) or not meta.keys() <= _UPDATE_META_KEYS:
+            return None
+        if meta:
+            parent = meta.get("parentToolCallId", _MISSING)
+            if parent is not _MISSING and not isinstance(parent, str):
+                return None
+            subagent = meta.get("subagentType", _MISSING)
+            if subagent is not _MISSING and not isinstance(subagent, str):
+                return None
+            transcript = meta.get("qwenTranscript", _MISSING)
+            if transcript is not _MISSING:
+                if not _valid_transcript_meta(transcript):
+                    return None
+                sources = transcript.get("sourceRecordIds", _MISSING)
+    return (
+        kind,
+        env.get("promptId", _MISSING),
+        env.get("originatorClientId", _MISSING),
+        data.get("sessionId", _MISSING),
+        parent,
+        sources,
+    )
+
+
+def _chunk_text(event: Event) -> str:
+    # Only called on events whose merge key was not None, so the path is known to exist.
+    text: str = event.env["data"]["update"]["content"]["text"]
+    return text
+
+
+def in_summary(event: Event) -> bool:
+    """Whether ``event`` belongs in the summary journal (SPEC §2.5).
+
+    Dropped: ``session_update`` frames from inside a subagent (``update._meta.parentToolCallId``
+    a non-empty string), except the frame describing that tool call itself
+    (``parentToolCallId == update.toolCallId``) and ``agent_message_chunk`` frames whose
+    ``update._meta.usage`` is an object (token counts), which summary clients still need.
+    """
+    if event.type != "session_update":
+        return True
+    data = event.env.get("data")
+    if not isinstance(data, dict):
+        return True
+    update = data.get("update")
+    if not isinstance(update, dict):
+        return True
+    meta = update.get("_meta")
+    if not isinstance(meta, dict):
+        return True
+    parent = meta.get("parentToolCallId")
+    if not isinstance(parent, str) or not parent:
+        return True
+    if parent == update.get("toolCallId"):
+        return True
+    return update.get("sessionUpdate") == _MESSAGE_CHUNK and isinstance(meta.get("usage"), dict)
+
+
+class _MergedEntry:
+    """Two or more merged chunk events. Texts are kept as pieces so adding one is O(1)."""
+
+    __slots__ = ("_rendered", "first", "last", "nbytes", "pieces")
+
+    def __init__(self, first: Event, second: Event, second_text: str) -> None:
+        self.first = first
+        self.last = second
+        self.pieces = [_chunk_text(first), second_text]
+        self.nbytes = first.size + second.size
+        self._rendered: bytes | None = None
+
+    def add(self, event: Event, text: str) -> None:
+        self.last = event
+        self.pieces.append(text)
+        self.nbytes += event.size
+        self._rendered = None
+
+    @property
+    def count(self) -> int:
+        return len(self.pieces)
+
+    def render(self) -> bytes:
+        """The shallow merge of the first and last source events, last winning, ``data`` and
+        ``update`` merged one level deep, the text being all pieces in order."""
+        rendered = self._rendered
+        if rendered is None:
+            first = self.first.env
+            last = self.last.env
+            first_data = first["data"]
+            last_data = last["data"]
+            update = {**first_data["update"], **last_data["update"]}
+            update["content"] = {"type": "text", "text": "".join(self.pieces)}
+            data = {**first_data, **last_data}
+            data["update"] = update
+            env = {**first, **last}
+            env["data"] = data
+            rendered = encode_json(env)
+            self._rendered = rendered
+        return rendered
+
+
+_Entry = Event | _MergedEntry
+
+
+def _check_cap(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value}")
+    return value
+
+
+class LiveJournal:
+    """The entries of the unfinished turn, bounded by ``max_events`` entries and ``max_bytes``
+    (SPEC §2.1–§2.3)."""
+
+    __slots__ = (
+        "_entries",
+        "_last_bytes",
+        "_last_count",
+        "_last_key",
+        "_retained",
+        "_total_bytes",
+        "_truncated",
+        "max_bytes",
+        "max_events",
+    )
+
+    def __init__(
+        self, max_events: int = DEFAULT_MAX_EVENTS, max_bytes: int = DEFAULT_MAX_BYTES
+    ) -> None:
+        self.max_events: Final = _check_cap("max_events", max_events)
+        self.max_bytes: Final = _check_cap("max_bytes", max_bytes)
+        self._entries: deque[_Entry] = deque()
+        self._total_bytes = 0
+        self._retained = 0
+        self._truncated = 0
+        # Merge state of the last entry; the last entry is never evicted (one always survives),
+        # so these stay valid until the next append or reset.
+        self._last_key: MergeKey | None = None
+        self._last_count = 0
+        self._last_bytes = 0
+
+    @property
+    def entry_count(self) -> int:
+        return len(self._entries)
+
+    @property
+    def total_bytes(self) -> int:
+        """Sum of the entries' bytes (an entry's bytes = its source events' sizes)."""
+        return self._total_bytes
+
+    @property
+    def truncated_events(self) -> int:
+        """Source events evicted since the last reset."""
+        return self._truncated
+
+    @property
+    def retained_events(self) -> int:
+        """Source events still held."""
+        return self._retained
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def append(self, event: Event) -> None:
+        """Add one event: merge it into the last entry when §2.1 allows, then evict (§2.2)."""
+        self._push(event, merge_key(event.env))
+
+    def _push(self, event: Event, key: MergeKey | None) -> None:
+        # The key is passed in so LiveJournals computes it once for both journals.
+        entries = self._entries
+        size = event.size
+        if (
+            key is not None
+            and self._last_count < MAX_EVENTS_PER_ENTRY
+            and self._last_bytes + size <= self.max_bytes
+            and key == self._last_key
+        ):
+            last = entries[-1]
+            if isinstance(last, _MergedEntry):
+                last.add(event, _chunk_text(event))
+            else:
+                entries[-1] = _MergedEntry(last, event, _chunk_text(event))
+            self._last_count += 1
+            self._last_bytes += size
+        else:
+            entries.append(event)
+            self._last_key = key
+            self._last_count = 1
+            self._last_bytes = size
+        self._total_bytes += size
+        self._retained += 1
+        if len(entries) > self.max_events or (
+            self._total_bytes > self.max_bytes and len(entries) > 1
+        ):
+            self._evict()
+
+    def _evict(self) -> None:
+        entries = self._entries
+        max_events = self.max_events
+        max_bytes = self.max_bytes
+        total = self._total_bytes
+        dropped = 0
+        while len(entries) > max_events or (total > max_bytes and len(entries) > 1):
+            oldest = entries.popleft()
+            if isinstance(oldest, _MergedEntry):
+                total -= oldest.nbytes
+                dropped += len(oldest.pieces)
+            else:
+                total -= oldest.size
+                dropped += 1
+        self._total_bytes = total
+        self._retained -= dropped
+        self._truncated += dropped
+
+    def reset(self) -> None:
+        """Turn boundary: forget every entry and zero the counters."""
+        self._entries.clear()
+        self._total_bytes = 0
+        self._retained = 0
+        self._truncated = 0
+        self._last_key = None
+        self._last_count = 0
+        self._last_bytes = 0
+
+    def entries(self) -> list[bytes]:
+        """Each entry's encoded envelope, oldest first; an unmerged entry is its ``event.raw``."""
+        return [e.raw if isinstance(e, Event) else e.render() for e in self._entries]
+
+    def marker(
+        self,
+        *,
+        active_prompt_id: str | None,
+        full_transcript_available: bool,
+        record_id: str | None = None,
+    ) -> bytes | None:
+        """The encoded live-journal ``history_truncated`` marker (§2.3), or ``None`` when
+        nothing was evicted."""
+        if self._truncated == 0:
+            return None
+        data: JsonObject = {
+            "reason": "replay_window_exceeded",
+            "scope": "live_journal",
+            "truncatedEvents": self._truncated,
+            "retainedEvents": self._retained,
+            "maxBytes": self.max_bytes,
+            "maxEvents": self.max_events,
+        }
+        if record_id is not None:
+            data["recordId"] = record_id
+        data["fullTranscriptAvailable"] = full_transcript_available
+        return synthetic("history_truncated", data, prompt_id=active_prompt_id).raw
+
+    def snapshot(
+        self,
+        *,
+        active_prompt_id: str | None,
+        full_transcript_available: bool,
+        record_id: str | None = None,
+    ) -> list[bytes]:
+        """The load snapshot: the retained entries, with the marker first if any were evicted.
+
+        ``active_prompt_id`` is the session's authoritative active prompt (``None`` when no
+        prompt runs); ``record_id`` the newest transcript record id known now, if any.
+        """
+        items = self.entries()
+        head = self.marker(
+            active_prompt_id=active_prompt_id,
+            full_transcript_available=full_transcript_available,
+            record_id=record_id,
+        )
+        if head is not None:
+            items.insert(0, head)
+        return items
+
+
+class LiveJournals:
+    """The ``full`` and ``summary`` journals of one session (§2.5): same caps, enforced apart."""
+
+    __slots__ = ("full", "summary")
+
+    def __init__(
+        self, max_events: int = DEFAULT_MAX_EVENTS, max_bytes: int = DEFAULT_MAX_BYTES
+    ) -> None:
+        self.full: Final = LiveJournal(max_events, max_bytes)
+        self.summary: Final = LiveJournal(max_events, max_bytes)
+
+    def append(self, event: Event) -> None:
+        """Every event goes to ``full``; those passing :func:`in_summary` also to ``summary``."""
+        key = merge_key(event.env)
+        self.full._push(event, key)
+        # A mergeable chunk has no toolCallId and no usage, so in_summary reduces to "no
+        # non-empty parentToolCallId": the key already holds that value.
+        if key is not None:
+            parent = key[4]
+            if not isinstance(parent, str) or not parent:
+                self.summary._push(event, key)
+        elif in_summary(event):
+            self.summary._push(event, None)
+
+    def reset(self) -> None:
+        self.full.reset()
+        self.summary.reset()
+
+    def journal(self, mode: str) -> LiveJournal:
+        """The journal for a load's ``liveReplayMode``; anything but full/summary is refused."""
+        if mode == "full":
+            return self.full
+        if mode == "summary":
+            return self.summary
+        raise ValueError(f"invalid live replay mode {mode!r}: expected 'full' or 'summary'")
+
+    def snapshot(
+        self,
+        mode: str,
+        *,
+        active_prompt_id: str | None,
+        full_transcript_available: bool,
+        record_id: str | None = None,
+    ) -> list[bytes]:
+        """:meth:`LiveJournal.snapshot` of the journal ``mode`` selects."""
+        return self.journal(mode).snapshot(
+            active_prompt_id=active_prompt_id,
+            full_transcript_available=full_transcript_available,
+            record_id=record_id,
+        )

@@ -1,30 +1,222 @@
-"""Event ring and the resume decision (SPEC §4.1–§4.2). Pure core.
+"""Event ring and the resume decision (SPEC §4.1–§4.2). Pure core: no trio, no clock, no I/O.
 
-INTERFACE CONTRACT (the bus and the SSE/WS shells depend on these names):
+The ring holds the last ``capacity`` published events of one bus. Ids are contiguous, so event
+``i`` lives at slot ``i % capacity`` of a fixed array: append, lookup and the byte count of a
+suffix are all O(1). The byte count comes from cumulative offsets (bytes published up to and
+including each event), which is how the bus measures a subscriber's lag in bytes.
 
-    DEFAULT_RING_SIZE = 8000
-    REPLAY_BUDGET_BYTES = 8 * 1024 * 1024
-
-    class EventRing:
-        def __init__(self, capacity: int = DEFAULT_RING_SIZE, next_id: int = 1) -> None
-        def append(self, event: Event) -> None      # event.id == next_id; drops head past capacity
-        capacity: int
-        next_id: int                  # id the next published event gets
-        first_id: int | None          # oldest id still held (None when empty)
-        last_id: int                  # next_id - 1
-        def __len__(self) -> int
-        def since(self, after_id: int) -> list[Event]          # held events with id > after_id
-        def bytes_since(self, after_id: int) -> int            # their total size, O(1)
-        def get(self, event_id: int) -> Event | None
-
-    class ResumePlan:                 # frozen
-        before: list[Event]           # synthetic frames sent before the replay (state_resync_required)
-        replay: list[Event]           # ring events to replay, ascending ids
-        after: list[Event]            # budget resync (if any), then replay_complete
-        cursor: int                   # after sending the plan, live delivery continues with id > cursor
-
-    def decide_resume(ring: EventRing, cursor: int | None, client_epoch: str | None,
-                      bus_epoch: str, *, now_ms: int | None = None,
-                      budget_bytes: int = REPLAY_BUDGET_BYTES) -> ResumePlan
-        # cursor None -> live only: empty before/replay/after, cursor = ring.last_id
+:func:`decide_resume` is the whole of the SSE/WS resume algorithm: given the ring and a client's
+cursor and epoch it returns the synthetic frames and ring events to send, and the id after which
+live delivery continues. It never yields a duplicate, and every gap it leaves is announced by a
+``state_resync_required`` frame sent before the events that follow the gap.
 """
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from daemon.envelope import Event, JsonObject, synthetic
+
+__all__ = [
+    "DEFAULT_RING_SIZE",
+    "REPLAY_BUDGET_BYTES",
+    "EventRing",
+    "ResumePlan",
+    "decide_resume",
+]
+
+DEFAULT_RING_SIZE: Final = 8000
+REPLAY_BUDGET_BYTES: Final = 8 * 1024 * 1024
+
+
+class EventRing:
+    """The last ``capacity`` events of a bus, by id."""
+
+    __slots__ = ("_count", "_ends", "_events", "_total", "capacity", "next_id")
+
+    def __init__(self, capacity: int = DEFAULT_RING_SIZE, next_id: int = 1) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
+            raise ValueError(f"event ring capacity must be a positive int, got {capacity!r}")
+        if isinstance(next_id, bool) or not isinstance(next_id, int) or next_id < 1:
+            raise ValueError(f"event ring next_id must be an int >= 1, got {next_id!r}")
+        self.capacity = capacity
+        self.next_id = next_id
+        self._events: list[Event | None] = [None] * capacity
+        # _ends[i % capacity]: bytes appended to this ring up to and including event i.
+        self._ends: list[int] = [0] * capacity
+        self._total = 0
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def first_id(self) -> int | None:
+        """Oldest id still held, None when empty."""
+        return self.next_id - self._count if self._count else None
+
+    @property
+    def last_id(self) -> int:
+        """Newest id published on this bus (``next_id - 1``; 0 before the first)."""
+        return self.next_id - 1
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of the events held now."""
+        return self.bytes_since(self.next_id - self._count - 1)
+
+    def append(self, event: Event) -> None:
+        """Hold ``event`` (whose id must be ``next_id``), dropping the oldest past capacity."""
+        if event.id != self.next_id:
+            raise ValueError(
+                f"event ring expects id {self.next_id} next, got {event.id!r} ({event.type})"
+            )
+        slot = event.id % self.capacity
+        self._total += event.size
+        self._events[slot] = event
+        self._ends[slot] = self._total
+        self.next_id += 1
+        if self._count < self.capacity:
+            self._count += 1
+
+    def get(self, event_id: int) -> Event | None:
+        if self._count and self.next_id - self._count <= event_id < self.next_id:
+            return self._events[event_id % self.capacity]
+        return None
+
+    def since(self, after_id: int) -> list[Event]:
+        """Held events with id > ``after_id``, ascending."""
+        start = max(after_id + 1, self.next_id - self._count)
+        if start >= self.next_id:
+            return []
+        capacity = self.capacity
+        lo = start % capacity
+        hi = lo + (self.next_id - start)
+        events = self._events
+        chunk = events[lo:hi] if hi <= capacity else events[lo:] + events[: hi - capacity]
+        return chunk  # type: ignore[return-value]  # every slot in the held range is filled
+
+    def bytes_since(self, after_id: int) -> int:
+        """Total size of the held events with id > ``after_id``, in O(1)."""
+        first = self.next_id - self._count
+        if after_id >= self.next_id - 1 or not self._count:
+            return 0
+        if after_id < first:
+            oldest = self._events[first % self.capacity]
+            assert oldest is not None
+            return self._total - self._ends[first % self.capacity] + oldest.size
+        return self._total - self._ends[after_id % self.capacity]
+
+
+@dataclass(frozen=True, slots=True)
+class ResumePlan:
+    """What a subscriber with a cursor is sent before live delivery.
+
+    Send ``before``, then ``replay``, then ``after``; then deliver live events with
+    id > ``cursor``.
+    """
+
+    before: list[Event]
+    replay: list[Event]
+    after: list[Event]
+    cursor: int
+
+    def frames(self) -> list[Event]:
+        """All frames of the plan in sending order."""
+        return [*self.before, *self.replay, *self.after]
+
+
+def _resync(data: JsonObject, now_ms: int | None) -> Event:
+    return synthetic("state_resync_required", data, now_ms=now_ms)
+
+
+def decide_resume(
+    ring: EventRing,
+    cursor: int | None,
+    client_epoch: str | None,
+    bus_epoch: str,
+    *,
+    now_ms: int | None = None,
+    budget_bytes: int = REPLAY_BUDGET_BYTES,
+) -> ResumePlan:
+    """The resume algorithm of SPEC §4.2, steps 1–4.
+
+    ``cursor`` is the client's Last-Event-ID (None: live only, no ``replay_complete``; 0 replays
+    the whole ring); ``client_epoch`` its epoch header (None when absent or invalid). Synthetic
+    frames carry ``_meta.serverTimestamp = now_ms`` when ``now_ms`` is given.
+    """
+    newest = ring.last_id
+    if cursor is None:
+        return ResumePlan([], [], [], newest)
+    if cursor < 0:
+        raise ValueError(f"resume cursor must be >= 0, got {cursor}")
+    first = ring.first_id
+    earliest = first if first is not None else ring.next_id
+    before: list[Event] = []
+
+    epoch_mismatch = client_epoch is not None and client_epoch != bus_epoch
+    if epoch_mismatch or cursor >= ring.next_id:
+        data: JsonObject = {"reason": "epoch_reset"}
+        if epoch_mismatch:
+            data["detail"] = "epoch_mismatch"
+        data["lastDeliveredId"] = cursor
+        data["earliestAvailableId"] = earliest
+        before.append(_resync(data, now_ms))
+        after_id = 0  # the client's ids mean nothing on this bus: the whole ring
+    else:
+        if first is None:
+            if cursor < newest:
+                before.append(
+                    _resync(
+                        {
+                            "reason": "seeded_replay_not_in_ring",
+                            "lastDeliveredId": cursor,
+                            "earliestAvailableId": earliest,
+                        },
+                        now_ms,
+                    )
+                )
+        elif first > cursor + 1:
+            before.append(
+                _resync(
+                    {
+                        "reason": "ring_evicted",
+                        "lastDeliveredId": cursor,
+                        "earliestAvailableId": earliest,
+                    },
+                    now_ms,
+                )
+            )
+        after_id = cursor
+
+    replay = ring.since(after_id)
+    after: list[Event] = []
+    if replay and ring.bytes_since(after_id) > budget_bytes:
+        used = 0
+        sent = 0
+        for event in replay:
+            if sent and used + event.size > budget_bytes:
+                break
+            used += event.size
+            sent += 1
+        if sent < len(replay):
+            replay = replay[:sent]
+            after.append(
+                _resync(
+                    {
+                        "reason": "replay_budget_exceeded",
+                        "lastDeliveredId": replay[-1].id,
+                        "earliestAvailableId": newest + 1,
+                    },
+                    now_ms,
+                )
+            )
+
+    done: JsonObject = {}
+    if replay:
+        done["lastReplayedEventId"] = replay[-1].id
+        done["lastEventId"] = replay[-1].id
+    done["replayedCount"] = len(replay)
+    after.append(synthetic("replay_complete", done, now_ms=now_ms))
+    return ResumePlan(before, replay, after, newest)

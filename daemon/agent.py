@@ -1,0 +1,560 @@
+"""The agent channel: a Trio shell around one ACP agent subprocess (SPEC §6.4).
+
+One channel per workspace. It owns the process and three kinds of work inside ``run``'s
+nursery: the stdout reader (which dispatches every line synchronously, so updates reach the
+sinks in stdout order and replies resolve after the updates that preceded them), the stderr
+logger, and short tasks answering the agent's own requests. All framing and request matching is
+the pure :mod:`daemon.acp_codec`; this module only moves bytes and owns lifetimes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, Protocol
+
+import trio
+
+from daemon.acp_codec import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
+    LineSplitter,
+    Notification,
+    PendingRequests,
+    Request,
+    Response,
+    encode_error,
+    encode_notification,
+    encode_request,
+    encode_result,
+    parse_message,
+)
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "AgentChannel",
+    "AgentProtocolError",
+    "AgentRpcError",
+    "AgentStartError",
+    "ChannelClosed",
+    "SessionSink",
+]
+
+log = logging.getLogger("daemon.agent")
+
+PROTOCOL_VERSION: Final = 1
+READ_CHUNK_BYTES: Final = 256 * 1024
+# How long a closing agent gets between stdin EOF and SIGKILL.
+EXIT_GRACE_SECONDS: Final = 1.0
+# Agent stderr is for humans; a runaway line is cut rather than buffered.
+_STDERR_LINE_BYTES: Final = 64 * 1024
+
+_DEFAULT_CLIENT_INFO: Final = {"name": "turnkeeper", "version": "0.1.0"}
+
+
+class AgentStartError(Exception):
+    """The agent could not be started: spawn failure, or initialize timed out / exited / failed."""
+
+    code: Final = "agent_start_failed"
+
+
+class AgentRpcError(Exception):
+    """The agent answered a request with a JSON-RPC error."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(f"agent error {code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class AgentProtocolError(AgentRpcError):
+    """The agent answered with a result that does not have the shape ACP requires."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(INTERNAL_ERROR, message)
+
+
+class ChannelClosed(Exception):
+    """The agent process went away (or the channel was closed) while a request needed it."""
+
+
+class SessionSink(Protocol):
+    """Where one ACP session's traffic goes (the daemon session implements it)."""
+
+    def on_update(self, update: dict[str, Any]) -> None:
+        """One ``session/update`` ``update`` object, in stdout order, from the reader task."""
+
+    def flush(self) -> None:
+        """End of one stdout read batch in which this sink received updates."""
+
+    async def on_permission_request(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Decide a ``session/request_permission``; returns the JSON-RPC result. Own task."""
+        ...
+
+
+class _Slot:
+    """A caller waiting for one reply."""
+
+    __slots__ = ("done", "error", "loading_session", "result")
+
+    def __init__(self, loading_session: str | None = None) -> None:
+        self.done = trio.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+        # session/load: replayed updates for this session are consumed until the reply is read.
+        self.loading_session = loading_session
+
+
+def _signal_name(returncode: int) -> str:
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"SIG{-returncode}"
+
+
+class AgentChannel:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        cwd: str,
+        *,
+        init_timeout: float = 30.0,
+        env: Mapping[str, str] | None = None,
+        client_info: dict[str, Any] | None = None,
+        on_exit: Callable[[int | None, str | None], None] | None = None,
+    ) -> None:
+        if not argv:
+            raise ValueError("agent argv must not be empty")
+        if not (init_timeout > 0 and math.isfinite(init_timeout)):
+            raise ValueError(f"init_timeout must be a positive number, got {init_timeout!r}")
+        self.argv = list(argv)
+        self.cwd = cwd
+        self.init_timeout = init_timeout
+        self.env = dict(env) if env is not None else None
+        self.client_info = dict(client_info) if client_info is not None else dict(_DEFAULT_CLIENT_INFO)
+        self.on_exit = on_exit
+
+        self.agent_capabilities: dict[str, Any] = {}
+        self.supports_load_session = False
+        self.closed = False
+        self.exit_code: int | None = None
+        self.signal_name: str | None = None
+        self.pid: int | None = None
+
+        self._proc: trio.Process | None = None
+        self._nursery: trio.Nursery | None = None
+        self._pending: PendingRequests[_Slot] = PendingRequests()
+        self._sinks: dict[str, SessionSink] = {}
+        self._loading: dict[str, int] = {}
+        self._write_lock = trio.Lock()
+        self._stdout_eof = trio.Event()
+        self._finished = trio.Event()
+        self._ran = False
+
+    # ---------------------------------------------------------------------------------------
+    # Lifetime
+
+    async def run(self, *, task_status: trio.TaskStatus[AgentChannel] = trio.TASK_STATUS_IGNORED) -> None:
+        """Start the agent, initialize it, then serve it until its stdout ends.
+
+        Raises AgentStartError before ``task_status.started`` if the agent cannot be brought up
+        (the process is killed first). Returns after the agent's stdout closes, once every
+        pending request has failed with ChannelClosed and ``on_exit`` has been called.
+        Cancelling it terminates the process (stdin EOF, then SIGKILL after a grace).
+        """
+        if self._ran:
+            raise RuntimeError("AgentChannel.run() can only be called once")
+        self._ran = True
+        try:
+            proc = await trio.lowlevel.open_process(
+                self.argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=self.cwd,
+                env=self.env,
+            )
+        except OSError as exc:
+            self.closed = True
+            self._finished.set()
+            raise AgentStartError(f"cannot start agent {self.argv[0]!r}: {exc}") from exc
+        self._proc = proc
+        self.pid = proc.pid
+        log.info("event=agent_started pid=%s argv=%r cwd=%r", proc.pid, self.argv, self.cwd)
+        start_failure: str | None = None
+        ended_on_its_own = False
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._pump_stderr, proc)
+                nursery.start_soon(self._pump_stdout, proc)
+                nursery.start_soon(self._watch_exit, proc)
+                start_failure = await self._initialize()
+                if start_failure is None:
+                    task_status.started(self)
+                    await self._stdout_eof.wait()
+                    ended_on_its_own = True
+                    await self._reap(proc, grace=EXIT_GRACE_SECONDS)
+                # Also stops the stderr pump, whose pipe a grandchild may hold open.
+                nursery.cancel_scope.cancel()
+        finally:
+            self._close(f"agent channel for pid {proc.pid} stopped")
+            with trio.CancelScope(shield=True):
+                await self._reap(proc, grace=0.0 if start_failure else EXIT_GRACE_SECONDS)
+            self._record_exit(proc)
+            self._finished.set()
+        if start_failure is not None:
+            log.warning(
+                "event=agent_start_failed pid=%s exit_code=%s signal=%s reason=%r",
+                proc.pid, self.exit_code, self.signal_name, start_failure,
+            )
+            raise AgentStartError(
+                f"agent {self.argv[0]!r} failed to start: {start_failure}"
+                f" (exit_code={self.exit_code}, signal={self.signal_name})"
+            )
+        if ended_on_its_own and self.on_exit is not None:
+            self.on_exit(self.exit_code, self.signal_name)
+
+    async def aclose(self) -> None:
+        """Close the agent's stdin; kill it if it has not exited after the grace period."""
+        proc = self._proc
+        if proc is None or self._finished.is_set():
+            self.closed = True
+            return
+        self._close("agent channel closed by the daemon")
+        if proc.stdin is not None:
+            await proc.stdin.aclose()
+        with trio.move_on_after(EXIT_GRACE_SECONDS):
+            await self._finished.wait()
+        if not self._finished.is_set():
+            if proc.returncode is None:
+                log.warning("event=agent_kill pid=%s reason=no_exit_after_stdin_eof", proc.pid)
+                proc.kill()
+            await self._finished.wait()
+
+    async def _initialize(self) -> str | None:
+        """Send initialize; None on success, else why the start failed."""
+        params = {
+            "protocolVersion": PROTOCOL_VERSION,
+            "clientCapabilities": {"fs": {"readTextFile": False, "writeTextFile": False}},
+            "clientInfo": self.client_info,
+        }
+        try:
+            with trio.fail_after(self.init_timeout):
+                result = await self._request("initialize", params)
+        except trio.TooSlowError:
+            return f"no initialize reply within {self.init_timeout:g} s"
+        except ChannelClosed:
+            return "agent exited during initialize"
+        except AgentRpcError as exc:
+            return f"initialize failed: {exc}"
+        if type(result) is not dict:
+            return f"initialize result is not an object: {result!r:.200}"
+        version = result.get("protocolVersion")
+        if version != PROTOCOL_VERSION or type(version) is not int:
+            return f"unsupported protocolVersion {version!r} (we speak {PROTOCOL_VERSION})"
+        capabilities = result.get("agentCapabilities")
+        if capabilities is None:
+            capabilities = {}
+        if type(capabilities) is not dict:
+            return f"agentCapabilities is not an object: {capabilities!r:.200}"
+        self.agent_capabilities = capabilities
+        self.supports_load_session = capabilities.get("loadSession") is True
+        log.info(
+            "event=agent_initialized pid=%s load_session=%s agent_info=%r",
+            self.pid, self.supports_load_session, result.get("agentInfo"),
+        )
+        return None
+
+    def _close(self, reason: str) -> None:
+        """Stop accepting requests and fail the ones in flight."""
+        self.closed = True
+        for pending in self._pending.drain():
+            slot = pending.waiter
+            if not slot.done.is_set():
+                slot.error = ChannelClosed(f"{reason} while {pending.method} was pending")
+                slot.done.set()
+
+    async def _reap(self, proc: trio.Process, *, grace: float) -> None:
+        if proc.returncode is None and grace > 0:
+            # Not under the write lock: closing wakes a writer stuck on a full pipe.
+            if proc.stdin is not None:
+                await proc.stdin.aclose()
+            with trio.move_on_after(grace):
+                await proc.wait()
+        if proc.returncode is None:
+            log.warning("event=agent_kill pid=%s", proc.pid)
+            proc.kill()
+            await proc.wait()
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                await stream.aclose()
+
+    def _record_exit(self, proc: trio.Process) -> None:
+        code = proc.returncode
+        if code is None:
+            return
+        if code < 0:
+            self.exit_code, self.signal_name = None, _signal_name(code)
+        else:
+            self.exit_code, self.signal_name = code, None
+        log.info(
+            "event=agent_exited pid=%s exit_code=%s signal=%s",
+            proc.pid, self.exit_code, self.signal_name,
+        )
+
+    # ---------------------------------------------------------------------------------------
+    # Sessions
+
+    def attach(self, acp_session_id: str, sink: SessionSink) -> None:
+        self._sinks[acp_session_id] = sink
+
+    def detach(self, acp_session_id: str) -> None:
+        self._sinks.pop(acp_session_id, None)
+
+    async def new_session(self, cwd: str) -> str:
+        result = await self._request("session/new", {"cwd": cwd, "mcpServers": []})
+        session_id = result.get("sessionId") if type(result) is dict else None
+        if type(session_id) is not str or not session_id:
+            raise AgentProtocolError(f"session/new result has no sessionId: {result!r:.200}")
+        return session_id
+
+    async def load_session(self, acp_session_id: str, cwd: str) -> None:
+        params = {"sessionId": acp_session_id, "cwd": cwd, "mcpServers": []}
+        self._loading[acp_session_id] = self._loading.get(acp_session_id, 0) + 1
+        slot = _Slot(loading_session=acp_session_id)
+        try:
+            await self._request("session/load", params, slot)
+        finally:
+            # The reader already released it if the reply arrived; this covers errors/cancel.
+            if slot.loading_session is not None:
+                self._release_loading(slot)
+
+    async def prompt(self, acp_session_id: str, prompt: list[Any]) -> dict[str, Any]:
+        result = await self._request("session/prompt", {"sessionId": acp_session_id, "prompt": prompt})
+        if type(result) is not dict:
+            raise AgentProtocolError(f"session/prompt result is not an object: {result!r:.200}")
+        return result
+
+    async def cancel(self, acp_session_id: str) -> None:
+        await self._send(encode_notification("session/cancel", {"sessionId": acp_session_id}))
+
+    def _release_loading(self, slot: _Slot) -> None:
+        session_id = slot.loading_session
+        slot.loading_session = None
+        if session_id is None:
+            return
+        remaining = self._loading.get(session_id, 0) - 1
+        if remaining > 0:
+            self._loading[session_id] = remaining
+        else:
+            self._loading.pop(session_id, None)
+
+    # ---------------------------------------------------------------------------------------
+    # Requests and writes
+
+    async def _request(self, method: str, params: dict[str, Any], slot: _Slot | None = None) -> Any:
+        if self.closed:
+            raise ChannelClosed(f"agent channel is closed; cannot send {method}")
+        if slot is None:
+            slot = _Slot()
+        request_id = self._pending.allocate(method, slot)
+        try:
+            await self._send(encode_request(request_id, method, params))
+            await slot.done.wait()
+        finally:
+            if not slot.done.is_set():
+                # Cancelled while waiting: a late reply will be logged as unknown.
+                self._pending.discard(request_id)
+        if slot.error is not None:
+            raise slot.error
+        return slot.result
+
+    async def _send(self, line: bytes) -> None:
+        proc = self._proc
+        if proc is None or proc.stdin is None or self.closed:
+            raise ChannelClosed("agent channel is closed")
+        async with self._write_lock:
+            try:
+                await proc.stdin.send_all(line)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                raise ChannelClosed(f"agent pid {proc.pid} stdin is closed") from exc
+
+    async def _reply(self, line: bytes) -> None:
+        """Answer one of the agent's requests; the agent being gone is not our failure."""
+        try:
+            await self._send(line)
+        except ChannelClosed:
+            log.info("event=agent_reply_dropped pid=%s reason=channel_closed", self.pid)
+
+    # ---------------------------------------------------------------------------------------
+    # Reading
+
+    async def _pump_stdout(self, proc: trio.Process) -> None:
+        assert proc.stdout is not None
+        stream = proc.stdout
+        splitter = LineSplitter()
+        discarded = 0
+        try:
+            while True:
+                try:
+                    data = await stream.receive_some(READ_CHUNK_BYTES)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    break
+                if not data:
+                    break
+                lines = splitter.feed(bytes(data))
+                if splitter.discarded_lines != discarded:
+                    log.warning(
+                        "event=agent_line_discarded pid=%s reason=line_over_%d_bytes count=%d",
+                        proc.pid, splitter.max_line_bytes, splitter.discarded_lines - discarded,
+                    )
+                    discarded = splitter.discarded_lines
+                if lines:
+                    self._dispatch(lines)
+        finally:
+            self._end_of_stdout(f"agent pid {proc.pid} closed its stdout")
+
+    def _end_of_stdout(self, reason: str) -> None:
+        if not self._stdout_eof.is_set():
+            self._close(reason)
+            self._stdout_eof.set()
+
+    async def _watch_exit(self, proc: trio.Process) -> None:
+        """Treat the process's exit as the end of its stdout if EOF does not follow shortly.
+
+        A grandchild that inherited the stdout pipe would otherwise keep the channel open.
+        """
+        await proc.wait()
+        with trio.move_on_after(EXIT_GRACE_SECONDS):
+            await self._stdout_eof.wait()
+            return
+        log.warning("event=agent_stdout_held_open pid=%s", proc.pid)
+        self._end_of_stdout(f"agent pid {proc.pid} exited")
+
+    def _dispatch(self, lines: list[bytes]) -> None:
+        """Handle one read batch without yielding, then flush each sink that got updates."""
+        touched: dict[str, SessionSink] = {}
+        sinks = self._sinks
+        loading = self._loading
+        for line in lines:
+            msg = parse_message(line)
+            if isinstance(msg, Notification):
+                if msg.method != "session/update":
+                    log.info(
+                        "event=agent_notification_ignored pid=%s method=%r", self.pid, msg.method
+                    )
+                    continue
+                params = msg.params
+                if type(params) is not dict:
+                    log.warning("event=agent_bad_update pid=%s excerpt=%r", self.pid, line[:200])
+                    continue
+                session_id = params.get("sessionId")
+                update = params.get("update")
+                if type(session_id) is not str or type(update) is not dict:
+                    log.warning("event=agent_bad_update pid=%s excerpt=%r", self.pid, line[:200])
+                elif session_id in loading:
+                    pass  # session/load replay: the daemon already has this history.
+                elif (sink := sinks.get(session_id)) is None:
+                    log.debug(
+                        "event=agent_update_unrouted pid=%s acp_session_id=%s",
+                        self.pid, session_id,
+                    )
+                else:
+                    try:
+                        sink.on_update(update)
+                    except Exception:
+                        log.exception(
+                            "event=sink_update_failed pid=%s acp_session_id=%s",
+                            self.pid, session_id,
+                        )
+                    touched[session_id] = sink
+            elif isinstance(msg, Response):
+                self._resolve(msg)
+            elif isinstance(msg, Request):
+                self._on_agent_request(msg)
+            else:
+                log.warning(
+                    "event=agent_malformed_line pid=%s reason=%r excerpt=%r",
+                    self.pid, msg.reason, msg.excerpt,
+                )
+        for session_id, sink in touched.items():
+            try:
+                sink.flush()
+            except Exception:
+                log.exception(
+                    "event=sink_flush_failed pid=%s acp_session_id=%s", self.pid, session_id
+                )
+
+    def _resolve(self, response: Response) -> None:
+        pending = self._pending.resolve(response)
+        if pending is None:
+            log.warning(
+                "event=agent_reply_unknown_id pid=%s id=%r", self.pid, response.id
+            )
+            return
+        slot = pending.waiter
+        if slot.loading_session is not None:
+            self._release_loading(slot)
+        if response.error is not None:
+            slot.error = AgentRpcError(response.error.code, response.error.message)
+        else:
+            slot.result = response.result
+        slot.done.set()
+
+    def _on_agent_request(self, request: Request) -> None:
+        assert self._nursery is not None
+        if request.method == "session/request_permission":
+            self._nursery.start_soon(self._answer_permission, request)
+        else:
+            log.info(
+                "event=agent_request_unsupported pid=%s method=%r id=%r",
+                self.pid, request.method, request.id,
+            )
+            self._nursery.start_soon(
+                self._reply,
+                encode_error(request.id, METHOD_NOT_FOUND, f"Method not found: {request.method}"),
+            )
+
+    async def _answer_permission(self, request: Request) -> None:
+        params = request.params
+        session_id = params.get("sessionId") if type(params) is dict else None
+        sink = self._sinks.get(session_id) if type(session_id) is str else None
+        if sink is None:
+            log.warning(
+                "event=agent_permission_unrouted pid=%s acp_session_id=%r", self.pid, session_id
+            )
+            await self._reply(
+                encode_error(request.id, INVALID_PARAMS, f"unknown session {session_id!r}")
+            )
+            return
+        assert type(params) is dict
+        try:
+            result = await sink.on_permission_request(params)
+        except Exception as exc:
+            log.exception(
+                "event=permission_handler_failed pid=%s acp_session_id=%s", self.pid, session_id
+            )
+            await self._reply(encode_error(request.id, INTERNAL_ERROR, f"permission failed: {exc}"))
+            return
+        await self._reply(encode_result(request.id, result))
+
+    async def _pump_stderr(self, proc: trio.Process) -> None:
+        assert proc.stderr is not None
+        splitter = LineSplitter(_STDERR_LINE_BYTES)
+        while True:
+            try:
+                data = await proc.stderr.receive_some(READ_CHUNK_BYTES)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            if not data:
+                return
+            for line in splitter.feed(bytes(data)):
+                log.info(
+                    "event=agent_stderr pid=%s line=%r",
+                    proc.pid, line.decode("utf-8", errors="replace"),
+                )

@@ -1,0 +1,247 @@
+"""The session bus: the publish pipeline and subscriber wake-ups (SPEC §4.1). Trio shell.
+
+Publishing assigns the id, encodes once (``envelope.make_event``), appends to the ring, feeds
+both live journals and the compactor, hands the bytes to the transcript writer and, once per
+batch (``flush``), wakes every subscriber and applies the slow-client rules. Subscribers read
+the shared ring through their own cursor; nothing is copied per subscriber.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from .compactor import TurnCompactor, stamp_record
+from .envelope import Event, JsonObject, make_event
+from .live_journal import LiveJournals
+from .replay_window import Record, ReplayWindow
+from .ring import EventRing
+from .subscriber import Eviction, SubscriberState, Warning
+from .transcript_store import AppendEvent, FinishTurn
+from .transcript_writer import TranscriptWriter
+
+log = logging.getLogger("daemon.bus")
+
+TERMINAL_TYPES = frozenset({"turn_complete", "turn_error"})
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class BusLimits:
+    max_journal_events: int
+    max_journal_bytes: int
+    compacted_replay_max_bytes: int
+    event_ring_size: int
+
+
+class Subscription:
+    """One SSE/WS reader of the bus: its ring cursor, warning latch and the scope that stops it."""
+
+    __slots__ = ("pending_warning", "scope", "state")
+
+    def __init__(self, state: SubscriberState) -> None:
+        self.state = state
+        self.scope: trio.CancelScope | None = None
+        self.pending_warning: Warning | None = None
+
+
+@dataclass(frozen=True)
+class LoadSnapshot:
+    compacted: list[bytes]
+    live: list[bytes]
+    last_event_id: int
+    epoch: str
+
+
+class SessionBus:
+    def __init__(
+        self,
+        session_id: str,
+        limits: BusLimits,
+        writer: TranscriptWriter | None,
+        *,
+        first_id: int = 1,
+        clock_ms: Callable[[], int] = now_ms,
+    ) -> None:
+        self.session_id = session_id
+        self.limits = limits
+        self.epoch = str(uuid.uuid4())
+        self.ring = EventRing(limits.event_ring_size, next_id=first_id)
+        self.journals = LiveJournals(limits.max_journal_events, limits.max_journal_bytes)
+        self.compactor = TurnCompactor()
+        self.window = ReplayWindow(limits.compacted_replay_max_bytes)
+        self.writer = writer
+        self.clock_ms = clock_ms
+        self.degraded = False  # compaction failed once: load reports replayDegraded
+        self.closed = False
+        self.active_prompt_id: str | None = None
+        self.latest_record_id: str | None = None
+        self.last_write_seq = 0
+        self.subscribers: set[Subscription] = set()
+        self._lot = trio.lowlevel.ParkingLot()
+        self._dirty = False
+        if writer is not None:
+            writer.reset_durable(session_id)
+
+    # -- persistence state ------------------------------------------------------------------
+
+    @property
+    def transcript_degraded(self) -> bool:
+        return self.writer is not None and self.session_id in self.writer.failed_sessions
+
+    @property
+    def full_transcript_available(self) -> bool:
+        return self.writer is not None and self.session_id not in self.writer.failed_sessions
+
+    def durable_event_id(self) -> int:
+        return self.writer.durable_event_id(self.session_id) if self.writer is not None else 0
+
+    # -- publishing ---------------------------------------------------------------------------
+
+    def publish(
+        self,
+        event_type: str,
+        data: Any,
+        *,
+        prompt_id: str | None = None,
+        originator_client_id: str | None = None,
+        meta: JsonObject | None = None,
+        flush: bool = True,
+    ) -> Event | None:
+        """Publish one event; ``None`` if it could not be encoded (no id consumed)."""
+        event = self._append(event_type, data, prompt_id, originator_client_id, meta)
+        if event is not None:
+            try:
+                self.compactor.add(event)
+            except Exception:
+                self._mark_degraded("compactor.add")
+            self._persist(event)
+        if flush:
+            self.flush()
+        return event
+
+    def _append(
+        self, event_type: str, data: Any, prompt_id: str | None,
+        originator_client_id: str | None, meta: JsonObject | None,
+    ) -> Event | None:
+        if self.closed:
+            return None
+        event = make_event(
+            self.ring.next_id, event_type, data, now_ms=self.clock_ms(), prompt_id=prompt_id,
+            originator_client_id=originator_client_id, meta=meta,
+        )
+        if event is None:
+            log.warning("event=dropped reason=unencodable session=%s type=%s",
+                        self.session_id, event_type)
+            return None
+        self.ring.append(event)
+        self.journals.append(event)
+        self._dirty = True
+        return event
+
+    def _persist(self, event: Event) -> None:
+        if self.writer is not None:
+            self.last_write_seq = self.writer.submit(
+                AppendEvent(self.session_id, event.id or 0, event.prompt_id, event.raw)
+            )
+
+    def publish_terminal(
+        self,
+        event_type: str,
+        data: JsonObject,
+        *,
+        prompt_id: str | None,
+        originator_client_id: str | None,
+        ledger_terminal: str,
+        stop_reason: str | None,
+    ) -> Event | None:
+        """Publish a turn terminal and close the turn: compact it into one replay-window segment
+        stamped with transcript record ids, reset both live journals, and store the records."""
+        event = self._append(event_type, data, prompt_id, originator_client_id, None)
+        if event is None:
+            return None
+        self._persist(event)
+        records: list[Record] = []
+        try:
+            for env in self.compactor.finish(event):
+                record_id = str(uuid.uuid4())
+                records.append(Record(Event.from_env(stamp_record(env, record_id)), record_id))
+            self.window.add_segment(records)
+            if records:
+                self.latest_record_id = records[-1].record_id
+        except Exception:
+            self._mark_degraded("compactor.finish")
+            self.compactor.reset()
+            records = []
+        self.journals.reset()
+        if self.writer is not None and records:
+            self.last_write_seq = self.writer.submit(FinishTurn(
+                self.session_id, prompt_id, ledger_terminal, stop_reason, self.clock_ms(),
+                [(r.record_id or "", r.event.raw) for r in records],
+            ))
+        self.flush()
+        return event
+
+    def _mark_degraded(self, where: str) -> None:
+        if not self.degraded:
+            log.exception("event=replay_degraded session=%s where=%s", self.session_id, where)
+        self.degraded = True
+
+    def flush(self) -> None:
+        """Wake subscribers once for everything published since the last flush."""
+        if not self._dirty:
+            return
+        self._dirty = False
+        ring = self.ring
+        for sub in tuple(self.subscribers):
+            verdict = sub.state.check(ring)
+            if isinstance(verdict, Eviction):
+                self.subscribers.discard(sub)
+                if sub.scope is not None:
+                    sub.scope.cancel()
+            elif isinstance(verdict, Warning):
+                sub.pending_warning = verdict
+        self._lot.unpark_all()
+
+    def close(self) -> None:
+        """No more events: subscribers drain what is left and end their streams."""
+        self.flush()
+        self.closed = True
+        self._lot.unpark_all()
+
+    # -- subscribers ----------------------------------------------------------------------------
+
+    def add_subscriber(self, sub: Subscription) -> None:
+        self.subscribers.add(sub)
+
+    def remove_subscriber(self, sub: Subscription) -> None:
+        self.subscribers.discard(sub)
+
+    async def wait_for_events(self, cursor: int) -> None:
+        """Return once the ring holds an event after ``cursor`` or the bus closed."""
+        if self.ring.last_id > cursor or self.closed:
+            return
+        await self._lot.park()
+
+    # -- load ---------------------------------------------------------------------------------
+
+    def load_snapshot(self, mode: str) -> LoadSnapshot:
+        """Replay window + live journal + cursor, taken with no checkpoint in between."""
+        full = self.full_transcript_available
+        compacted = self.window.snapshot(full_transcript_available=full)
+        live = self.journals.snapshot(
+            mode,
+            active_prompt_id=self.active_prompt_id,
+            full_transcript_available=full,
+            record_id=self.latest_record_id,
+        )
+        return LoadSnapshot(compacted, live, self.ring.last_id, self.epoch)

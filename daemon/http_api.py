@@ -1,0 +1,420 @@
+"""The JSON routes of SPEC §6.1 as a Quart-Trio app (the SSE and WebSocket routes live in
+``streams``; Host/Origin/auth run before either, in ``asgi``).
+
+Every error the application produces is ``{error, code, ...details}``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from typing import Any
+
+import msgspec
+import trio
+from quart import Response, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from .bus import now_ms
+from .config import DaemonConfig
+from .envelope import decode_json, encode_json
+from .manager import AgentUnavailable, SessionManager
+from .session import MAX_PENDING_PROMPTS, PromptQueueFull, Session
+from .transcript_store import InvalidCursor
+
+log = logging.getLogger("daemon.http")
+
+MAX_BODY_BYTES = 10 * 1024 * 1024
+CLIENT_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+FEATURES = [
+    "session_create", "session_load", "session_resume", "session_prompt", "session_cancel",
+    "session_events_sse", "session_events_ws", "session_transcript_pagination",
+    "live_journal_truncation_marker", "live_journal_prompt_id", "permission_vote",
+    "prompt_queue", "session_status",
+]
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, error: str, headers: dict[str, str] | None = None,
+                 **details: Any) -> None:
+        super().__init__(error)
+        self.status = status
+        self.code = code
+        self.error = error
+        self.headers = headers or {}
+        self.details = details
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    raw = body if isinstance(body, bytes) else encode_json(body)
+    resp = Response(raw, status=status, content_type="application/json")
+    for key, value in (headers or {}).items():
+        resp.headers[key] = value
+    return resp
+
+
+def error_body(status: int, code: str, error: str, **details: Any) -> dict[str, Any]:
+    return {"error": error, "code": code, **details}
+
+
+def session_not_found(session_id: str) -> ApiError:
+    return ApiError(404, "session_not_found", f'No session with id "{session_id}"',
+                    sessionId=session_id)
+
+
+async def read_json_object() -> dict[str, Any]:
+    raw = await request.get_data(cache=False)
+    if not isinstance(raw, bytes):
+        raw = raw.encode()
+    if len(raw) > MAX_BODY_BYTES:
+        raise ApiError(413, "body_too_large", "Request body too large (max 10 MB)")
+    if not raw.strip():
+        return {}
+    try:
+        body = decode_json(raw)
+    except (msgspec.DecodeError, UnicodeDecodeError, ValueError, RecursionError):
+        raise ApiError(400, "invalid_json", "Invalid JSON in request body") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "invalid_json", "Request body must be a JSON object")
+    return body
+
+
+def header_client_id() -> str | None:
+    value = request.headers.get("X-Qwen-Client-Id")
+    if value is None:
+        return None
+    if not CLIENT_ID_RE.fullmatch(value):
+        raise ApiError(400, "invalid_client_id", "Invalid X-Qwen-Client-Id header")
+    return value
+
+
+def check_cwd(body: dict[str, Any], default: str) -> str:
+    cwd = body.get("cwd")
+    if cwd is None:
+        return default
+    if not isinstance(cwd, str) or not cwd.startswith("/") or "\x00" in cwd:
+        raise ApiError(400, "invalid_cwd", "cwd must be an absolute path")
+    return cwd
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
+    app = QuartTrio("daemon")
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
+
+    def live_session(session_id: str) -> Session:
+        session = manager.get(session_id)
+        if session is None:
+            raise session_not_found(session_id)
+        return session
+
+    @app.errorhandler(ApiError)
+    async def on_api_error(exc: ApiError) -> Response:
+        return json_response(error_body(exc.status, exc.code, exc.error, **exc.details),
+                             exc.status, exc.headers)
+
+    @app.errorhandler(HTTPException)
+    async def on_http_error(exc: HTTPException) -> Response:
+        status = exc.code or 500
+        if status == 404:
+            return json_response(error_body(404, "route_not_found", "Route not found"), 404)
+        if status == 405:
+            return json_response(error_body(405, "method_not_allowed", "Method not allowed"), 405)
+        if status == 413:
+            return json_response(
+                error_body(413, "body_too_large", "Request body too large (max 10 MB)"), 413)
+        return json_response(error_body(status, "http_error", exc.description or "HTTP error"),
+                             status)
+
+    @app.errorhandler(Exception)
+    async def on_internal(exc: Exception) -> Response:
+        log.exception("event=internal_error path=%s", request.path)
+        return json_response(error_body(500, "internal_error", "Internal server error"), 500)
+
+    def limits() -> dict[str, Any]:
+        return {
+            "maxJournalEvents": config.max_journal_events,
+            "maxJournalBytes": config.max_journal_bytes,
+            "compactedReplayMaxBytes": config.compacted_replay_max_bytes,
+            "eventRingSize": config.event_ring_size,
+            "sessionRestoreTimeoutMs": config.agent_init_timeout_ms,
+            "maxPendingPrompts": MAX_PENDING_PROMPTS,
+            "maxSubscribersPerSession": 64,
+            "maxRequestBodyBytes": MAX_BODY_BYTES,
+        }
+
+    @app.get("/health")
+    async def health() -> Response:
+        return json_response({"status": "ok"})
+
+    @app.get("/capabilities")
+    async def capabilities() -> Response:
+        return json_response({"v": 1, "mode": "http-bridge", "features": FEATURES,
+                              "limits": limits()})
+
+    @app.get("/daemon/status")
+    async def daemon_status() -> Response:
+        writer = manager.writer
+        return json_response({
+            "v": 1,
+            "limits": limits(),
+            "persistence": writer is not None,
+            "transcript": {
+                "enabled": writer is not None,
+                "degraded": bool(writer is not None and writer.degraded),
+                "failedSessions": sorted(writer.failed_sessions) if writer is not None else [],
+                "lastError": writer.last_error if writer is not None else None,
+            },
+            "agents": [{"workspaceCwd": cwd, "pid": agent.pid}
+                       for cwd, agent in manager.agents.items()],
+            "sessions": manager.status(),
+        })
+
+    @app.post("/session")
+    async def create_session() -> Response:
+        hint = header_client_id()
+        body = await read_json_object()
+        cwd = check_cwd(body, config.workspace)
+        session_id = body.get("sessionId")
+        if session_id is not None:
+            if not isinstance(session_id, str):
+                raise ApiError(400, "invalid_session_id", "sessionId must be a UUID string")
+            try:
+                session_id = str(uuid.UUID(session_id))
+            except ValueError:
+                raise ApiError(400, "invalid_session_id", "sessionId must be a UUID") from None
+        scope = body.get("sessionScope", "single")
+        if scope not in ("single", "thread"):
+            raise ApiError(400, "invalid_session_scope",
+                           'sessionScope must be "single" or "thread"')
+        try:
+            session, attached, client_id = await manager.create(cwd, session_id, scope, hint)
+        except AgentUnavailable as exc:
+            raise ApiError(502, "agent_start_failed", f"Agent failed to start: {exc}") from None
+        return json_response({
+            "sessionId": session.id, "workspaceCwd": session.workspace_cwd,
+            "attached": attached, "clientId": client_id, "createdAt": session.created_at,
+            "eventEpoch": session.bus.epoch,
+        })
+
+    def base_body(session: Session, client_id: str, attached: bool = True) -> dict[str, Any]:
+        return {
+            "sessionId": session.id, "workspaceCwd": session.workspace_cwd,
+            "attached": attached, "clientId": client_id, "createdAt": session.created_at,
+            "state": {}, "hasActivePrompt": session.active is not None,
+            "hasRunningBackgroundTasks": False,
+        }
+
+    async def prompt_terminals(session: Session) -> list[Any]:
+        writer = manager.writer
+        if writer is None or session.bus.transcript_degraded:
+            return []
+        try:
+            terminals: list[Any] = await writer.read(
+                lambda store: store.prompt_terminals(session.id, 64))
+        except Exception:
+            log.exception("event=prompt_terminals_failed session=%s", session.id)
+            return []
+        return terminals
+
+    @app.post("/session/<session_id>/load")
+    async def load_session(session_id: str) -> Response:
+        hint = header_client_id()
+        body = await read_json_object()
+        session = live_session(session_id)
+        check_cwd(body, session.workspace_cwd)
+        page_size = body.get("historyPageSize")
+        if page_size is not None and (not _is_int(page_size) or not 1 <= page_size <= 500):
+            raise ApiError(400, "invalid_transcript_limit",
+                           "historyPageSize must be an integer between 1 and 500")
+        mode = body.get("liveReplayMode", "full")
+        if mode not in ("full", "summary"):
+            raise ApiError(400, "invalid_live_replay_mode",
+                           'liveReplayMode must be "full" or "summary"')
+        client_id = manager.register_client(session, hint)
+        terminals = await prompt_terminals(session)
+        session = live_session(session_id)
+        bus = session.bus
+        out = base_body(session, client_id)
+        writer = manager.writer
+        if page_size is not None and session.active is None and writer is not None \
+                and not bus.transcript_degraded:
+            last_event_id, epoch = bus.ring.last_id, bus.epoch
+            page = await writer.read(lambda store: store.page(session_id, limit=page_size))
+            out["compactedReplay"] = msgspec.Raw(b"[" + b",".join(page.events) + b"]")
+            out["liveJournal"] = []
+            out["historyHasMore"] = page.has_more
+        else:
+            snap = bus.load_snapshot(mode)
+            last_event_id, epoch = snap.last_event_id, snap.epoch
+            out["hasActivePrompt"] = session.active is not None
+            out["compactedReplay"] = msgspec.Raw(b"[" + b",".join(snap.compacted) + b"]")
+            out["liveJournal"] = msgspec.Raw(b"[" + b",".join(snap.live) + b"]")
+            if bus.window.truncated_events > 0:
+                out["historyHasMore"] = True
+            anchor = bus.window.oldest_record_id
+            if anchor is not None and (bus.window.truncated_events > 0
+                                       or bus.journals.full.truncated_events > 0):
+                out["historyAnchorRecordId"] = anchor
+        out["lastEventId"] = last_event_id
+        out["eventEpoch"] = epoch
+        if bus.degraded:
+            out["replayDegraded"] = True
+        if terminals:
+            out["promptTerminals"] = terminals
+        return json_response(out)
+
+    @app.post("/session/<session_id>/resume")
+    async def resume_session(session_id: str) -> Response:
+        hint = header_client_id()
+        body = await read_json_object()
+        session = live_session(session_id)
+        check_cwd(body, session.workspace_cwd)
+        client_id = manager.register_client(session, hint)
+        out = base_body(session, client_id)
+        out["lastEventId"] = session.bus.ring.last_id
+        out["eventEpoch"] = session.bus.epoch
+        return json_response(out)
+
+    def registered_client(session: Session) -> str | None:
+        client_id = header_client_id()
+        if client_id is not None and client_id not in session.clients:
+            raise ApiError(400, "invalid_client_id",
+                           f"Client {client_id} is not registered for this session")
+        return client_id
+
+    @app.post("/session/<session_id>/prompt")
+    async def prompt(session_id: str) -> Response:
+        body = await read_json_object()
+        session = live_session(session_id)
+        client_id = registered_client(session)
+        blocks = body.get("prompt")
+        if not isinstance(blocks, list) or not blocks or not all(
+            isinstance(b, dict) and isinstance(b.get("type"), str) for b in blocks
+        ):
+            raise ApiError(400, "invalid_prompt",
+                           "prompt must be a non-empty array of content blocks")
+        deadline = body.get("deadlineMs")
+        if deadline is not None and (not _is_int(deadline) or not 1 <= deadline <= 86_400_000):
+            raise ApiError(400, "invalid_deadline_ms",
+                           "deadlineMs must be an integer between 1 and 86400000")
+        try:
+            accepted = session.admit(blocks, client_id, deadline)
+        except PromptQueueFull as exc:
+            raise ApiError(503, "prompt_queue_full", "Prompt queue is full",
+                           {"Retry-After": "5"}, limit=MAX_PENDING_PROMPTS,
+                           pendingCount=exc.pending) from None
+        return json_response(accepted, 202)
+
+    @app.post("/session/<session_id>/cancel")
+    async def cancel(session_id: str) -> Response:
+        session = live_session(session_id)
+        client_id = registered_client(session)
+        await session.cancel(client_id)
+        return Response(b"", status=204)
+
+    @app.post("/session/<session_id>/permission/<request_id>")
+    async def vote(session_id: str, request_id: str) -> Response:
+        body = await read_json_object()
+        session = live_session(session_id)
+        option_id = body.get("optionId")
+        outcome: dict[str, Any]
+        if isinstance(option_id, str) and option_id:
+            outcome = {"outcome": "selected", "optionId": option_id}
+        elif body.get("outcome") == "cancelled":
+            outcome = {"outcome": "cancelled"}
+        else:
+            raise ApiError(400, "invalid_permission_vote",
+                           'Body must be {"optionId": string} or {"outcome": "cancelled"}')
+        if not session.vote(request_id, outcome):
+            raise ApiError(404, "permission_not_found",
+                           f'No pending permission request "{request_id}"',
+                           requestId=request_id)
+        return json_response({"requestId": request_id, "outcome": outcome})
+
+    @app.get("/session/<session_id>/transcript")
+    async def transcript(session_id: str) -> Response:
+        session = live_session(session_id)
+        args = request.args
+        limit_raw = args.get("limit")
+        limit = 100
+        if limit_raw is not None:
+            if not limit_raw.isdigit() or not 1 <= int(limit_raw) <= 500:
+                raise ApiError(400, "invalid_transcript_limit",
+                               "limit must be an integer between 1 and 500")
+            limit = int(limit_raw)
+        cursor = args.get("cursor")
+        before = args.get("beforeRecordId")
+        if cursor is not None and before is not None:
+            raise ApiError(400, "invalid_transcript_cursor",
+                           "Pass either cursor or beforeRecordId, not both")
+        writer = manager.writer
+        if writer is None:
+            return json_response({"v": 1, "sessionId": session.id, "events": [],
+                                  "hasMore": False})
+        try:
+            page = await writer.read(lambda store: store.page(
+                session.id, limit=limit, cursor=cursor, before_record_id=before))
+        except InvalidCursor:
+            raise ApiError(400, "invalid_transcript_cursor",
+                           "Unknown transcript cursor or record id") from None
+        out: dict[str, Any] = {"v": 1, "sessionId": session.id,
+                               "events": msgspec.Raw(b"[" + b",".join(page.events) + b"]"),
+                               "hasMore": page.has_more}
+        if page.next_cursor is not None:
+            out["nextCursor"] = page.next_cursor
+        return json_response(out)
+
+    @app.get("/session/<session_id>/status")
+    async def status(session_id: str) -> Response:
+        session = live_session(session_id)
+        bus = session.bus
+        return json_response({
+            "sessionId": session.id,
+            "workspaceCwd": session.workspace_cwd,
+            "hasActivePrompt": session.active is not None,
+            "activePromptId": session.active.prompt_id if session.active else None,
+            "pendingPrompts": len(session.queue),
+            "lastEventId": bus.ring.last_id,
+            "durableEventId": bus.durable_event_id(),
+            "eventEpoch": bus.epoch,
+            "transcriptDegraded": bus.transcript_degraded,
+            "fullTranscriptAvailable": bus.full_transcript_available,
+            "replayDegraded": bus.degraded,
+            "subscribers": len(bus.subscribers),
+            "journal": {
+                "entries": bus.journals.full.entry_count,
+                "bytes": bus.journals.full.total_bytes,
+                "truncatedEvents": bus.journals.full.truncated_events,
+                "retainedEvents": bus.journals.full.retained_events,
+            },
+            "serverTime": now_ms(),
+        })
+
+    @app.post("/session/<session_id>/detach")
+    async def detach(session_id: str) -> Response:
+        session = live_session(session_id)
+        client_id = header_client_id()
+        if client_id is not None:
+            session.clients.discard(client_id)
+        return Response(b"", status=204)
+
+    @app.post("/session/<session_id>/heartbeat")
+    async def heartbeat(session_id: str) -> Response:
+        session = live_session(session_id)
+        return json_response({"sessionId": session.id, "serverTime": now_ms()})
+
+    @app.delete("/session/<session_id>")
+    async def delete_session(session_id: str) -> Response:
+        session = live_session(session_id)
+        with trio.CancelScope(shield=True):
+            await manager.close_session(session, "client_close")
+        return Response(b"", status=204)
+
+    return app

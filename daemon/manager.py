@@ -1,0 +1,192 @@
+"""The session manager: one agent process per workspace, the live sessions, client ids.
+
+Agents and sessions run as tasks in the manager's nursery (the daemon's root nursery owns it).
+An agent's death ends its own sessions only; the next request for that workspace starts a new
+agent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import trio
+
+from .agent import AgentChannel, AgentStartError
+from .bus import BusLimits, SessionBus, now_ms
+from .config import DaemonConfig
+from .session import Session
+from .transcript_store import UpsertSession
+from .transcript_writer import TranscriptWriter
+
+log = logging.getLogger("daemon.manager")
+
+
+def iso_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class AgentUnavailable(Exception):
+    """The workspace's agent could not be started (HTTP 502 ``agent_start_failed``)."""
+
+
+class SessionManager:
+    def __init__(
+        self,
+        config: DaemonConfig,
+        writer: TranscriptWriter | None,
+        nursery: trio.Nursery,
+        *,
+        agent_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.config = config
+        self.writer = writer
+        self.nursery = nursery
+        self.agent_env = dict(os.environ if agent_env is None else agent_env)
+        self.sessions: dict[str, Session] = {}
+        self.agents: dict[str, AgentChannel] = {}
+        self.known_clients: set[str] = set()
+        self._agent_locks: dict[str, trio.Lock] = {}
+        self.limits = BusLimits(
+            max_journal_events=config.max_journal_events,
+            max_journal_bytes=config.max_journal_bytes,
+            compacted_replay_max_bytes=config.compacted_replay_max_bytes,
+            event_ring_size=config.event_ring_size,
+        )
+        self.shutting_down = False
+
+    # -- clients ------------------------------------------------------------------------------
+
+    def register_client(self, session: Session, hint: str | None) -> str:
+        """Register the caller on ``session``: a known id is kept, anything else replaced."""
+        client_id = hint if hint is not None and hint in self.known_clients else None
+        if client_id is None:
+            client_id = f"client_{uuid.uuid4()}"
+            self.known_clients.add(client_id)
+        session.clients.add(client_id)
+        return client_id
+
+    # -- agents -------------------------------------------------------------------------------
+
+    async def agent_for(self, cwd: str) -> AgentChannel:
+        lock = self._agent_locks.setdefault(cwd, trio.Lock())
+        async with lock:
+            agent = self.agents.get(cwd)
+            if agent is not None and not agent.closed:
+                return agent
+            argv = self.config.effective_agent_argv()
+            agent = AgentChannel(
+                argv, cwd, init_timeout=self.config.agent_init_timeout_ms / 1000,
+                env=self.agent_env, client_info={"name": "turnkeeper", "version": "0.1.0"},
+                on_exit=lambda code, sig, cwd=cwd: self._agent_exited(cwd, code, sig),
+            )
+            try:
+                await self.nursery.start(agent.run)
+            except AgentStartError as exc:
+                log.warning("event=agent_start_failed cwd=%s reason=%s", cwd, exc)
+                raise AgentUnavailable(str(exc)) from exc
+            except OSError as exc:
+                log.warning("event=agent_start_failed cwd=%s reason=%s", cwd, exc)
+                raise AgentUnavailable(f"cannot start agent: {exc}") from exc
+            self.agents[cwd] = agent
+            log.info("event=agent_started cwd=%s pid=%s", cwd, agent.pid)
+            return agent
+
+    def _agent_exited(self, cwd: str, exit_code: int | None, signal_code: str | None) -> None:
+        agent = self.agents.get(cwd)
+        if agent is not None and agent.closed:
+            self.agents.pop(cwd, None)
+        log.info("event=agent_exited cwd=%s exit_code=%s signal=%s", cwd, exit_code, signal_code)
+        for session in list(self.sessions.values()):
+            if session.workspace_cwd == cwd:
+                session.agent_died(exit_code, signal_code)
+
+    # -- sessions -----------------------------------------------------------------------------
+
+    def get(self, session_id: str) -> Session | None:
+        session = self.sessions.get(session_id)
+        return session if session is not None and session.live else None
+
+    def live_for_workspace(self, cwd: str) -> Session | None:
+        for session in self.sessions.values():
+            if session.workspace_cwd == cwd and session.live:
+                return session
+        return None
+
+    async def create(
+        self, cwd: str, session_id: str | None, scope: str, client_hint: str | None,
+    ) -> tuple[Session, bool, str]:
+        """POST /session: returns (session, attached, client id)."""
+        if session_id is not None:
+            existing = self.get(session_id)
+            if existing is not None:
+                return existing, True, self.register_client(existing, client_hint)
+        elif scope != "thread":
+            existing = self.live_for_workspace(cwd)
+            if existing is not None:
+                return existing, True, self.register_client(existing, client_hint)
+        session = await self._start_session(cwd, session_id or str(uuid.uuid4()))
+        return session, False, self.register_client(session, client_hint)
+
+    async def _start_session(self, cwd: str, session_id: str) -> Session:
+        agent = await self.agent_for(cwd)
+        try:
+            acp_session_id = await agent.new_session(cwd)
+        except Exception as exc:
+            raise AgentUnavailable(f"session/new failed: {exc}") from exc
+        bus = SessionBus(session_id, self.limits, self.writer)
+        session = Session(
+            session_id, cwd, iso_now(), agent, acp_session_id, bus,
+            approval_mode=self.config.approval_mode,
+            cancel_grace_s=self.config.cancel_grace_ms / 1000,
+            on_ended=self._session_ended,
+        )
+        if self.writer is not None:
+            bus.last_write_seq = self.writer.submit(UpsertSession(
+                session_id, cwd, now_ms(), acp_session_id))
+        self.sessions[session_id] = session
+        await self.nursery.start(session.run)
+        log.info("event=session_created session=%s cwd=%s", session_id, cwd)
+        return session
+
+    def _session_ended(self, session: Session) -> None:
+        if self.sessions.get(session.id) is session:
+            del self.sessions[session.id]
+        log.info("event=session_ended session=%s reason=%s", session.id,
+                 session.closing or ("agent_exit" if session.agent_exit else "ended"))
+
+    async def close_session(self, session: Session, reason: str) -> None:
+        await session.close(reason)
+
+    async def shutdown(self) -> None:
+        """Graceful stop: end every running prompt with ``session_closed``, stop agents."""
+        self.shutting_down = True
+        async with trio.open_nursery() as nursery:
+            for session in list(self.sessions.values()):
+                nursery.start_soon(session.close, "daemon_shutdown")
+        for agent in list(self.agents.values()):
+            with trio.move_on_after(2):
+                await agent.aclose()
+
+    def status(self) -> list[dict[str, Any]]:
+        out = []
+        for session in self.sessions.values():
+            bus = session.bus
+            out.append({
+                "sessionId": session.id,
+                "workspaceCwd": session.workspace_cwd,
+                "hasActivePrompt": session.active is not None,
+                "pendingPrompts": len(session.queue),
+                "journalEntries": bus.journals.full.entry_count,
+                "journalBytes": bus.journals.full.total_bytes,
+                "summaryJournalEntries": bus.journals.summary.entry_count,
+                "replayWindowBytes": bus.window.total_bytes,
+                "subscribers": len(bus.subscribers),
+                "lastEventId": bus.ring.last_id,
+                "transcriptDegraded": bus.transcript_degraded,
+            })
+        return out

@@ -1,0 +1,360 @@
+"""The deterministic mock ACP agent, the daemon's embedded default (SPEC §6.5).
+
+Run as ``python -m daemon.mock_agent``. It speaks ACP over stdin/stdout, makes no network or
+model request, and is driven by environment variables and by ``mock:<key>=<value>`` tokens in a
+prompt's text:
+
+=========================  ==================================================================
+``MOCK_ACP_MODE``          ``echo`` (default) | ``reject`` | ``crash-on-prompt`` | ``hang``
+``MOCK_ACP_EMIT_CHUNKS``   agent_message_chunk updates per prompt, ``chunk-0`` ... (default 3)
+``MOCK_ACP_PROMPT_DELAY_MS``  wait before answering ``end_turn`` (default 100)
+``MOCK_ACP_PROMPT_LOG``    append ``{"sessionId", "text"}`` as one JSON line per prompt
+``MOCK_ACP_LOAD_SESSION``  ``1``: advertise ``loadSession`` and answer ``session/load``
+``MOCK_ACP_GATE_DIR``      after the chunks, wait for ``<dir>/<gate>`` instead of the delay
+=========================  ==================================================================
+
+Prompt tokens (override the variables for that prompt): ``mock:mode=<m>``,
+``mock:chunks=<n>``, ``mock:delay_ms=<n>``, ``mock:bytes=<n>`` (pad each chunk's text to n bytes
+with ``.``), ``mock:gate=<name>`` (default ``open``).
+
+Every mode first streams its chunks, then: ``echo`` waits (delay or gate) and answers
+``{stopReason: "end_turn"}``; ``reject`` answers JSON-RPC error -32603 ``injected error``;
+``crash-on-prompt`` exits with status 3; ``hang`` waits for ``session/cancel``. A
+``session/cancel`` during the chunks, the delay, the gate or a hang answers
+``{stopReason: "cancelled"}``. Each prompt runs in its own thread, so sessions and prompts are
+concurrent. Stdlib only and no trio, so it starts fast; chunk lines are pre-built from a byte
+template and written in large batches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, Final
+
+MODES: Final = ("echo", "reject", "crash-on-prompt", "hang")
+CRASH_EXIT_CODE: Final = 3
+GATE_POLL_SECONDS: Final = 0.01
+# One write (and flush) per this many bytes of chunk lines.
+BATCH_BYTES: Final = 1 << 20
+AGENT_NAME: Final = "turnkeeper-mock-agent"
+
+_TOKEN = re.compile(r"mock:(mode|chunks|delay_ms|bytes|gate)=(\S+)")
+
+
+class ConfigError(ValueError):
+    """A bad variable or prompt token; loud, never silently defaulted."""
+
+
+@dataclass(frozen=True)
+class PromptPlan:
+    """What one prompt does, after the environment and the prompt's tokens are combined."""
+
+    mode: str = "echo"
+    chunks: int = 3
+    delay_ms: int = 100
+    pad_bytes: int = 0
+    gate: str = "open"
+
+
+def _non_negative(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a non-negative integer, got {raw!r}") from None
+    if value < 0:
+        raise ConfigError(f"{name} must be a non-negative integer, got {raw!r}")
+    return value
+
+
+def _mode(name: str, raw: str) -> str:
+    if raw not in MODES:
+        raise ConfigError(f"{name} must be one of {', '.join(MODES)}; got {raw!r}")
+    return raw
+
+
+def plan_from_env(env: dict[str, str] | os._Environ[str]) -> PromptPlan:
+    return PromptPlan(
+        mode=_mode("MOCK_ACP_MODE", env.get("MOCK_ACP_MODE", "echo")),
+        chunks=_non_negative("MOCK_ACP_EMIT_CHUNKS", env.get("MOCK_ACP_EMIT_CHUNKS", "3")),
+        delay_ms=_non_negative(
+            "MOCK_ACP_PROMPT_DELAY_MS", env.get("MOCK_ACP_PROMPT_DELAY_MS", "100")
+        ),
+    )
+
+
+def plan_for_prompt(base: PromptPlan, text: str) -> PromptPlan:
+    """Apply the ``mock:key=value`` tokens of ``text`` (the last one of a key wins)."""
+    fields: dict[str, Any] = {}
+    for key, value in _TOKEN.findall(text):
+        token = f"mock:{key}"
+        if key == "mode":
+            fields["mode"] = _mode(token, value)
+        elif key == "chunks":
+            fields["chunks"] = _non_negative(token, value)
+        elif key == "delay_ms":
+            fields["delay_ms"] = _non_negative(token, value)
+        elif key == "bytes":
+            fields["pad_bytes"] = _non_negative(token, value)
+        else:
+            if "/" in value or value in (".", ".."):
+                raise ConfigError(f"{token} must be a plain file name, got {value!r}")
+            fields["gate"] = value
+    return PromptPlan(**{**base.__dict__, **fields})
+
+
+def prompt_text(prompt: Any) -> str:
+    """The text blocks of a session/prompt ``prompt`` list, joined by newlines."""
+    if not isinstance(prompt, list):
+        return ""
+    return "\n".join(
+        block["text"]
+        for block in prompt
+        if isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str)
+    )
+
+
+def chunk_lines(session_id: str, count: int, pad_bytes: int, start: int = 0) -> list[bytes]:
+    """``count`` session/update lines for ``chunk-<start>`` ..., each text padded with dots."""
+    head = (
+        '{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":'
+        + json.dumps(session_id)
+        + ',"update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"'
+    )
+    tail = '"}}}}\n'
+    if pad_bytes:
+        texts = (f"chunk-{i}".ljust(pad_bytes, ".") for i in range(start, start + count))
+    else:
+        texts = (f"chunk-{i}" for i in range(start, start + count))
+    return [(head + text + tail).encode() for text in texts]
+
+
+@dataclass
+class _Session:
+    # (prompt text, plan) of each finished prompt, replayed on session/load.
+    history: list[tuple[str, PromptPlan]] = field(default_factory=list)
+    running: set[threading.Event] = field(default_factory=set)
+
+
+class MockAgent:
+    def __init__(self, env: dict[str, str] | os._Environ[str], out: BinaryIO) -> None:
+        self.base_plan = plan_from_env(env)
+        self.load_session_enabled = env.get("MOCK_ACP_LOAD_SESSION", "") == "1"
+        self.prompt_log = env.get("MOCK_ACP_PROMPT_LOG") or None
+        self.gate_dir = env.get("MOCK_ACP_GATE_DIR") or None
+        self._out = out
+        self._write_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._sessions: dict[str, _Session] = {}
+
+    # -- output ---------------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        with self._write_lock:
+            try:
+                self._out.write(data)
+                self._out.flush()
+            except (BrokenPipeError, ValueError):
+                # The daemon is gone; nobody will read another byte.
+                os._exit(0)
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+
+    def reply(self, request_id: Any, result: Any) -> None:
+        self.send({"jsonrpc": "2.0", "id": request_id, "result": result})
+
+    def reply_error(self, request_id: Any, code: int, message: str) -> None:
+        self.send({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}})
+
+    def stream_chunks(self, session_id: str, plan: PromptPlan, cancelled: threading.Event) -> bool:
+        """Write the plan's chunks in large batches; False if cancelled part-way."""
+        per_line = 120 + len(session_id) + max(plan.pad_bytes, 16)
+        per_batch = max(1, BATCH_BYTES // per_line)
+        for start in range(0, plan.chunks, per_batch):
+            if cancelled.is_set():
+                return False
+            count = min(per_batch, plan.chunks - start)
+            self.write(b"".join(chunk_lines(session_id, count, plan.pad_bytes, start)))
+        return True
+
+    # -- dispatch ---------------------------------------------------------------------------
+
+    def handle_line(self, line: bytes) -> None:
+        try:
+            message = json.loads(line)
+        except ValueError as exc:
+            self.reply_error(None, -32700, f"Parse error: {exc}")
+            return
+        if not isinstance(message, dict):
+            self.reply_error(None, -32600, "Invalid Request")
+            return
+        method = message.get("method")
+        if not isinstance(method, str):
+            return  # a reply to a request we never send, or noise
+        params = message.get("params")
+        if not isinstance(params, dict):
+            params = {}
+        if "id" not in message:
+            if method == "session/cancel":
+                self.cancel(params.get("sessionId"))
+            return
+        request_id = message["id"]
+        try:
+            self.handle_request(request_id, method, params)
+        except ConfigError as exc:
+            self.reply_error(request_id, -32602, str(exc))
+
+    def handle_request(self, request_id: Any, method: str, params: dict[str, Any]) -> None:
+        if method == "initialize":
+            self.reply(
+                request_id,
+                {
+                    "protocolVersion": 1,
+                    "agentCapabilities": {
+                        "loadSession": self.load_session_enabled,
+                        "promptCapabilities": {
+                            "image": False,
+                            "audio": False,
+                            "embeddedContext": False,
+                        },
+                    },
+                    "authMethods": [],
+                    "agentInfo": {"name": AGENT_NAME, "version": "1"},
+                },
+            )
+        elif method == "session/new":
+            session_id = str(uuid.uuid4())
+            with self._state_lock:
+                self._sessions[session_id] = _Session()
+            self.reply(request_id, {"sessionId": session_id})
+        elif method == "session/load" and self.load_session_enabled:
+            self.load_session(request_id, params)
+        elif method == "session/prompt":
+            self.start_prompt(request_id, params)
+        else:
+            self.reply_error(request_id, -32601, f"Method not found: {method}")
+
+    def _session(self, session_id: str) -> _Session:
+        # Unknown ids are adopted: after a daemon restart this process never saw them.
+        with self._state_lock:
+            return self._sessions.setdefault(session_id, _Session())
+
+    def load_session(self, request_id: Any, params: dict[str, Any]) -> None:
+        session_id = params.get("sessionId")
+        if not isinstance(session_id, str) or not session_id:
+            self.reply_error(request_id, -32602, "session/load needs a sessionId")
+            return
+        session = self._session(session_id)
+        with self._state_lock:
+            history = list(session.history)
+        # Replay the conversation as real agents do, then answer.
+        for text, plan in history:
+            self.send(
+                {
+                    "jsonrpc": "2.0",
+                    "method": "session/update",
+                    "params": {
+                        "sessionId": session_id,
+                        "update": {
+                            "sessionUpdate": "user_message_chunk",
+                            "content": {"type": "text", "text": text},
+                        },
+                    },
+                }
+            )
+            if plan.chunks:
+                self.write(b"".join(chunk_lines(session_id, plan.chunks, plan.pad_bytes)))
+        self.reply(request_id, {})
+
+    def start_prompt(self, request_id: Any, params: dict[str, Any]) -> None:
+        session_id = params.get("sessionId")
+        if not isinstance(session_id, str) or not session_id:
+            self.reply_error(request_id, -32602, "session/prompt needs a sessionId")
+            return
+        text = prompt_text(params.get("prompt"))
+        plan = plan_for_prompt(self.base_plan, text)
+        if self.prompt_log:
+            with (
+                self._state_lock,
+                open(self.prompt_log, "a", encoding="utf-8") as log_file,
+            ):
+                log_file.write(json.dumps({"sessionId": session_id, "text": text}) + "\n")
+        session = self._session(session_id)
+        cancelled = threading.Event()
+        with self._state_lock:
+            session.running.add(cancelled)
+        threading.Thread(
+            target=self.run_prompt,
+            args=(request_id, session_id, session, text, plan, cancelled),
+            daemon=True,
+        ).start()
+
+    def run_prompt(
+        self,
+        request_id: Any,
+        session_id: str,
+        session: _Session,
+        text: str,
+        plan: PromptPlan,
+        cancelled: threading.Event,
+    ) -> None:
+        try:
+            finished = self.stream_chunks(session_id, plan, cancelled)
+            if plan.mode == "crash-on-prompt":
+                os._exit(CRASH_EXIT_CODE)
+            if plan.mode == "reject":
+                self.reply_error(request_id, -32603, "injected error")
+                return
+            if finished:
+                if plan.mode == "hang":
+                    cancelled.wait()
+                elif self.gate_dir is not None:
+                    gate = os.path.join(self.gate_dir, plan.gate)
+                    while not os.path.exists(gate):
+                        if cancelled.wait(GATE_POLL_SECONDS):
+                            break
+                else:
+                    cancelled.wait(plan.delay_ms / 1000)
+            stop_reason = "cancelled" if cancelled.is_set() else "end_turn"
+            with self._state_lock:
+                session.history.append((text, plan))
+            self.reply(request_id, {"stopReason": stop_reason})
+        finally:
+            with self._state_lock:
+                session.running.discard(cancelled)
+
+    def cancel(self, session_id: Any) -> None:
+        if not isinstance(session_id, str):
+            return
+        with self._state_lock:
+            session = self._sessions.get(session_id)
+            running = list(session.running) if session is not None else []
+        for event in running:
+            event.set()
+
+
+def main() -> None:
+    try:
+        agent = MockAgent(os.environ, sys.stdout.buffer)
+    except ConfigError as exc:
+        print(f"mock agent: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    stdin = sys.stdin.buffer
+    while True:
+        line = stdin.readline()
+        if not line:
+            break
+        if line.strip():
+            agent.handle_line(line)
+    # Prompt threads may be parked in a delay, a gate or a hang; none of them matters now.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

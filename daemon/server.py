@@ -1,0 +1,130 @@
+"""The daemon's root: lock the data directory, open the transcript, run Hypercorn and the
+session manager in one nursery, and shut down gracefully on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import signal
+import sys
+from functools import partial
+from pathlib import Path
+from typing import IO, Any
+
+import trio
+from hypercorn.config import Config as HyperConfig
+from hypercorn.trio import serve
+
+from .asgi import DaemonASGI
+from .config import DaemonConfig
+from .guards import Guard
+from .http_api import create_app
+from .manager import SessionManager
+from .transcript_store import TranscriptSchemaError, TranscriptStore
+from .transcript_writer import TranscriptWriter
+
+log = logging.getLogger("daemon.server")
+
+TRANSCRIPT_FILE = "transcript.sqlite3"
+LOCK_FILE = "daemon.lock"
+SHUTDOWN_BUDGET_S = 4.0
+
+
+class DaemonStartError(Exception):
+    """The daemon refuses to start (the message is the one-line reason)."""
+
+
+def acquire_lock(data_dir: Path) -> IO[str]:
+    handle = open(data_dir / LOCK_FILE, "a+")  # noqa: SIM115 - held for the process lifetime
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise DaemonStartError(
+            f"another daemon is already using data directory {data_dir}") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
+def open_store(config: DaemonConfig) -> TranscriptStore | None:
+    if not config.persistence:
+        return None
+    try:
+        return TranscriptStore(config.data_dir / TRANSCRIPT_FILE)
+    except TranscriptSchemaError as exc:
+        raise DaemonStartError(str(exc)) from None
+
+
+def hypercorn_config(config: DaemonConfig) -> HyperConfig:
+    hconf = HyperConfig()
+    host = config.hostname
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    hconf.bind = [f"{host}:{config.port}"]
+    hconf.accesslog = None
+    hconf.errorlog = logging.getLogger("hypercorn.error")  # type: ignore[assignment]
+    hconf.graceful_timeout = 1.0
+    hconf.keep_alive_timeout = 30
+    hconf.websocket_ping_interval = 15.0
+    return hconf
+
+
+async def run_daemon(
+    config: DaemonConfig,
+    *,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+    handle_signals: bool = True,
+    out: Any = None,
+) -> None:
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    lock = acquire_lock(config.data_dir)
+    store = open_store(config)
+    stream = out if out is not None else sys.stdout
+    try:
+        async with trio.open_nursery() as root:
+            writer: TranscriptWriter | None = None
+            if store is not None:
+                writer = TranscriptWriter(store)
+                await root.start(writer.run)
+            manager = SessionManager(config, writer, root)
+            guard = Guard(token=config.token, loopback_bind=config.is_loopback,
+                          bind_hostname=config.hostname,
+                          allow_origins=frozenset(config.allow_origins),
+                          require_auth=config.require_auth)
+            asgi = DaemonASGI(create_app(config, manager), manager, guard,
+                              config.heartbeat_ms / 1000)
+            stop_http = trio.Event()
+            binds: list[str] = await root.start(partial(
+                serve, asgi, hypercorn_config(config),  # type: ignore[arg-type]
+                shutdown_trigger=stop_http.wait))
+            url = binds[0] if binds else f"http://{config.hostname}:{config.port}"
+            auth = ' -H "Authorization: Bearer $QWEN_SERVER_TOKEN"' if config.token else ""
+            print(f"turnkeeper daemon listening on {url}", file=stream, flush=True)
+            print(f"try: curl -s{auth} -X POST {url}/session -H 'Content-Type: application/json'"
+                  " -d '{}'", file=stream, flush=True)
+            log.info("event=listening url=%s data_dir=%s persistence=%s", url, config.data_dir,
+                     store is not None)
+            task_status.started(binds)
+            if handle_signals:
+                with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                    async for signum in signals:
+                        log.info("event=shutdown signal=%s", signal.Signals(signum).name)
+                        break
+            else:
+                await trio.sleep_forever()
+            with trio.move_on_after(SHUTDOWN_BUDGET_S) as budget:
+                await manager.shutdown()
+                stop_http.set()
+                if writer is not None:
+                    await writer.aclose()
+            if budget.cancelled_caught:
+                log.warning("event=shutdown_budget_exceeded budget_s=%s", SHUTDOWN_BUDGET_S)
+            root.cancel_scope.cancel()
+    finally:
+        if store is not None:
+            store.close()
+        lock.close()

@@ -1,0 +1,387 @@
+"""One daemon session: the prompt queue, the prompt runner and the permission flow.
+
+The runner runs prompts FIFO inside the session's cancel scope; every admitted prompt ends
+with exactly one terminal (``turn_complete`` or ``turn_error``), guarded by a per-prompt latch.
+The session is also the agent channel's sink for its ACP session: agent updates are published
+on the bus as they are read, and the bus is flushed once per stdout batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from .agent import AgentChannel, AgentRpcError, ChannelClosed
+from .bus import SessionBus, now_ms
+from .transcript_store import AdmitPrompt
+
+log = logging.getLogger("daemon.session")
+
+MAX_PENDING_PROMPTS = 5
+MAX_ECHO_BLOCKS = 256
+
+
+class PromptQueueFull(Exception):
+    def __init__(self, pending: int) -> None:
+        super().__init__(f"prompt queue full ({pending} pending)")
+        self.pending = pending
+
+
+@dataclass
+class PendingPrompt:
+    prompt_id: str
+    blocks: list[Any]
+    client_id: str | None
+    deadline_ms: int | None
+    queued: bool
+    text: str
+    cancel_requested: bool = False
+    close_reason: str | None = None
+    deadline_hit: bool = False
+    terminal_sent: bool = False
+    scope: trio.CancelScope | None = None
+    done: trio.Event = field(default_factory=trio.Event)
+
+
+@dataclass
+class PermissionWaiter:
+    request_id: str
+    prompt_id: str | None
+    event: trio.Event = field(default_factory=trio.Event)
+    outcome: dict[str, Any] | None = None
+
+
+def prompt_text(blocks: list[Any]) -> str:
+    return "".join(
+        b["text"] for b in blocks
+        if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
+    )
+
+
+class Session:
+    def __init__(
+        self,
+        session_id: str,
+        workspace_cwd: str,
+        created_at: str,
+        agent: AgentChannel,
+        acp_session_id: str,
+        bus: SessionBus,
+        *,
+        approval_mode: str = "default",
+        cancel_grace_s: float = 10.0,
+        on_ended: Callable[[Session], None] | None = None,
+    ) -> None:
+        self.id = session_id
+        self.workspace_cwd = workspace_cwd
+        self.created_at = created_at
+        self.agent = agent
+        self.acp_session_id = acp_session_id
+        self.bus = bus
+        self.approval_mode = approval_mode
+        self.cancel_grace_s = cancel_grace_s
+        self.on_ended = on_ended
+        self.clients: set[str] = set()
+        self.queue: deque[PendingPrompt] = deque()
+        self.active: PendingPrompt | None = None
+        self.permissions: dict[str, PermissionWaiter] = {}
+        self.closing: str | None = None  # close reason once closing started
+        self.agent_exit: tuple[int | None, str | None] | None = None
+        self.ended = trio.Event()
+        self._wake = trio.Event()
+
+    # -- admission ----------------------------------------------------------------------------
+
+    @property
+    def live(self) -> bool:
+        return self.closing is None and self.agent_exit is None and not self.ended.is_set()
+
+    def pending_count(self) -> int:
+        return len(self.queue) + (1 if self.active is not None else 0)
+
+    def admit(self, blocks: list[Any], client_id: str | None, deadline_ms: int | None) -> dict[str, Any]:
+        """Queue a prompt; returns the 202 body. Cursor and epoch are read before admission so a
+        subscriber starting from them sees every frame of the turn."""
+        pending = self.pending_count()
+        if pending >= MAX_PENDING_PROMPTS:
+            raise PromptQueueFull(pending)
+        last_event_id, epoch = self.bus.ring.last_id, self.bus.epoch
+        prompt = PendingPrompt(
+            prompt_id=str(uuid.uuid4()), blocks=blocks, client_id=client_id,
+            deadline_ms=deadline_ms, queued=pending > 0, text=prompt_text(blocks),
+        )
+        if self.bus.writer is not None:
+            self.bus.last_write_seq = self.bus.writer.submit(
+                AdmitPrompt(self.id, prompt.prompt_id, now_ms())
+            )
+        if prompt.queued:
+            self.bus.publish(
+                "pending_prompt_added",
+                {"sessionId": self.id, "promptId": prompt.prompt_id, "text": prompt.text,
+                 "queuedAt": now_ms()},
+                prompt_id=prompt.prompt_id, originator_client_id=client_id,
+            )
+        self.queue.append(prompt)
+        self._notify()
+        return {"promptId": prompt.prompt_id, "lastEventId": last_event_id, "eventEpoch": epoch}
+
+    def _notify(self) -> None:
+        self._wake.set()
+
+    # -- the runner ---------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.agent.attach(self.acp_session_id, self)
+        task_status.started()
+        try:
+            while True:
+                if self.agent_exit is not None or self.closing is not None:
+                    break
+                if not self.queue:
+                    self._wake = trio.Event()
+                    await self._wake.wait()
+                    continue
+                await self._run_prompt(self.queue.popleft())
+            await self._drain_and_end()
+        finally:
+            self.agent.detach(self.acp_session_id)
+            self.bus.close()
+            self.ended.set()
+            if self.on_ended is not None:
+                self.on_ended(self)
+
+    async def _run_prompt(self, prompt: PendingPrompt) -> None:
+        self.active = prompt
+        self.bus.active_prompt_id = prompt.prompt_id
+        bus = self.bus
+        if prompt.queued:
+            bus.publish(
+                "pending_prompt_started",
+                {"sessionId": self.id, "promptId": prompt.prompt_id, "text": prompt.text},
+                prompt_id=prompt.prompt_id, originator_client_id=prompt.client_id,
+            )
+        ts = now_ms()
+        for block in prompt.blocks[:MAX_ECHO_BLOCKS]:
+            bus.publish(
+                "session_update",
+                {"sessionId": self.id, "update": {
+                    "sessionUpdate": "user_message_chunk", "content": block,
+                    "_meta": {"serverTimestamp": ts, "source": "bridge-echo"}}},
+                prompt_id=prompt.prompt_id, originator_client_id=prompt.client_id, flush=False,
+            )
+        bus.flush()
+        terminal = await self._drive(prompt)
+        await self._finish(prompt, *terminal)
+
+    async def _drive(self, prompt: PendingPrompt) -> tuple[str, dict[str, Any], str, str | None]:
+        pid = prompt.prompt_id
+        with trio.CancelScope() as scope:
+            prompt.scope = scope
+            deadline_at = float("inf")
+            if prompt.deadline_ms is not None:
+                deadline_at = trio.current_time() + prompt.deadline_ms / 1000
+                scope.deadline = deadline_at
+            if prompt.close_reason is not None:
+                scope.cancel()
+            try:
+                result = await self.agent.prompt(self.acp_session_id, prompt.blocks)
+            except AgentRpcError as exc:
+                return ("turn_error", {"sessionId": self.id, "message": exc.message,
+                                       "code": str(exc.code), "promptId": pid}, "error", None)
+            except ChannelClosed:
+                return self._channel_closed_terminal(pid)
+            stop = result.get("stopReason") if isinstance(result, dict) else None
+            stop = stop if isinstance(stop, str) and stop else "end_turn"
+            ledger = "cancelled" if stop == "cancelled" else "completed"
+            return ("turn_complete", {"sessionId": self.id, "stopReason": stop, "promptId": pid},
+                    ledger, stop)
+        # The scope was cancelled: session closing, the cancel grace ran out, or the deadline.
+        if prompt.close_reason is not None:
+            return ("turn_error", {"sessionId": self.id, "message": "Session closed",
+                                   "code": "session_closed", "promptId": pid}, "error", None)
+        prompt.deadline_hit = trio.current_time() >= deadline_at
+        if prompt.cancel_requested and not prompt.deadline_hit:
+            return ("turn_complete", {"sessionId": self.id, "stopReason": "cancelled",
+                                      "promptId": pid}, "cancelled", "cancelled")
+        await self._send_cancel()
+        return ("turn_error", {"sessionId": self.id, "message": "Prompt deadline exceeded",
+                               "code": "prompt_deadline_exceeded", "promptId": pid}, "error", None)
+
+    def _channel_closed_terminal(self, pid: str) -> tuple[str, dict[str, Any], str, str | None]:
+        return ("turn_error", {"sessionId": self.id, "message": "Agent process exited",
+                               "code": "channel_closed", "promptId": pid}, "error", None)
+
+    async def _finish(
+        self, prompt: PendingPrompt, event_type: str, data: dict[str, Any], ledger: str,
+        stop_reason: str | None,
+    ) -> None:
+        if prompt.terminal_sent:
+            return
+        prompt.terminal_sent = True
+        bus = self.bus
+        # Durability before the terminal: everything published so far must be committed. A
+        # degraded transcript is skipped so a failed store never stalls a turn.
+        writer = bus.writer
+        if writer is not None and not bus.transcript_degraded:
+            with trio.CancelScope(shield=True), trio.move_on_after(10):
+                await writer.wait_committed(bus.last_write_seq)
+        self._resolve_permissions(prompt.prompt_id)
+        bus.publish_terminal(
+            event_type, data, prompt_id=prompt.prompt_id,
+            originator_client_id=prompt.client_id, ledger_terminal=ledger,
+            stop_reason=stop_reason,
+        )
+        self.active = None
+        bus.active_prompt_id = None
+        if prompt.queued:
+            bus.publish(
+                "pending_prompt_completed",
+                {"sessionId": self.id, "promptId": prompt.prompt_id, "state": "completed"},
+                prompt_id=prompt.prompt_id, originator_client_id=prompt.client_id,
+            )
+        prompt.done.set()
+
+    async def _drain_and_end(self) -> None:
+        """The session is ending (closed or its agent died): end every queued prompt, then
+        publish the terminal session frame."""
+        with trio.CancelScope(shield=True):
+            died = self.agent_exit is not None
+            while self.queue:
+                prompt = self.queue.popleft()
+                pid = prompt.prompt_id
+                if died:
+                    terminal = self._channel_closed_terminal(pid)
+                else:
+                    terminal = ("turn_error", {"sessionId": self.id, "message": "Session closed",
+                                               "code": "session_closed", "promptId": pid},
+                                "error", None)
+                await self._finish(prompt, *terminal)
+                if prompt.queued:
+                    self.bus.publish(
+                        "pending_prompt_completed",
+                        {"sessionId": self.id, "promptId": pid, "state": "removed"},
+                        prompt_id=pid,
+                    )
+            if died:
+                exit_code, signal_code = self.agent_exit or (None, None)
+                self.bus.publish("session_died", {
+                    "sessionId": self.id, "reason": "channel_closed",
+                    "exitCode": exit_code, "signalCode": signal_code})
+            else:
+                self.bus.publish("session_closed",
+                                 {"sessionId": self.id, "reason": self.closing or "closed"})
+            if self.bus.writer is not None and not self.bus.transcript_degraded:
+                with trio.move_on_after(10):
+                    await self.bus.writer.wait_committed(self.bus.last_write_seq)
+
+    # -- commands -----------------------------------------------------------------------------
+
+    async def cancel(self, client_id: str | None) -> None:
+        prompt = self.active
+        if prompt is None or prompt.terminal_sent or prompt.cancel_requested:
+            return
+        prompt.cancel_requested = True
+        self.bus.publish("prompt_cancelled", {"sessionId": self.id},
+                         prompt_id=prompt.prompt_id, originator_client_id=client_id)
+        self._resolve_permissions(prompt.prompt_id)
+        if prompt.scope is not None:
+            grace = trio.current_time() + self.cancel_grace_s
+            if grace < prompt.scope.deadline:
+                prompt.scope.deadline = grace
+        await self._send_cancel()
+
+    async def _send_cancel(self) -> None:
+        try:
+            await self.agent.cancel(self.acp_session_id)
+        except (ChannelClosed, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            log.info("event=cancel_not_sent session=%s reason=agent_gone", self.id)
+
+    async def close(self, reason: str) -> None:
+        """End the session: a running prompt gets ``turn_error session_closed``."""
+        if self.closing is None:
+            self.closing = reason
+            prompt = self.active
+            if prompt is not None:
+                prompt.close_reason = reason
+                if prompt.scope is not None:
+                    prompt.scope.cancel()
+            self._notify()
+        await self.ended.wait()
+
+    def agent_died(self, exit_code: int | None, signal_code: str | None) -> None:
+        if self.agent_exit is None:
+            self.agent_exit = (exit_code, signal_code)
+            self._notify()
+
+    # -- permission flow ---------------------------------------------------------------------
+
+    def vote(self, request_id: str, outcome: dict[str, Any]) -> bool:
+        waiter = self.permissions.pop(request_id, None)
+        if waiter is None:
+            return False
+        waiter.outcome = outcome
+        waiter.event.set()
+        return True
+
+    def _resolve_permissions(self, prompt_id: str) -> None:
+        for request_id, waiter in list(self.permissions.items()):
+            if waiter.prompt_id in (prompt_id, None):
+                self.vote(request_id, {"outcome": "cancelled"})
+
+    # -- SessionSink (the agent channel calls these) -------------------------------------------
+
+    def on_update(self, update: dict[str, Any]) -> None:
+        prompt = self.active
+        self.bus.publish(
+            "session_update", {"sessionId": self.id, "update": update},
+            prompt_id=prompt.prompt_id if prompt is not None else None,
+            originator_client_id=prompt.client_id if prompt is not None else None,
+            flush=False,
+        )
+
+    def flush(self) -> None:
+        self.bus.flush()
+
+    async def on_permission_request(self, params: dict[str, Any]) -> dict[str, Any]:
+        prompt = self.active
+        request_id = str(uuid.uuid4())
+        options = params.get("options")
+        options = options if isinstance(options, list) else []
+        self.bus.publish(
+            "permission_request",
+            {"requestId": request_id, "sessionId": self.id,
+             "toolCall": params.get("toolCall"), "options": options},
+            prompt_id=prompt.prompt_id if prompt is not None else None,
+        )
+        outcome: dict[str, Any]
+        auto = self._auto_option(options) if self.approval_mode == "yolo" else None
+        if auto is not None:
+            outcome = {"outcome": "selected", "optionId": auto}
+        elif prompt is None or prompt.cancel_requested:
+            outcome = {"outcome": "cancelled"}
+        else:
+            waiter = PermissionWaiter(request_id, prompt.prompt_id)
+            self.permissions[request_id] = waiter
+            try:
+                await waiter.event.wait()
+            finally:
+                self.permissions.pop(request_id, None)
+            outcome = waiter.outcome or {"outcome": "cancelled"}
+        self.bus.publish("permission_resolved", {"requestId": request_id, "outcome": outcome},
+                         prompt_id=prompt.prompt_id if prompt is not None else None)
+        return {"outcome": outcome}
+
+    @staticmethod
+    def _auto_option(options: list[Any]) -> str | None:
+        for option in options:
+            if isinstance(option, dict) and str(option.get("kind", "")).startswith("allow"):
+                option_id = option.get("optionId")
+                if isinstance(option_id, str):
+                    return option_id
+        return None

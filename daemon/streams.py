@@ -1,0 +1,297 @@
+"""SSE and WebSocket event streams (SPEC §4.2–§4.4), as plain ASGI handlers. Trio shell.
+
+Written against ASGI directly rather than as Quart streaming responses so that each stream owns
+its cancel scope in an ordinary coroutine (never across an async-generator ``yield``), writes
+one chunk per wake-up, and can be cut off when the slow-client rules evict it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs
+
+import trio
+
+from .bus import SessionBus, Subscription, now_ms
+from .envelope import Event, encode_json, synthetic
+from .ring import decide_resume
+from .subscriber import (
+    MAX_QUEUED_DEFAULT,
+    MAX_QUEUED_MAX,
+    MAX_QUEUED_MIN,
+    Eviction,
+    SubscriberState,
+    Warning,
+)
+
+log = logging.getLogger("daemon.streams")
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+MAX_SUBSCRIBERS = 64
+MAX_SAFE_INTEGER = 2**53 - 1
+EPOCH_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+CHUNK_BYTES = 1024 * 1024  # one write carries at most this much (many frames)
+EVICTED_FRAME_TIMEOUT_S = 0.5
+
+
+class StreamRequestError(Exception):
+    def __init__(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None):
+        super().__init__(body.get("error"))
+        self.status = status
+        self.body = body
+        self.headers = headers or {}
+
+
+@dataclass(frozen=True)
+class StreamRequest:
+    cursor: int | None
+    epoch: str | None
+    max_queued: int
+
+
+def parse_cursor(raw: str | None) -> int | None:
+    if raw is None or not raw.isdigit() or not raw.isascii():
+        return None
+    value = int(raw)
+    return value if value <= MAX_SAFE_INTEGER else None
+
+
+def parse_epoch(raw: str | None) -> str | None:
+    return raw if raw is not None and EPOCH_RE.fullmatch(raw) else None
+
+
+def parse_stream_request(headers: dict[str, str], query_string: bytes) -> StreamRequest:
+    query = {k: v[-1] for k, v in parse_qs(query_string.decode("latin-1")).items()}
+    max_queued = MAX_QUEUED_DEFAULT
+    if "maxQueued" in query:
+        raw = query["maxQueued"]
+        if not raw.isdigit() or not MAX_QUEUED_MIN <= int(raw) <= MAX_QUEUED_MAX:
+            raise StreamRequestError(400, {
+                "error": f"maxQueued must be an integer between {MAX_QUEUED_MIN} and "
+                         f"{MAX_QUEUED_MAX}", "code": "invalid_max_queued"})
+        max_queued = int(raw)
+    if "last-event-id" in headers or "x-qwen-event-epoch" in headers:
+        cursor = parse_cursor(headers.get("last-event-id"))
+        epoch = parse_epoch(headers.get("x-qwen-event-epoch"))
+    else:  # extension: EventSource cannot set headers
+        cursor = parse_cursor(query.get("lastEventId"))
+        epoch = parse_epoch(query.get("epoch"))
+    return StreamRequest(cursor, epoch, max_queued)
+
+
+def check_capacity(bus: SessionBus) -> None:
+    if len(bus.subscribers) >= MAX_SUBSCRIBERS:
+        raise StreamRequestError(
+            429, {"error": "Too many subscribers for this session",
+                  "code": "subscriber_limit_exceeded", "limit": MAX_SUBSCRIBERS},
+            {"Retry-After": "5"})
+
+
+async def _watch_disconnect(receive: Receive, scope: trio.CancelScope, kind: str) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == kind:
+            scope.cancel()
+            return
+
+
+class EventPump:
+    """Moves ring events to one transport: replay first, then live batches."""
+
+    def __init__(self, bus: SessionBus, sub: Subscription, heartbeat_s: float) -> None:
+        self.bus = bus
+        self.sub = sub
+        self.heartbeat_s = heartbeat_s
+
+    def next_batch(self) -> list[Event] | None:
+        """Live events after the cursor (with a pending warning first); ``None`` when evicted.
+        Advances the cursor: these events count as handed to the transport."""
+        sub, ring = self.sub, self.bus.ring
+        verdict = sub.state.check(ring)
+        if isinstance(verdict, Eviction):
+            self.bus.remove_subscriber(sub)
+            return None
+        out: list[Event] = []
+        warning = sub.pending_warning if sub.pending_warning is not None else (
+            verdict if isinstance(verdict, Warning) else None)
+        sub.pending_warning = None
+        if warning is not None:
+            out.append(synthetic("slow_client_warning", warning.data, now_ms=now_ms()))
+        events = ring.since(sub.state.cursor)
+        if events:
+            last_id = events[-1].id
+            assert last_id is not None
+            sub.state.cursor = last_id
+            out.extend(events)
+        return out
+
+    async def wait(self) -> bool:
+        """Wait for new events; False when the heartbeat interval passed with none."""
+        with trio.move_on_after(self.heartbeat_s):
+            await self.bus.wait_for_events(self.sub.state.cursor)
+            return True
+        return False
+
+
+def _chunks(frames: list[bytes]) -> list[bytes]:
+    out: list[bytes] = []
+    buf: list[bytes] = []
+    size = 0
+    for frame in frames:
+        buf.append(frame)
+        size += len(frame)
+        if size >= CHUNK_BYTES:
+            out.append(b"".join(buf))
+            buf, size = [], 0
+    if buf:
+        out.append(b"".join(buf))
+    return out
+
+
+async def send_json_error(send: Send, err: StreamRequestError) -> None:
+    body = encode_json(err.body)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
+    await send({"type": "http.response.start", "status": err.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def serve_sse(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
+                    headers: dict[str, str], heartbeat_s: float) -> None:
+    try:
+        req = parse_stream_request(headers, scope.get("query_string", b""))
+        check_capacity(bus)
+    except StreamRequestError as err:
+        await send_json_error(send, err)
+        return
+    plan = decide_resume(bus.ring, req.cursor, req.epoch, bus.epoch, now_ms=now_ms())
+    sub = Subscription(SubscriberState(plan.cursor, req.max_queued))
+    bus.add_subscriber(sub)
+    pump = EventPump(bus, sub, heartbeat_s)
+    stream_id = str(uuid.uuid4())
+    await send({"type": "http.response.start", "status": 200, "headers": [
+        (b"content-type", b"text/event-stream"),
+        (b"cache-control", b"no-cache, no-transform"),
+        (b"connection", b"keep-alive"),
+        (b"x-accel-buffering", b"no"),
+        (b"x-qwen-event-epoch", bus.epoch.encode()),
+        (b"x-qwen-sse-stream-id", stream_id.encode()),
+    ]})
+
+    async def body(data: bytes) -> None:
+        await send({"type": "http.response.body", "body": data, "more_body": True})
+
+    try:
+        async with trio.open_nursery() as nursery:
+            sub.scope = nursery.cancel_scope
+            nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope, "http.disconnect")
+            frames = [b"retry: 3000\n\n"]
+            frames += [e.sse_frame for e in plan.before]
+            frames += [e.sse_frame for e in plan.replay]
+            frames += [e.sse_frame for e in plan.after]
+            for chunk in _chunks(frames):
+                await body(chunk)
+            while True:
+                batch = pump.next_batch()
+                if batch is None:
+                    break
+                if batch:
+                    for chunk in _chunks([e.sse_frame for e in batch]):
+                        await body(chunk)
+                    continue
+                if bus.closed:
+                    break
+                if not await pump.wait():
+                    await body(b": heartbeat\n\n")
+            nursery.cancel_scope.cancel()
+    finally:
+        bus.remove_subscriber(sub)
+    eviction = sub.state.evicted
+    if eviction is not None:
+        log.info("event=client_evicted session=%s stream=%s reason=%s dropped_after=%s",
+                 bus.session_id, stream_id, eviction.data["reason"], sub.state.cursor)
+    # Best effort: the peer may be gone or stalled; the connection closes either way.
+    with trio.move_on_after(EVICTED_FRAME_TIMEOUT_S):
+        try:
+            if eviction is not None:
+                await body(synthetic("client_evicted", eviction.data, now_ms=now_ms()).sse_frame)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except Exception:
+            log.debug("event=stream_close_failed session=%s stream=%s", bus.session_id, stream_id)
+
+
+async def serve_ws(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
+                   headers: dict[str, str], heartbeat_s: float) -> None:
+    message = await receive()
+    if message["type"] != "websocket.connect":
+        return
+    try:
+        req = parse_stream_request({}, scope.get("query_string", b""))
+        check_capacity(bus)
+    except StreamRequestError as err:
+        await deny_ws(send, err.status, err.body, err.headers)
+        return
+    plan = decide_resume(bus.ring, req.cursor, req.epoch, bus.epoch, now_ms=now_ms())
+    sub = Subscription(SubscriberState(plan.cursor, req.max_queued))
+    bus.add_subscriber(sub)
+    pump = EventPump(bus, sub, heartbeat_s)
+    await send({"type": "websocket.accept",
+                "headers": [(b"x-qwen-event-epoch", bus.epoch.encode())]})
+
+    async def text(event: Event) -> None:
+        await send({"type": "websocket.send", "text": event.raw.decode()})
+
+    close_code = 1000
+    disconnected = False
+    try:
+        async with trio.open_nursery() as nursery:
+            sub.scope = nursery.cancel_scope
+            nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope,
+                               "websocket.disconnect")
+            for event in (*plan.before, *plan.replay, *plan.after):
+                await text(event)
+            while True:
+                batch = pump.next_batch()
+                if batch is None:
+                    break
+                for event in batch:
+                    await text(event)
+                if batch:
+                    continue
+                if bus.closed:
+                    break
+                await pump.wait()
+            nursery.cancel_scope.cancel()
+        disconnected = not bus.closed and sub.state.evicted is None
+    finally:
+        bus.remove_subscriber(sub)
+    eviction = sub.state.evicted
+    if eviction is not None:
+        close_code = 1008
+    if disconnected and eviction is None:
+        return
+    with trio.move_on_after(EVICTED_FRAME_TIMEOUT_S):
+        try:
+            if eviction is not None:
+                await text(synthetic("client_evicted", eviction.data, now_ms=now_ms()))
+            await send({"type": "websocket.close", "code": close_code})
+        except Exception:
+            log.debug("event=ws_close_failed session=%s", bus.session_id)
+
+
+async def deny_ws(send: Send, status: int, body: dict[str, Any],
+                  headers: dict[str, str] | None = None) -> None:
+    """Answer a WebSocket upgrade with a plain HTTP error (ASGI websocket denial response)."""
+    raw = encode_json(body)
+    hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
+    hdrs += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "websocket.http.response.start", "status": status, "headers": hdrs})
+    await send({"type": "websocket.http.response.body", "body": raw, "more_body": False})

@@ -1,0 +1,109 @@
+"""A subscriber's position in the shared ring and the slow-client rules (SPEC §4.3). Pure.
+
+Subscribers never hold a copy of events: each has a cursor into the bus's ring, and its *lag*
+is how far that cursor is behind the newest event. Lag in frames is ``last_id - cursor``; lag in
+bytes comes from the ring's cumulative byte offsets, so checking a subscriber is O(1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+MAX_QUEUED_DEFAULT: Final = 256
+MAX_QUEUED_MIN: Final = 16
+MAX_QUEUED_MAX: Final = 2048
+MAX_QUEUED_BYTES: Final = 2 * 1024 * 1024
+WARN_FRACTION: Final = 0.75
+REARM_FRACTION: Final = 0.375
+
+
+class RingView(Protocol):
+    @property
+    def last_id(self) -> int: ...
+    @property
+    def first_id(self) -> int | None: ...
+    def bytes_since(self, after_id: int) -> int: ...
+
+
+@dataclass(frozen=True)
+class Warning:
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Eviction:
+    data: dict[str, Any]
+
+
+class SubscriberState:
+    """Cursor and warning latch of one SSE/WS subscriber."""
+
+    __slots__ = ("cursor", "evicted", "max_queued", "max_queued_bytes", "warned")
+
+    def __init__(
+        self, cursor: int, max_queued: int = MAX_QUEUED_DEFAULT,
+        max_queued_bytes: int = MAX_QUEUED_BYTES,
+    ) -> None:
+        self.cursor = cursor  # last id handed to the transport
+        self.max_queued = max_queued
+        self.max_queued_bytes = max_queued_bytes
+        self.warned = False
+        self.evicted: Eviction | None = None
+
+    def check(self, ring: RingView) -> Warning | Eviction | None:
+        """Apply the slow-client rules against the ring's current head.
+
+        Returns an :class:`Eviction` (sticky) when the lag overflows or the subscriber's next
+        event has already left the ring, a :class:`Warning` once when the lag crosses 75% of a
+        cap (re-armed below 37.5%), else ``None``.
+        """
+        if self.evicted is not None:
+            return self.evicted
+        last = ring.last_id
+        frames = last - self.cursor
+        if frames <= 0:
+            if self.warned:
+                self.warned = False
+            return None
+        first = ring.first_id
+        queued_bytes = ring.bytes_since(self.cursor)
+        if first is not None and first > self.cursor + 1:
+            return self._evict("queue_overflow", frames, queued_bytes)
+        if frames > self.max_queued:
+            return self._evict("queue_overflow", frames, queued_bytes)
+        if queued_bytes > self.max_queued_bytes:
+            return self._evict("queue_bytes_overflow", frames, queued_bytes)
+        over_frames = frames >= WARN_FRACTION * self.max_queued
+        over_bytes = queued_bytes >= WARN_FRACTION * self.max_queued_bytes
+        if self.warned:
+            if (frames < REARM_FRACTION * self.max_queued
+                    and queued_bytes < REARM_FRACTION * self.max_queued_bytes):
+                self.warned = False
+            return None
+        if over_frames or over_bytes:
+            self.warned = True
+            threshold = (
+                "frames_and_bytes" if over_frames and over_bytes
+                else "frames" if over_frames else "bytes"
+            )
+            return Warning({
+                "queueSize": frames,
+                "maxQueued": self.max_queued,
+                "lastEventId": self.cursor,
+                "queuedBytes": queued_bytes,
+                "maxQueuedBytes": self.max_queued_bytes,
+                "threshold": threshold,
+            })
+        return None
+
+    def _evict(self, reason: str, frames: int, queued_bytes: int) -> Eviction:
+        self.evicted = Eviction({
+            "reason": reason,
+            "droppedAfter": self.cursor,
+            "queueSize": frames,
+            "maxQueued": self.max_queued,
+            "queuedBytes": queued_bytes,
+            "maxQueuedBytes": self.max_queued_bytes,
+        })
+        return self.evicted

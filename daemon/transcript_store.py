@@ -1,0 +1,617 @@
+"""The durable transcript: schema and SQL over one SQLite file (SPEC §5, store side of §6.2).
+
+Synchronous and trio-free: :class:`~daemon.transcript_writer.TranscriptWriter` calls it from a
+worker thread, one call at a time, on the one connection this object owns.
+
+What is stored, per session:
+
+- ``sessions``: the daemon session id, its workspace, creation time, the agent's ACP session id
+  and whether the session was closed.
+- ``raw_events``: every durable event published since the session's last turn boundary (the
+  unfinished turn), as the bus encoded it.
+- ``records``: the compacted, record-stamped events of completed turns, each with its
+  ``record_id`` and its per-session ``turn`` number (so seeding can keep whole turns and count the
+  turns it leaves out).
+- ``prompts``: the prompt ledger, ``in_flight`` from admission until its terminal.
+
+Writes arrive as a batch of :data:`Op` values applied in one transaction (:meth:`apply`); that is
+what makes group commit atomic.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import sqlite3
+from collections.abc import Iterator, Sequence
+from os import PathLike
+from typing import Any, Final, Literal, TypeAlias
+
+import msgspec
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "TERMINAL_STATES",
+    "AdmitPrompt",
+    "AppendEvent",
+    "DeleteSession",
+    "FinishTurn",
+    "InvalidCursor",
+    "MarkClosed",
+    "Op",
+    "PromptRow",
+    "SessionRow",
+    "TerminalState",
+    "TranscriptPage",
+    "TranscriptSchemaError",
+    "TranscriptStore",
+    "UpsertSession",
+]
+
+SCHEMA_VERSION: Final = 1
+
+TerminalState: TypeAlias = Literal["completed", "cancelled", "error", "interrupted"]
+TERMINAL_STATES: Final[frozenset[str]] = frozenset(
+    {"completed", "cancelled", "error", "interrupted"}
+)
+
+# A short wait rides out a brief lock held by an outside reader (a backup, the sqlite3 shell)
+# instead of failing a batch, and therefore latching a session as failed, for good. It stays far
+# below anything that would make the writer look hung.
+_BUSY_TIMEOUT_MS: Final = 1000
+
+_CURSOR_PREFIX: Final = "tc1."
+
+_SCHEMA: Final = """
+CREATE TABLE sessions (
+    session_id       TEXT PRIMARY KEY,
+    workspace_cwd    TEXT NOT NULL,
+    created_at       INTEGER NOT NULL,
+    agent_session_id TEXT,
+    closed           INTEGER NOT NULL DEFAULT 0
+);
+-- seq is the rowid: rows of a session are read back in seq order. It is not AUTOINCREMENT
+-- because only the order among rows that exist matters, and plain rowids keep that order.
+CREATE TABLE raw_events (
+    seq        INTEGER PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    event_id   INTEGER NOT NULL,
+    prompt_id  TEXT,
+    raw        BLOB NOT NULL
+);
+CREATE INDEX raw_events_by_session ON raw_events (session_id, seq);
+CREATE TABLE records (
+    seq        INTEGER PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    record_id  TEXT NOT NULL UNIQUE,
+    turn       INTEGER NOT NULL,
+    prompt_id  TEXT,
+    raw        BLOB NOT NULL
+);
+CREATE INDEX records_by_session ON records (session_id, seq);
+CREATE INDEX records_by_turn ON records (session_id, turn);
+CREATE TABLE prompts (
+    session_id   TEXT NOT NULL,
+    prompt_id    TEXT NOT NULL,
+    state        TEXT NOT NULL CHECK (state IN
+                     ('in_flight', 'completed', 'cancelled', 'error', 'interrupted')),
+    stop_reason  TEXT,
+    admitted_at  INTEGER,
+    ended_at     INTEGER,
+    terminal_seq INTEGER,
+    PRIMARY KEY (session_id, prompt_id)
+);
+CREATE INDEX prompts_by_terminal ON prompts (session_id, terminal_seq);
+"""
+
+_SESSION_EXISTS: Final = "EXISTS (SELECT 1 FROM sessions WHERE session_id = ?)"
+
+
+class TranscriptSchemaError(Exception):
+    """The file is not a transcript database this daemon can use. It is left untouched."""
+
+
+class InvalidCursor(ValueError):
+    """A page cursor or ``beforeRecordId`` that names no record of the session (SPEC §5: 400
+    ``invalid_transcript_cursor``)."""
+
+
+# --- write operations ------------------------------------------------------------------------
+
+
+class UpsertSession(msgspec.Struct, frozen=True):
+    """Create the session, or update an existing one: ``workspace_cwd`` is replaced,
+    ``agent_session_id`` only when given (``None`` keeps the known one), ``created_at`` is kept,
+    and the session is open again (a restore re-opens a session its agent's death closed)."""
+
+    session_id: str
+    workspace_cwd: str
+    created_at_ms: int
+    agent_session_id: str | None = None
+
+
+class AppendEvent(msgspec.Struct, frozen=True):
+    """One durable event of the unfinished turn; ``raw`` is the bus's encoding of it."""
+
+    session_id: str
+    event_id: int
+    prompt_id: str | None
+    raw: bytes
+
+
+class AdmitPrompt(msgspec.Struct, frozen=True):
+    """Ledger: the prompt is ``in_flight`` from now on (a second admit is a no-op)."""
+
+    session_id: str
+    prompt_id: str
+    at_ms: int
+
+
+class FinishTurn(msgspec.Struct, frozen=True):
+    """The turn boundary: store the compacted turn's ``(record_id, raw)`` records in order,
+    latch the ledger terminal (when ``prompt_id`` is given), and delete the session's raw events
+    that exist at this point of the batch."""
+
+    session_id: str
+    prompt_id: str | None
+    terminal: TerminalState
+    stop_reason: str | None
+    at_ms: int
+    records: Sequence[tuple[str, bytes]] = ()
+
+
+class DeleteSession(msgspec.Struct, frozen=True):
+    """Remove the session and everything stored for it."""
+
+    session_id: str
+
+
+class MarkClosed(msgspec.Struct, frozen=True):
+    """The session ended (its rows stay, for restore and paging)."""
+
+    session_id: str
+
+
+Op: TypeAlias = UpsertSession | AppendEvent | AdmitPrompt | FinishTurn | DeleteSession | MarkClosed
+
+
+# --- read results ----------------------------------------------------------------------------
+
+
+class SessionRow(msgspec.Struct, frozen=True):
+    session_id: str
+    workspace_cwd: str
+    created_at_ms: int
+    agent_session_id: str | None
+    closed: bool
+
+
+class PromptRow(msgspec.Struct, frozen=True):
+    session_id: str
+    prompt_id: str
+    state: str
+    stop_reason: str | None
+    admitted_at_ms: int | None
+    ended_at_ms: int | None
+
+
+class TranscriptPage(msgspec.Struct, frozen=True):
+    """One transcript page: ``events`` are stored JSON bytes, chronological; records first,
+    then (newest page only) the unfinished turn's raw events."""
+
+    events: list[bytes]
+    next_cursor: str | None
+    has_more: bool
+
+
+def _encode_cursor(record_id: str) -> str:
+    token = base64.urlsafe_b64encode(record_id.encode()).rstrip(b"=").decode("ascii")
+    return _CURSOR_PREFIX + token
+
+
+def _decode_cursor(cursor: str) -> str:
+    if not cursor.startswith(_CURSOR_PREFIX):
+        raise InvalidCursor(f"invalid transcript cursor {cursor!r}")
+    token = cursor[len(_CURSOR_PREFIX) :]
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        return raw.decode()
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidCursor(f"invalid transcript cursor {cursor!r}") from exc
+
+
+class TranscriptStore:
+    """One SQLite transcript database. Not thread-safe: one caller at a time (any thread)."""
+
+    def __init__(self, path: str | PathLike[str]) -> None:
+        self.path = str(path)
+        # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT), so one
+        # batch is exactly one transaction whatever the Python version's implicit-BEGIN rules.
+        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        try:
+            self._check_schema(conn)
+            self._configure(conn)
+            self._create_schema(conn)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+
+    # --- opening ---
+
+    def _check_schema(self, conn: sqlite3.Connection) -> None:
+        """Refuse, before anything is written, a file that is not ours or is too new."""
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        except sqlite3.DatabaseError as exc:
+            raise TranscriptSchemaError(
+                f"transcript database {self.path!r} is unreadable or corrupt ({exc}); "
+                "refusing to open it (the file was not modified)"
+            ) from exc
+        if version > SCHEMA_VERSION:
+            raise TranscriptSchemaError(
+                f"transcript database {self.path!r} has schema_version {version}, newer than "
+                f"this daemon's {SCHEMA_VERSION}; refusing to open it (the file was not modified)"
+            )
+        if version == 0 and tables:
+            raise TranscriptSchemaError(
+                f"{self.path!r} is an SQLite database but not a turnkeeper transcript "
+                "(schema_version 0 with existing tables); refusing to open it"
+            )
+
+    @staticmethod
+    def _configure(conn: sqlite3.Connection) -> None:
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise TranscriptSchemaError(f"could not switch the transcript to WAL mode ({mode})")
+        # synchronous=NORMAL under WAL: COMMIT appends the batch to the -wal file with write()
+        # before returning, so a committed batch survives a crash or SIGKILL of this process
+        # (the OS holds the pages). Only an OS crash or power cut can drop the last commits,
+        # and even then the database stays consistent. FULL would add an fsync per batch for
+        # that last case; the spec's durability promise is about the daemon process.
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+
+    @staticmethod
+    def _create_schema(conn: sqlite3.Connection) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            # Re-read under the write lock: another opener may have created it meanwhile.
+            if conn.execute("PRAGMA user_version").fetchone()[0] == 0:
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    def close(self) -> None:
+        self._conn.close()
+
+    @property
+    def schema_version(self) -> int:
+        return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+
+    # --- writing ---
+
+    def apply(self, ops: Sequence[Op]) -> None:
+        """Apply ``ops`` in order in one transaction; on any error roll all of them back and
+        re-raise. Ops naming a session that is not stored (never created, or deleted) write
+        nothing: a late write must not leave rows no session owns."""
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for group in _runs(ops):
+                first = group[0]
+                if isinstance(first, AppendEvent):
+                    self._append_events(group)  # type: ignore[arg-type]
+                else:
+                    self._apply_one(first)
+            conn.execute("COMMIT")
+        except BaseException:
+            # Some errors (SQLITE_FULL, SQLITE_IOERR) already rolled the transaction back.
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass  # the original error is the one worth reporting
+            raise
+
+    def _append_events(self, ops: Sequence[AppendEvent]) -> None:
+        self._conn.executemany(
+            "INSERT INTO raw_events (session_id, event_id, prompt_id, raw) "
+            f"SELECT ?, ?, ?, ? WHERE {_SESSION_EXISTS}",
+            [(op.session_id, op.event_id, op.prompt_id, op.raw, op.session_id) for op in ops],
+        )
+
+    def _apply_one(self, op: Op) -> None:
+        conn = self._conn
+        if isinstance(op, UpsertSession):
+            conn.execute(
+                "INSERT INTO sessions (session_id, workspace_cwd, created_at, agent_session_id) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET "
+                "workspace_cwd = excluded.workspace_cwd, "
+                "agent_session_id = coalesce(excluded.agent_session_id, agent_session_id), "
+                "closed = 0",
+                (op.session_id, op.workspace_cwd, op.created_at_ms, op.agent_session_id),
+            )
+        elif isinstance(op, AdmitPrompt):
+            conn.execute(
+                "INSERT INTO prompts (session_id, prompt_id, state, admitted_at) "
+                f"SELECT ?, ?, 'in_flight', ? WHERE {_SESSION_EXISTS} "
+                "ON CONFLICT (session_id, prompt_id) DO NOTHING",
+                (op.session_id, op.prompt_id, op.at_ms, op.session_id),
+            )
+        elif isinstance(op, FinishTurn):
+            self._finish_turn(op)
+        elif isinstance(op, DeleteSession):
+            for table in ("raw_events", "records", "prompts", "sessions"):
+                conn.execute(f"DELETE FROM {table} WHERE session_id = ?", (op.session_id,))
+        elif isinstance(op, MarkClosed):
+            conn.execute("UPDATE sessions SET closed = 1 WHERE session_id = ?", (op.session_id,))
+        else:
+            raise TypeError(f"not a transcript op: {op!r}")
+
+    def _finish_turn(self, op: FinishTurn) -> None:
+        if op.terminal not in TERMINAL_STATES:
+            raise ValueError(
+                f"FinishTurn.terminal must be one of {sorted(TERMINAL_STATES)}, "
+                f"got {op.terminal!r} (session {op.session_id})"
+            )
+        conn = self._conn
+        sid = op.session_id
+        if conn.execute(f"SELECT {_SESSION_EXISTS}", (sid,)).fetchone()[0] == 0:
+            return
+        conn.execute("DELETE FROM raw_events WHERE session_id = ?", (sid,))
+        last = conn.execute(
+            "SELECT turn FROM records WHERE session_id = ? ORDER BY seq DESC LIMIT 1", (sid,)
+        ).fetchone()
+        turn = (last[0] if last else 0) + 1
+        conn.executemany(
+            "INSERT INTO records (session_id, record_id, turn, prompt_id, raw) "
+            "VALUES (?, ?, ?, ?, ?)",
+            [(sid, record_id, turn, op.prompt_id, raw) for record_id, raw in op.records],
+        )
+        if op.prompt_id is None:
+            return
+        # The first terminal wins, like the runner's per-prompt latch: a second FinishTurn for
+        # the same prompt cannot rewrite how it ended.
+        conn.execute(
+            "INSERT INTO prompts (session_id, prompt_id, state, stop_reason, ended_at, "
+            "terminal_seq) VALUES (?, ?, ?, ?, ?, (SELECT coalesce(max(terminal_seq), 0) + 1 "
+            "FROM prompts WHERE session_id = ?)) "
+            "ON CONFLICT (session_id, prompt_id) DO UPDATE SET state = excluded.state, "
+            "stop_reason = excluded.stop_reason, ended_at = excluded.ended_at, "
+            "terminal_seq = excluded.terminal_seq WHERE state = 'in_flight'",
+            (sid, op.prompt_id, op.terminal, op.stop_reason, op.at_ms, sid),
+        )
+
+    # --- reading: sessions and ledger ---
+
+    def get_session(self, session_id: str) -> SessionRow | None:
+        row = self._conn.execute(
+            "SELECT session_id, workspace_cwd, created_at, agent_session_id, closed "
+            "FROM sessions WHERE session_id = ?",
+            (session_id,),
+        ).fetchone()
+        return _session_row(row) if row else None
+
+    def list_sessions(self) -> list[SessionRow]:
+        rows = self._conn.execute(
+            "SELECT session_id, workspace_cwd, created_at, agent_session_id, closed "
+            "FROM sessions ORDER BY created_at, session_id"
+        ).fetchall()
+        return [_session_row(row) for row in rows]
+
+    def get_prompt(self, session_id: str, prompt_id: str) -> PromptRow | None:
+        row = self._conn.execute(
+            "SELECT session_id, prompt_id, state, stop_reason, admitted_at, ended_at "
+            "FROM prompts WHERE session_id = ? AND prompt_id = ?",
+            (session_id, prompt_id),
+        ).fetchone()
+        return PromptRow(*row) if row else None
+
+    def in_flight_prompts(self, session_id: str) -> list[str]:
+        """Prompts admitted and never ended, in admission order."""
+        rows = self._conn.execute(
+            "SELECT prompt_id FROM prompts WHERE session_id = ? AND state = 'in_flight' "
+            "ORDER BY admitted_at, rowid",
+            (session_id,),
+        ).fetchall()
+        return [row[0] for row in rows]
+
+    def prompt_terminals(self, session_id: str, limit: int = 64) -> list[dict[str, Any]]:
+        """The last ``limit`` ledger terminals, oldest first, in the load body's shape
+        ``{v:1, promptId, terminal, stopReason?, at}`` (SPEC §6.3)."""
+        rows = self._conn.execute(
+            "SELECT prompt_id, state, stop_reason, ended_at FROM ("
+            "  SELECT prompt_id, state, stop_reason, ended_at, terminal_seq FROM prompts"
+            "  WHERE session_id = ? AND terminal_seq IS NOT NULL"
+            "  ORDER BY terminal_seq DESC LIMIT ?"
+            ") ORDER BY terminal_seq",
+            (session_id, limit),
+        ).fetchall()
+        out: list[dict[str, Any]] = []
+        for prompt_id, state, stop_reason, ended_at in rows:
+            item: dict[str, Any] = {"v": 1, "promptId": prompt_id, "terminal": state}
+            if stop_reason is not None:
+                item["stopReason"] = stop_reason
+            item["at"] = ended_at
+            out.append(item)
+        return out
+
+    # --- reading: events ---
+
+    def raw_events(self, session_id: str) -> list[bytes]:
+        """The unfinished turn's durable events, in publish order."""
+        rows = self._conn.execute(
+            "SELECT raw FROM raw_events WHERE session_id = ? ORDER BY seq", (session_id,)
+        ).fetchall()
+        return [bytes(row[0]) for row in rows]
+
+    def max_raw_event_id(self, session_id: str) -> int:
+        """Highest event id among the unfinished turn's raw events (0 if none)."""
+        row = self._conn.execute(
+            "SELECT coalesce(max(event_id), 0) FROM raw_events WHERE session_id = ?",
+            (session_id,),
+        ).fetchone()
+        return int(row[0])
+
+    def record_count(self, session_id: str) -> int:
+        row = self._conn.execute(
+            "SELECT count(*) FROM records WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        return int(row[0])
+
+    def newest_record_id(self, session_id: str) -> str | None:
+        return self._edge_record_id(session_id, "DESC")
+
+    def oldest_record_id(self, session_id: str) -> str | None:
+        return self._edge_record_id(session_id, "ASC")
+
+    def _edge_record_id(self, session_id: str, order: Literal["ASC", "DESC"]) -> str | None:
+        row = self._conn.execute(
+            f"SELECT record_id FROM records WHERE session_id = ? ORDER BY seq {order} LIMIT 1",
+            (session_id,),
+        ).fetchone()
+        return row[0] if row else None
+
+    def page(
+        self,
+        session_id: str,
+        *,
+        limit: int,
+        cursor: str | None = None,
+        before_record_id: str | None = None,
+    ) -> TranscriptPage:
+        """A page of the transcript, going back in time (SPEC §5).
+
+        No cursor and no ``before_record_id``: the newest ``limit`` records, then the raw
+        events of the unfinished turn (not counted in ``limit``). ``before_record_id=X``: the
+        newest ``limit`` records older than X. ``cursor``: the page after the one that returned
+        it. Raises :class:`InvalidCursor` for both anchors at once or one naming no record of
+        this session, and ``ValueError`` for ``limit < 1``.
+        """
+        if limit < 1:
+            raise ValueError(f"page limit must be >= 1, got {limit}")
+        if cursor is not None and before_record_id is not None:
+            raise InvalidCursor("give either a cursor or beforeRecordId, not both")
+        anchor = _decode_cursor(cursor) if cursor is not None else before_record_id
+        conn = self._conn
+        if anchor is None:
+            rows = conn.execute(
+                "SELECT seq, record_id, raw FROM records WHERE session_id = ? "
+                "ORDER BY seq DESC LIMIT ?",
+                (session_id, limit + 1),
+            ).fetchall()
+        else:
+            found = conn.execute(
+                "SELECT seq FROM records WHERE record_id = ? AND session_id = ?",
+                (anchor, session_id),
+            ).fetchone()
+            if found is None:
+                what = "cursor" if cursor is not None else "beforeRecordId"
+                raise InvalidCursor(
+                    f"transcript {what} {cursor if cursor is not None else anchor!r} "
+                    f"names no record of session {session_id}"
+                )
+            rows = conn.execute(
+                "SELECT seq, record_id, raw FROM records WHERE session_id = ? AND seq < ? "
+                "ORDER BY seq DESC LIMIT ?",
+                (session_id, found[0], limit + 1),
+            ).fetchall()
+        has_more = len(rows) > limit
+        rows = rows[:limit]
+        rows.reverse()
+        events = [bytes(row[2]) for row in rows]
+        if anchor is None:
+            events.extend(self.raw_events(session_id))
+        next_cursor = _encode_cursor(rows[0][1]) if has_more else None
+        return TranscriptPage(events=events, next_cursor=next_cursor, has_more=has_more)
+
+    def newest_turns(
+        self, session_id: str, max_bytes: int
+    ) -> tuple[list[list[tuple[str, bytes]]], int, int]:
+        """The newest whole turns whose records fit ``max_bytes`` together (always at least the
+        newest turn, like the replay window keeps its newest segment), oldest turn first; plus
+        the number of older records and of older turns left out. For seeding the replay window
+        on restore (SPEC §6.2)."""
+        conn = self._conn
+        keep_from: int | None = None  # lowest turn number kept
+        total = 0
+        turn_now: int | None = None
+        turn_bytes = 0
+        sizes = conn.execute(
+            "SELECT turn, length(raw) FROM records WHERE session_id = ? ORDER BY seq DESC",
+            (session_id,),
+        )
+        try:
+            for turn, size in sizes:
+                if turn != turn_now:
+                    if turn_now is not None:
+                        if keep_from is not None and total + turn_bytes > max_bytes:
+                            turn_now = None  # this turn does not fit: stop here
+                            break
+                        total += turn_bytes
+                        keep_from = turn_now
+                    turn_now, turn_bytes = turn, 0
+                turn_bytes += size
+            if turn_now is not None and (keep_from is None or total + turn_bytes <= max_bytes):
+                keep_from = turn_now
+        finally:
+            sizes.close()
+        if keep_from is None:
+            return [], 0, 0
+        turns: list[list[tuple[str, bytes]]] = []
+        last_turn: int | None = None
+        for turn, record_id, raw in conn.execute(
+            "SELECT turn, record_id, raw FROM records WHERE session_id = ? AND turn >= ? "
+            "ORDER BY seq",
+            (session_id, keep_from),
+        ):
+            if turn != last_turn:
+                turns.append([])
+                last_turn = turn
+            turns[-1].append((record_id, bytes(raw)))
+        older = conn.execute(
+            "SELECT count(*), count(DISTINCT turn) FROM records "
+            "WHERE session_id = ? AND turn < ?",
+            (session_id, keep_from),
+        ).fetchone()
+        return turns, int(older[0]), int(older[1])
+
+    def newest_records(
+        self, session_id: str, max_bytes: int
+    ) -> tuple[list[tuple[str, bytes]], int, int]:
+        """:meth:`newest_turns` flattened: the records, oldest first, then the counts of
+        older records and older turns left out."""
+        turns, older_records, older_turns = self.newest_turns(session_id, max_bytes)
+        return [record for turn in turns for record in turn], older_records, older_turns
+
+
+def _session_row(row: tuple[Any, ...]) -> SessionRow:
+    return SessionRow(
+        session_id=row[0],
+        workspace_cwd=row[1],
+        created_at_ms=row[2],
+        agent_session_id=row[3],
+        closed=bool(row[4]),
+    )
+
+
+def _runs(ops: Sequence[Op]) -> Iterator[Sequence[Op]]:
+    """Split ``ops`` into runs: consecutive AppendEvents together (one executemany), every
+    other op alone. Order is preserved."""
+    start = 0
+    n = len(ops)
+    while start < n:
+        end = start + 1
+        if isinstance(ops[start], AppendEvent):
+            while end < n and isinstance(ops[end], AppendEvent):
+                end += 1
+        yield ops[start:end]
+        start = end

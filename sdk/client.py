@@ -1,0 +1,634 @@
+"""The Trio HTTP client for the daemon (CLIENT-SPEC §2, SPEC §6.1) and its SSE event stream.
+
+One :class:`DaemonClient` owns one ``httpx.AsyncClient`` (one connection pool); httpx runs on
+Trio through anyio. Every route returns a typed msgspec Struct; every failure is mapped to the
+hierarchy in :mod:`sdk.errors`. :meth:`DaemonClient.events` opens an :class:`EventStream` that
+parses SSE with :class:`sdk.sse.SSEParser` and tracks the cursor and epoch.
+
+Session handles, reconnecting subscriptions, the WebSocket variant and the repair driver build
+on this module; it deliberately holds no background tasks.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import deque
+from collections.abc import AsyncIterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Final, Literal, TypeVar
+from urllib.parse import quote
+
+import httpx
+import msgspec
+
+from sdk.errors import SSEBufferOverflow, TransportError, error_for_status
+from sdk.events import MAX_EVENT_ID, DaemonEvent, decode_events, normalize_page_event
+from sdk.sse import SSEParser
+
+__all__ = [
+    "TOKEN_ENV",
+    "Capabilities",
+    "DaemonClient",
+    "DaemonStatus",
+    "EventStream",
+    "Health",
+    "LoadResult",
+    "PermissionVote",
+    "PromptAccepted",
+    "PromptTerminal",
+    "ResumeResult",
+    "SessionCreated",
+    "SessionStatus",
+    "TranscriptPage",
+]
+
+TOKEN_ENV: Final = "QWEN_SERVER_TOKEN"
+CLIENT_ID_HEADER: Final = "X-Qwen-Client-Id"
+EPOCH_HEADER: Final = "X-Qwen-Event-Epoch"
+STREAM_ID_HEADER: Final = "X-Qwen-SSE-Stream-Id"
+
+_CLIENT_ID_RE: Final = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+_json_encode = msgspec.json.Encoder().encode
+_json_decode = msgspec.json.Decoder().decode
+
+
+# --- typed results ----------------------------------------------------------------------------
+
+
+class _Result(msgspec.Struct, kw_only=True, rename="camel"):
+    """Base of route results: camelCase on the wire, unknown keys ignored."""
+
+
+class Health(_Result):
+    status: str
+
+
+class Capabilities(_Result):
+    v: int = 1
+    mode: str | None = None
+    features: list[str] = msgspec.field(default_factory=list)
+    limits: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    def supports(self, feature: str) -> bool:
+        return feature in self.features
+
+
+class DaemonStatus(_Result):
+    """Effective limits and per-session counts. ``raw`` is the whole body (its shape is loose)."""
+
+    limits: dict[str, Any] = msgspec.field(default_factory=dict)
+    sessions: Any = None
+    raw: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class SessionCreated(_Result):
+    session_id: str
+    workspace_cwd: str | None = None
+    attached: bool = False
+    client_id: str | None = None
+    created_at: Any = None
+    event_epoch: str | None = None
+
+
+class PromptTerminal(_Result):
+    prompt_id: str
+    terminal: str
+    v: int = 1
+    stop_reason: str | None = None
+    at: Any = None
+
+
+class ResumeResult(_Result):
+    """The load body without the replay lists (``POST /session/{id}/resume``)."""
+
+    session_id: str
+    workspace_cwd: str | None = None
+    attached: bool = False
+    client_id: str | None = None
+    created_at: Any = None
+    state: Any = None
+    has_active_prompt: bool = False
+    has_running_background_tasks: bool = False
+    last_event_id: int | None = None
+    event_epoch: str | None = None
+    replay_degraded: bool = False
+    history_has_more: bool = False
+    history_anchor_record_id: str | None = None
+    prompt_terminals: list[PromptTerminal] = msgspec.field(default_factory=list)
+
+
+class LoadResult(ResumeResult):
+    """``POST /session/{id}/load``: rebuild from ``compacted_replay`` then ``live_journal``.
+
+    Frames that fail the envelope rules (the same as the SSE parser's) are dropped.
+    """
+
+    compacted_replay: list[DaemonEvent] = msgspec.field(default_factory=list)
+    live_journal: list[DaemonEvent] = msgspec.field(default_factory=list)
+
+    @property
+    def events(self) -> list[DaemonEvent]:
+        """The replay in rebuild order."""
+        return [*self.compacted_replay, *self.live_journal]
+
+
+class PromptAccepted(_Result):
+    """The 202 of a prompt: subscribe from this cursor and epoch to see every frame of it."""
+
+    prompt_id: str
+    last_event_id: int | None = None
+    event_epoch: str | None = None
+
+
+class PermissionVote(_Result):
+    request_id: str
+    outcome: Any = None
+
+
+class TranscriptPage(_Result):
+    """One page, chronological inside; events are normalized to the bus shape."""
+
+    events: list[DaemonEvent] = msgspec.field(default_factory=list)
+    session_id: str | None = None
+    v: int = 1
+    next_cursor: str | None = None
+    has_more: bool = False
+
+
+class SessionStatus(_Result):
+    session_id: str
+    has_active_prompt: bool = False
+    pending_prompts: int = 0
+    last_event_id: int | None = None
+    durable_event_id: int | None = None
+    event_epoch: str | None = None
+    transcript_degraded: bool = False
+    raw: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+_R = TypeVar("_R", bound=_Result)
+
+
+def _convert(body: Any, result_type: type[_R], what: str) -> _R:
+    if not isinstance(body, dict):
+        raise TransportError(f"{what}: expected a JSON object, got {type(body).__name__}")
+    try:
+        return msgspec.convert(body, result_type)
+    except msgspec.ValidationError as exc:
+        raise TransportError(f"{what}: malformed response body: {exc}") from exc
+
+
+def _event_list(body: dict[str, Any], key: str, what: str) -> list[Any]:
+    items = body.pop(key, None)
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise TransportError(f"{what}: {key} must be a list, got {type(items).__name__}")
+    return items
+
+
+# --- the client -------------------------------------------------------------------------------
+
+
+class DaemonClient:
+    """An async context manager over one connection pool to one daemon.
+
+    ``token`` falls back to the ``QWEN_SERVER_TOKEN`` environment variable. ``client_id`` is
+    sent as ``X-Qwen-Client-Id`` once known; the id the daemon returns from create, load or
+    resume is adopted. ``transport`` replaces the network (tests).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        client_id: str | None = None,
+        *,
+        timeout: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
+        if client_id is not None and not _CLIENT_ID_RE.fullmatch(client_id):
+            raise ValueError(f"client_id must match [A-Za-z0-9._:-]{{1,128}}, got {client_id!r}")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        self.base_url = base_url.rstrip("/")
+        self.token = token if token is not None else (os.environ.get(TOKEN_ENV) or None)
+        self.client_id = client_id
+        self.timeout = timeout
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, timeout=timeout, transport=transport, follow_redirects=False
+        )
+
+    async def __aenter__(self) -> DaemonClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def headers(self, *, accept: str = "application/json") -> dict[str, str]:
+        """The headers every request carries (also used by the WebSocket variant)."""
+        headers = {"Accept": accept}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        if self.client_id:
+            headers[CLIENT_ID_HEADER] = self.client_id
+        return headers
+
+    def _adopt(self, client_id: str | None) -> None:
+        if isinstance(client_id, str) and client_id:
+            self.client_id = client_id
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Mapping[str, Any] | None = None,
+        params: Mapping[str, str | int] | None = None,
+    ) -> httpx.Response:
+        headers = self.headers()
+        content: bytes | None = None
+        if body is not None:
+            content = _json_encode(body)
+            headers["Content-Type"] = "application/json"
+        try:
+            response = await self._http.request(
+                method, path, content=content, params=params, headers=headers
+            )
+        except httpx.TimeoutException as exc:
+            raise TransportError(f"{method} {path}: timed out: {exc!r}") from exc
+        except httpx.TransportError as exc:
+            raise TransportError(f"{method} {path}: {exc!r}") from exc
+        if not 200 <= response.status_code < 300:
+            raise error_for_status(response.status_code, response.content, response.headers)
+        return response
+
+    async def _json(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Mapping[str, Any] | None = None,
+        params: Mapping[str, str | int] | None = None,
+    ) -> Any:
+        response = await self._request(method, path, body=body, params=params)
+        try:
+            return _json_decode(response.content)
+        except msgspec.DecodeError as exc:
+            ctype = response.headers.get("content-type", "")
+            raise TransportError(
+                f"{method} {path}: response is not JSON (content-type {ctype!r})",
+                status=response.status_code,
+            ) from exc
+
+    # -- daemon routes ---------------------------------------------------------------------
+
+    async def health(self) -> Health:
+        return _convert(await self._json("GET", "/health"), Health, "GET /health")
+
+    async def capabilities(self) -> Capabilities:
+        return _convert(
+            await self._json("GET", "/capabilities"), Capabilities, "GET /capabilities"
+        )
+
+    async def daemon_status(self) -> DaemonStatus:
+        body = await self._json("GET", "/daemon/status")
+        result = _convert(body, DaemonStatus, "GET /daemon/status")
+        result.raw = body
+        return result
+
+    # -- session routes --------------------------------------------------------------------
+
+    async def create_session(
+        self,
+        cwd: str | None = None,
+        session_id: str | None = None,
+        scope: Literal["single", "thread"] | None = None,
+    ) -> SessionCreated:
+        body: dict[str, Any] = {}
+        if cwd is not None:
+            body["cwd"] = cwd
+        if session_id is not None:
+            body["sessionId"] = session_id
+        if scope is not None:
+            body["sessionScope"] = scope
+        result = _convert(
+            await self._json("POST", "/session", body=body), SessionCreated, "POST /session"
+        )
+        self._adopt(result.client_id)
+        return result
+
+    async def load_session(
+        self,
+        session_id: str,
+        cwd: str | None = None,
+        history_page_size: int | None = None,
+        live_replay_mode: Literal["full", "summary"] | None = None,
+    ) -> LoadResult:
+        """Load a snapshot. Without ``history_page_size`` the daemon answers from memory."""
+        request: dict[str, Any] = {}
+        if cwd is not None:
+            request["cwd"] = cwd
+        if history_page_size is not None:
+            request["historyPageSize"] = history_page_size
+        if live_replay_mode is not None:
+            request["liveReplayMode"] = live_replay_mode
+        path = f"{_session_path(session_id)}/load"
+        body = await self._json("POST", path, body=request)
+        what = f"POST {path}"
+        if not isinstance(body, dict):
+            raise TransportError(f"{what}: expected a JSON object, got {type(body).__name__}")
+        compacted = _event_list(body, "compactedReplay", what)
+        live = _event_list(body, "liveJournal", what)
+        result = _convert(body, LoadResult, what)
+        result.compacted_replay = decode_events(compacted)
+        result.live_journal = decode_events(live)
+        self._adopt(result.client_id)
+        return result
+
+    async def resume_session(self, session_id: str, cwd: str | None = None) -> ResumeResult:
+        path = f"{_session_path(session_id)}/resume"
+        request: dict[str, Any] = {} if cwd is None else {"cwd": cwd}
+        body = await self._json("POST", path, body=request)
+        if isinstance(body, dict):
+            # A daemon that answers resume with a full load body: the lists are not wanted here.
+            body.pop("compactedReplay", None)
+            body.pop("liveJournal", None)
+        result = _convert(body, ResumeResult, f"POST {path}")
+        self._adopt(result.client_id)
+        return result
+
+    async def send_prompt(
+        self,
+        session_id: str,
+        prompt: Sequence[Mapping[str, Any]] | str,
+        deadline_ms: int | None = None,
+    ) -> PromptAccepted:
+        """Submit a prompt (a plain string becomes one text block). Returns on the 202."""
+        blocks: list[Any] = (
+            [{"type": "text", "text": prompt}] if isinstance(prompt, str) else list(prompt)
+        )
+        request: dict[str, Any] = {"prompt": blocks}
+        if deadline_ms is not None:
+            request["deadlineMs"] = deadline_ms
+        path = f"{_session_path(session_id)}/prompt"
+        return _convert(
+            await self._json("POST", path, body=request), PromptAccepted, f"POST {path}"
+        )
+
+    async def cancel(self, session_id: str) -> None:
+        await self._request("POST", f"{_session_path(session_id)}/cancel")
+
+    async def vote_permission(
+        self,
+        session_id: str,
+        request_id: str,
+        option_id: str | None = None,
+        cancelled: bool = False,
+    ) -> PermissionVote:
+        """Answer a ``permission_request`` with one option, or cancel it."""
+        if (option_id is None) == (not cancelled):
+            raise ValueError("give exactly one of option_id or cancelled=True")
+        request: dict[str, Any] = (
+            {"outcome": "cancelled"} if cancelled else {"optionId": option_id}
+        )
+        path = f"{_session_path(session_id)}/permission/{quote(request_id, safe='')}"
+        return _convert(
+            await self._json("POST", path, body=request), PermissionVote, f"POST {path}"
+        )
+
+    async def transcript_page(
+        self,
+        session_id: str,
+        limit: int | None = None,
+        cursor: str | None = None,
+        before_record_id: str | None = None,
+    ) -> TranscriptPage:
+        """One page of the durable transcript, newest first across pages."""
+        if cursor is not None and before_record_id is not None:
+            raise ValueError("give cursor or before_record_id, not both")
+        params: dict[str, str | int] = {}
+        if limit is not None:
+            params["limit"] = limit
+        if cursor is not None:
+            params["cursor"] = cursor
+        if before_record_id is not None:
+            params["beforeRecordId"] = before_record_id
+        path = f"{_session_path(session_id)}/transcript"
+        body = await self._json("GET", path, params=params)
+        what = f"GET {path}"
+        if not isinstance(body, dict):
+            raise TransportError(f"{what}: expected a JSON object, got {type(body).__name__}")
+        raw_events = _event_list(body, "events", what)
+        page = _convert(body, TranscriptPage, what)
+        sid = page.session_id or session_id
+        page.events = [
+            event
+            for item in raw_events
+            if (event := normalize_page_event(item, sid)) is not None
+        ]
+        return page
+
+    async def session_status(self, session_id: str) -> SessionStatus:
+        path = f"{_session_path(session_id)}/status"
+        body = await self._json("GET", path)
+        result = _convert(body, SessionStatus, f"GET {path}")
+        result.raw = body
+        return result
+
+    async def close_session(self, session_id: str) -> None:
+        await self._request("DELETE", _session_path(session_id))
+
+    async def detach(self, session_id: str) -> None:
+        await self._request("POST", f"{_session_path(session_id)}/detach")
+
+    async def heartbeat(self, session_id: str) -> None:
+        await self._request("POST", f"{_session_path(session_id)}/heartbeat")
+
+    def events(
+        self,
+        session_id: str,
+        last_event_id: int | None = None,
+        epoch: str | None = None,
+        *,
+        max_queued: int | None = None,
+    ) -> EventStream:
+        """An SSE subscription; use it as ``async with client.events(...) as stream``.
+
+        ``epoch`` is sent only together with a cursor (``last_event_id``), as the daemon
+        ignores an epoch without one.
+        """
+        return EventStream(self, session_id, last_event_id, epoch, max_queued=max_queued)
+
+    # -- used by EventStream ---------------------------------------------------------------
+
+    async def _open_stream(
+        self, path: str, headers: dict[str, str], params: dict[str, str | int]
+    ) -> httpx.Response:
+        request = self._http.build_request(
+            "GET",
+            path,
+            headers=headers,
+            params=params,
+            # The body is open-ended: only the connect/write/pool phases may time out.
+            timeout=httpx.Timeout(self.timeout, read=None),
+        )
+        try:
+            response = await self._http.send(request, stream=True)
+        except httpx.TimeoutException as exc:
+            raise TransportError(f"GET {path}: timed out: {exc!r}") from exc
+        except httpx.TransportError as exc:
+            raise TransportError(f"GET {path}: {exc!r}") from exc
+        if response.status_code != 200:
+            try:
+                content = await response.aread()
+            except httpx.HTTPError:
+                content = b""
+            finally:
+                await response.aclose()
+            raise error_for_status(response.status_code, content, response.headers)
+        ctype = response.headers.get("content-type", "")
+        if ctype.split(";", 1)[0].strip().lower() != "text/event-stream":
+            await response.aclose()
+            raise TransportError(
+                f"GET {path}: expected text/event-stream, got {ctype!r}",
+                status=response.status_code,
+            )
+        return response
+
+
+def _session_path(session_id: str) -> str:
+    if not session_id:
+        raise ValueError("session_id must be a non-empty string")
+    return f"/session/{quote(session_id, safe='')}"
+
+
+class EventStream:
+    """One SSE response read as typed events.
+
+    ``last_event_id`` starts at the requested cursor and advances only from frames that carry
+    an id, to ``max(previous, id)``, as each event is handed to the caller. ``epoch`` is the
+    ``X-Qwen-Event-Epoch`` the daemon answered with (the requested one until then).
+    Errors before the first event (401/403, 404/410, other statuses, a non-SSE answer) are
+    raised by ``__aenter__``; network failures while reading raise :class:`TransportError`;
+    a clean end of the body ends the iteration (``ended`` becomes True).
+    """
+
+    def __init__(
+        self,
+        client: DaemonClient,
+        session_id: str,
+        last_event_id: int | None = None,
+        epoch: str | None = None,
+        *,
+        max_queued: int | None = None,
+    ) -> None:
+        if last_event_id is not None and (
+            isinstance(last_event_id, bool)
+            or not isinstance(last_event_id, int)
+            or not 0 <= last_event_id <= MAX_EVENT_ID
+        ):
+            raise ValueError(f"last_event_id must be an int in 0..2^53-1, got {last_event_id!r}")
+        self.session_id = session_id
+        self.last_event_id = last_event_id
+        self.epoch = epoch
+        self.stream_id: str | None = None
+        self.events_received = 0
+        self.ended = False
+        self._client = client
+        self._requested_cursor = last_event_id
+        self._requested_epoch = epoch
+        self._max_queued = max_queued
+        self._parser = SSEParser()
+        self._pending: deque[DaemonEvent] = deque()
+        self._response: httpx.Response | None = None
+        self._chunks: AsyncIterator[bytes] | None = None
+        self._opened = False
+
+    def request_headers(self) -> dict[str, str]:
+        """The headers this stream sends (the cursor pair only together)."""
+        headers = self._client.headers(accept="text/event-stream")
+        headers["Cache-Control"] = "no-cache"
+        if self._requested_cursor is not None:
+            headers["Last-Event-ID"] = str(self._requested_cursor)
+            if self._requested_epoch:
+                headers[EPOCH_HEADER] = self._requested_epoch
+        return headers
+
+    async def __aenter__(self) -> EventStream:
+        if self._opened:
+            raise RuntimeError("an EventStream can be opened only once; make a new one")
+        self._opened = True
+        params: dict[str, str | int] = {}
+        if self._max_queued is not None:
+            params["maxQueued"] = self._max_queued
+        response = await self._client._open_stream(
+            f"{_session_path(self.session_id)}/events", self.request_headers(), params
+        )
+        self._response = response
+        self.epoch = response.headers.get(EPOCH_HEADER) or self.epoch
+        self.stream_id = response.headers.get(STREAM_ID_HEADER)
+        self._chunks = response.aiter_bytes()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        chunks, self._chunks = self._chunks, None
+        response, self._response = self._response, None
+        closer = getattr(chunks, "aclose", None)
+        if closer is not None:
+            await closer()
+        if response is not None:
+            await response.aclose()
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> DaemonEvent:
+        if not self._opened:
+            raise RuntimeError("use 'async with client.events(...) as stream' before iterating")
+        while not self._pending:
+            chunks = self._chunks
+            if chunks is None:
+                raise StopAsyncIteration
+            try:
+                chunk = await chunks.__anext__()
+            except StopAsyncIteration:
+                self._pending.extend(self._parser.close())
+                self.ended = True
+                await self.aclose()
+                continue
+            except (httpx.TransportError, httpx.StreamError) as exc:
+                await self.aclose()
+                raise TransportError(f"event stream {self.session_id}: {exc!r}") from exc
+            try:
+                self._pending.extend(self._parser.feed(chunk))
+            except SSEBufferOverflow:
+                await self.aclose()
+                raise
+        event = self._pending.popleft()
+        self.events_received += 1
+        if event.id is not None and (self.last_event_id is None or event.id > self.last_event_id):
+            self.last_event_id = event.id
+        return event

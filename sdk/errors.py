@@ -1,0 +1,220 @@
+"""The SDK's one small error hierarchy (CLIENT-SPEC §2) and the retriable/final predicate.
+
+    DaemonError
+    ├── DaemonHTTPError(status, body, code)      any non-2xx answer
+    │   ├── AuthError                            401 / 403
+    │   ├── SessionNotFoundError                 404 / 410
+    │   ├── PromptQueueFullError                 503 prompt_queue_full
+    │   └── ServerError (also a TransportError)  other 5xx
+    ├── TransportError                           network, timeout, wrong content type
+    ├── SSEBufferOverflow                        an SSE frame over the 16 MiB buffer cap
+    └── TurnError(code, message, prompt_id)      a ``turn_error`` terminal
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+
+class DaemonError(Exception):
+    """Base of every error the SDK raises on purpose."""
+
+
+class DaemonHTTPError(DaemonError):
+    """The daemon answered with a non-2xx status. ``body`` is the parsed JSON (or raw text)."""
+
+    def __init__(
+        self,
+        status: int,
+        body: Any = None,
+        code: str | None = None,
+        message: str | None = None,
+    ) -> None:
+        self.status = status
+        self.body = body
+        self.code = code
+        self.message = message if message is not None else _body_message(body)
+        detail = f": {self.message}" if self.message else ""
+        tag = f" ({code})" if code else ""
+        super().__init__(f"HTTP {status}{tag}{detail}")
+
+
+class AuthError(DaemonHTTPError):
+    """401/403: the token is missing or wrong, or the Host/Origin was refused. Final."""
+
+
+class SessionNotFoundError(DaemonHTTPError):
+    """404/410: the session does not exist (or is gone). Final."""
+
+
+class TransportError(DaemonError):
+    """The exchange failed below the application: network, timeout, 5xx, wrong content type.
+
+    Retriable: reconnecting or resending may succeed.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        body: Any = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+        self.code = code
+
+
+# Both bases name ``status``; here it is always an int, which satisfies both uses.
+class ServerError(DaemonHTTPError, TransportError):  # type: ignore[misc]
+    """A 5xx answer: an HTTP error with a status and body, and a retriable transport failure."""
+
+    def __init__(
+        self,
+        status: int,
+        body: Any = None,
+        code: str | None = None,
+        message: str | None = None,
+    ) -> None:
+        DaemonHTTPError.__init__(self, status, body, code, message)
+
+
+class PromptQueueFullError(DaemonHTTPError):
+    """503 ``prompt_queue_full``: five prompts already run or wait in this session."""
+
+    def __init__(
+        self,
+        status: int,
+        body: Any = None,
+        code: str | None = "prompt_queue_full",
+        message: str | None = None,
+        *,
+        retry_after: float | None = None,
+        limit: int | None = None,
+        pending_count: int | None = None,
+    ) -> None:
+        super().__init__(status, body, code, message)
+        self.retry_after = retry_after
+        self.limit = limit
+        self.pending_count = pending_count
+
+
+class SSEBufferOverflow(DaemonError):
+    """An SSE frame grew past the parser's buffer cap without a terminating blank line."""
+
+
+class TurnError(DaemonError):
+    """A prompt ended with a ``turn_error`` terminal."""
+
+    def __init__(self, code: str | None, message: str, prompt_id: str | None) -> None:
+        self.code = code
+        self.message = message
+        self.prompt_id = prompt_id
+        tag = f" ({code})" if code else ""
+        super().__init__(f"turn {prompt_id or '?'} failed{tag}: {message}")
+
+
+_RETRIABLE_CLIENT_STATUSES = frozenset({408, 429})
+
+
+def is_retriable(exc: BaseException) -> bool:
+    """True when retrying (reconnecting, resending) may succeed; False when the error is final.
+
+    A body carrying ``retryable: false`` is final whatever its status. Auth and missing-session
+    errors are final; network errors, timeouts, 5xx, 408, 429 and a full prompt queue are not.
+    Other 4xx answers are final: the same request would be refused again.
+    """
+    body = getattr(exc, "body", None)
+    if isinstance(body, Mapping):
+        flag = body.get("retryable")
+        if flag is False:
+            return False
+    if isinstance(exc, AuthError | SessionNotFoundError | TurnError | SSEBufferOverflow):
+        return False
+    if isinstance(exc, TransportError | PromptQueueFullError):
+        return True
+    if isinstance(exc, DaemonHTTPError):
+        return exc.status in _RETRIABLE_CLIENT_STATUSES or exc.status >= 500
+    if isinstance(exc, DaemonError):
+        return False
+    # Raw network failures that escaped wrapping are transport failures too.
+    return isinstance(exc, OSError | TimeoutError)
+
+
+def _body_message(body: Any) -> str | None:
+    if isinstance(body, Mapping):
+        text = body.get("error")
+        if isinstance(text, str):
+            return text
+        text = body.get("message")
+        if isinstance(text, str):
+            return text
+        return None
+    if isinstance(body, str) and body:
+        return body[:200]
+    return None
+
+
+def parse_error_body(content: bytes) -> Any:
+    """The error body as JSON when it is JSON, else as text (never raises)."""
+    if not content:
+        return None
+    try:
+        return msgspec.json.decode(content)
+    except msgspec.DecodeError:
+        return content.decode("utf-8", "replace")
+
+
+def _optional_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def _retry_after(value: str | None) -> float | None:
+    # Only the delta-seconds form: the daemon never sends an HTTP date.
+    if value is None:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    return seconds if seconds >= 0 and seconds == seconds else None
+
+
+def error_for_status(
+    status: int, content: bytes, headers: Mapping[str, str] | None = None
+) -> DaemonHTTPError:
+    """Map a non-2xx answer to the hierarchy. ``headers`` may be any case-insensitive mapping."""
+    body = parse_error_body(content)
+    code = body.get("code") if isinstance(body, Mapping) else None
+    if not isinstance(code, str):
+        code = None
+    if status in (401, 403):
+        return AuthError(status, body, code)
+    if status in (404, 410):
+        return SessionNotFoundError(status, body, code)
+    if status == 503 and code == "prompt_queue_full":
+        details: Mapping[str, Any] = body if isinstance(body, Mapping) else {}
+        return PromptQueueFullError(
+            status,
+            body,
+            code,
+            retry_after=_retry_after(headers.get("retry-after") if headers is not None else None),
+            limit=_optional_int(details.get("limit")),
+            pending_count=_optional_int(details.get("pendingCount")),
+        )
+    if status >= 500:
+        return ServerError(status, body, code)
+    return DaemonHTTPError(status, body, code)

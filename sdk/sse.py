@@ -1,0 +1,127 @@
+"""An incremental, sans-IO Server-Sent Events parser for the daemon's event stream.
+
+Handed bytes, it returns the complete, valid envelopes they finish (CLIENT-SPEC §1):
+
+- frames end at a blank line; lines end with ``\\n`` or ``\\r\\n`` (mixed is fine);
+- only ``data:`` lines matter (one leading space stripped, several joined with ``\\n``);
+  ``id:``, ``event:``, ``retry:`` and ``:`` comments are ignored because the JSON carries the id;
+- a frame that is not a valid envelope (see :func:`sdk.events.decode_event`) is skipped;
+- bytes of an unfinished frame beyond the cap (16 MiB) raise :class:`SSEBufferOverflow`;
+- a trailing partial frame at EOF is discarded (WHATWG rule).
+
+Scanning uses ``bytearray.find`` and resumes where the previous search stopped, so the cost is
+linear in the input however it is chunked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Final
+
+from sdk.errors import SSEBufferOverflow
+from sdk.events import DaemonEvent, decode_event
+
+__all__ = ["MAX_BUFFER_BYTES", "SSEBufferOverflow", "SSEParser", "parse_sse"]
+
+MAX_BUFFER_BYTES: Final = 16 * 1024 * 1024
+
+_BOM: Final = b"\xef\xbb\xbf"
+
+
+class SSEParser:
+    """Feed it chunks with :meth:`feed`; call :meth:`close` at EOF."""
+
+    __slots__ = ("_at_start", "_buf", "_closed", "_data", "_data_bytes", "_max_buffer")
+
+    def __init__(self, max_buffer: int = MAX_BUFFER_BYTES) -> None:
+        if max_buffer < 1:
+            raise ValueError(f"max_buffer must be positive, got {max_buffer}")
+        self._max_buffer = max_buffer
+        # Invariant between calls: ``_buf`` holds only an unterminated line (no b"\n").
+        self._buf = bytearray()
+        self._data: list[bytes] = []
+        self._data_bytes = 0
+        self._at_start = True
+        self._closed = False
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes held for the unfinished frame (partial line plus collected data lines)."""
+        return len(self._buf) + self._data_bytes
+
+    def feed(self, chunk: bytes | bytearray | memoryview) -> list[DaemonEvent]:
+        """Consume ``chunk``; return the valid events of every frame it completes, in order."""
+        if self._closed:
+            raise RuntimeError("SSEParser.feed() after close()")
+        buf = self._buf
+        # Everything already buffered is one unterminated line, so the search resumes at its end.
+        pos = len(buf)
+        buf += chunk
+        out: list[DaemonEvent] = []
+        start = 0
+        find = buf.find
+        while (nl := find(b"\n", pos)) != -1:
+            end = nl - 1 if nl > start and buf[nl - 1] == 0x0D else nl
+            self._line(bytes(buf[start:end]), out)
+            start = pos = nl + 1
+        if start:
+            del buf[:start]
+        if len(buf) + self._data_bytes > self._max_buffer:
+            size = len(buf) + self._data_bytes
+            self._reset()
+            self._closed = True
+            raise SSEBufferOverflow(
+                f"SSE frame exceeds the {self._max_buffer}-byte buffer without ending "
+                f"({size} bytes pending)"
+            )
+        return out
+
+    def close(self) -> list[DaemonEvent]:
+        """End of stream: an unfinished frame is discarded, so this never yields events."""
+        self._reset()
+        self._closed = True
+        return []
+
+    def _reset(self) -> None:
+        self._buf.clear()
+        self._data.clear()
+        self._data_bytes = 0
+
+    def _line(self, line: bytes, out: list[DaemonEvent]) -> None:
+        if self._at_start:
+            self._at_start = False
+            if line.startswith(_BOM):
+                line = line[len(_BOM) :]
+        if not line:
+            self._dispatch(out)
+            return
+        if line.startswith(b"data:"):
+            value = line[6:] if line[5:6] == b" " else line[5:]
+        elif line == b"data":
+            # A field name without a colon has the empty string as its value.
+            value = b""
+        else:
+            return
+        self._data.append(value)
+        self._data_bytes += len(value) + 1
+
+    def _dispatch(self, out: list[DaemonEvent]) -> None:
+        data = self._data
+        if not data:
+            return
+        payload = data[0] if len(data) == 1 else b"\n".join(data)
+        data.clear()
+        self._data_bytes = 0
+        event = decode_event(payload)
+        if event is not None:
+            out.append(event)
+
+
+def parse_sse(chunks: Iterable[bytes]) -> list[DaemonEvent]:
+    """Parse a whole stream given as chunks (a convenience for tests and tools)."""
+    parser = SSEParser()
+    events: list[DaemonEvent] = []
+    for chunk in chunks:
+        events.extend(parser.feed(chunk))
+    events.extend(parser.close())
+    return events

@@ -1,0 +1,1 @@
+"""Third-party ACP agents the daemon is tested against."""

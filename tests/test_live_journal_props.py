@@ -1,0 +1,222 @@
+"""Property tests of the live journal (SPEC §2) over random event sequences.
+
+Each generated event carries the parameters it was made from, so a naive model of §2.1–§2.2
+(lists of source events, sums recomputed every step) can predict the entries independently of
+the implementation's merge key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from hypothesis import given
+from hypothesis import strategies as st
+
+from daemon.envelope import Event, JsonObject
+from daemon.live_journal import MAX_EVENTS_PER_ENTRY, LiveJournal, LiveJournals, in_summary
+
+CHUNK_KINDS = ("agent_message_chunk", "agent_thought_chunk")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """How one event was generated."""
+
+    kind: str  # a sessionUpdate kind, or "turn_note" for a non-session_update event
+    prompt: str | None
+    client: str | None
+    session: str
+    parent: str | None
+    sources: tuple[str, ...] | None
+    subagent: str | None
+    extra: bool  # a non-whitelisted update key: never mergeable
+    pad: int
+
+    @property
+    def mergeable_kind(self) -> bool:
+        return self.kind in CHUNK_KINDS and not self.extra
+
+    def compatible(self, other: Spec) -> bool:
+        """§2.1 agreement, written from the generation parameters (subagentType may differ)."""
+        return (
+            self.mergeable_kind
+            and other.mergeable_kind
+            and (self.kind, self.prompt, self.client, self.session, self.parent, self.sources)
+            == (other.kind, other.prompt, other.client, other.session, other.parent, other.sources)
+        )
+
+
+specs = st.builds(
+    Spec,
+    kind=st.sampled_from([*CHUNK_KINDS, *CHUNK_KINDS, *CHUNK_KINDS, "user_message_chunk", "turn_note"]),
+    prompt=st.sampled_from(["p1", "p1", "p2", None]),
+    client=st.sampled_from(["c1", "c1", None]),
+    session=st.sampled_from(["s1", "s1", "s1", "s2"]),
+    parent=st.sampled_from([None, None, "tc1", "tc2"]),
+    sources=st.sampled_from([None, None, ("r1",), ("r1", "r2")]),
+    subagent=st.none(),
+    extra=st.sampled_from([False, False, False, True]),
+    pad=st.just(0),
+)
+
+
+def make(event_id: int, spec: Spec) -> Event:
+    # The id is in the text so concatenations also check order and completeness.
+    text = f"[{event_id}]" + "x" * spec.pad
+    if spec.kind == "turn_note":
+        env: JsonObject = {"id": event_id, "v": 1, "type": "turn_note", "data": {"text": text}}
+        return Event.from_env(env)
+    update: JsonObject = {"sessionUpdate": spec.kind, "content": {"type": "text", "text": text}}
+    meta: JsonObject = {"serverTimestamp": 1000 + event_id}
+    if spec.parent is not None:
+        meta["parentToolCallId"] = spec.parent
+    if spec.subagent is not None:
+        meta["subagentType"] = spec.subagent
+    if spec.sources is not None:
+        meta["qwenTranscript"] = {"sourceRecordIds": list(spec.sources)}
+    update["_meta"] = meta
+    if spec.extra:
+        update["toolCallId"] = "extra"
+    env = {"id": event_id, "v": 1, "type": "session_update"}
+    env["data"] = {"sessionId": spec.session, "update": update}
+    if spec.prompt is not None:
+        env["promptId"] = spec.prompt
+    if spec.client is not None:
+        env["originatorClientId"] = spec.client
+    env["_meta"] = {"serverTimestamp": 2000 + event_id}
+    return Event.from_env(env)
+
+
+def text_of(env: JsonObject) -> str:
+    if env["type"] == "turn_note":
+        text: str = env["data"]["text"]
+        return text
+    text = env["data"]["update"]["content"]["text"]
+    return text
+
+
+class Model:
+    """§2.1–§2.2 the slow, obvious way."""
+
+    def __init__(self, max_events: int, max_bytes: int) -> None:
+        self.max_events = max_events
+        self.max_bytes = max_bytes
+        self.entries: list[list[tuple[Spec, Event]]] = []
+        self.truncated = 0
+
+    def append(self, spec: Spec, event: Event) -> None:
+        last = self.entries[-1] if self.entries else None
+        if (
+            last is not None
+            and last[-1][0].compatible(spec)
+            and len(last) < MAX_EVENTS_PER_ENTRY
+            and sum(e.size for _, e in last) + event.size <= self.max_bytes
+        ):
+            last.append((spec, event))
+        else:
+            self.entries.append([(spec, event)])
+        while len(self.entries) > self.max_events or (
+            self.total_bytes() > self.max_bytes and len(self.entries) > 1
+        ):
+            self.truncated += len(self.entries.pop(0))
+
+    def total_bytes(self) -> int:
+        return sum(e.size for entry in self.entries for _, e in entry)
+
+    def reset(self) -> None:
+        self.entries.clear()
+        self.truncated = 0
+
+
+pads = st.one_of(st.integers(0, 40), st.integers(0, 40), st.integers(0, 1200))
+subagents = st.sampled_from([None, "explore", "plan"])
+
+
+@st.composite
+def runs(draw: st.DrawFn) -> list[Spec]:
+    """A run of events sharing one spec but for the text size: a chance to merge."""
+    spec = draw(specs)
+    variants = draw(st.lists(st.tuples(pads, subagents), min_size=1, max_size=8))
+    return [dataclasses.replace(spec, pad=pad, subagent=sub) for pad, sub in variants]
+
+
+# An operation is a run of events, or None for a turn-boundary reset.
+operations = st.lists(st.one_of(runs(), runs(), runs(), st.none()), max_size=12).map(
+    lambda ops: [item for op in ops for item in (op if op is not None else [None])]
+)
+caps = st.tuples(st.integers(1, 6), st.integers(150, 4000))
+
+
+def check_against_model(journal: LiveJournal, model: Model, ingested: list[Event]) -> None:
+    assert journal.entry_count <= journal.max_events
+    assert journal.total_bytes <= journal.max_bytes or journal.entry_count == 1
+    assert journal.retained_events + journal.truncated_events == len(ingested)
+    assert journal.truncated_events == model.truncated
+    assert journal.total_bytes == model.total_bytes()
+
+    retained = ingested[len(ingested) - journal.retained_events :]
+    assert journal.total_bytes == sum(event.size for event in retained)
+
+    snapshot = journal.snapshot(active_prompt_id="p1", full_transcript_available=True)
+    envs = [json.loads(item) for item in snapshot]  # every item is valid JSON
+    if journal.truncated_events:
+        marker, envs = envs[0], envs[1:]
+        assert marker["type"] == "history_truncated"
+        assert marker["data"]["truncatedEvents"] == journal.truncated_events
+        assert marker["data"]["retainedEvents"] == journal.retained_events
+    assert all(env["type"] != "history_truncated" for env in envs)
+
+    assert "".join(text_of(env) for env in envs) == "".join(
+        text_of(event.env) for event in retained
+    )
+    assert [env["id"] for env in envs] == [entry[-1][1].id for entry in model.entries]
+    assert [text_of(env) for env in envs] == [
+        "".join(text_of(e.env) for _, e in entry) for entry in model.entries
+    ]
+
+
+@given(caps=caps, ops=operations)
+def test_journal_matches_model_and_invariants(
+    caps: tuple[int, int], ops: list[Spec | None]
+) -> None:
+    max_events, max_bytes = caps
+    journal = LiveJournal(max_events, max_bytes)
+    model = Model(max_events, max_bytes)
+    ingested: list[Event] = []
+    for event_id, op in enumerate(ops, start=1):
+        if op is None:
+            journal.reset()
+            model.reset()
+            ingested.clear()
+        else:
+            event = make(event_id, op)
+            journal.append(event)
+            model.append(op, event)
+            ingested.append(event)
+        check_against_model(journal, model, ingested)
+
+
+@given(caps=caps, ops=operations)
+def test_journals_pair_summary_is_the_filtered_stream(
+    caps: tuple[int, int], ops: list[Spec | None]
+) -> None:
+    max_events, max_bytes = caps
+    journals = LiveJournals(max_events, max_bytes)
+    full = LiveJournal(max_events, max_bytes)
+    summary = LiveJournal(max_events, max_bytes)
+    for event_id, spec in enumerate(ops, start=1):
+        if spec is None:
+            journals.reset()
+            full.reset()
+            summary.reset()
+            continue
+        event = make(event_id, spec)
+        journals.append(event)
+        full.append(event)
+        if in_summary(event):
+            summary.append(event)
+        for mode, reference in (("full", full), ("summary", summary)):
+            assert journals.snapshot(
+                mode, active_prompt_id=None, full_transcript_available=False
+            ) == reference.snapshot(active_prompt_id=None, full_transcript_available=False)

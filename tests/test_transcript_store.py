@@ -1,0 +1,488 @@
+"""TranscriptStore: schema, ops, ledger, paging and restore seeding on real SQLite files."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from daemon.transcript_store import (
+    SCHEMA_VERSION,
+    AdmitPrompt,
+    AppendEvent,
+    DeleteSession,
+    FinishTurn,
+    InvalidCursor,
+    MarkClosed,
+    Op,
+    TranscriptSchemaError,
+    TranscriptStore,
+    UpsertSession,
+)
+
+S1 = "11111111-1111-4111-8111-111111111111"
+S2 = "22222222-2222-4222-8222-222222222222"
+
+
+def ev(event_id: int, text: str = "x", prompt_id: str | None = None) -> bytes:
+    env: dict[str, object] = {"id": event_id, "v": 1, "type": "session_update", "data": text}
+    if prompt_id is not None:
+        env["promptId"] = prompt_id
+    return msgspec.json.encode(env)
+
+
+def append(sid: str, event_id: int, prompt_id: str | None = None, text: str = "x") -> AppendEvent:
+    return AppendEvent(sid, event_id, prompt_id, ev(event_id, text, prompt_id))
+
+
+def rec(n: int, size: int = 0) -> tuple[str, bytes]:
+    """A record whose id encodes ``n`` and whose raw is exactly ``size`` bytes when given."""
+    record_id = str(uuid.UUID(int=n))
+    raw = msgspec.json.encode({"n": n})
+    if size:
+        base = len(msgspec.json.encode({"n": n, "p": ""}))
+        raw = msgspec.json.encode({"n": n, "p": "x" * (size - base)})
+        assert len(raw) == size
+    return record_id, raw
+
+
+def finish(
+    sid: str,
+    prompt_id: str | None,
+    records: list[tuple[str, bytes]],
+    terminal: str = "completed",
+    stop_reason: str | None = "end_turn",
+    at_ms: int = 1000,
+) -> FinishTurn:
+    return FinishTurn(sid, prompt_id, terminal, stop_reason, at_ms, records)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> TranscriptStore:
+    s = TranscriptStore(tmp_path / "transcript.db")
+    s.apply([UpsertSession(S1, "/w", 100, "acp-1"), UpsertSession(S2, "/w2", 200)])
+    return s
+
+
+# --- schema ----------------------------------------------------------------------------------
+
+
+def test_new_database_has_schema_version_and_wal(tmp_path: Path) -> None:
+    path = tmp_path / "t.db"
+    store = TranscriptStore(path)
+    assert store.schema_version == SCHEMA_VERSION == 1
+    store.close()
+    conn = sqlite3.connect(path)
+    names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"sessions", "raw_events", "records", "prompts"} <= names
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+    conn.close()
+
+
+def test_reopen_keeps_everything(tmp_path: Path) -> None:
+    path = tmp_path / "t.db"
+    store = TranscriptStore(path)
+    store.apply(
+        [
+            UpsertSession(S1, "/w", 100, "acp-1"),
+            AdmitPrompt(S1, "p1", 110),
+            append(S1, 1, "p1"),
+            finish(S1, "p1", [rec(1), rec(2)]),
+            AdmitPrompt(S1, "p2", 120),
+            append(S1, 3, "p2"),
+        ]
+    )
+    store.close()
+    again = TranscriptStore(path)
+    assert again.get_session(S1) is not None
+    assert again.record_count(S1) == 2
+    assert again.raw_events(S1) == [ev(3, prompt_id="p2")]
+    assert again.in_flight_prompts(S1) == ["p2"]
+    assert [t["promptId"] for t in again.prompt_terminals(S1)] == ["p1"]
+    again.close()
+
+
+def test_newer_schema_version_is_refused_and_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "t.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE future (x)")
+    conn.execute("PRAGMA user_version = 99")
+    conn.commit()
+    conn.close()
+    before = path.read_bytes()
+    with pytest.raises(TranscriptSchemaError, match="schema_version 99"):
+        TranscriptStore(path)
+    assert path.read_bytes() == before
+
+
+def test_corrupt_file_is_refused_and_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "t.db"
+    path.write_bytes(b"definitely not an sqlite database\n" * 200)
+    before = path.read_bytes()
+    with pytest.raises(TranscriptSchemaError, match="corrupt"):
+        TranscriptStore(path)
+    assert path.read_bytes() == before
+
+
+def test_foreign_sqlite_database_is_refused_and_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "t.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE someone_elses (x)")
+    conn.commit()
+    conn.close()
+    before = path.read_bytes()
+    with pytest.raises(TranscriptSchemaError, match="not a turnkeeper transcript"):
+        TranscriptStore(path)
+    assert path.read_bytes() == before
+
+
+def test_committed_batch_survives_sigkill(tmp_path: Path) -> None:
+    path = tmp_path / "t.db"
+    script = (
+        "import os, signal, sys\n"
+        "from daemon.transcript_store import TranscriptStore, UpsertSession, AppendEvent\n"
+        "s = TranscriptStore(sys.argv[1])\n"
+        f"s.apply([UpsertSession({S1!r}, '/w', 1), AppendEvent({S1!r}, 1, None, b'{{}}')])\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", script, str(path)], cwd=root, check=False)
+    assert proc.returncode == -9
+    store = TranscriptStore(path)
+    assert store.raw_events(S1) == [b"{}"]
+    store.close()
+
+
+# --- ops -------------------------------------------------------------------------------------
+
+
+def test_upsert_session_updates_and_keeps_created_at(store: TranscriptStore) -> None:
+    row = store.get_session(S1)
+    assert row is not None
+    assert (row.workspace_cwd, row.created_at_ms, row.agent_session_id, row.closed) == (
+        "/w",
+        100,
+        "acp-1",
+        False,
+    )
+    store.apply([UpsertSession(S1, "/other", 999, None)])
+    row = store.get_session(S1)
+    assert row is not None
+    # None keeps the known agent session id; created_at is the first one.
+    assert (row.workspace_cwd, row.created_at_ms, row.agent_session_id) == ("/other", 100, "acp-1")
+    store.apply([UpsertSession(S1, "/other", 999, "acp-2")])
+    row = store.get_session(S1)
+    assert row is not None and row.agent_session_id == "acp-2"
+    assert store.get_session("nope") is None
+    assert [r.session_id for r in store.list_sessions()] == [S1, S2]
+
+
+def test_mark_closed_and_upsert_reopens(store: TranscriptStore) -> None:
+    store.apply([MarkClosed(S1)])
+    row = store.get_session(S1)
+    assert row is not None and row.closed
+    store.apply([UpsertSession(S1, "/w", 100)])
+    row = store.get_session(S1)
+    assert row is not None and not row.closed
+
+
+def test_append_event_keeps_order_and_sessions_apart(store: TranscriptStore) -> None:
+    store.apply([append(S1, 1, "p"), append(S2, 1), append(S1, 2, "p"), append(S1, 3, "p")])
+    assert store.raw_events(S1) == [ev(1, prompt_id="p"), ev(2, prompt_id="p"), ev(3, prompt_id="p")]
+    assert store.raw_events(S2) == [ev(1)]
+    assert store.max_raw_event_id(S1) == 3
+
+
+def test_admit_prompt_is_in_flight_until_finished(store: TranscriptStore) -> None:
+    store.apply([AdmitPrompt(S1, "p1", 10), AdmitPrompt(S1, "p2", 11), AdmitPrompt(S1, "p1", 99)])
+    assert store.in_flight_prompts(S1) == ["p1", "p2"]
+    row = store.get_prompt(S1, "p1")
+    assert row is not None and (row.state, row.admitted_at_ms) == ("in_flight", 10)
+    store.apply([finish(S1, "p1", [rec(1)], at_ms=50)])
+    assert store.in_flight_prompts(S1) == ["p2"]
+    row = store.get_prompt(S1, "p1")
+    assert row is not None
+    assert (row.state, row.stop_reason, row.admitted_at_ms, row.ended_at_ms) == (
+        "completed",
+        "end_turn",
+        10,
+        50,
+    )
+
+
+def test_finish_turn_deletes_only_raw_events_before_it(store: TranscriptStore) -> None:
+    store.apply([append(S1, 1, "p1"), append(S2, 1)])
+    store.apply(
+        [
+            append(S1, 2, "p1"),
+            finish(S1, "p1", [rec(1), rec(2), rec(3)]),
+            append(S1, 3, "p2"),
+            append(S1, 4, "p2"),
+        ]
+    )
+    assert store.raw_events(S1) == [ev(3, prompt_id="p2"), ev(4, prompt_id="p2")]
+    assert store.raw_events(S2) == [ev(1)]  # another session's raw events are not touched
+    page = store.page(S1, limit=10)
+    assert page.events == [rec(1)[1], rec(2)[1], rec(3)[1], ev(3, prompt_id="p2"), ev(4, prompt_id="p2")]
+    assert store.oldest_record_id(S1) == rec(1)[0]
+    assert store.newest_record_id(S1) == rec(3)[0]
+    assert store.newest_record_id(S2) is None
+
+
+def test_delete_session_removes_everything(store: TranscriptStore) -> None:
+    store.apply(
+        [AdmitPrompt(S1, "p1", 1), append(S1, 1), finish(S1, "p1", [rec(1)]), append(S1, 2)]
+    )
+    store.apply([DeleteSession(S1)])
+    assert store.get_session(S1) is None
+    assert store.raw_events(S1) == []
+    assert store.record_count(S1) == 0
+    assert store.prompt_terminals(S1) == []
+    assert store.get_prompt(S1, "p1") is None
+    assert store.get_session(S2) is not None
+
+
+def test_ops_for_an_unknown_session_write_nothing(store: TranscriptStore) -> None:
+    store.apply([DeleteSession(S1)])
+    store.apply(
+        [append(S1, 5), AdmitPrompt(S1, "late", 1), finish(S1, "late", [rec(7)]), MarkClosed(S1)]
+    )
+    assert store.raw_events(S1) == []
+    assert store.record_count(S1) == 0
+    assert store.get_prompt(S1, "late") is None
+    # The record id was not consumed either.
+    store.apply([finish(S2, None, [rec(7)])])
+    assert store.newest_record_id(S2) == rec(7)[0]
+
+
+def test_failed_batch_rolls_back_entirely(store: TranscriptStore) -> None:
+    store.apply([finish(S1, "p0", [rec(1)])])
+    with pytest.raises(sqlite3.IntegrityError):
+        store.apply(
+            [
+                append(S2, 1),
+                AdmitPrompt(S1, "p1", 5),
+                finish(S1, "p1", [rec(2), rec(1)]),  # rec(1) already exists
+            ]
+        )
+    assert store.raw_events(S2) == []
+    assert store.get_prompt(S1, "p1") is None
+    assert store.record_count(S1) == 1
+    with pytest.raises(ValueError, match="terminal"):
+        store.apply([append(S2, 1), finish(S1, "p2", [], terminal="bogus")])
+    assert store.raw_events(S2) == []
+    # The connection is usable after a rollback.
+    store.apply([append(S2, 2)])
+    assert store.raw_events(S2) == [ev(2)]
+
+
+# --- ledger ----------------------------------------------------------------------------------
+
+
+def test_prompt_terminals_shape_order_and_limit(store: TranscriptStore) -> None:
+    store.apply(
+        [
+            AdmitPrompt(S1, "p1", 1),
+            AdmitPrompt(S1, "p2", 2),
+            AdmitPrompt(S1, "p3", 3),
+            AdmitPrompt(S1, "p4", 4),
+            finish(S1, "p1", [rec(1)], "completed", "end_turn", 10),
+            finish(S1, "p2", [rec(2)], "cancelled", "cancelled", 20),
+            finish(S1, "p3", [rec(3)], "error", None, 30),
+        ]
+    )
+    # p3's error lands before p4 is interrupted, even with an earlier clock reading.
+    store.apply([finish(S1, "p4", [rec(4)], "interrupted", None, 25)])
+    assert store.prompt_terminals(S1) == [
+        {"v": 1, "promptId": "p1", "terminal": "completed", "stopReason": "end_turn", "at": 10},
+        {"v": 1, "promptId": "p2", "terminal": "cancelled", "stopReason": "cancelled", "at": 20},
+        {"v": 1, "promptId": "p3", "terminal": "error", "at": 30},
+        {"v": 1, "promptId": "p4", "terminal": "interrupted", "at": 25},
+    ]
+    assert [t["promptId"] for t in store.prompt_terminals(S1, limit=2)] == ["p3", "p4"]
+    assert store.in_flight_prompts(S1) == []
+    assert store.prompt_terminals(S2) == []
+
+
+def test_first_terminal_wins(store: TranscriptStore) -> None:
+    store.apply([AdmitPrompt(S1, "p1", 1), finish(S1, "p1", [rec(1)], "completed", "end_turn", 10)])
+    store.apply([finish(S1, "p1", [rec(2)], "error", None, 20)])
+    assert store.prompt_terminals(S1) == [
+        {"v": 1, "promptId": "p1", "terminal": "completed", "stopReason": "end_turn", "at": 10}
+    ]
+
+
+def test_terminal_without_admission_is_recorded(store: TranscriptStore) -> None:
+    store.apply([finish(S1, "px", [rec(1)], "interrupted", None, 7)])
+    assert store.prompt_terminals(S1) == [
+        {"v": 1, "promptId": "px", "terminal": "interrupted", "at": 7}
+    ]
+
+
+# --- paging ----------------------------------------------------------------------------------
+
+
+def fill(store: TranscriptStore, sid: str, turns: list[int], start: int = 1) -> list[bytes]:
+    """Store turns of the given record counts; return every record's raw in order."""
+    out: list[bytes] = []
+    n = start
+    for i, count in enumerate(turns):
+        records = [rec(n + k) for k in range(count)]
+        n += count
+        store.apply([finish(sid, f"{sid}-p{i}", records)])
+        out.extend(raw for _, raw in records)
+    return out
+
+
+def test_newest_page_has_records_then_raw_events(store: TranscriptStore) -> None:
+    raws = fill(store, S1, [3, 3, 4])
+    store.apply([append(S1, 50, "live"), append(S1, 51, "live")])
+    page = store.page(S1, limit=3)
+    assert page.events == [*raws[-3:], ev(50, prompt_id="live"), ev(51, prompt_id="live")]
+    assert page.has_more is True
+    assert page.next_cursor is not None
+    # limit counts records only: a large limit returns all 10 records plus the raw events.
+    everything = store.page(S1, limit=500)
+    assert everything.events == [*raws, ev(50, prompt_id="live"), ev(51, prompt_id="live")]
+    assert (everything.has_more, everything.next_cursor) == (False, None)
+
+
+def test_cursor_chain_covers_everything_once(store: TranscriptStore) -> None:
+    raws = fill(store, S1, [7] * 15)  # 105 records
+    store.apply([append(S1, 999)])
+    pages = [store.page(S1, limit=10)]
+    while pages[-1].has_more:
+        cursor = pages[-1].next_cursor
+        assert cursor is not None
+        pages.append(store.page(S1, limit=10, cursor=cursor))
+    assert len(pages) == 11
+    assert pages[0].events[-1] == ev(999)
+    assert all(ev(999) not in p.events for p in pages[1:])
+    assert pages[-1].next_cursor is None
+    collected = [e for p in reversed(pages) for e in p.events if e != ev(999)]
+    assert collected == raws
+    assert [len(p.events) for p in pages[1:]] == [10] * 9 + [5]
+
+
+def test_before_record_id(store: TranscriptStore) -> None:
+    raws = fill(store, S1, [4, 4])
+    store.apply([append(S1, 77)])
+    anchor = rec(6)[0]
+    page = store.page(S1, limit=3, before_record_id=anchor)
+    assert page.events == raws[2:5]  # records 3, 4, 5; no raw events off the newest page
+    assert page.has_more is True
+    assert page.next_cursor is not None
+    rest = store.page(S1, limit=3, cursor=page.next_cursor)
+    assert rest.events == raws[0:2]
+    assert (rest.has_more, rest.next_cursor) == (False, None)
+    oldest = store.page(S1, limit=3, before_record_id=rec(1)[0])
+    assert (oldest.events, oldest.has_more, oldest.next_cursor) == ([], False, None)
+
+
+def test_page_of_a_session_without_records(store: TranscriptStore) -> None:
+    store.apply([append(S2, 1)])
+    page = store.page(S2, limit=5)
+    assert (page.events, page.has_more, page.next_cursor) == ([ev(1)], False, None)
+    assert store.page("unknown", limit=5).events == []
+
+
+def test_invalid_cursors_and_record_ids(store: TranscriptStore) -> None:
+    fill(store, S1, [3])
+    fill(store, S2, [2], start=100)
+    good = store.page(S1, limit=1).next_cursor
+    assert good is not None
+    for bad in ["", "garbage", "tc1.!!!", "tc1." + "A" * 7, good + "x"]:
+        with pytest.raises(InvalidCursor):
+            store.page(S1, limit=1, cursor=bad)
+    with pytest.raises(InvalidCursor):
+        store.page(S2, limit=1, cursor=good)  # a cursor of another session
+    with pytest.raises(InvalidCursor):
+        store.page(S1, limit=1, before_record_id=str(uuid.uuid4()))
+    with pytest.raises(InvalidCursor):
+        store.page(S1, limit=1, before_record_id=rec(100)[0])  # S2's record
+    with pytest.raises(InvalidCursor):
+        store.page(S1, limit=1, cursor=good, before_record_id=rec(2)[0])
+    with pytest.raises(ValueError):
+        store.page(S1, limit=0)
+
+
+@settings(max_examples=25)
+@given(
+    turns=st.lists(st.integers(min_value=1, max_value=6), max_size=12),
+    limit=st.integers(min_value=1, max_value=9),
+    raw_count=st.integers(min_value=0, max_value=3),
+)
+def test_paging_property(turns: list[int], limit: int, raw_count: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        store = TranscriptStore(Path(tmp) / "t.db")
+        store.apply([UpsertSession(S1, "/w", 1)])
+        raws = fill(store, S1, turns)
+        live = [ev(1000 + i) for i in range(raw_count)]
+        store.apply([AppendEvent(S1, 1000 + i, None, raw) for i, raw in enumerate(live)])
+        page = store.page(S1, limit=limit)
+        assert page.events[len(page.events) - raw_count :] == live
+        chunks = [page.events[: len(page.events) - raw_count]]
+        while page.has_more:
+            assert page.next_cursor is not None
+            page = store.page(S1, limit=limit, cursor=page.next_cursor)
+            chunks.append(page.events)
+            assert 1 <= len(page.events) <= limit
+        assert page.next_cursor is None
+        assert [e for chunk in reversed(chunks) for e in chunk] == raws
+        assert all(len(c) == limit for c in chunks[:-1])
+        store.close()
+
+
+# --- restore seeding -------------------------------------------------------------------------
+
+
+def seed_turns(store: TranscriptStore) -> list[list[tuple[str, bytes]]]:
+    """Four turns of 100-byte records: 2, 3, 1 and 2 records."""
+    turns: list[list[tuple[str, bytes]]] = []
+    n = 1
+    for i, count in enumerate([2, 3, 1, 2]):
+        records = [rec(n + k, size=100) for k in range(count)]
+        n += count
+        store.apply([finish(S1, f"p{i}", records)])
+        turns.append(records)
+    return turns
+
+
+def test_newest_records_by_byte_budget(store: TranscriptStore) -> None:
+    turns = seed_turns(store)
+    flat = [r for t in turns for r in t]
+    # Exactly the last two turns fit in 300 bytes.
+    assert store.newest_records(S1, 300) == (flat[5:], 5, 2)
+    assert store.newest_turns(S1, 300) == (turns[2:], 5, 2)
+    # One byte less: only the newest turn.
+    assert store.newest_records(S1, 299) == (flat[6:], 6, 3)
+    # Too small for anything: the newest turn still comes back whole.
+    assert store.newest_records(S1, 1) == (flat[6:], 6, 3)
+    # Everything fits.
+    assert store.newest_records(S1, 800) == (flat, 0, 0)
+    assert store.newest_turns(S1, 10_000) == (turns, 0, 0)
+    # 799: the oldest turn (200 bytes) no longer fits.
+    assert store.newest_records(S1, 799) == (flat[2:], 2, 1)
+    assert store.newest_records(S2, 1000) == ([], 0, 0)
+
+
+def test_raw_events_and_records_after_restore_style_close(store: TranscriptStore) -> None:
+    """The restore path: an in-flight prompt's raw events are read back, compacted by the caller
+    and closed with an interrupted terminal in one batch."""
+    store.apply([AdmitPrompt(S1, "p1", 1), append(S1, 1, "p1", "a"), append(S1, 2, "p1", "b")])
+    assert store.in_flight_prompts(S1) == ["p1"]
+    assert store.raw_events(S1) == [ev(1, "a", "p1"), ev(2, "b", "p1")]
+    store.apply([finish(S1, "p1", [rec(1), rec(2)], "interrupted", None, 9)])
+    assert store.in_flight_prompts(S1) == []
+    assert store.raw_events(S1) == []
+    assert store.newest_records(S1, 10**6) == ([rec(1), rec(2)], 0, 0)
+
