@@ -254,8 +254,7 @@ def encode_result(id: RequestId, result: Any) -> bytes:
 
 def encode_error(id: RequestId | None, code: int, message: str) -> bytes:
     return (
-        _encode({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
-        + b"\n"
+        _encode({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}) + b"\n"
     )
 
 

@@ -48,6 +48,7 @@ log = logging.getLogger("daemon.agent")
 
 PROTOCOL_VERSION: Final = 1
 READ_CHUNK_BYTES: Final = 256 * 1024
+PIPE_BYTES: Final = 1024 * 1024
 # How long a closing agent gets between stdin EOF and SIGKILL.
 EXIT_GRACE_SECONDS: Final = 1.0
 # Agent stderr is for humans; a runaway line is cut rather than buffered.
@@ -109,6 +110,22 @@ class _Slot:
         self.loading_session = loading_session
 
 
+def _widen_pipe(stream: trio.abc.ReceiveStream | None) -> None:
+    """Ask for a 1 MiB stdout pipe (Linux) so one read carries more lines and sinks flush less."""
+    try:
+        import fcntl  # POSIX only
+    except ImportError:
+        return
+    set_size = getattr(fcntl, "F_SETPIPE_SZ", None)
+    fileno = getattr(stream, "fileno", None)
+    if set_size is None or fileno is None:
+        return
+    try:
+        fcntl.fcntl(fileno(), set_size, PIPE_BYTES)
+    except OSError:
+        pass  # over /proc/sys/fs/pipe-max-size: the default pipe still works, in smaller reads
+
+
 def _signal_name(returncode: int) -> str:
     try:
         return signal.Signals(-returncode).name
@@ -135,7 +152,9 @@ class AgentChannel:
         self.cwd = cwd
         self.init_timeout = init_timeout
         self.env = dict(env) if env is not None else None
-        self.client_info = dict(client_info) if client_info is not None else dict(_DEFAULT_CLIENT_INFO)
+        self.client_info = (
+            dict(client_info) if client_info is not None else dict(_DEFAULT_CLIENT_INFO)
+        )
         self.on_exit = on_exit
 
         self.agent_capabilities: dict[str, Any] = {}
@@ -158,7 +177,9 @@ class AgentChannel:
     # ---------------------------------------------------------------------------------------
     # Lifetime
 
-    async def run(self, *, task_status: trio.TaskStatus[AgentChannel] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, task_status: trio.TaskStatus[AgentChannel] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Start the agent, initialize it, then serve it until its stdout ends.
 
         Raises AgentStartError before ``task_status.started`` if the agent cannot be brought up
@@ -184,6 +205,7 @@ class AgentChannel:
             raise AgentStartError(f"cannot start agent {self.argv[0]!r}: {exc}") from exc
         self._proc = proc
         self.pid = proc.pid
+        _widen_pipe(proc.stdout)
         log.info("event=agent_started pid=%s argv=%r cwd=%r", proc.pid, self.argv, self.cwd)
         start_failure: str | None = None
         ended_on_its_own = False
@@ -210,7 +232,10 @@ class AgentChannel:
         if start_failure is not None:
             log.warning(
                 "event=agent_start_failed pid=%s exit_code=%s signal=%s reason=%r",
-                proc.pid, self.exit_code, self.signal_name, start_failure,
+                proc.pid,
+                self.exit_code,
+                self.signal_name,
+                start_failure,
             )
             raise AgentStartError(
                 f"agent {self.argv[0]!r} failed to start: {start_failure}"
@@ -266,7 +291,9 @@ class AgentChannel:
         self.supports_load_session = capabilities.get("loadSession") is True
         log.info(
             "event=agent_initialized pid=%s load_session=%s agent_info=%r",
-            self.pid, self.supports_load_session, result.get("agentInfo"),
+            self.pid,
+            self.supports_load_session,
+            result.get("agentInfo"),
         )
         return None
 
@@ -304,7 +331,9 @@ class AgentChannel:
             self.exit_code, self.signal_name = code, None
         log.info(
             "event=agent_exited pid=%s exit_code=%s signal=%s",
-            proc.pid, self.exit_code, self.signal_name,
+            proc.pid,
+            self.exit_code,
+            self.signal_name,
         )
 
     # ---------------------------------------------------------------------------------------
@@ -335,7 +364,9 @@ class AgentChannel:
                 self._release_loading(slot)
 
     async def prompt(self, acp_session_id: str, prompt: list[Any]) -> dict[str, Any]:
-        result = await self._request("session/prompt", {"sessionId": acp_session_id, "prompt": prompt})
+        result = await self._request(
+            "session/prompt", {"sessionId": acp_session_id, "prompt": prompt}
+        )
         if type(result) is not dict:
             raise AgentProtocolError(f"session/prompt result is not an object: {result!r:.200}")
         return result
@@ -411,7 +442,9 @@ class AgentChannel:
                 if splitter.discarded_lines != discarded:
                     log.warning(
                         "event=agent_line_discarded pid=%s reason=line_over_%d_bytes count=%d",
-                        proc.pid, splitter.max_line_bytes, splitter.discarded_lines - discarded,
+                        proc.pid,
+                        splitter.max_line_bytes,
+                        splitter.discarded_lines - discarded,
                     )
                     discarded = splitter.discarded_lines
                 if lines:
@@ -462,7 +495,8 @@ class AgentChannel:
                 elif (sink := sinks.get(session_id)) is None:
                     log.debug(
                         "event=agent_update_unrouted pid=%s acp_session_id=%s",
-                        self.pid, session_id,
+                        self.pid,
+                        session_id,
                     )
                 else:
                     try:
@@ -470,7 +504,8 @@ class AgentChannel:
                     except Exception:
                         log.exception(
                             "event=sink_update_failed pid=%s acp_session_id=%s",
-                            self.pid, session_id,
+                            self.pid,
+                            session_id,
                         )
                     touched[session_id] = sink
             elif isinstance(msg, Response):
@@ -480,7 +515,9 @@ class AgentChannel:
             else:
                 log.warning(
                     "event=agent_malformed_line pid=%s reason=%r excerpt=%r",
-                    self.pid, msg.reason, msg.excerpt,
+                    self.pid,
+                    msg.reason,
+                    msg.excerpt,
                 )
         for session_id, sink in touched.items():
             try:
@@ -493,9 +530,7 @@ class AgentChannel:
     def _resolve(self, response: Response) -> None:
         pending = self._pending.resolve(response)
         if pending is None:
-            log.warning(
-                "event=agent_reply_unknown_id pid=%s id=%r", self.pid, response.id
-            )
+            log.warning("event=agent_reply_unknown_id pid=%s id=%r", self.pid, response.id)
             return
         slot = pending.waiter
         if slot.loading_session is not None:
@@ -513,7 +548,9 @@ class AgentChannel:
         else:
             log.info(
                 "event=agent_request_unsupported pid=%s method=%r id=%r",
-                self.pid, request.method, request.id,
+                self.pid,
+                request.method,
+                request.id,
             )
             self._nursery.start_soon(
                 self._reply,
@@ -556,5 +593,6 @@ class AgentChannel:
             for line in splitter.feed(bytes(data)):
                 log.info(
                     "event=agent_stderr pid=%s line=%r",
-                    proc.pid, line.decode("utf-8", errors="replace"),
+                    proc.pid,
+                    line.decode("utf-8", errors="replace"),
                 )

@@ -46,12 +46,15 @@ class BusLimits:
 class Subscription:
     """One SSE/WS reader of the bus: its ring cursor, warning latch and the scope that stops it."""
 
-    __slots__ = ("pending_warning", "scope", "state")
+    __slots__ = ("pending_warning", "scope", "sending", "state")
 
     def __init__(self, state: SubscriberState) -> None:
         self.state = state
         self.scope: trio.CancelScope | None = None
         self.pending_warning: Warning | None = None
+        # True while a write is in flight. Only then can lag build up: an idle subscriber
+        # takes every new event the moment it runs (they are handed over in one write).
+        self.sending = False
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,8 @@ class SessionBus:
         self.latest_record_id: str | None = None
         self.last_write_seq = 0
         self.subscribers: set[Subscription] = set()
+        self.slow_client_warnings = 0
+        self.clients_evicted = 0
         self._lot = trio.lowlevel.ParkingLot()
         self._dirty = False
         if writer is not None:
@@ -203,14 +208,26 @@ class SessionBus:
         self._dirty = False
         ring = self.ring
         for sub in tuple(self.subscribers):
+            if not sub.sending:
+                continue
             verdict = sub.state.check(ring)
             if isinstance(verdict, Eviction):
-                self.subscribers.discard(sub)
-                if sub.scope is not None:
-                    sub.scope.cancel()
+                self.evict(sub)
             elif isinstance(verdict, Warning):
+                self.slow_client_warnings += 1
+                log.info("event=slow_client_warning session=%s threshold=%s queue_size=%s "
+                         "queued_bytes=%s", self.session_id, verdict.data["threshold"],
+                         verdict.data["queueSize"], verdict.data["queuedBytes"])
                 sub.pending_warning = verdict
         self._lot.unpark_all()
+
+    def evict(self, sub: Subscription) -> None:
+        """Drop a subscriber that fell behind; its stream ends with ``client_evicted``."""
+        if sub in self.subscribers:
+            self.subscribers.discard(sub)
+            self.clients_evicted += 1
+        if sub.scope is not None and sub.sending:
+            sub.scope.cancel()  # its write is stalled: cut it off
 
     def close(self) -> None:
         """No more events: subscribers drain what is left and end their streams."""

@@ -44,9 +44,6 @@ LIVE_REPLAY_MODES: Final[frozenset[str]] = frozenset({"full", "summary"})
 _MESSAGE_CHUNK: Final = "agent_message_chunk"
 _THOUGHT_CHUNK: Final = "agent_thought_chunk"
 
-_DATA_KEYS: Final = frozenset({"sessionId", "update"})
-_UPDATE_KEYS: Final = frozenset({"sessionUpdate", "content", "_meta"})
-_CONTENT_KEYS: Final = frozenset({"type", "text"})
 _UPDATE_META_KEYS: Final = frozenset(
     {"timestamp", "serverTimestamp", "parentToolCallId", "subagentType", "qwenTranscript"}
 )
@@ -87,6 +84,12 @@ def merge_key(env: JsonObject) -> MergeKey | None:
     Two events with keys ``a`` and ``b`` are merge-compatible iff neither is ``None`` and
     ``a == b``; the per-entry count and byte limits are the journal's to check.
     """
+    classified = _classify(env)
+    return None if classified is None else classified[0]
+
+
+def _classify(env: JsonObject) -> tuple[MergeKey, str] | None:
+    """:func:`merge_key` plus the chunk's text, found on the way, so no one digs for it twice."""
     # Cheapest rejections first: almost every non-chunk event stops at one of these two.
     if env.get("type") != "session_update":
         return None
@@ -99,21 +102,28 @@ def merge_key(env: JsonObject) -> MergeKey | None:
     kind = update.get("sessionUpdate")
     if kind != _MESSAGE_CHUNK and kind != _THOUGHT_CHUNK:
         return None
+    # Length tests stand in for "keys ⊆ whitelist" where the required keys are known present:
+    # they are several times cheaper than a keys-view comparison on this hot path.
     content = update.get("content")
-    if (
-        not isinstance(content, dict)
-        or content.get("type") != "text"
-        or not isinstance(content.get("text"), str)
-        or not content.keys() <= _CONTENT_KEYS
-        or not update.keys() <= _UPDATE_KEYS
-        or not data.keys() <= _DATA_KEYS
-    ):
+    if not isinstance(content, dict) or len(content) != 2 or content.get("type") != "text":
+        return None
+    text = content.get("text")
+    if not isinstance(text, str):
+        return None
+    size = len(update)
+    if size != 2 and (size != 3 or "_meta" not in update):
+        return None
+    size = len(data)
+    if size != 1 and (size != 2 or "sessionId" not in data):
         return None
     env_meta = env.get("_meta", _MISSING)
-    if env_meta is not _MISSING and not (
-        isinstance(env_meta, dict) and env_meta.keys() <= _ENVELOPE_META_KEYS
-    ):
-        return None
+    if env_meta is not _MISSING:
+        if not isinstance(env_meta, dict):
+            return None
+        if not (len(env_meta) == 1 and "serverTimestamp" in env_meta) and not (
+            env_meta.keys() <= _ENVELOPE_META_KEYS
+        ):
+            return None
     parent: object = _MISSING
     sources: object = _MISSING
     meta = update.get("_meta", _MISSING)
@@ -132,7 +142,7 @@ def merge_key(env: JsonObject) -> MergeKey | None:
                 if not _valid_transcript_meta(transcript):
                     return None
                 sources = transcript.get("sourceRecordIds", _MISSING)
-    return (
+    key = (
         kind,
         env.get("promptId", _MISSING),
         env.get("originatorClientId", _MISSING),
@@ -140,6 +150,7 @@ def merge_key(env: JsonObject) -> MergeKey | None:
         parent,
         sources,
     )
+    return key, text
 
 
 def _chunk_text(event: Event) -> str:
@@ -176,31 +187,23 @@ def in_summary(event: Event) -> bool:
 
 
 class _MergedEntry:
-    """Two or more merged chunk events. Texts are kept as pieces so adding one is O(1)."""
+    """Two or more merged chunk events. Texts are kept as pieces so adding one is O(1); the
+    journal grows it in place (and clears ``rendered``) on its hot path."""
 
-    __slots__ = ("_rendered", "first", "last", "nbytes", "pieces")
+    __slots__ = ("first", "last", "nbytes", "pieces", "rendered")
 
     def __init__(self, first: Event, second: Event, second_text: str) -> None:
         self.first = first
         self.last = second
         self.pieces = [_chunk_text(first), second_text]
         self.nbytes = first.size + second.size
-        self._rendered: bytes | None = None
-
-    def add(self, event: Event, text: str) -> None:
-        self.last = event
-        self.pieces.append(text)
-        self.nbytes += event.size
-        self._rendered = None
-
-    @property
-    def count(self) -> int:
-        return len(self.pieces)
+        self.rendered: bytes | None = None
 
     def render(self) -> bytes:
         """The shallow merge of the first and last source events, last winning, ``data`` and
-        ``update`` merged one level deep, the text being all pieces in order."""
-        rendered = self._rendered
+        ``update`` merged one level deep, the text being all pieces in order. Cached until
+        the entry grows."""
+        rendered = self.rendered
         if rendered is None:
             first = self.first.env
             last = self.last.env
@@ -213,7 +216,7 @@ class _MergedEntry:
             env = {**first, **last}
             env["data"] = data
             rendered = encode_json(env)
-            self._rendered = rendered
+            self.rendered = rendered
         return rendered
 
 
@@ -234,8 +237,6 @@ class LiveJournal:
 
     __slots__ = (
         "_entries",
-        "_last_bytes",
-        "_last_count",
         "_last_key",
         "_retained",
         "_total_bytes",
@@ -253,11 +254,9 @@ class LiveJournal:
         self._total_bytes = 0
         self._retained = 0
         self._truncated = 0
-        # Merge state of the last entry; the last entry is never evicted (one always survives),
-        # so these stay valid until the next append or reset.
+        # Merge key of the last entry (None: it cannot take a chunk). The last entry is never
+        # evicted (one always survives), so the key stays valid until the next append or reset.
         self._last_key: MergeKey | None = None
-        self._last_count = 0
-        self._last_bytes = 0
 
     @property
     def entry_count(self) -> int:
@@ -283,54 +282,55 @@ class LiveJournal:
 
     def append(self, event: Event) -> None:
         """Add one event: merge it into the last entry when §2.1 allows, then evict (§2.2)."""
-        self._push(event, merge_key(event.env))
+        classified = _classify(event.env)
+        if classified is None:
+            self._push(event, None, "")
+        else:
+            self._push(event, *classified)
 
-    def _push(self, event: Event, key: MergeKey | None) -> None:
-        # The key is passed in so LiveJournals computes it once for both journals.
+    def _push(self, event: Event, key: MergeKey | None, text: str) -> None:
+        # Key and text come in so LiveJournals classifies an event once for both journals.
+        # Merging and eviction are inlined: at the caps every append evicts, and a call per
+        # event is a measurable share of the publish path.
         entries = self._entries
         size = event.size
-        if (
-            key is not None
-            and self._last_count < MAX_EVENTS_PER_ENTRY
-            and self._last_bytes + size <= self.max_bytes
-            and key == self._last_key
-        ):
+        merged = False
+        if key is not None and key == self._last_key:
+            # A recorded key means the last entry exists and took a compatible chunk.
             last = entries[-1]
             if isinstance(last, _MergedEntry):
-                last.add(event, _chunk_text(event))
-            else:
-                entries[-1] = _MergedEntry(last, event, _chunk_text(event))
-            self._last_count += 1
-            self._last_bytes += size
-        else:
+                if len(last.pieces) < MAX_EVENTS_PER_ENTRY and last.nbytes + size <= self.max_bytes:
+                    last.pieces.append(text)
+                    last.last = event
+                    last.nbytes += size
+                    last.rendered = None
+                    merged = True
+            elif last.size + size <= self.max_bytes:
+                entries[-1] = _MergedEntry(last, event, text)
+                merged = True
+        if not merged:
             entries.append(event)
             self._last_key = key
-            self._last_count = 1
-            self._last_bytes = size
-        self._total_bytes += size
-        self._retained += 1
-        if len(entries) > self.max_events or (
-            self._total_bytes > self.max_bytes and len(entries) > 1
-        ):
-            self._evict()
-
-    def _evict(self) -> None:
-        entries = self._entries
-        max_events = self.max_events
-        max_bytes = self.max_bytes
-        total = self._total_bytes
-        dropped = 0
-        while len(entries) > max_events or (total > max_bytes and len(entries) > 1):
-            oldest = entries.popleft()
-            if isinstance(oldest, _MergedEntry):
-                total -= oldest.nbytes
-                dropped += len(oldest.pieces)
-            else:
-                total -= oldest.size
-                dropped += 1
+        total = self._total_bytes + size
+        if len(entries) > self.max_events or (total > self.max_bytes and len(entries) > 1):
+            max_events = self.max_events
+            max_bytes = self.max_bytes
+            dropped = 0
+            while True:
+                oldest = entries.popleft()
+                if isinstance(oldest, Event):
+                    total -= oldest.size
+                    dropped += 1
+                else:
+                    total -= oldest.nbytes
+                    dropped += len(oldest.pieces)
+                if len(entries) <= max_events and (total <= max_bytes or len(entries) == 1):
+                    break
+            self._retained += 1 - dropped
+            self._truncated += dropped
+        else:
+            self._retained += 1
         self._total_bytes = total
-        self._retained -= dropped
-        self._truncated += dropped
 
     def reset(self) -> None:
         """Turn boundary: forget every entry and zero the counters."""
@@ -339,8 +339,6 @@ class LiveJournal:
         self._retained = 0
         self._truncated = 0
         self._last_key = None
-        self._last_count = 0
-        self._last_bytes = 0
 
     def entries(self) -> list[bytes]:
         """Each entry's encoded envelope, oldest first; an unmerged entry is its ``event.raw``."""
@@ -406,16 +404,19 @@ class LiveJournals:
 
     def append(self, event: Event) -> None:
         """Every event goes to ``full``; those passing :func:`in_summary` also to ``summary``."""
-        key = merge_key(event.env)
-        self.full._push(event, key)
+        classified = _classify(event.env)
+        if classified is None:
+            self.full._push(event, None, "")
+            if in_summary(event):
+                self.summary._push(event, None, "")
+            return
+        key, text = classified
+        self.full._push(event, key, text)
         # A mergeable chunk has no toolCallId and no usage, so in_summary reduces to "no
-        # non-empty parentToolCallId": the key already holds that value.
-        if key is not None:
-            parent = key[4]
-            if not isinstance(parent, str) or not parent:
-                self.summary._push(event, key)
-        elif in_summary(event):
-            self.summary._push(event, None)
+        # non-empty parentToolCallId", and the key already holds that value.
+        parent = key[4]
+        if not isinstance(parent, str) or not parent:
+            self.summary._push(event, key, text)
 
     def reset(self) -> None:
         self.full.reset()

@@ -115,7 +115,9 @@ def prompt_text(prompt: Any) -> str:
     return "\n".join(
         block["text"]
         for block in prompt
-        if isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str)
+        if isinstance(block, dict)
+        and block.get("type") == "text"
+        and isinstance(block.get("text"), str)
     )
 
 

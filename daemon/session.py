@@ -100,7 +100,8 @@ class Session:
 
     @property
     def live(self) -> bool:
-        return self.closing is None and self.agent_exit is None and not self.ended.is_set()
+        return (self.closing is None and self.agent_exit is None and not self.agent.closed
+                and not self.ended.is_set())
 
     def pending_count(self) -> int:
         return len(self.queue) + (1 if self.active is not None else 0)
@@ -141,7 +142,7 @@ class Session:
         task_status.started()
         try:
             while True:
-                if self.agent_exit is not None or self.closing is not None:
+                if self.agent_exit is not None or self.agent.closed or self.closing is not None:
                     break
                 if not self.queue:
                     self._wake = trio.Event()
@@ -219,7 +220,7 @@ class Session:
 
     async def _finish(
         self, prompt: PendingPrompt, event_type: str, data: dict[str, Any], ledger: str,
-        stop_reason: str | None,
+        stop_reason: str | None, completion: str = "completed",
     ) -> None:
         if prompt.terminal_sent:
             return
@@ -242,7 +243,7 @@ class Session:
         if prompt.queued:
             bus.publish(
                 "pending_prompt_completed",
-                {"sessionId": self.id, "promptId": prompt.prompt_id, "state": "completed"},
+                {"sessionId": self.id, "promptId": prompt.prompt_id, "state": completion},
                 prompt_id=prompt.prompt_id, originator_client_id=prompt.client_id,
             )
         prompt.done.set()
@@ -251,7 +252,7 @@ class Session:
         """The session is ending (closed or its agent died): end every queued prompt, then
         publish the terminal session frame."""
         with trio.CancelScope(shield=True):
-            died = self.agent_exit is not None
+            died = self.agent_exit is not None or self.agent.closed
             while self.queue:
                 prompt = self.queue.popleft()
                 pid = prompt.prompt_id
@@ -261,15 +262,9 @@ class Session:
                     terminal = ("turn_error", {"sessionId": self.id, "message": "Session closed",
                                                "code": "session_closed", "promptId": pid},
                                 "error", None)
-                await self._finish(prompt, *terminal)
-                if prompt.queued:
-                    self.bus.publish(
-                        "pending_prompt_completed",
-                        {"sessionId": self.id, "promptId": pid, "state": "removed"},
-                        prompt_id=pid,
-                    )
+                await self._finish(prompt, *terminal, completion="removed")
             if died:
-                exit_code, signal_code = self.agent_exit or (None, None)
+                exit_code, signal_code = self.agent_exit or (self.agent.exit_code, None)
                 self.bus.publish("session_died", {
                     "sessionId": self.id, "reason": "channel_closed",
                     "exitCode": exit_code, "signalCode": signal_code})

@@ -20,14 +20,7 @@ import trio
 from .bus import SessionBus, Subscription, now_ms
 from .envelope import Event, encode_json, synthetic
 from .ring import decide_resume
-from .subscriber import (
-    MAX_QUEUED_DEFAULT,
-    MAX_QUEUED_MAX,
-    MAX_QUEUED_MIN,
-    Eviction,
-    SubscriberState,
-    Warning,
-)
+from .subscriber import MAX_QUEUED_DEFAULT, MAX_QUEUED_MAX, MAX_QUEUED_MIN, SubscriberState
 
 log = logging.getLogger("daemon.streams")
 
@@ -115,13 +108,16 @@ class EventPump:
         """Live events after the cursor (with a pending warning first); ``None`` when evicted.
         Advances the cursor: these events count as handed to the transport."""
         sub, ring = self.sub, self.bus.ring
-        verdict = sub.state.check(ring)
-        if isinstance(verdict, Eviction):
-            self.bus.remove_subscriber(sub)
+        state = sub.state
+        if state.evicted is None:
+            first = ring.first_id
+            if first is not None and first > state.cursor + 1:
+                state.evict_now("queue_overflow", ring)  # the next event left the ring
+        if state.evicted is not None:
+            self.bus.evict(sub)
             return None
         out: list[Event] = []
-        warning = sub.pending_warning if sub.pending_warning is not None else (
-            verdict if isinstance(verdict, Warning) else None)
+        warning = sub.pending_warning
         sub.pending_warning = None
         if warning is not None:
             out.append(synthetic("slow_client_warning", warning.data, now_ms=now_ms()))
@@ -204,8 +200,10 @@ async def serve_sse(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
                 if batch is None:
                     break
                 if batch:
+                    sub.sending = True
                     for chunk in _chunks([e.sse_frame for e in batch]):
                         await body(chunk)
+                    sub.sending = False
                     continue
                 if bus.closed:
                     break
@@ -262,9 +260,11 @@ async def serve_ws(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
                 batch = pump.next_batch()
                 if batch is None:
                     break
-                for event in batch:
-                    await text(event)
                 if batch:
+                    sub.sending = True
+                    for event in batch:
+                        await text(event)
+                    sub.sending = False
                     continue
                 if bus.closed:
                     break

@@ -97,6 +97,9 @@ class SubscriberState:
             })
         return None
 
+    def evict_now(self, reason: str, ring: RingView) -> Eviction:
+        return self._evict(reason, ring.last_id - self.cursor, ring.bytes_since(self.cursor))
+
     def _evict(self, reason: str, frames: int, queued_bytes: int) -> Eviction:
         self.evicted = Eviction({
             "reason": reason,

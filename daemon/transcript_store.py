@@ -578,8 +578,7 @@ class TranscriptStore:
                 last_turn = turn
             turns[-1].append((record_id, bytes(raw)))
         older = conn.execute(
-            "SELECT count(*), count(DISTINCT turn) FROM records "
-            "WHERE session_id = ? AND turn < ?",
+            "SELECT count(*), count(DISTINCT turn) FROM records WHERE session_id = ? AND turn < ?",
             (session_id, keep_from),
         ).fetchone()
         return turns, int(older[0]), int(older[1])

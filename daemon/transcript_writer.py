@@ -94,9 +94,7 @@ class TranscriptWriter:
         self._last_seq += 1
         seq = self._last_seq
         if self._stopped:
-            self._fail(
-                [(seq, op)], RuntimeError("transcript writer is stopped; op not written")
-            )
+            self._fail([(seq, op)], RuntimeError("transcript writer is stopped; op not written"))
             return seq
         self._pending.append((seq, op))
         self._wakeup.set()

@@ -301,9 +301,7 @@ class DaemonClient:
         return _convert(await self._json("GET", "/health"), Health, "GET /health")
 
     async def capabilities(self) -> Capabilities:
-        return _convert(
-            await self._json("GET", "/capabilities"), Capabilities, "GET /capabilities"
-        )
+        return _convert(await self._json("GET", "/capabilities"), Capabilities, "GET /capabilities")
 
     async def daemon_status(self) -> DaemonStatus:
         body = await self._json("GET", "/daemon/status")
@@ -403,9 +401,7 @@ class DaemonClient:
         """Answer a ``permission_request`` with one option, or cancel it."""
         if (option_id is None) == (not cancelled):
             raise ValueError("give exactly one of option_id or cancelled=True")
-        request: dict[str, Any] = (
-            {"outcome": "cancelled"} if cancelled else {"optionId": option_id}
-        )
+        request: dict[str, Any] = {"outcome": "cancelled"} if cancelled else {"optionId": option_id}
         path = f"{_session_path(session_id)}/permission/{quote(request_id, safe='')}"
         return _convert(
             await self._json("POST", path, body=request), PermissionVote, f"POST {path}"
@@ -437,9 +433,7 @@ class DaemonClient:
         page = _convert(body, TranscriptPage, what)
         sid = page.session_id or session_id
         page.events = [
-            event
-            for item in raw_events
-            if (event := normalize_page_event(item, sid)) is not None
+            event for item in raw_events if (event := normalize_page_event(item, sid)) is not None
         ]
         return page
 
@@ -597,10 +591,13 @@ class EventStream:
         chunks, self._chunks = self._chunks, None
         response, self._response = self._response, None
         closer = getattr(chunks, "aclose", None)
-        if closer is not None:
-            await closer()
-        if response is not None:
-            await response.aclose()
+        try:
+            if closer is not None:
+                await closer()
+        finally:
+            # Runs even when the caller's scope is cancelled, so the connection is released.
+            if response is not None:
+                await response.aclose()
 
     def __aiter__(self) -> EventStream:
         return self

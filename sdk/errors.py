@@ -35,13 +35,16 @@ class DaemonHTTPError(DaemonError):
         code: str | None = None,
         message: str | None = None,
     ) -> None:
+        text = message if message is not None else _body_message(body)
+        detail = f": {text}" if text else ""
+        tag = f" ({code})" if code else ""
+        # In ServerError the next class in the MRO is TransportError, whose __init__ resets
+        # these attributes: assign them after it runs.
+        super().__init__(f"HTTP {status}{tag}{detail}")
         self.status = status
         self.body = body
         self.code = code
-        self.message = message if message is not None else _body_message(body)
-        detail = f": {self.message}" if self.message else ""
-        tag = f" ({code})" if code else ""
-        super().__init__(f"HTTP {status}{tag}{detail}")
+        self.message = text
 
 
 class AuthError(DaemonHTTPError):
@@ -127,17 +130,19 @@ _RETRIABLE_CLIENT_STATUSES = frozenset({408, 429})
 def is_retriable(exc: BaseException) -> bool:
     """True when retrying (reconnecting, resending) may succeed; False when the error is final.
 
-    A body carrying ``retryable: false`` is final whatever its status. Auth and missing-session
-    errors are final; network errors, timeouts, 5xx, 408, 429 and a full prompt queue are not.
-    Other 4xx answers are final: the same request would be refused again.
+    Final: auth (401/403) and missing-session (404/410) errors, a ``turn_error``, an oversized
+    SSE frame, and any answer whose body says ``retryable: false``. Otherwise an explicit
+    ``retryable: true`` is retriable, and so are network errors, timeouts, wrong content
+    types, 5xx, 408, 429 and a full prompt queue. Other 4xx answers are final: the same request
+    would be refused again.
     """
+    if isinstance(exc, AuthError | SessionNotFoundError | TurnError | SSEBufferOverflow):
+        return False
     body = getattr(exc, "body", None)
     if isinstance(body, Mapping):
         flag = body.get("retryable")
-        if flag is False:
-            return False
-    if isinstance(exc, AuthError | SessionNotFoundError | TurnError | SSEBufferOverflow):
-        return False
+        if isinstance(flag, bool):
+            return flag
     if isinstance(exc, TransportError | PromptQueueFullError):
         return True
     if isinstance(exc, DaemonHTTPError):

@@ -189,7 +189,9 @@ def is_new_event(
     if event_id is None or event_id in observed_ids:
         return False
     return not (
-        watermark is not None and highest_live_id is not None and watermark < event_id <= highest_live_id
+        watermark is not None
+        and highest_live_id is not None
+        and watermark < event_id <= highest_live_id
     )
 
 
@@ -280,7 +282,9 @@ class RepairEpisode:
         ``prompt_cancelled`` does not arm: cancellation ends with a ``turn_complete`` whose
         ``stopReason`` is ``cancelled``, and that one does.
         """
-        if event.id is not None and (self.highest_live_id is None or event.id > self.highest_live_id):
+        if event.id is not None and (
+            self.highest_live_id is None or event.id > self.highest_live_id
+        ):
             self.highest_live_id = event.id
         if (
             self.state is not RepairState.PENDING

@@ -69,6 +69,9 @@ def start_daemon(
     data = data_dir or base / f"{tag}-data"
     gate = base / "gates"
     gate.mkdir(exist_ok=True)
+    # The mock waits for <gate>/<name> when a prompt says mock:gate=<name>, else for "open":
+    # ungated prompts run straight through.
+    (gate / "open").touch()
     log = base / "prompts.log"
     stderr_path = base / f"{tag}-stderr-{time.monotonic_ns()}.log"
     full_env = dict(os.environ)

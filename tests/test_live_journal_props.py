@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+
 from hypothesis import given
 from hypothesis import strategies as st
 

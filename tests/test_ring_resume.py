@@ -350,13 +350,15 @@ def test_property_resume_never_duplicates_and_announces_gaps(
 ) -> None:
     start = seeded + 1
     ring = EventRing(capacity, next_id=start)
-    newest = lambda: ring.next_id - 1  # noqa: E731
-    pad = lambda i: pads[i % len(pads)]  # noqa: E731
+
+    def pad(i: int) -> int:
+        return pads[i % len(pads)]
+
     for i in range(published_before):
         ring.append(ev(ring.next_id, pad(i)))
-    cursor = max(0, newest() + cursor_offset) if cursor_given else None
+    cursor = max(0, ring.last_id + cursor_offset) if cursor_given else None
     plan = decide_resume(ring, cursor, epoch, EPOCH, budget_bytes=budget)
-    assert plan.cursor == newest()
+    assert plan.cursor == ring.last_id
 
     frames: list[Event] = plan.frames()
     for i in range(published_after):
@@ -365,7 +367,7 @@ def test_property_resume_never_duplicates_and_announces_gaps(
         # Live delivery: every event published after the plan with id > plan.cursor.
         if event.id is not None and event.id > plan.cursor:
             frames.append(event)
-    final = newest()
+    final = ring.last_id
 
     delivered = [e.id for e in frames if e.id is not None]
     assert delivered == sorted(set(delivered)), "duplicate or out-of-order id"

@@ -22,7 +22,6 @@ from daemon.transcript_store import (
     FinishTurn,
     InvalidCursor,
     MarkClosed,
-    Op,
     TranscriptSchemaError,
     TranscriptStore,
     UpsertSession,
@@ -197,7 +196,11 @@ def test_mark_closed_and_upsert_reopens(store: TranscriptStore) -> None:
 
 def test_append_event_keeps_order_and_sessions_apart(store: TranscriptStore) -> None:
     store.apply([append(S1, 1, "p"), append(S2, 1), append(S1, 2, "p"), append(S1, 3, "p")])
-    assert store.raw_events(S1) == [ev(1, prompt_id="p"), ev(2, prompt_id="p"), ev(3, prompt_id="p")]
+    assert store.raw_events(S1) == [
+        ev(1, prompt_id="p"),
+        ev(2, prompt_id="p"),
+        ev(3, prompt_id="p"),
+    ]
     assert store.raw_events(S2) == [ev(1)]
     assert store.max_raw_event_id(S1) == 3
 
@@ -232,7 +235,13 @@ def test_finish_turn_deletes_only_raw_events_before_it(store: TranscriptStore) -
     assert store.raw_events(S1) == [ev(3, prompt_id="p2"), ev(4, prompt_id="p2")]
     assert store.raw_events(S2) == [ev(1)]  # another session's raw events are not touched
     page = store.page(S1, limit=10)
-    assert page.events == [rec(1)[1], rec(2)[1], rec(3)[1], ev(3, prompt_id="p2"), ev(4, prompt_id="p2")]
+    assert page.events == [
+        rec(1)[1],
+        rec(2)[1],
+        rec(3)[1],
+        ev(3, prompt_id="p2"),
+        ev(4, prompt_id="p2"),
+    ]
     assert store.oldest_record_id(S1) == rec(1)[0]
     assert store.newest_record_id(S1) == rec(3)[0]
     assert store.newest_record_id(S2) is None
@@ -485,4 +494,3 @@ def test_raw_events_and_records_after_restore_style_close(store: TranscriptStore
     assert store.in_flight_prompts(S1) == []
     assert store.raw_events(S1) == []
     assert store.newest_records(S1, 10**6) == ([rec(1), rec(2)], 0, 0)
-

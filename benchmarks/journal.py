@@ -1,0 +1,425 @@
+"""Live-journal benchmark: append throughput empty vs at the caps, and the publish pipeline.
+
+Run ``python -m benchmarks.journal [--quick]``; a harness calls :func:`run`. Each figure is the
+median of several trials timed with ``time.perf_counter``; baselines are measured in the same
+run so the ratios survive a slow or busy machine better than the absolute rates do.
+
+Targets (SPEC §2.2 cost rule, DESIGN "Speed"):
+
+* ``LiveJournal.append`` at the caps (10,000 entries / 8 MiB prefilled) >= 300,000 events/s;
+* at-cap cost within 1.3x of the cost on an empty journal;
+* the whole pure publish pipeline (make_event + ring + both journals + compactor)
+  >= 100,000 events/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from daemon.envelope import Event, JsonObject, encode_json, make_event
+from daemon.live_journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, LiveJournal, LiveJournals
+
+SESSION = "6f1d2c3b-4a59-4e68-8f7a-0b1c2d3e4f50"
+PROMPT = "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d"
+CLIENT = "client_3c4d5e6f-7a8b-4c9d-8e0f-1a2b3c4d5e6f"
+NOW_MS = 1_796_204_622_728
+
+APPEND_TARGET = 300_000.0
+CAP_RATIO_TARGET = 1.3
+PIPELINE_TARGET = 100_000.0
+
+Row = dict[str, Any]
+# A trial: build the state (untimed), return the timed loop.
+Trial = Callable[[], Callable[[], None]]
+
+
+class _Appender(Protocol):
+    def append(self, event: Event, /) -> None: ...
+
+
+# --- workloads ---------------------------------------------------------------------------------
+
+
+def _chunk_data(kind: str, text: str) -> JsonObject:
+    return {
+        "sessionId": SESSION,
+        "update": {"sessionUpdate": kind, "content": {"type": "text", "text": text}},
+    }
+
+
+def _event(event_id: int, event_type: str, data: Any) -> Event:
+    event = make_event(
+        event_id,
+        event_type,
+        data,
+        now_ms=NOW_MS + event_id,
+        prompt_id=PROMPT,
+        originator_client_id=CLIENT,
+    )
+    if event is None:  # pragma: no cover - the workloads are plain JSON
+        raise RuntimeError(f"benchmark event {event_id} could not be encoded")
+    return event
+
+
+def merged_stream(n: int) -> list[Event]:
+    """Mergeable ``agent_message_chunk`` events, about 350 bytes each like the mock agent's."""
+    return [_event(i, "session_update", _chunk_data("agent_message_chunk", f"chunk-{i}")) for i in
+            range(1, n + 1)]
+
+
+def alternating_stream(n: int) -> list[Event]:
+    """Chunk kinds alternate, so every event is fully inspected and none merges."""
+    kinds = ("agent_message_chunk", "agent_thought_chunk")
+    return [_event(i, "session_update", _chunk_data(kinds[i % 2], f"chunk-{i}")) for i in
+            range(1, n + 1)]
+
+
+def user_stream(n: int) -> list[Event]:
+    """``user_message_chunk`` events: rejected for merging at the first look."""
+    return [_event(i, "session_update", _chunk_data("user_message_chunk", f"chunk-{i}")) for i in
+            range(1, n + 1)]
+
+
+def prefill_events(max_events: int, max_bytes: int) -> list[Event]:
+    """``max_events`` unmergeable events whose sizes add up to just under ``max_bytes``, so a
+    journal fed them sits at both caps at once."""
+    target = max_bytes // max_events
+    probe = _event(1, "session_update", _chunk_data("user_message_chunk", ""))
+    pad = "p" * max(0, target - probe.size - 4)  # room for ids up to 5 digits
+    events = [
+        _event(i, "session_update", _chunk_data("user_message_chunk", pad))
+        for i in range(1, max_events + 1)
+    ]
+    if sum(e.size for e in events) > max_bytes:  # pragma: no cover - arithmetic guard
+        raise RuntimeError("prefill overshoots the byte cap")
+    return events
+
+
+def mixed_turn_data(n: int) -> list[tuple[str, JsonObject]]:
+    """A realistic turn: user echo, then repeating blocks of thought, tool and message frames."""
+    items: list[tuple[str, JsonObject]] = [
+        ("session_update", _chunk_data("user_message_chunk", "please refactor the parser")),
+    ]
+    block = 0
+    while len(items) < n:
+        tool = f"call_{block}"
+        items.extend(
+            ("session_update", _chunk_data("agent_thought_chunk", f"thinking {block}.{k} "))
+            for k in range(4)
+        )
+        items.append(("session_update", {"sessionId": SESSION, "update": {
+            "sessionUpdate": "tool_call", "toolCallId": tool, "title": "Read parser.py",
+            "kind": "read", "status": "pending"}}))
+        items.append(("session_update", {"sessionId": SESSION, "update": {
+            "sessionUpdate": "tool_call_update", "toolCallId": tool, "status": "completed",
+            "content": [{"type": "content", "content": {"type": "text", "text": "ok"}}]}}))
+        items.extend(
+            ("session_update", _chunk_data("agent_message_chunk", f"word{block}.{k} "))
+            for k in range(14)
+        )
+        block += 1
+    return items[:n]
+
+
+# --- timing ------------------------------------------------------------------------------------
+
+
+def _timed(trial: Trial) -> float:
+    loop = trial()
+    gc.collect()
+    start = time.perf_counter()
+    loop()
+    return time.perf_counter() - start
+
+
+def _median_seconds(trial: Trial, trials: int) -> float:
+    return statistics.median(_timed(trial) for _ in range(trials))
+
+
+def _paired_medians(a: Trial, b: Trial, trials: int) -> tuple[float, float]:
+    """Interleave the trials of two variants so machine noise hits both alike."""
+    times_a: list[float] = []
+    times_b: list[float] = []
+    for _ in range(trials):
+        times_a.append(_timed(a))
+        times_b.append(_timed(b))
+    return statistics.median(times_a), statistics.median(times_b)
+
+
+def _append_loop(target: _Appender, events: Sequence[Event]) -> Callable[[], None]:
+    append = target.append
+
+    def loop() -> None:
+        for event in events:
+            append(event)
+
+    return loop
+
+
+def _empty_trial(events: Sequence[Event], pair: bool = False) -> Trial:
+    """Append into a fresh journal in batches of at most ``maxEvents`` so nothing is evicted."""
+    batch = DEFAULT_MAX_EVENTS
+    batches = [events[i : i + batch] for i in range(0, len(events), batch)]
+
+    def setup() -> Callable[[], None]:
+        journals = [LiveJournals() if pair else LiveJournal() for _ in batches]
+        loops = [_append_loop(j, b) for j, b in zip(journals, batches, strict=True)]
+
+        def loop() -> None:
+            for each in loops:
+                each()
+
+        return loop
+
+    return setup
+
+
+def _at_cap_trial(events: Sequence[Event], prefill: Sequence[Event], pair: bool = False) -> Trial:
+    def setup() -> Callable[[], None]:
+        journal: LiveJournal | LiveJournals = LiveJournals() if pair else LiveJournal()
+        for event in prefill:
+            journal.append(event)
+        full = journal.full if isinstance(journal, LiveJournals) else journal
+        if full.entry_count != DEFAULT_MAX_EVENTS:  # pragma: no cover - setup guard
+            raise RuntimeError("prefill did not reach the entry cap")
+        return _append_loop(journal, events)
+
+    return setup
+
+
+# --- the publish pipeline ----------------------------------------------------------------------
+
+
+def _ring_factory() -> tuple[Callable[[], _Appender], str]:
+    """daemon.ring.EventRing when it imports and works, else a deque stand-in."""
+    try:
+        from daemon.ring import EventRing
+
+        ring = EventRing(8000, next_id=1)
+        probe = _event(1, "session_update", _chunk_data("user_message_chunk", "probe"))
+        ring.append(probe)
+        if len(ring) != 1 or ring.get(1) is not probe:
+            raise RuntimeError("EventRing smoke test failed")
+    except Exception as exc:
+        return (lambda: deque(maxlen=8000)), f"ring: deque stand-in ({type(exc).__name__})"
+    return (lambda: EventRing(8000, next_id=1)), "ring: EventRing"
+
+
+class _Compactor(Protocol):
+    def add(self, event: Event, /) -> None: ...
+    def finish(self, terminal: Event, /) -> list[JsonObject]: ...
+
+
+def _compactor_factory() -> tuple[Callable[[], _Compactor] | None, str]:
+    try:
+        from daemon.compactor import TurnCompactor
+
+        compactor = TurnCompactor()
+        compactor.add(_event(1, "session_update", _chunk_data("agent_message_chunk", "a")))
+        terminal = _event(
+            2, "turn_complete", {"sessionId": SESSION, "stopReason": "end_turn", "promptId": PROMPT}
+        )
+        if not compactor.finish(terminal):
+            raise RuntimeError("TurnCompactor.finish returned nothing")
+    except Exception as exc:
+        return None, f"compactor MISSING ({type(exc).__name__}: {exc})"
+    return TurnCompactor, "compactor: TurnCompactor"
+
+
+def _pipeline_trial(
+    items: Sequence[tuple[str, JsonObject]],
+    ring_factory: Callable[[], _Appender],
+    compactor_factory: Callable[[], _Compactor] | None,
+) -> Trial:
+    """One turn through the pure publish path, ending with its terminal (compact + reset)."""
+    terminal_data = {"sessionId": SESSION, "stopReason": "end_turn", "promptId": PROMPT}
+
+    def setup() -> Callable[[], None]:
+        ring = ring_factory()
+        journals = LiveJournals()
+        compactor = compactor_factory() if compactor_factory is not None else None
+
+        def loop() -> None:
+            ring_append = ring.append
+            journals_append = journals.append
+            add = compactor.add if compactor is not None else None
+            event_id = 0
+            for event_type, data in items:
+                event_id += 1
+                event = make_event(
+                    event_id, event_type, data, now_ms=NOW_MS + event_id,
+                    prompt_id=PROMPT, originator_client_id=CLIENT,
+                )
+                if event is None:  # pragma: no cover - plain JSON
+                    continue
+                ring_append(event)
+                journals_append(event)
+                if add is not None:
+                    add(event)
+            terminal = make_event(
+                event_id + 1, "turn_complete", terminal_data, now_ms=NOW_MS,
+                prompt_id=PROMPT, originator_client_id=CLIENT,
+            )
+            assert terminal is not None
+            ring_append(terminal)
+            journals_append(terminal)
+            if compactor is not None:
+                compactor.finish(terminal)
+            journals.reset()
+
+        return loop
+
+    return setup
+
+
+# --- report ------------------------------------------------------------------------------------
+
+
+def _row(
+    name: str,
+    n: int,
+    seconds: float,
+    baseline_seconds: float | None = None,
+    empty_seconds: float | None = None,
+    targets: Sequence[tuple[str, bool]] = (),
+    note: str = "",
+) -> Row:
+    return {
+        "benchmark": name,
+        "events": n,
+        "events_per_s": n / seconds,
+        "cost_vs_deque": seconds / baseline_seconds if baseline_seconds else None,
+        "cap_vs_empty": seconds / empty_seconds if empty_seconds else None,
+        "targets": [{"target": t, "ok": ok} for t, ok in targets],
+        "note": note,
+    }
+
+
+def run(quick: bool) -> list[Row]:
+    """Measure everything; return one row per benchmark (see :func:`format_table`)."""
+    n = 20_000 if quick else 100_000
+    trials = 3 if quick else 5
+    merged = merged_stream(n)
+    alternating = alternating_stream(n)
+    users = user_stream(n)
+    prefill = prefill_events(DEFAULT_MAX_EVENTS, DEFAULT_MAX_BYTES)
+    rows: list[Row] = []
+
+    def deque_trial() -> Callable[[], None]:
+        return _append_loop(deque(maxlen=DEFAULT_MAX_EVENTS), merged)
+
+    envs = [event.env for event in merged]
+
+    def encode_trial() -> Callable[[], None]:
+        sink: deque[bytes] = deque(maxlen=DEFAULT_MAX_EVENTS)
+        append = sink.append
+        encode = encode_json
+
+        def loop() -> None:
+            for env in envs:
+                append(encode(env))
+
+        return loop
+
+    base = _median_seconds(deque_trial, trials)
+    rows.append(_row("baseline: deque(maxlen=10000).append", n, base, base))
+    rows.append(_row("baseline: msgspec encode + deque append", n,
+                     _median_seconds(encode_trial, trials), base))
+
+    for label, events in (
+        ("merged chunks", merged),
+        ("unmerged, alternating kinds", alternating),
+        ("unmerged, user_message_chunk", users),
+    ):
+        empty, at_cap = _paired_medians(
+            _empty_trial(events), _at_cap_trial(events, prefill), trials
+        )
+        ratio = at_cap / empty
+        rows.append(_row(f"LiveJournal.append empty, {label}", n, empty, base))
+        rows.append(_row(
+            f"LiveJournal.append at caps, {label}", n, at_cap, base, empty,
+            targets=[
+                (">= 300,000/s at caps", n / at_cap >= APPEND_TARGET),
+                ("at-cap <= 1.3x empty", ratio <= CAP_RATIO_TARGET),
+            ],
+        ))
+
+    empty, at_cap = _paired_medians(
+        _empty_trial(merged, pair=True), _at_cap_trial(merged, prefill, pair=True), trials
+    )
+    rows.append(_row("LiveJournals.append (full+summary) empty, merged", n, empty, base))
+    rows.append(_row("LiveJournals.append (full+summary) at caps, merged", n, at_cap, base,
+                     empty))
+
+    ring_factory, ring_note = _ring_factory()
+    compactor_factory, compactor_note = _compactor_factory()
+    note = f"{ring_note}; {compactor_note}"
+    for label, items in (
+        ("chunk stream", [("session_update", e.env["data"]) for e in merged]),
+        ("mixed turn", mixed_turn_data(n)),
+    ):
+        seconds = _median_seconds(
+            _pipeline_trial(items, ring_factory, compactor_factory), trials
+        )
+        rows.append(_row(
+            f"pipeline: make_event+ring+journals+compactor, {label}", n + 1, seconds, base,
+            targets=[(">= 100,000/s pipeline", (n + 1) / seconds >= PIPELINE_TARGET)]
+            if compactor_factory is not None
+            else [(">= 100,000/s pipeline (compactor missing)", False)],
+            note=note,
+        ))
+    return rows
+
+
+def format_table(rows: Sequence[Row]) -> str:
+    """A fixed-width table: benchmark, events/s, cost vs deque, at-cap/empty, targets."""
+    header = ("benchmark", "events/s", "cost vs deque", "cap/empty", "targets")
+    lines: list[tuple[str, ...]] = [header]
+    for row in rows:
+        cost = row["cost_vs_deque"]
+        cap = row["cap_vs_empty"]
+        targets = "; ".join(
+            f"{t['target']}: {'PASS' if t['ok'] else 'MISS'}" for t in row["targets"]
+        )
+        lines.append((
+            row["benchmark"],
+            f"{row['events_per_s']:,.0f}",
+            f"{cost:.1f}x" if cost is not None else "",
+            f"{cap:.2f}x" if cap is not None else "",
+            targets,
+        ))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
+    out = []
+    for index, line in enumerate(lines):
+        cells = [
+            line[0].ljust(widths[0]),
+            *(cell.rjust(width) for cell, width in zip(line[1:-1], widths[1:], strict=True)),
+            line[-1],
+        ]
+        out.append("  ".join(cells).rstrip())
+        if index == 0:
+            out.append("-" * len(out[0]))
+    notes = sorted({row["note"] for row in rows if row["note"]})
+    out.extend(f"note: {note}" for note in notes)
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.journal", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer events, 3 trials (< 5 s)")
+    args = parser.parse_args(argv)
+    rows = run(args.quick)
+    print(format_table(rows))
+    missed = [t for row in rows for t in row["targets"] if not t["ok"]]
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

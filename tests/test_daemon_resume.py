@@ -1,0 +1,153 @@
+"""SSE resume against the real daemon (SPEC §4.2): cursor inside the ring, before the ring,
+wrong epoch, and no gap or duplicate while events keep flowing during the replay."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import trio
+
+from tests.harness import RunningDaemon, running_daemon
+from tests.sse_client import Subscriber, is_terminal_for, text_of
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
+    with running_daemon(tmp_path_factory.mktemp("resume")) as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def small_ring(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
+    with running_daemon(tmp_path_factory.mktemp("ring"), ["--event-ring-size", "20"]) as d:
+        yield d
+
+
+async def run_turn(client: httpx.AsyncClient, text: str) -> tuple[str, str, int]:
+    """Create a session, run one ungated turn to its terminal; (session, epoch, last id).
+
+    Follows the stream the way a client must: a subscriber evicted because its next event left
+    a tiny ring reconnects from its cursor."""
+    sid = (await client.post("/session", json={"sessionScope": "thread"})).json()["sessionId"]
+    pid: str | None = None
+    cursor, epoch = 0, None
+    while True:
+        headers = {"Last-Event-ID": str(cursor)}
+        if epoch is not None:
+            headers["X-Qwen-Event-Epoch"] = epoch
+        async with trio.open_nursery() as nursery:
+            sub = Subscriber(client, f"/session/{sid}/events", headers)
+            await nursery.start(sub.run)
+            assert sub.response_headers is not None
+            epoch = sub.response_headers["x-qwen-event-epoch"]
+            if pid is None:
+                pid = (await client.post(f"/session/{sid}/prompt", json={
+                    "prompt": [{"type": "text", "text": text}]})).json()["promptId"]
+            try:
+                terminal = await sub.wait_for(is_terminal_for(pid))
+            except AssertionError:
+                assert sub.of_type("client_evicted"), "stream ended without eviction"
+                cursor = max(sub.ids(), default=cursor)
+                continue
+            finally:
+                nursery.cancel_scope.cancel()
+        assert terminal.id is not None
+        return sid, epoch, terminal.id
+
+
+async def replay(client: httpx.AsyncClient, sid: str, headers: dict[str, str]) -> Subscriber:
+    async with trio.open_nursery() as nursery:
+        sub = Subscriber(client, f"/session/{sid}/events", headers)
+        await nursery.start(sub.run)
+        await sub.wait_for(lambda e: e.type == "replay_complete")
+        nursery.cancel_scope.cancel()
+    return sub
+
+
+async def test_cursor_inside_ring_gets_exactly_the_missed_frames(daemon: RunningDaemon) -> None:
+    async with httpx.AsyncClient(base_url=daemon.url) as client:
+        sid, epoch, last = await run_turn(client, "mock:chunks=10 mock:delay_ms=0")
+        sub = await replay(client, sid, {"Last-Event-ID": "5", "X-Qwen-Event-Epoch": epoch})
+    types = [e.type for e in sub.events]
+    assert types[-1] == "replay_complete"
+    assert "state_resync_required" not in types
+    assert sub.ids() == list(range(6, last + 1))
+    done = sub.events[-1].data
+    assert done == {"lastReplayedEventId": last, "lastEventId": last,
+                    "replayedCount": last - 5}
+    assert sub.raw.startswith(b"retry: 3000\n\n")
+
+
+async def test_cursor_before_ring_reports_ring_evicted(small_ring: RunningDaemon) -> None:
+    async with httpx.AsyncClient(base_url=small_ring.url) as client:
+        sid, epoch, last = await run_turn(client, "mock:chunks=60 mock:delay_ms=0")
+        sub = await replay(client, sid, {"Last-Event-ID": "2", "X-Qwen-Event-Epoch": epoch})
+    first = last - 19
+    resync = sub.events[0]
+    assert resync.type == "state_resync_required" and resync.id is None
+    assert resync.data == {"reason": "ring_evicted", "lastDeliveredId": 2,
+                           "earliestAvailableId": first}
+    assert sub.ids() == list(range(first, last + 1))
+    assert sub.events[-1].data["replayedCount"] == 20
+
+
+async def test_wrong_epoch_resets_and_replays_whole_ring(daemon: RunningDaemon) -> None:
+    async with httpx.AsyncClient(base_url=daemon.url) as client:
+        sid, _epoch, last = await run_turn(client, "mock:chunks=3 mock:delay_ms=0")
+        sub = await replay(client, sid, {"Last-Event-ID": "2", "X-Qwen-Event-Epoch": "stale-epoch"})
+    resync = sub.events[0]
+    assert resync.type == "state_resync_required"
+    assert resync.data == {"reason": "epoch_reset", "detail": "epoch_mismatch",
+                           "lastDeliveredId": 2, "earliestAvailableId": 1}
+    assert sub.ids() == list(range(1, last + 1))
+
+
+async def test_cursor_beyond_head_is_an_epoch_reset_without_detail(daemon: RunningDaemon) -> None:
+    async with httpx.AsyncClient(base_url=daemon.url) as client:
+        sid, epoch, last = await run_turn(client, "mock:chunks=1 mock:delay_ms=0")
+        sub = await replay(client, sid, {"Last-Event-ID": str(last + 50),
+                                         "X-Qwen-Event-Epoch": epoch})
+    assert sub.events[0].data == {"reason": "epoch_reset", "lastDeliveredId": last + 50,
+                                  "earliestAvailableId": 1}
+    assert sub.ids() == list(range(1, last + 1))
+
+
+async def test_no_cursor_is_live_only(daemon: RunningDaemon) -> None:
+    async with httpx.AsyncClient(base_url=daemon.url) as client, trio.open_nursery() as nursery:
+        sid, _epoch, last = await run_turn(client, "mock:chunks=2 mock:delay_ms=0")
+        sub = Subscriber(client, f"/session/{sid}/events")
+        await nursery.start(sub.run)
+        pid = (await client.post(f"/session/{sid}/prompt", json={"prompt": [
+            {"type": "text", "text": "mock:chunks=2 mock:delay_ms=0"}]})).json()["promptId"]
+        await sub.wait_for(is_terminal_for(pid))
+        nursery.cancel_scope.cancel()
+    assert "replay_complete" not in [e.type for e in sub.events]
+    assert sub.ids()[0] == last + 1
+
+
+async def test_resume_while_events_flow_has_no_gap_and_no_duplicate(
+        daemon: RunningDaemon) -> None:
+    async with httpx.AsyncClient(base_url=daemon.url) as client, trio.open_nursery() as nursery:
+        sid = (await client.post("/session", json={"sessionScope": "thread"})).json()["sessionId"]
+        live = Subscriber(client, f"/session/{sid}/events", {"Last-Event-ID": "0"})
+        await nursery.start(live.run)
+        resp = await client.post(f"/session/{sid}/prompt", json={"prompt": [
+            {"type": "text", "text": "mock:chunks=6000 mock:delay_ms=0"}]})
+        pid = resp.json()["promptId"]
+        epoch = resp.json()["eventEpoch"]
+        await live.wait_for(lambda e: (e.id or 0) >= 300)
+        late = Subscriber(client, f"/session/{sid}/events",
+                          {"Last-Event-ID": "150", "X-Qwen-Event-Epoch": epoch})
+        await nursery.start(late.run)
+        terminal = await late.wait_for(is_terminal_for(pid), timeout=60)
+        await live.wait_for(is_terminal_for(pid), timeout=60)
+        nursery.cancel_scope.cancel()
+    assert terminal.id is not None
+    assert late.ids() == list(range(151, terminal.id + 1))
+    assert [e.type for e in late.events].count("replay_complete") == 1
+    assert "state_resync_required" not in [e.type for e in late.events]
+    assert live.ids() == list(range(1, terminal.id + 1))
+    chunks = [text_of(e) for e in live.events if text_of(e).startswith("chunk-")]
+    assert chunks == [f"chunk-{i}" for i in range(6000)]
