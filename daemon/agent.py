@@ -48,6 +48,7 @@ log = logging.getLogger("daemon.agent")
 
 PROTOCOL_VERSION: Final = 1
 READ_CHUNK_BYTES: Final = 256 * 1024
+DISPATCH_GROUP_LINES: Final = 64
 PIPE_BYTES: Final = 1024 * 1024
 # How long a closing agent gets between stdin EOF and SIGKILL.
 EXIT_GRACE_SECONDS: Final = 1.0
@@ -134,6 +135,14 @@ def _signal_name(returncode: int) -> str:
 
 
 class AgentChannel:
+    """One agent process, its sessions multiplexed by ACP session id.
+
+    Every request method raises ChannelClosed if the process is gone (or goes away while the
+    request waits) and AgentRpcError if the agent answers with a JSON-RPC error. ``on_exit``
+    is called once, from ``run``, when the agent's stdout ends (a crash, or after ``aclose``);
+    not when ``run`` is cancelled.
+    """
+
     def __init__(
         self,
         argv: Sequence[str],
@@ -340,6 +349,7 @@ class AgentChannel:
     # Sessions
 
     def attach(self, acp_session_id: str, sink: SessionSink) -> None:
+        """Route the session's updates and permission requests to ``sink`` (replacing any)."""
         self._sinks[acp_session_id] = sink
 
     def detach(self, acp_session_id: str) -> None:
@@ -353,6 +363,7 @@ class AgentChannel:
         return session_id
 
     async def load_session(self, acp_session_id: str, cwd: str) -> None:
+        """Restore an agent session; the updates it replays meanwhile are consumed, not routed."""
         params = {"sessionId": acp_session_id, "cwd": cwd, "mcpServers": []}
         self._loading[acp_session_id] = self._loading.get(acp_session_id, 0) + 1
         slot = _Slot(loading_session=acp_session_id)
@@ -372,6 +383,7 @@ class AgentChannel:
         return result
 
     async def cancel(self, acp_session_id: str) -> None:
+        """Send ``session/cancel``; the running prompt's reply carries the outcome."""
         await self._send(encode_notification("session/cancel", {"sessionId": acp_session_id}))
 
     def _release_loading(self, slot: _Slot) -> None:
@@ -447,8 +459,13 @@ class AgentChannel:
                         splitter.discarded_lines - discarded,
                     )
                     discarded = splitter.discarded_lines
-                if lines:
-                    self._dispatch(lines)
+                # Dispatch in small groups and yield between them, so subscribers are woken
+                # and write while a large read is still being published: a burst never
+                # builds up more lag than one group.
+                for start in range(0, len(lines), DISPATCH_GROUP_LINES):
+                    if start:
+                        await trio.lowlevel.checkpoint()
+                    self._dispatch(lines[start:start + DISPATCH_GROUP_LINES])
         finally:
             self._end_of_stdout(f"agent pid {proc.pid} closed its stdout")
 

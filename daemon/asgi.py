@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+from collections.abc import MutableMapping
 from typing import Any
 
 from quart_trio import QuartTrio
 
 from .envelope import encode_json
 from .guards import Guard
+from .http_api import MAX_BODY_BYTES
 from .manager import SessionManager
 from .streams import Receive, Scope, Send, deny_ws, serve_sse, serve_ws
 
@@ -24,10 +26,14 @@ def _headers(scope: Scope) -> dict[str, str]:
     return out
 
 
-async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
+async def _send_json(send: Send, status: int, body: dict[str, Any], *,
+                     close: bool = False) -> None:
     raw = encode_json(body)
-    await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]})
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(raw)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": raw, "more_body": False})
 
 
@@ -79,4 +85,46 @@ class DaemonASGI:
         if kind == "websocket":
             await deny_ws(send, 404, {"error": "Route not found", "code": "route_not_found"})
             return
-        await self.app(scope, receive, send)  # type: ignore[arg-type]
+        # Read the whole body before the app runs: a handler that answers without reading it
+        # (a 404, a GET with a body) otherwise leaves a keep-alive connection that can stall
+        # the next request. It also enforces the body limit before any JSON parsing.
+        body = await _read_body(receive, MAX_BODY_BYTES)
+        if body is None:
+            return  # the client went away
+        if body is _TOO_LARGE:
+            await _send_json(send, 413, {"error": "Request body too large (max 10 MB)",
+                                         "code": "body_too_large"}, close=True)
+            return
+        await self.app(scope, _replay(body, receive), send)  # type: ignore[arg-type]
+
+
+_TOO_LARGE = b"\x00too-large"
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return _TOO_LARGE
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    delivered = False
+
+    async def replay() -> MutableMapping[str, Any]:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

@@ -90,44 +90,43 @@ def merge_key(env: JsonObject) -> MergeKey | None:
 
 def _classify(env: JsonObject) -> tuple[MergeKey, str] | None:
     """:func:`merge_key` plus the chunk's text, found on the way, so no one digs for it twice."""
-    # Cheapest rejections first: almost every non-chunk event stops at one of these two.
-    if env.get("type") != "session_update":
+    # Cheapest rejections first: almost every non-chunk event stops at the type or the kind.
+    if env["type"] != "session_update":
         return None
-    data = env.get("data")
-    if not isinstance(data, dict):
-        return None
-    update = data.get("update")
-    if not isinstance(update, dict):
-        return None
-    kind = update.get("sessionUpdate")
-    if kind != _MESSAGE_CHUNK and kind != _THOUGHT_CHUNK:
+    try:
+        # Subscripting only succeeds on JSON objects (a list, string or number raises
+        # TypeError), so it doubles as the type check at a fraction of isinstance-per-level.
+        data = env["data"]
+        update = data["update"]
+        kind = update["sessionUpdate"]
+        if kind != _MESSAGE_CHUNK and kind != _THOUGHT_CHUNK:
+            return None
+        content = update["content"]
+        text = content["text"]
+    except (KeyError, TypeError, IndexError):
         return None
     # Length tests stand in for "keys ⊆ whitelist" where the required keys are known present:
     # they are several times cheaper than a keys-view comparison on this hot path.
-    content = update.get("content")
-    if not isinstance(content, dict) or len(content) != 2 or content.get("type") != "text":
-        return None
-    text = content.get("text")
-    if not isinstance(text, str):
-        return None
-    size = len(update)
-    if size != 2 and (size != 3 or "_meta" not in update):
+    if not isinstance(text, str) or len(content) != 2 or content.get("type") != "text":
         return None
     size = len(data)
     if size != 1 and (size != 2 or "sessionId" not in data):
         return None
-    env_meta = env.get("_meta", _MISSING)
-    if env_meta is not _MISSING:
-        if not isinstance(env_meta, dict):
-            return None
-        if not (len(env_meta) == 1 and "serverTimestamp" in env_meta) and not (
-            env_meta.keys() <= _ENVELOPE_META_KEYS
+    if "_meta" in env:
+        env_meta = env["_meta"]
+        if not isinstance(env_meta, dict) or not (
+            (len(env_meta) == 1 and "serverTimestamp" in env_meta)
+            or env_meta.keys() <= _ENVELOPE_META_KEYS
         ):
             return None
     parent: object = _MISSING
     sources: object = _MISSING
-    meta = update.get("_meta", _MISSING)
-    if meta is not _MISSING:
+    size = len(update)
+    if size != 2:
+        # sessionUpdate and content are present, so a third key may only be _meta.
+        if size != 3 or "_meta" not in update:
+            return None
+        meta = update["_meta"]
         if not isinstance(meta, dict) or not meta.keys() <= _UPDATE_META_KEYS:
             return None
         if meta:
@@ -313,10 +312,15 @@ class LiveJournal:
             self._last_key = key
         total = self._total_bytes + size
         if len(entries) > self.max_events or (total > self.max_bytes and len(entries) > 1):
-            max_events = self.max_events
-            max_bytes = self.max_bytes
-            dropped = 0
-            while True:
+            oldest = entries.popleft()
+            if isinstance(oldest, Event):
+                total -= oldest.size
+                dropped = 1
+            else:
+                total -= oldest.nbytes
+                dropped = len(oldest.pieces)
+            # Usually one eviction suffices; a big event can push several old ones out.
+            while len(entries) > self.max_events or (total > self.max_bytes and len(entries) > 1):
                 oldest = entries.popleft()
                 if isinstance(oldest, Event):
                     total -= oldest.size
@@ -324,9 +328,8 @@ class LiveJournal:
                 else:
                     total -= oldest.nbytes
                     dropped += len(oldest.pieces)
-                if len(entries) <= max_events and (total <= max_bytes or len(entries) == 1):
-                    break
-            self._retained += 1 - dropped
+            if dropped != 1:  # one in, one out leaves the retained count as it was
+                self._retained += 1 - dropped
             self._truncated += dropped
         else:
             self._retained += 1

@@ -264,7 +264,8 @@ class Session:
                                 "error", None)
                 await self._finish(prompt, *terminal, completion="removed")
             if died:
-                exit_code, signal_code = self.agent_exit or (self.agent.exit_code, None)
+                exit_code, signal_code = self.agent_exit or (self.agent.exit_code,
+                                                                 self.agent.signal_name)
                 self.bus.publish("session_died", {
                     "sessionId": self.id, "reason": "channel_closed",
                     "exitCode": exit_code, "signalCode": signal_code})

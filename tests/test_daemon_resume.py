@@ -131,14 +131,18 @@ async def test_resume_while_events_flow_has_no_gap_and_no_duplicate(
         daemon: RunningDaemon) -> None:
     async with httpx.AsyncClient(base_url=daemon.url) as client, trio.open_nursery() as nursery:
         sid = (await client.post("/session", json={"sessionScope": "thread"})).json()["sessionId"]
-        live = Subscriber(client, f"/session/{sid}/events", {"Last-Event-ID": "0"})
+        # This test is about resume, not the slow-client rules: a test process parsing two
+        # full-speed streams in Python may lag more than the default 256 frames, so it asks
+        # for the largest queue the daemon allows.
+        live = Subscriber(client, f"/session/{sid}/events?maxQueued=2048",
+                          {"Last-Event-ID": "0"})
         await nursery.start(live.run)
         resp = await client.post(f"/session/{sid}/prompt", json={"prompt": [
             {"type": "text", "text": "mock:chunks=6000 mock:delay_ms=0"}]})
         pid = resp.json()["promptId"]
         epoch = resp.json()["eventEpoch"]
         await live.wait_for(lambda e: (e.id or 0) >= 300)
-        late = Subscriber(client, f"/session/{sid}/events",
+        late = Subscriber(client, f"/session/{sid}/events?maxQueued=2048",
                           {"Last-Event-ID": "150", "X-Qwen-Event-Epoch": epoch})
         await nursery.start(late.run)
         terminal = await late.wait_for(is_terminal_for(pid), timeout=60)

@@ -197,7 +197,11 @@ def _meta_of(update: dict[str, Any] | None) -> dict[str, Any]:
 
 def transcript_record_ids(event: DaemonEvent) -> tuple[str, ...]:
     """The transcript record ids stamped on a compacted ``session_update`` (may be empty)."""
-    meta = _meta_of(session_update_of(event))
+    return _record_ids(session_update_of(event))
+
+
+def _record_ids(update: dict[str, Any] | None) -> tuple[str, ...]:
+    meta = _meta_of(update)
     if not meta:
         return ()
     ids: list[str] = []
@@ -251,13 +255,10 @@ def _agent_timestamp(update: dict[str, Any] | None) -> float | None:
     return stamp if stamp is not None else _number(_meta_of(update).get("timestamp"))
 
 
-def _prompt_of(event: DaemonEvent, update: dict[str, Any] | None = None) -> str | None:
+def _update_prompt(update: dict[str, Any] | None) -> str | None:
     # Restored transcript records carry the prompt only inside update._meta.
-    prompt = event_prompt_id(event)
-    if prompt is None:
-        candidate = _meta_of(update).get("promptId")
-        prompt = candidate if isinstance(candidate, str) and candidate else None
-    return prompt
+    candidate = _meta_of(update).get("promptId")
+    return candidate if isinstance(candidate, str) and candidate else None
 
 
 def _payload(event: DaemonEvent) -> dict[str, Any]:
@@ -279,30 +280,28 @@ def _merged_ids(old: tuple[str, ...], new: tuple[str, ...]) -> tuple[str, ...]:
     return old + extra if extra else old
 
 
-def _stamp(
-    event: DaemonEvent, update: dict[str, Any] | None = None, *, prompt_id: str | None = None
-) -> dict[str, Any]:
-    """The common block fields for a block created by ``event``."""
+def _stamp(event: DaemonEvent, update: dict[str, Any] | None, prompt_id: str | None) -> dict[str, Any]:
+    """The common block fields for a block created by ``event`` (``update`` = its ACP update)."""
     server = _server_timestamp(event)
     return {
         "event_id": event.id,
         "last_event_id": event.id,
-        "prompt_id": prompt_id if prompt_id is not None else _prompt_of(event, update),
+        "prompt_id": prompt_id,
         "server_timestamp": server,
         "updated_at": server,
         "timestamp": _agent_timestamp(update),
-        "source_record_ids": transcript_record_ids(event),
+        "source_record_ids": _record_ids(update),
     }
 
 
-def _touch(block: Block, event: DaemonEvent, **changes: Any) -> dict[str, Any]:
+def _touch(
+    block: Block, event: DaemonEvent, update: dict[str, Any] | None = None, **changes: Any
+) -> dict[str, Any]:
     """Changes for a block updated by ``event``: latest event id, time and record ids."""
     server = _server_timestamp(event)
-    changes.setdefault("last_event_id", event.id if event.id is not None else block.last_event_id)
-    changes.setdefault("updated_at", server if server is not None else block.updated_at)
-    changes.setdefault(
-        "source_record_ids", _merged_ids(block.source_record_ids, transcript_record_ids(event))
-    )
+    changes["last_event_id"] = event.id if event.id is not None else block.last_event_id
+    changes["updated_at"] = server if server is not None else block.updated_at
+    changes["source_record_ids"] = _merged_ids(block.source_record_ids, _record_ids(update))
     return changes
 
 
@@ -338,6 +337,10 @@ def _set_pointer(draft: TranscriptDraft, kind: _TextKind, value: str | None) -> 
 
 def settle_streaming(draft: TranscriptDraft) -> None:
     """End the current text run: active blocks stop streaming and no pointer stays active."""
+    if draft.active_user is None and draft.active_assistant is None and (
+        draft.active_thought is None
+    ):
+        return
     for kind in ("user", "assistant", "thought"):
         block = draft.get(_pointer(draft, kind))
         if isinstance(block, TextBlock) and block.streaming:
@@ -390,29 +393,38 @@ def _message(
             code=code,
             source=source,
             data=data,
-            **_stamp(event, prompt_id=prompt_id),
+            **_stamp(event, None, prompt_id if prompt_id is not None else event_prompt_id(event)),
         )
     )
 
 
+def _raw_frame(event: DaemonEvent) -> dict[str, Any]:
+    # The envelope omits defaults when encoded; a kept raw frame should still say v=1.
+    raw: dict[str, Any] = msgspec.to_builtins(event)
+    raw.setdefault("v", event.v)
+    return raw
+
+
 def _debug(draft: TranscriptDraft, event: DaemonEvent, code: str, text: str) -> list[SideEffect]:
-    _message(
-        draft, event, "debug", text, code=code, source=event.type,
-        data=msgspec.to_builtins(event),
-    )
+    _message(draft, event, "debug", text, code=code, source=event.type, data=_raw_frame(event))
     return []
 
 
 def _text_chunk(
-    draft: TranscriptDraft, event: DaemonEvent, update: dict[str, Any], kind: _TextKind
+    draft: TranscriptDraft,
+    event: DaemonEvent,
+    update: dict[str, Any],
+    kind: _TextKind,
+    prompt: str | None,
 ) -> None:
     text = _text_of(update.get("content"))
-    prompt = _prompt_of(event, update)
     active = draft.get(_pointer(draft, kind))
     if isinstance(active, TextBlock) and active.prompt_id == prompt:
-        if text or transcript_record_ids(event):
+        if text or _record_ids(update):
             draft.replace(
-                msgspec.structs.replace(active, **_touch(active, event, text=active.text + text))
+                msgspec.structs.replace(
+                    active, **_touch(active, event, update, text=active.text + text)
+                )
             )
         return
     if not text:
@@ -425,7 +437,7 @@ def _text_chunk(
         text=text,
         streaming=kind != "user",
         collapsed=kind == "thought",
-        **_stamp(event, update, prompt_id=prompt),
+        **_stamp(event, update, prompt),
     )
     draft.append(block)
     _set_pointer(draft, kind, block.id)
@@ -434,7 +446,9 @@ def _text_chunk(
 _TOOL_OWN_KEYS: Final = frozenset({"sessionUpdate", "toolCallId", "title", "status", "_meta"})
 
 
-def _tool_update(draft: TranscriptDraft, event: DaemonEvent, update: dict[str, Any]) -> None:
+def _tool_update(
+    draft: TranscriptDraft, event: DaemonEvent, update: dict[str, Any], prompt: str | None
+) -> None:
     tool_call_id = update.get("toolCallId")
     if not isinstance(tool_call_id, str) or not tool_call_id:
         _debug(draft, event, MALFORMED_REASON, f"{update.get('sessionUpdate')}: missing toolCallId")
@@ -449,6 +463,7 @@ def _tool_update(draft: TranscriptDraft, event: DaemonEvent, update: dict[str, A
             **_touch(
                 existing,
                 event,
+                update,
                 title=title if title is not None else existing.title,
                 status=status if status is not None else existing.status,
                 data={**existing.data, **fields} if fields else existing.data,
@@ -463,26 +478,27 @@ def _tool_update(draft: TranscriptDraft, event: DaemonEvent, update: dict[str, A
             title=title or "",
             status=status or "pending",
             data=fields,
-            **_stamp(event, update),
+            **_stamp(event, update, prompt),
         )
         draft.append(block)
         draft.tools[tool_call_id] = block.id
     _track_tool(draft, block)
 
 
-def _plan(draft: TranscriptDraft, event: DaemonEvent, update: dict[str, Any]) -> None:
+def _plan(
+    draft: TranscriptDraft, event: DaemonEvent, update: dict[str, Any], prompt: str | None
+) -> None:
     raw_entries = update.get("entries")
     entries = raw_entries if isinstance(raw_entries, list) else []
     done = bool(entries) and all(
         isinstance(e, dict) and e.get("status") == "completed" for e in entries
     )
     status = "completed" if done else "in_progress"
-    prompt = _prompt_of(event, update)
     existing = draft.get(draft.tools.get("plan"))
     if isinstance(existing, ToolBlock) and existing.prompt_id == prompt:
         draft.replace(
             msgspec.structs.replace(
-                existing, **_touch(existing, event, status=status, data={"entries": entries})
+                existing, **_touch(existing, event, update, status=status, data={"entries": entries})
             )
         )
         return
@@ -493,7 +509,7 @@ def _plan(draft: TranscriptDraft, event: DaemonEvent, update: dict[str, Any]) ->
         title="Plan",
         status=status,
         data={"entries": entries},
-        **_stamp(event, update, prompt_id=prompt),
+        **_stamp(event, update, prompt),
     )
     draft.append(block)
     draft.tools["plan"] = block.id
@@ -515,7 +531,7 @@ def _session_update(draft: TranscriptDraft, event: DaemonEvent) -> list[SideEffe
     envelope_prompt = event_prompt_id(event)
     if envelope_prompt is not None:
         draft.open_prompt_id = envelope_prompt
-    prompt = _prompt_of(event, update)
+    prompt = envelope_prompt if envelope_prompt is not None else _update_prompt(update)
     if meta.get(FOLLOWUP_META_KEY) is not None:
         effects.append(
             FollowUpSuggestion(
@@ -523,7 +539,7 @@ def _session_update(draft: TranscriptDraft, event: DaemonEvent) -> list[SideEffe
             )
         )
     if kind == "user_message_chunk":
-        _text_chunk(draft, event, update, "user")
+        _text_chunk(draft, event, update, "user", prompt)
         if turn_was_open and meta.get("source") != BRIDGE_ECHO:
             effects.append(
                 InjectedMessage(
@@ -531,13 +547,13 @@ def _session_update(draft: TranscriptDraft, event: DaemonEvent) -> list[SideEffe
                 )
             )
     elif kind == "agent_message_chunk":
-        _text_chunk(draft, event, update, "assistant")
+        _text_chunk(draft, event, update, "assistant", prompt)
     elif kind == "agent_thought_chunk":
-        _text_chunk(draft, event, update, "thought")
+        _text_chunk(draft, event, update, "thought", prompt)
     elif kind in ("tool_call", "tool_call_update"):
-        _tool_update(draft, event, update)
+        _tool_update(draft, event, update, prompt)
     elif kind == "plan":
-        _plan(draft, event, update)
+        _plan(draft, event, update, prompt)
     elif kind in ("available_commands_update", "current_mode_update"):
         effects.append(WorkspaceSignal(kind=kind, data=update, event_id=event.id))
     else:
@@ -600,7 +616,7 @@ def _permission_request(draft: TranscriptDraft, event: DaemonEvent) -> list[Side
         request_id=request_id,
         tool_call=tool_call if isinstance(tool_call, dict) else {},
         options=tuple(options) if isinstance(options, list) else (),
-        **_stamp(event),
+        **_stamp(event, None, event_prompt_id(event)),
     )
     draft.append(block)
     draft.permissions[request_id] = block.id
