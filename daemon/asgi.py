@@ -88,14 +88,14 @@ class DaemonASGI:
         # Read the whole body before the app runs: a handler that answers without reading it
         # (a 404, a GET with a body) otherwise leaves a keep-alive connection that can stall
         # the next request. It also enforces the body limit before any JSON parsing.
-        body = await _read_body(receive, MAX_BODY_BYTES)
-        if body is None:
+        request_body = await _read_body(receive, MAX_BODY_BYTES)
+        if request_body is None:
             return  # the client went away
-        if body is _TOO_LARGE:
+        if request_body is _TOO_LARGE:
             await _send_json(send, 413, {"error": "Request body too large (max 10 MB)",
                                          "code": "body_too_large"}, close=True)
             return
-        await self.app(scope, _replay(body, receive), send)  # type: ignore[arg-type]
+        await self.app(scope, _replay(request_body, receive), send)  # type: ignore[arg-type]
 
 
 _TOO_LARGE = b"\x00too-large"

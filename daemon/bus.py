@@ -23,7 +23,7 @@ from .live_journal import LiveJournals
 from .replay_window import Record, ReplayWindow
 from .ring import EventRing
 from .subscriber import Eviction, SubscriberState, Warning
-from .transcript_store import AppendEvent, FinishTurn
+from .transcript_store import AppendEvent, FinishTurn, TerminalState
 from .transcript_writer import TranscriptWriter
 
 log = logging.getLogger("daemon.bus")
@@ -166,7 +166,7 @@ class SessionBus:
         *,
         prompt_id: str | None,
         originator_client_id: str | None,
-        ledger_terminal: str,
+        ledger_terminal: TerminalState,
         stop_reason: str | None,
     ) -> Event | None:
         """Publish a turn terminal and close the turn: compact it into one replay-window segment

@@ -90,7 +90,7 @@ def _lifted_timestamp(data: Any) -> float | int | None:
     for key in ("serverTimestamp", "timestamp"):
         value = meta.get(key)
         if is_finite_number(value):
-            return value  # type: ignore[no-any-return]
+            return value
     return None
 
 

@@ -327,7 +327,7 @@ class LiveJournal:
                     dropped += 1
                 else:
                     total -= oldest.nbytes
-                    dropped += len(oldest.pieces)
+                    dropped += 1
             if dropped != 1:  # one in, one out leaves the retained count as it was
                 self._retained += 1 - dropped
             self._truncated += dropped

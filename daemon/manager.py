@@ -12,6 +12,7 @@ import os
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import trio
@@ -82,7 +83,7 @@ class SessionManager:
             agent = AgentChannel(
                 argv, cwd, init_timeout=self.config.agent_init_timeout_ms / 1000,
                 env=self.agent_env, client_info={"name": "turnkeeper", "version": "0.1.0"},
-                on_exit=lambda code, sig, cwd=cwd: self._agent_exited(cwd, code, sig),
+                on_exit=partial(self._agent_exited, cwd),
             )
             try:
                 await self.nursery.start(agent.run)

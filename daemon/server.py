@@ -36,7 +36,7 @@ class DaemonStartError(Exception):
 
 
 def acquire_lock(data_dir: Path) -> IO[str]:
-    handle = open(data_dir / LOCK_FILE, "a+")  # noqa: SIM115 - held for the process lifetime
+    handle = open(data_dir / LOCK_FILE, "a+")
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -66,7 +66,7 @@ def hypercorn_config(config: DaemonConfig) -> HyperConfig:
         host = f"[{host}]"
     hconf.bind = [f"{host}:{config.port}"]
     hconf.accesslog = None
-    hconf.errorlog = logging.getLogger("hypercorn.error")  # type: ignore[assignment]
+    hconf.errorlog = logging.getLogger("hypercorn.error")
     hconf.graceful_timeout = 1.0
     hconf.keep_alive_timeout = 30
     hconf.websocket_ping_interval = 15.0

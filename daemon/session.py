@@ -19,9 +19,12 @@ import trio
 
 from .agent import AgentChannel, AgentRpcError, ChannelClosed
 from .bus import SessionBus, now_ms
-from .transcript_store import AdmitPrompt
+from .transcript_store import AdmitPrompt, TerminalState
 
 log = logging.getLogger("daemon.session")
+
+# (event type, data, ledger state, stop reason) of a turn's one terminal.
+Terminal = tuple[str, dict[str, Any], TerminalState, str | None]
 
 MAX_PENDING_PROMPTS = 5
 MAX_ECHO_BLOCKS = 256
@@ -180,7 +183,7 @@ class Session:
         terminal = await self._drive(prompt)
         await self._finish(prompt, *terminal)
 
-    async def _drive(self, prompt: PendingPrompt) -> tuple[str, dict[str, Any], str, str | None]:
+    async def _drive(self, prompt: PendingPrompt) -> Terminal:
         pid = prompt.prompt_id
         with trio.CancelScope() as scope:
             prompt.scope = scope
@@ -199,7 +202,7 @@ class Session:
                 return self._channel_closed_terminal(pid)
             stop = result.get("stopReason") if isinstance(result, dict) else None
             stop = stop if isinstance(stop, str) and stop else "end_turn"
-            ledger = "cancelled" if stop == "cancelled" else "completed"
+            ledger: TerminalState = "cancelled" if stop == "cancelled" else "completed"
             return ("turn_complete", {"sessionId": self.id, "stopReason": stop, "promptId": pid},
                     ledger, stop)
         # The scope was cancelled: session closing, the cancel grace ran out, or the deadline.
@@ -214,12 +217,13 @@ class Session:
         return ("turn_error", {"sessionId": self.id, "message": "Prompt deadline exceeded",
                                "code": "prompt_deadline_exceeded", "promptId": pid}, "error", None)
 
-    def _channel_closed_terminal(self, pid: str) -> tuple[str, dict[str, Any], str, str | None]:
+    def _channel_closed_terminal(self, pid: str) -> Terminal:
         return ("turn_error", {"sessionId": self.id, "message": "Agent process exited",
                                "code": "channel_closed", "promptId": pid}, "error", None)
 
     async def _finish(
-        self, prompt: PendingPrompt, event_type: str, data: dict[str, Any], ledger: str,
+        self, prompt: PendingPrompt, event_type: str, data: dict[str, Any],
+        ledger: TerminalState,
         stop_reason: str | None, completion: str = "completed",
     ) -> None:
         if prompt.terminal_sent:

@@ -98,9 +98,12 @@ async def test_crash_on_prompt_kills_only_its_workspace(daemon: RunningDaemon,
     other.mkdir(exist_ok=True)
     async with session(daemon, str(other)) as (oclient, osid, osub, _), \
             session(daemon) as (client, sid, sub, _):
-        queued_behind = None
+        # Queue everything behind a gated prompt, so the crash happens with a prompt waiting.
+        first = await send(client, sid, "mock:chunks=1 mock:gate=before-crash")
         pid = await send(client, sid, "mock:mode=crash-on-prompt")
         queued_behind = await send(client, sid, "never runs")
+        daemon.open_gate("before-crash")
+        assert (await sub.wait_for(is_terminal_for(first))).type == "turn_complete"
         terminal = await sub.wait_for(is_terminal_for(pid))
         assert terminal.type == "turn_error" and terminal.data["code"] == "channel_closed"
         queued_terminal = await sub.wait_for(is_terminal_for(queued_behind))
