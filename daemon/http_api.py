@@ -114,6 +114,16 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
             raise session_not_found(session_id)
         return session
 
+    async def live_or_restored(session_id: str) -> Session:
+        """Load and resume (and only they) bring a persisted session back (SPEC §6.2)."""
+        try:
+            session = await manager.restore(session_id)
+        except AgentUnavailable as exc:
+            raise ApiError(502, "agent_start_failed", f"Agent failed to start: {exc}") from None
+        if session is None:
+            raise session_not_found(session_id)
+        return session
+
     @app.errorhandler(ApiError)
     async def on_api_error(exc: ApiError) -> Response:
         return json_response(error_body(exc.status, exc.code, exc.error, **exc.details),
@@ -227,7 +237,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
     async def load_session(session_id: str) -> Response:
         hint = header_client_id()
         body = await read_json_object()
-        session = live_session(session_id)
+        session = await live_or_restored(session_id)
         check_cwd(body, session.workspace_cwd)
         page_size = body.get("historyPageSize")
         if page_size is not None and (not _is_int(page_size) or not 1 <= page_size <= 500):
@@ -274,7 +284,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
     async def resume_session(session_id: str) -> Response:
         hint = header_client_id()
         body = await read_json_object()
-        session = live_session(session_id)
+        session = await live_or_restored(session_id)
         check_cwd(body, session.workspace_cwd)
         client_id = manager.register_client(session, hint)
         out = base_body(session, client_id)

@@ -26,6 +26,7 @@ from daemon.envelope import Event, JsonObject, encode_json, synthetic
 __all__ = [
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_EVENTS",
+    "LIVE_REPLAY_MODES",
     "MAX_EVENTS_PER_ENTRY",
     "LiveJournal",
     "LiveJournals",
@@ -38,6 +39,7 @@ DEFAULT_MAX_EVENTS: Final = 10_000
 DEFAULT_MAX_BYTES: Final = 8 * 1024 * 1024
 MAX_EVENTS_PER_ENTRY: Final = 256
 
+# The load request's ``liveReplayMode`` values (§2.5), for the HTTP layer to validate against.
 LiveReplayMode = Literal["full", "summary"]
 LIVE_REPLAY_MODES: Final[frozenset[str]] = frozenset({"full", "summary"})
 
@@ -90,12 +92,12 @@ def merge_key(env: JsonObject) -> MergeKey | None:
 
 def _classify(env: JsonObject) -> tuple[MergeKey, str] | None:
     """:func:`merge_key` plus the chunk's text, found on the way, so no one digs for it twice."""
-    # Cheapest rejections first: almost every non-chunk event stops at the type or the kind.
-    if env["type"] != "session_update":
-        return None
     try:
-        # Subscripting only succeeds on JSON objects (a list, string or number raises
-        # TypeError), so it doubles as the type check at a fraction of isinstance-per-level.
+        # Cheapest rejections first: almost every non-chunk event stops at the type or the
+        # kind. Subscripting by a string only succeeds on JSON objects (a list, string or
+        # number raises TypeError), so it doubles as the type check, cheaper than isinstance.
+        if env["type"] != "session_update":
+            return None
         data = env["data"]
         update = data["update"]
         kind = update["sessionUpdate"]
@@ -103,7 +105,7 @@ def _classify(env: JsonObject) -> tuple[MergeKey, str] | None:
             return None
         content = update["content"]
         text = content["text"]
-    except (KeyError, TypeError, IndexError):
+    except (KeyError, TypeError):
         return None
     # Length tests stand in for "keys ⊆ whitelist" where the required keys are known present:
     # they are several times cheaper than a keys-view comparison on this hot path.
@@ -327,7 +329,7 @@ class LiveJournal:
                     dropped += 1
                 else:
                     total -= oldest.nbytes
-                    dropped += 1
+                    dropped += len(oldest.pieces)
             if dropped != 1:  # one in, one out leaves the retained count as it was
                 self._retained += 1 - dropped
             self._truncated += dropped

@@ -21,7 +21,8 @@ from .agent import AgentChannel, AgentStartError
 from .bus import BusLimits, SessionBus, now_ms
 from .config import DaemonConfig
 from .session import Session
-from .transcript_store import UpsertSession
+from .restore import close_interrupted, seed_segments
+from .transcript_store import MarkClosed, UpsertSession
 from .transcript_writer import TranscriptWriter
 
 log = logging.getLogger("daemon.manager")
@@ -29,6 +30,11 @@ log = logging.getLogger("daemon.manager")
 
 def iso_now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def iso_from_ms(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z")
 
 
 class AgentUnavailable(Exception):
@@ -52,6 +58,7 @@ class SessionManager:
         self.agents: dict[str, AgentChannel] = {}
         self.known_clients: set[str] = set()
         self._agent_locks: dict[str, trio.Lock] = {}
+        self._restore_locks: dict[str, trio.Lock] = {}
         self.limits = BusLimits(
             max_journal_events=config.max_journal_events,
             max_journal_bytes=config.max_journal_bytes,
@@ -123,7 +130,7 @@ class SessionManager:
     ) -> tuple[Session, bool, str]:
         """POST /session: returns (session, attached, client id)."""
         if session_id is not None:
-            existing = self.get(session_id)
+            existing = self.get(session_id) or await self.restore(session_id)
             if existing is not None:
                 return existing, True, self.register_client(existing, client_hint)
         elif scope != "thread":
@@ -154,6 +161,70 @@ class SessionManager:
         log.info("event=session_created session=%s cwd=%s", session_id, cwd)
         return session
 
+    async def restore(self, session_id: str) -> Session | None:
+        """Bring a persisted session back (SPEC §6.2); ``None`` if there is nothing to restore.
+
+        Closes interrupted prompts in one transaction, seeds the replay window from the newest
+        stored turns, and restores the agent session with ``session/load`` when the agent
+        supports it (else maps a fresh ACP session to the same daemon session id)."""
+        live = self.get(session_id)
+        if live is not None or self.writer is None:
+            return live
+        lock = self._restore_locks.setdefault(session_id, trio.Lock())
+        async with lock:
+            live = self.get(session_id)
+            if live is not None:
+                return live
+            return await self._restore(session_id, self.writer)
+
+    async def _restore(self, session_id: str, writer: TranscriptWriter) -> Session | None:
+        row = await writer.read(lambda store: store.get_session(session_id))
+        if row is None or row.closed:
+            return None
+        raw, in_flight = await writer.read(
+            lambda store: (store.raw_events(session_id), store.in_flight_prompts(session_id)))
+        ops = close_interrupted(session_id, raw, in_flight, now_ms=now_ms(),
+                                new_record_id=lambda: str(uuid.uuid4()))
+        for op in ops:
+            writer.submit(op)
+        cap = self.config.compacted_replay_max_bytes
+        turns, older_records, older_turns = await writer.read(
+            lambda store: store.newest_turns(session_id, cap))
+        segments, next_id = seed_segments(turns, 1)
+        cwd = row.workspace_cwd
+        agent = await self.agent_for(cwd)
+        acp_session_id, via = None, "session/new"
+        if agent.supports_load_session and row.agent_session_id:
+            try:
+                await agent.load_session(row.agent_session_id, cwd)
+                acp_session_id, via = row.agent_session_id, "session/load"
+            except Exception as exc:
+                log.warning("event=session_load_failed session=%s reason=%s", session_id, exc)
+        if acp_session_id is None:
+            try:
+                acp_session_id = await agent.new_session(cwd)
+            except Exception as exc:
+                raise AgentUnavailable(f"session/new failed: {exc}") from exc
+        bus = SessionBus(session_id, self.limits, writer, first_id=next_id)
+        if segments:
+            bus.window.seed(segments, truncated_events=older_records,
+                            truncated_turns=older_turns)
+            bus.latest_record_id = segments[-1][-1].record_id
+        session = Session(
+            session_id, cwd, iso_from_ms(row.created_at_ms), agent, acp_session_id, bus,
+            approval_mode=self.config.approval_mode,
+            cancel_grace_s=self.config.cancel_grace_ms / 1000,
+            on_ended=self._session_ended,
+        )
+        bus.last_write_seq = writer.submit(
+            UpsertSession(session_id, cwd, row.created_at_ms, acp_session_id))
+        self.sessions[session_id] = session
+        await self.nursery.start(session.run)
+        log.info("event=session_restored session=%s via=%s interrupted_prompts=%d "
+                 "seeded_events=%d older_records=%d", session_id, via, len(in_flight),
+                 next_id - 1, older_records)
+        return session
+
     def _session_ended(self, session: Session) -> None:
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
@@ -162,6 +233,8 @@ class SessionManager:
 
     async def close_session(self, session: Session, reason: str) -> None:
         await session.close(reason)
+        if self.writer is not None and reason == "client_close":
+            self.writer.submit(MarkClosed(session.id))  # gone for good: never restored
 
     async def shutdown(self) -> None:
         """Graceful stop: end every running prompt with ``session_closed``, stop agents."""

@@ -370,6 +370,28 @@ def test_merge_key_is_none_for_non_chunks_and_equal_for_compatible_chunks() -> N
     assert merge_key(chunk(1).env) != merge_key(chunk(2, kind="agent_thought_chunk").env)
 
 
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"data": {}},
+        {"type": "session_update", "data": [1]},
+        {"type": "session_update", "data": "update"},
+        {"type": "session_update", "data": {"update": ["agent_message_chunk"]}},
+        {"type": "session_update", "data": {"update": {"sessionUpdate": ["x"]}}},
+        {
+            "type": "session_update",
+            "data": {"update": {"sessionUpdate": "agent_message_chunk", "content": "text"}},
+        },
+        {
+            "type": "session_update",
+            "data": {"update": {"sessionUpdate": "agent_message_chunk", "content": [1, 2]}},
+        },
+    ],
+)
+def test_merge_key_of_malformed_envelope_is_none(env: JsonObject) -> None:
+    assert merge_key(env) is None
+
+
 def test_entry_holds_at_most_256_source_events() -> None:
     journal = LiveJournal()
     feed(journal, (chunk(i) for i in range(1, MAX_EVENTS_PER_ENTRY + 2)))
@@ -382,23 +404,24 @@ def test_entry_holds_at_most_256_source_events() -> None:
     assert text_of(second) == f"t{MAX_EVENTS_PER_ENTRY + 1}"
 
 
-def test_merge_requires_entry_bytes_plus_event_within_max_bytes() -> None:
-    events = [chunk(i, "x") for i in range(1, 4)]
+@pytest.mark.parametrize("fit", [2, 3])
+def test_merge_requires_entry_bytes_plus_event_within_max_bytes(fit: int) -> None:
+    # fit=2 checks the limit when the last entry is one event, fit=3 when it is already merged.
+    events = [chunk(i, "x") for i in range(1, fit + 2)]
     size = events[0].size
     assert all(event.size == size for event in events)
-    journal = LiveJournal(max_bytes=2 * size)
+    journal = LiveJournal(max_bytes=fit * size)
 
-    journal.append(events[0])
-    journal.append(events[1])
+    feed(journal, events[:fit])
     assert journal.entry_count == 1, "exactly at the cap still merges"
-    assert journal.total_bytes == 2 * size
+    assert journal.total_bytes == fit * size
 
-    journal.append(events[2])
-    # The third would make the entry 3*size > cap: it starts a new entry, and the byte cap
-    # then evicts the merged pair whole.
+    journal.append(events[fit])
+    # One more would make the entry exceed the cap: it starts a new entry, and the byte cap
+    # then evicts the merged entry whole.
     assert journal.entry_count == 1
-    assert journal.entries() == [events[2].raw]
-    assert journal.truncated_events == 2
+    assert journal.entries() == [events[fit].raw]
+    assert journal.truncated_events == fit
     assert journal.retained_events == 1
 
 
