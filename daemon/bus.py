@@ -46,11 +46,13 @@ class BusLimits:
 class Subscription:
     """One SSE/WS reader of the bus: its ring cursor, warning latch and the scope that stops it."""
 
-    __slots__ = ("pending_warning", "scope", "sending", "state")
+    __slots__ = ("abort", "pending_warning", "scope", "sending", "state")
 
     def __init__(self, state: SubscriberState) -> None:
         self.state = state
         self.scope: trio.CancelScope | None = None
+        # Cuts the transport when a write is stalled (the server does not let it be cancelled).
+        self.abort: Callable[[], None] | None = None
         self.pending_warning: Warning | None = None
         # True while a write is in flight. Only then can lag build up: an idle subscriber
         # takes every new event the moment it runs (they are handed over in one write).
@@ -226,8 +228,15 @@ class SessionBus:
         if sub in self.subscribers:
             self.subscribers.discard(sub)
             self.clients_evicted += 1
-        if sub.scope is not None and sub.sending:
-            sub.scope.cancel()  # its write is stalled: cut it off
+            data = sub.state.evicted.data if sub.state.evicted is not None else {}
+            log.info("event=client_evicted session=%s reason=%s dropped_after=%s queue_size=%s "
+                     "queued_bytes=%s", self.session_id, data.get("reason"),
+                     data.get("droppedAfter"), data.get("queueSize"), data.get("queuedBytes"))
+        if sub.sending:  # its write is stalled: cut the connection
+            if sub.scope is not None:
+                sub.scope.cancel()
+            if sub.abort is not None:
+                sub.abort()
 
     def close(self) -> None:
         """No more events: subscribers drain what is left and end their streams."""

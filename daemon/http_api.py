@@ -398,6 +398,8 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
             "fullTranscriptAvailable": bus.full_transcript_available,
             "replayDegraded": bus.degraded,
             "subscribers": len(bus.subscribers),
+            "slowClientWarnings": bus.slow_client_warnings,
+            "clientsEvicted": bus.clients_evicted,
             "journal": {
                 "entries": bus.journals.full.entry_count,
                 "bytes": bus.journals.full.total_bytes,

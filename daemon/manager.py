@@ -260,6 +260,8 @@ class SessionManager:
                 "summaryJournalEntries": bus.journals.summary.entry_count,
                 "replayWindowBytes": bus.window.total_bytes,
                 "subscribers": len(bus.subscribers),
+                "slowClientWarnings": bus.slow_client_warnings,
+                "clientsEvicted": bus.clients_evicted,
                 "lastEventId": bus.ring.last_id,
                 "transcriptDegraded": bus.transcript_degraded,
             })

@@ -12,6 +12,7 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -20,6 +21,7 @@ import trio
 from .bus import SessionBus, Subscription, now_ms
 from .envelope import Event, encode_json, synthetic
 from .ring import decide_resume
+from .sockets import shutdown_connection
 from .subscriber import MAX_QUEUED_DEFAULT, MAX_QUEUED_MAX, MAX_QUEUED_MIN, SubscriberState
 
 log = logging.getLogger("daemon.streams")
@@ -170,6 +172,7 @@ async def serve_sse(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
         return
     plan = decide_resume(bus.ring, req.cursor, req.epoch, bus.epoch, now_ms=now_ms())
     sub = Subscription(SubscriberState(plan.cursor, req.max_queued))
+    sub.abort = partial(shutdown_connection, scope.get("server"), scope.get("client"))
     bus.add_subscriber(sub)
     pump = EventPump(bus, sub, heartbeat_s)
     stream_id = str(uuid.uuid4())
@@ -213,9 +216,6 @@ async def serve_sse(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
     finally:
         bus.remove_subscriber(sub)
     eviction = sub.state.evicted
-    if eviction is not None:
-        log.info("event=client_evicted session=%s stream=%s reason=%s dropped_after=%s",
-                 bus.session_id, stream_id, eviction.data["reason"], sub.state.cursor)
     # Best effort: the peer may be gone or stalled; the connection closes either way.
     with trio.move_on_after(EVICTED_FRAME_TIMEOUT_S):
         try:
@@ -239,6 +239,7 @@ async def serve_ws(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
         return
     plan = decide_resume(bus.ring, req.cursor, req.epoch, bus.epoch, now_ms=now_ms())
     sub = Subscription(SubscriberState(plan.cursor, req.max_queued))
+    sub.abort = partial(shutdown_connection, scope.get("server"), scope.get("client"))
     bus.add_subscriber(sub)
     pump = EventPump(bus, sub, heartbeat_s)
     await send({"type": "websocket.accept",

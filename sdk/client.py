@@ -222,6 +222,25 @@ class DaemonClient:
         self._http = httpx.AsyncClient(
             base_url=self.base_url, timeout=timeout, transport=transport, follow_redirects=False
         )
+        self._owns_pool = True
+
+    def with_client_id(self, client_id: str | None) -> DaemonClient:
+        """A view on the same connection pool that sends (and adopts) its own client id.
+
+        Each session handle needs its own daemon-side registration: with one shared
+        ``client_id``, detaching one handle would unregister every other. ``None`` lets the
+        daemon issue a fresh id on the next create or load. Closing a view leaves the pool open.
+        """
+        if client_id is not None and not _CLIENT_ID_RE.fullmatch(client_id):
+            raise ValueError(f"client_id must match [A-Za-z0-9._:-]{{1,128}}, got {client_id!r}")
+        view = object.__new__(DaemonClient)
+        view.base_url = self.base_url
+        view.token = self.token
+        view.client_id = client_id
+        view.timeout = self.timeout
+        view._http = self._http
+        view._owns_pool = False
+        return view
 
     async def __aenter__(self) -> DaemonClient:
         return self
@@ -235,7 +254,8 @@ class DaemonClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        if self._owns_pool:
+            await self._http.aclose()
 
     # -- plumbing --------------------------------------------------------------------------
 

@@ -97,3 +97,34 @@ def chunk_kind(ev: DaemonEvent) -> str | None:
         return None
     update = ev.data.get("update")
     return update.get("sessionUpdate") if isinstance(update, dict) else None
+
+
+async def follow_until(client: httpx.AsyncClient, sid: str, pred: Callable[[DaemonEvent], bool],
+                       *, max_queued: int = 2048, timeout: float = 60
+                       ) -> tuple[list[DaemonEvent], int]:
+    """Follow a session from id 0 until ``pred`` matches, resuming from the cursor (with the
+    epoch) whenever the daemon evicts this reader, as a real client does. Returns every event
+    received over all connections and the number of reconnects."""
+    events: list[DaemonEvent] = []
+    cursor, epoch, reconnects = 0, None, 0
+    with trio.fail_after(timeout):
+        while True:
+            headers = {"Last-Event-ID": str(cursor)}
+            if epoch is not None:
+                headers["X-Qwen-Event-Epoch"] = epoch
+            sub = Subscriber(client, f"/session/{sid}/events?maxQueued={max_queued}", headers)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(sub.run)
+                assert sub.response_headers is not None
+                epoch = sub.response_headers["x-qwen-event-epoch"]
+                try:
+                    await sub.wait_for(pred, timeout=timeout)
+                    found = True
+                except AssertionError:
+                    found = False
+                nursery.cancel_scope.cancel()
+            events.extend(sub.events)
+            if found:
+                return events, reconnects
+            cursor = max([e.id for e in events if e.id is not None], default=cursor)
+            reconnects += 1

@@ -1,0 +1,564 @@
+"""Session handles: a cursor and epoch, a resumable subscription, and ``prompt()``.
+
+CLIENT-SPEC §2. A :class:`SessionHandle` is one client's view of one daemon session: its
+session id, its own daemon-side client registration (``client_id``), and the resume cursor
+(``last_event_id``, ``epoch``). Its subscription is a task in a nursery the *caller* owns:
+
+- :meth:`SessionHandle.subscribe` starts the reader; :meth:`pause` cancels its cancel scope
+  but keeps cursor, epoch and registration; :meth:`resume` starts it again from them;
+  :meth:`close` stops it and detaches the registration;
+- the reader reconnects on its own: network errors, timeouts, 5xx, a wrong content type, the
+  stream ending (``client_evicted``, WebSocket close) resume from the cursor after
+  ``min(base · 2^(n−1), cap) × uniform[0.8, 1.2]`` (n = failed attempts since the last frame);
+  401/403, 404/410 and a body saying ``retryable: false`` stop it with that error.
+
+The reader hands events to an async ``on_event`` callback in stream order; the cursor advances
+(to ``max(previous, id)``, only from frames with an id) as an event is handed over, so pausing
+inside the callback neither loses nor repeats it. Running the callback in the reader gives
+natural back-pressure: a consumer that falls far behind is evicted by the daemon and the
+reader resumes from the cursor (``max_queued`` defaults to 1024 so ordinary bursts do not
+evict).
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import math
+import random
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Final, Literal, TypeAlias
+
+import msgspec
+import trio
+
+from sdk.client import DaemonClient, EventStream, LoadResult, SessionCreated
+from sdk.errors import (
+    AuthError,
+    DaemonError,
+    SessionNotFoundError,
+    TurnError,
+    is_retriable,
+)
+from sdk.events import MAX_EVENT_ID, DaemonEvent, TurnCompleteData, TurnErrorData, typed_data
+from sdk.ws import WebSocketEventStream
+
+__all__ = [
+    "DEFAULT_MAX_QUEUED",
+    "EventCallback",
+    "HandleClosedError",
+    "ReconnectPolicy",
+    "SessionHandle",
+    "StopCallback",
+    "SubscriptionState",
+    "Transport",
+]
+
+DEFAULT_MAX_QUEUED: Final = 1024
+
+Transport: TypeAlias = Literal["sse", "ws"]
+EventCallback: TypeAlias = Callable[[DaemonEvent], Awaitable[None]]
+StopCallback: TypeAlias = Callable[[DaemonError], None]
+SleepFn: TypeAlias = Callable[[float], Awaitable[None]]
+UniformFn: TypeAlias = Callable[[float, float], float]
+
+
+class HandleClosedError(DaemonError):
+    """The session handle was closed while a caller was still waiting on it."""
+
+
+class ReconnectPolicy(msgspec.Struct, frozen=True, kw_only=True):
+    """Reconnect delays: ``min(base_s · 2^(attempt−1), cap_s) × uniform[jitter_low, high]``."""
+
+    base_s: float = 1.0
+    cap_s: float = 10.0
+    jitter_low: float = 0.8
+    jitter_high: float = 1.2
+
+    def __post_init__(self) -> None:
+        if not (self.base_s >= 0 and self.cap_s >= 0):
+            raise ValueError("ReconnectPolicy delays must be >= 0")
+        if not 0 <= self.jitter_low <= self.jitter_high:
+            raise ValueError("ReconnectPolicy needs 0 <= jitter_low <= jitter_high")
+
+    def delay(self, attempt: int, uniform: UniformFn) -> float:
+        """The wait before reconnect ``attempt`` (1-based); ``uniform(a, b)`` draws the jitter."""
+        if attempt < 1:
+            raise ValueError(f"attempt is 1-based, got {attempt}")
+        # 2.0 ** large would overflow: past the cap the exponent no longer matters.
+        exponent = min(attempt - 1, 64)
+        base = min(self.base_s * 2.0**exponent, self.cap_s)
+        return base * uniform(self.jitter_low, self.jitter_high)
+
+
+class SubscriptionState(enum.Enum):
+    IDLE = "idle"  # never subscribed
+    RUNNING = "running"  # reader task alive (connected, or waiting to reconnect)
+    PAUSED = "paused"  # reader cancelled; cursor, epoch and registration kept
+    STOPPED = "stopped"  # a final error ended it (see ``SessionHandle.error``)
+    CLOSED = "closed"  # close() ran
+
+
+class _Stopped:
+    """Put in a prompt's tap when the subscription feeding it ends for good."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: DaemonError) -> None:
+        self.error = error
+
+
+_TapItem: TypeAlias = DaemonEvent | _Stopped
+
+
+class SessionHandle:
+    """One client's handle on one daemon session (see the module docstring).
+
+    Make one with :meth:`create`, :meth:`load` or :meth:`from_load`, or directly from a cursor
+    you kept. ``client`` should be this handle's own view
+    (:meth:`DaemonClient.with_client_id`); the helpers make one. ``sleep`` and ``uniform``
+    replace ``trio.sleep`` and the jitter source (tests).
+    """
+
+    def __init__(
+        self,
+        client: DaemonClient,
+        session_id: str,
+        *,
+        last_event_id: int | None = None,
+        epoch: str | None = None,
+        transport: Transport = "sse",
+        max_queued: int | None = DEFAULT_MAX_QUEUED,
+        policy: ReconnectPolicy | None = None,
+        sleep: SleepFn | None = None,
+        uniform: UniformFn | None = None,
+    ) -> None:
+        if not session_id:
+            raise ValueError("session_id must be a non-empty string")
+        if transport not in ("sse", "ws"):
+            raise ValueError(f"transport must be 'sse' or 'ws', got {transport!r}")
+        if last_event_id is not None and (
+            isinstance(last_event_id, bool) or not 0 <= last_event_id <= MAX_EVENT_ID
+        ):
+            raise ValueError(f"last_event_id must be an int in 0..2^53-1, got {last_event_id!r}")
+        self.client = client
+        self.session_id = session_id
+        self.last_event_id = last_event_id
+        self.epoch = epoch
+        self.transport: Transport = transport
+        self.max_queued = max_queued
+        self.policy = policy if policy is not None else ReconnectPolicy()
+        self._sleep: SleepFn = sleep if sleep is not None else trio.sleep
+        self._uniform: UniformFn = uniform if uniform is not None else random.uniform
+        self.state = SubscriptionState.IDLE
+        self.error: DaemonError | None = None
+        """The final error that stopped the subscription (state ``STOPPED``)."""
+        self.last_transport_error: DaemonError | None = None
+        """The most recent retriable failure the reader recovered from."""
+        self.connects = 0
+        """Streams opened successfully (the first connection and every reconnect)."""
+        self.reconnect_attempts = 0
+        """Reconnect waits taken, over the handle's life."""
+        self.prompts_in_flight = 0
+        self._nursery: trio.Nursery | None = None
+        self._on_event: EventCallback | None = None
+        self._on_stop: StopCallback | None = None
+        self._scope: trio.CancelScope | None = None
+        self._taps: set[trio.MemorySendChannel[_TapItem]] = set()
+        self._state_changed = trio.Event()
+
+    # -- construction ----------------------------------------------------------------------
+
+    @classmethod
+    async def create(
+        cls,
+        client: DaemonClient,
+        cwd: str | None = None,
+        *,
+        session_id: str | None = None,
+        scope: Literal["single", "thread"] | None = "thread",
+        client_id: str | None = None,
+        **options: Any,
+    ) -> SessionHandle:
+        """Create a session (``scope="thread"``: always a new one; ``"single"`` or ``None``
+        attach to the workspace's live session, the daemon's default).
+
+        The cursor starts at 0, so a subscription replays the whole ring: that is how a client
+        follows a new session from its first event. The handle gets its own registration
+        (``client_id`` asks for a known one back).
+        """
+        view = client.with_client_id(client_id)
+        created: SessionCreated = await view.create_session(cwd, session_id, scope)
+        return cls(
+            view, created.session_id, last_event_id=0, epoch=created.event_epoch, **options
+        )
+
+    @classmethod
+    async def load(
+        cls,
+        client: DaemonClient,
+        session_id: str,
+        cwd: str | None = None,
+        *,
+        history_page_size: int | None = None,
+        live_replay_mode: Literal["full", "summary"] | None = None,
+        client_id: str | None = None,
+        **options: Any,
+    ) -> tuple[SessionHandle, LoadResult]:
+        """Load a snapshot and a handle positioned right after it, with its own registration
+        (``client_id`` asks for a known one back)."""
+        view = client.with_client_id(client_id)
+        result = await view.load_session(session_id, cwd, history_page_size, live_replay_mode)
+        return cls.from_load(view, result, **options), result
+
+    @classmethod
+    def from_load(cls, view: DaemonClient, result: LoadResult, **options: Any) -> SessionHandle:
+        """A handle for a load ``view`` already made: cursor and epoch from the snapshot."""
+        return cls(
+            view,
+            result.session_id,
+            last_event_id=result.last_event_id,
+            epoch=result.event_epoch,
+            **options,
+        )
+
+    def options(self) -> dict[str, Any]:
+        """The transport and reconnect options, to make a sibling handle that behaves alike."""
+        return {
+            "transport": self.transport,
+            "max_queued": self.max_queued,
+            "policy": self.policy,
+            "sleep": self._sleep,
+            "uniform": self._uniform,
+        }
+
+    @property
+    def client_id(self) -> str | None:
+        """This handle's daemon-side registration (adopted from create/load answers)."""
+        return self.client.client_id
+
+    @property
+    def active(self) -> bool:
+        """A subscription exists that will deliver events (running, or paused to be resumed)."""
+        return self.state in (SubscriptionState.RUNNING, SubscriptionState.PAUSED)
+
+    # -- subscription ----------------------------------------------------------------------
+
+    def subscribe(
+        self,
+        nursery: trio.Nursery,
+        on_event: EventCallback,
+        *,
+        on_stop: StopCallback | None = None,
+    ) -> None:
+        """Start the reader as a task in ``nursery`` (the caller's).
+
+        ``on_stop`` receives the final error (auth, missing session, non-retryable); without
+        it the error is raised from the reader task, i.e. into ``nursery``.
+        """
+        if self.state is not SubscriptionState.IDLE:
+            raise RuntimeError(
+                f"session handle {self.session_id} already subscribed "
+                f"(state {self.state.name}); use resume() after pause()"
+            )
+        self._nursery = nursery
+        self._on_event = on_event
+        self._on_stop = on_stop
+        self._start()
+
+    def take_over(self, previous: SessionHandle) -> None:
+        """Subscribe with ``previous``'s nursery and callbacks (the repair hand-over)."""
+        if previous._nursery is None or previous._on_event is None:
+            raise RuntimeError("the previous handle never subscribed: nothing to take over")
+        self.subscribe(previous._nursery, previous._on_event, on_stop=previous._on_stop)
+
+    def pause(self) -> None:
+        """Cancel the reader; cursor, epoch and the daemon-side registration are kept."""
+        if self.state is not SubscriptionState.RUNNING:
+            return
+        self._set_state(SubscriptionState.PAUSED)
+        if self._scope is not None:
+            self._scope.cancel()
+            self._scope = None
+
+    def resume(self, nursery: trio.Nursery | None = None) -> None:
+        """Start the reader again from the kept cursor and epoch."""
+        if self.state is not SubscriptionState.PAUSED:
+            raise RuntimeError(
+                f"session handle {self.session_id} is {self.state.name}, not PAUSED"
+            )
+        if nursery is not None:
+            self._nursery = nursery
+        self._start()
+
+    async def follow(self, on_event: EventCallback) -> None:
+        """Run the reconnecting reader in the calling task until a final error, raised here."""
+        if self.active:
+            raise RuntimeError(f"session handle {self.session_id} already has a subscription")
+        error = await self._read(on_event)
+        raise error
+
+    async def wait_state(self, *states: SubscriptionState) -> SubscriptionState:
+        """Wait until the subscription is in one of ``states``."""
+        while self.state not in states:
+            await self._state_changed.wait()
+        return self.state
+
+    def _set_state(self, state: SubscriptionState) -> None:
+        self.state = state
+        self._state_changed.set()
+        self._state_changed = trio.Event()
+
+    def _start(self) -> None:
+        assert self._nursery is not None and self._on_event is not None
+        scope = trio.CancelScope()
+        self._scope = scope
+        self._set_state(SubscriptionState.RUNNING)
+        self._nursery.start_soon(self._run_subscription, scope, self._on_event)
+
+    async def _run_subscription(self, scope: trio.CancelScope, on_event: EventCallback) -> None:
+        with scope:
+            error = await self._read(on_event)
+            if self._scope is scope:
+                self._scope = None
+            self.error = error
+            self._set_state(SubscriptionState.STOPPED)
+            self._fail_taps(error)
+            if self._on_stop is None:
+                raise error
+            self._on_stop(error)
+
+    def _open(self) -> EventSource:
+        if self.transport == "ws":
+            return WebSocketEventStream(
+                self.client,
+                self.session_id,
+                self.last_event_id,
+                self.epoch,
+                max_queued=self.max_queued,
+            )
+        return EventStream(
+            self.client, self.session_id, self.last_event_id, self.epoch, max_queued=self.max_queued
+        )
+
+    async def _read(self, on_event: EventCallback) -> DaemonError:
+        """Reconnect loop; returns the final error (it never ends otherwise)."""
+        attempt = 0
+        while True:
+            stream = self._open()
+            try:
+                try:
+                    await stream.__aenter__()
+                except DaemonError as exc:
+                    if _is_final(exc):
+                        return exc
+                    self.last_transport_error = exc
+                else:
+                    self.connects += 1
+                    if stream.epoch:
+                        self.epoch = stream.epoch
+                    while True:
+                        try:
+                            event = await stream.__anext__()
+                        except StopAsyncIteration:
+                            break
+                        except DaemonError as exc:
+                            if _is_final(exc):
+                                return exc
+                            self.last_transport_error = exc
+                            break
+                        # A paused reader must not hand over events the parser already holds
+                        # (those come back without a checkpoint): the resumed one will.
+                        await trio.lowlevel.checkpoint_if_cancelled()
+                        attempt = 0
+                        self._advance(event)
+                        self._feed_taps(event)
+                        await on_event(event)
+            finally:
+                await stream.aclose()
+            attempt += 1
+            self.reconnect_attempts += 1
+            await self._sleep(self.policy.delay(attempt, self._uniform))
+
+    def _advance(self, event: DaemonEvent) -> None:
+        if event.type == "state_resync_required":
+            data = event.data if isinstance(event.data, dict) else {}
+            if data.get("reason") == "epoch_reset":
+                # A new bus numbers from 1 again: ids of the old epoch are not comparable, and
+                # the daemon now replays the new bus's whole ring.
+                self.last_event_id = 0
+        if event.id is not None and (self.last_event_id is None or event.id > self.last_event_id):
+            self.last_event_id = event.id
+
+    # -- prompts ---------------------------------------------------------------------------
+
+    def _feed_taps(self, event: DaemonEvent) -> None:
+        for tap in self._taps:
+            tap.send_nowait(event)
+
+    def _fail_taps(self, error: DaemonError) -> None:
+        for tap in self._taps:
+            tap.send_nowait(_Stopped(error))
+
+    async def prompt(
+        self,
+        prompt: str | Sequence[Mapping[str, Any]],
+        *,
+        deadline_ms: int | None = None,
+        on_update: EventCallback | None = None,
+    ) -> TurnCompleteData:
+        """Send a prompt and wait for its terminal (matched on ``data.promptId``).
+
+        With an active subscription the terminal is taken from it (other prompts' events may
+        interleave); otherwise a temporary stream is opened from the 202's cursor and epoch,
+        with the same reconnect rules. ``on_update`` sees every event of this prompt, the
+        terminal included, in order. Raises :class:`TurnError` on ``turn_error``.
+        """
+        send, receive = trio.open_memory_channel[_TapItem](math.inf)
+        self.prompts_in_flight += 1
+        try:
+            with send, receive:
+                use_subscription = self.active
+                if use_subscription:
+                    self._taps.add(send)
+                try:
+                    accepted = await self.client.send_prompt(self.session_id, prompt, deadline_ms)
+                    if use_subscription:
+                        return await _await_terminal(receive, accepted.prompt_id, on_update)
+                    follower = SessionHandle(
+                        self.client.with_client_id(None),
+                        self.session_id,
+                        last_event_id=accepted.last_event_id,
+                        epoch=accepted.event_epoch,
+                        **self.options(),
+                    )
+                    follower._taps.add(send)
+                    result: TurnCompleteData | None = None
+                    error: DaemonError | None = None
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(follower._follow_for_tap)
+                        # Raised outside the nursery so callers get a TurnError, not a group.
+                        try:
+                            result = await _await_terminal(receive, accepted.prompt_id, on_update)
+                        except DaemonError as exc:
+                            error = exc
+                        nursery.cancel_scope.cancel()
+                    if error is not None:
+                        raise error
+                    assert result is not None
+                    return result
+                finally:
+                    self._taps.discard(send)
+        finally:
+            self.prompts_in_flight -= 1
+
+    async def _follow_for_tap(self) -> None:
+        error = await self._read(_ignore_event)
+        self._fail_taps(error)
+
+    async def cancel(self) -> None:
+        """Ask the daemon to cancel the running prompt (its terminal still arrives)."""
+        await self.client.cancel(self.session_id)
+
+    # -- closing ---------------------------------------------------------------------------
+
+    async def close(self, *, detach: bool = True) -> None:
+        """Stop the subscription and detach this handle's registration.
+
+        Waiting ``prompt()`` calls fail with :class:`HandleClosedError`. A session that is
+        already gone needs no detach, so a 404 there is not an error.
+        """
+        if self._scope is not None:
+            self._scope.cancel()
+            self._scope = None
+        if self.state is SubscriptionState.CLOSED:
+            return
+        self._set_state(SubscriptionState.CLOSED)
+        self._fail_taps(HandleClosedError(f"session handle {self.session_id} was closed"))
+        if detach and self.client_id is not None:
+            try:
+                await self.client.detach(self.session_id)
+            except SessionNotFoundError:
+                pass
+
+    async def __aenter__(self) -> SessionHandle:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        with trio.CancelScope(shield=True), trio.move_on_after(self.client.timeout):
+            await self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"SessionHandle(session_id={self.session_id!r}, client_id={self.client_id!r}, "
+            f"last_event_id={self.last_event_id!r}, epoch={self.epoch!r}, "
+            f"transport={self.transport!r}, state={self.state.name})"
+        )
+
+
+EventSource: TypeAlias = EventStream | WebSocketEventStream
+
+
+def _is_final(exc: DaemonError) -> bool:
+    return isinstance(exc, AuthError | SessionNotFoundError) or not is_retriable(exc)
+
+
+async def _ignore_event(event: DaemonEvent) -> None:
+    return None
+
+
+def _is_terminal_for(event: DaemonEvent, prompt_id: str) -> bool:
+    return (
+        event.type in ("turn_complete", "turn_error")
+        and isinstance(event.data, dict)
+        and event.data.get("promptId") == prompt_id
+    )
+
+
+def _terminal_result(event: DaemonEvent, prompt_id: str) -> TurnCompleteData:
+    typed = typed_data(event)
+    if event.type == "turn_error":
+        if isinstance(typed, TurnErrorData):
+            raise TurnError(typed.code, typed.message, typed.prompt_id)
+        data = event.data if isinstance(event.data, dict) else {}
+        code = data.get("code")
+        message = data.get("message")
+        raise TurnError(
+            str(code) if code is not None else None,
+            message if isinstance(message, str) else "turn failed",
+            prompt_id,
+        )
+    if isinstance(typed, TurnCompleteData):
+        return typed
+    # A terminal whose other fields do not fit still ends the turn; keep what is certain.
+    return TurnCompleteData(prompt_id=prompt_id)
+
+
+async def _await_terminal(
+    receive: trio.MemoryReceiveChannel[_TapItem],
+    prompt_id: str,
+    on_update: EventCallback | None,
+) -> TurnCompleteData:
+    async for item in receive:
+        if isinstance(item, _Stopped):
+            raise item.error
+        if on_update is not None and _belongs_to(item, prompt_id):
+            result = on_update(item)
+            if inspect.isawaitable(result):
+                await result
+        if _is_terminal_for(item, prompt_id):
+            return _terminal_result(item, prompt_id)
+    raise HandleClosedError(f"the stream for prompt {prompt_id} closed before its terminal")
+
+
+def _belongs_to(event: DaemonEvent, prompt_id: str) -> bool:
+    if event.prompt_id == prompt_id:
+        return True
+    data = event.data
+    return isinstance(data, dict) and data.get("promptId") == prompt_id
