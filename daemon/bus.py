@@ -52,7 +52,7 @@ class Subscription:
         self.state = state
         self.scope: trio.CancelScope | None = None
         # Cuts the transport when a write is stalled (the server does not let it be cancelled).
-        self.abort: Callable[[], None] | None = None
+        self.abort: Callable[[], object] | None = None
         self.pending_warning: Warning | None = None
         # True while a write is in flight. Only then can lag build up: an idle subscriber
         # takes every new event the moment it runs (they are handed over in one write).

@@ -1,0 +1,105 @@
+"""The WebSocket variant (SPEC §4.4) against the real daemon: same envelopes as JSON text
+messages, the same resume algorithm, plain HTTP answers to bad upgrades, close 1000 at the
+session's end."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import msgspec
+import pytest
+import trio
+from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_url
+
+from tests.harness import RunningDaemon, running_daemon
+
+TOKEN = "ws-token"
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
+    with running_daemon(tmp_path_factory.mktemp("ws"), ["--token", TOKEN]) as d:
+        yield d
+
+
+def ws_url(daemon: RunningDaemon, sid: str, query: str = "") -> str:
+    return daemon.url.replace("http://", "ws://") + f"/session/{sid}/ws{query}"
+
+
+AUTH = [(b"authorization", f"Bearer {TOKEN}".encode())]
+
+
+async def read_until(ws: object, pred: object, limit: int = 100_000) -> list[dict[str, object]]:
+    out: list[dict[str, object]] = []
+    with trio.fail_after(20):
+        while len(out) < limit:
+            msg = await ws.get_message()  # type: ignore[attr-defined]
+            frame = msgspec.json.decode(msg)
+            out.append(frame)
+            if pred(frame):  # type: ignore[operator]
+                return out
+    return out
+
+
+async def test_stream_resume_and_close_1000(daemon: RunningDaemon) -> None:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(base_url=daemon.url, headers=headers) as client:
+        sid = (await client.post("/session", json={})).json()["sessionId"]
+        async with open_websocket_url(ws_url(daemon, sid, "?lastEventId=0"),
+                                      extra_headers=AUTH) as ws:
+            pid = (await client.post(f"/session/{sid}/prompt", json={"prompt": [
+                {"type": "text", "text": "mock:chunks=200 mock:delay_ms=0"}]})).json()["promptId"]
+            frames = await read_until(ws, lambda f: f.get("type") == "turn_complete")
+        ids = [f["id"] for f in frames if "id" in f]
+        assert frames[0]["type"] == "replay_complete"
+        assert ids == list(range(1, len(ids) + 1))
+        assert frames[-1]["data"]["promptId"] == pid  # type: ignore[index]
+        epoch = (await client.get(f"/session/{sid}/status")).json()["eventEpoch"]
+
+        # Resume from a cursor inside the ring: exactly the missed frames, then replay_complete.
+        async with open_websocket_url(ws_url(daemon, sid, f"?lastEventId=100&epoch={epoch}"),
+                                      extra_headers=AUTH) as ws:
+            replay = await read_until(ws, lambda f: f.get("type") == "replay_complete")
+        assert [f["id"] for f in replay[:-1]] == list(range(101, ids[-1] + 1))
+        assert replay[-1]["data"] == {"lastReplayedEventId": ids[-1], "lastEventId": ids[-1],
+                                      "replayedCount": ids[-1] - 100}
+
+        # A wrong epoch resets: state_resync_required first, then the whole ring.
+        async with open_websocket_url(ws_url(daemon, sid, "?lastEventId=5&epoch=old"),
+                                      extra_headers=AUTH) as ws:
+            reset = await read_until(ws, lambda f: f.get("type") == "replay_complete")
+        assert reset[0]["data"]["reason"] == "epoch_reset"  # type: ignore[index]
+        assert reset[0]["data"]["detail"] == "epoch_mismatch"  # type: ignore[index]
+
+        # The session ends: the socket closes with 1000 after session_closed.
+        async with open_websocket_url(ws_url(daemon, sid), extra_headers=AUTH) as ws:
+            assert (await client.delete(f"/session/{sid}")).status_code == 204
+            seen = []
+            with pytest.raises(ConnectionClosed) as closed:
+                with trio.fail_after(10):
+                    while True:
+                        seen.append(msgspec.json.decode(await ws.get_message())["type"])
+            assert seen[-1] == "session_closed"
+            assert closed.value.reason.code == 1000
+
+
+async def test_bad_upgrades_get_plain_http_answers(daemon: RunningDaemon) -> None:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(base_url=daemon.url, headers=headers) as client:
+        sid = (await client.post("/session", json={"sessionScope": "thread"})).json()["sessionId"]
+    with pytest.raises(ConnectionRejected) as unauthorized:
+        async with open_websocket_url(ws_url(daemon, sid)):
+            pass
+    assert unauthorized.value.status_code == 401
+    assert msgspec.json.decode(unauthorized.value.body)["code"] == "unauthorized"
+    with pytest.raises(ConnectionRejected) as missing:
+        async with open_websocket_url(ws_url(daemon, "no-such-session"), extra_headers=AUTH):
+            pass
+    assert missing.value.status_code == 404
+    assert msgspec.json.decode(missing.value.body)["code"] == "session_not_found"
+    with pytest.raises(ConnectionRejected) as origin:
+        async with open_websocket_url(ws_url(daemon, sid),
+                                      extra_headers=[*AUTH, (b"origin", b"http://evil.test")]):
+            pass
+    assert origin.value.status_code == 403
