@@ -21,6 +21,7 @@ from .bus import now_ms
 from .config import DaemonConfig
 from .envelope import decode_json, encode_json
 from .manager import AgentUnavailable, SessionManager
+from .openapi import build_openapi
 from .session import MAX_PENDING_PROMPTS, PromptQueueFull, Session
 from .transcript_store import InvalidCursor
 
@@ -104,7 +105,9 @@ def _is_int(value: Any) -> bool:
 
 
 def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
-    app = QuartTrio("daemon")
+    # No static folder: the daemon serves no files, and Quart's default /static/<path> rule
+    # would be an undocumented file-serving route.
+    app = QuartTrio("daemon", static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
 
@@ -147,6 +150,8 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         log.exception("event=internal_error path=%s", request.path)
         return json_response(error_body(500, "internal_error", "Internal server error"), 500)
 
+    openapi_document = encode_json(build_openapi())
+
     def limits() -> dict[str, Any]:
         return {
             "maxJournalEvents": config.max_journal_events,
@@ -162,6 +167,10 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
     @app.get("/health")
     async def health() -> Response:
         return json_response({"status": "ok"})
+
+    @app.get("/openapi.json")
+    async def openapi() -> Response:
+        return json_response(openapi_document)
 
     @app.get("/capabilities")
     async def capabilities() -> Response:
@@ -355,7 +364,10 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         limit_raw = args.get("limit")
         limit = 100
         if limit_raw is not None:
-            if not limit_raw.isdigit() or not 1 <= int(limit_raw) <= 500:
+            # isascii: str.isdigit() also accepts digits int() refuses ("²"); the length
+            # bound keeps int() clear of its 4300-digit limit.
+            if not (limit_raw.isascii() and limit_raw.isdigit() and len(limit_raw) <= 64) \
+                    or not 1 <= int(limit_raw) <= 500:
                 raise ApiError(400, "invalid_transcript_limit",
                                "limit must be an integer between 1 and 500")
             limit = int(limit_raw)

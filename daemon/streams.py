@@ -52,8 +52,14 @@ class StreamRequest:
     max_queued: int
 
 
+def _is_decimal(raw: str, max_digits: int) -> bool:
+    # isascii: str.isdigit() also accepts digits int() refuses ("²"); the length bound keeps
+    # int() clear of its 4300-digit limit.
+    return 0 < len(raw) <= max_digits and raw.isascii() and raw.isdigit()
+
+
 def parse_cursor(raw: str | None) -> int | None:
-    if raw is None or not raw.isdigit() or not raw.isascii():
+    if raw is None or not _is_decimal(raw, 64):
         return None
     value = int(raw)
     return value if value <= MAX_SAFE_INTEGER else None
@@ -68,7 +74,7 @@ def parse_stream_request(headers: dict[str, str], query_string: bytes) -> Stream
     max_queued = MAX_QUEUED_DEFAULT
     if "maxQueued" in query:
         raw = query["maxQueued"]
-        if not raw.isdigit() or not MAX_QUEUED_MIN <= int(raw) <= MAX_QUEUED_MAX:
+        if not _is_decimal(raw, 64) or not MAX_QUEUED_MIN <= int(raw) <= MAX_QUEUED_MAX:
             raise StreamRequestError(400, {
                 "error": f"maxQueued must be an integer between {MAX_QUEUED_MIN} and "
                          f"{MAX_QUEUED_MAX}", "code": "invalid_max_queued"})

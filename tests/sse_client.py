@@ -39,10 +39,8 @@ class Subscriber:
                 task_status.started()
                 async for chunk in resp.aiter_raw():
                     self.raw += chunk
-                    new = parser.feed(chunk)
-                    if new:
-                        self.events.extend(new)
-                        self._notify()
+                    self.events.extend(parser.feed(chunk))
+                    self._notify()
         finally:
             self.ended = True
             self._notify()
@@ -63,6 +61,14 @@ class Subscriber:
                     last = self.events[-1].data if self.events else None
                     raise AssertionError(f"stream ended without the awaited event; got {counts}, "
                                          f"last frame data {last!r}")
+                await self._changed.wait()
+
+    async def wait_raw(self, needle: bytes, timeout: float = 20) -> None:
+        """Wait until the raw stream contains ``needle`` (e.g. an SSE comment)."""
+        with trio.fail_after(timeout):
+            while needle not in self.raw:
+                if self.ended:
+                    raise AssertionError(f"stream ended without {needle!r}")
                 await self._changed.wait()
 
     async def wait_ended(self, timeout: float = 20) -> None:
