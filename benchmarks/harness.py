@@ -248,7 +248,7 @@ TABLE_COLUMNS = ("benchmark", "parameters", "value", "spread", "baseline", "rati
 
 
 def table_cells(row: Row) -> tuple[str, ...]:
-    baseline = fmt_number(row.baseline, row.unit) if row.baseline is not None else "-"
+    baseline = fmt_number(row.baseline) if row.baseline is not None else "-"
     if row.baseline_label:
         baseline = f"{baseline} ({row.baseline_label})"
     ratio = "-" if row.ratio is None else f"{row.ratio:.2f}x"

@@ -8,7 +8,6 @@ prompt log counts the prompts the agent received.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import selectors
@@ -19,7 +18,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -118,7 +117,8 @@ class Daemon:
     def status(self, session_id: str) -> dict[str, Any]:
         return dict(self.get_json(f"/session/{session_id}/status"))
 
-    def wait_status(self, session_id: str, what: str, predicate: Any,
+    def wait_status(self, session_id: str, what: str,
+                    predicate: Callable[[dict[str, Any]], bool],
                     timeout: float = 600.0, poll_s: float = 0.02) -> dict[str, Any]:
         """Poll the session status until ``predicate(status)`` holds (a condition, not a
         guessed delay); raise with the last status after ``timeout``."""
@@ -261,7 +261,3 @@ def _read_url(proc: subprocess.Popen[bytes], stderr_path: Path) -> str:
 def gate_name() -> str:
     """A fresh gate file name for one held-open turn."""
     return f"g{uuid.uuid4().hex[:12]}"
-
-
-def dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))

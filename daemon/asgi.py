@@ -6,6 +6,7 @@ import re
 from collections.abc import MutableMapping
 from typing import Any
 
+import trio
 from quart_trio import QuartTrio
 
 from .envelope import encode_json
@@ -95,7 +96,8 @@ class DaemonASGI:
             await _send_json(send, 413, {"error": "Request body too large (max 10 MB)",
                                          "code": "body_too_large"}, close=True)
             return
-        await self.app(scope, _replay(request_body, receive), send)  # type: ignore[arg-type]
+        replay, shielded = _replay(request_body, receive), _shield_last_body(send)
+        await self.app(scope, replay, shielded)  # type: ignore[arg-type]
 
 
 _TOO_LARGE = b"\x00too-large"
@@ -115,6 +117,25 @@ async def _read_body(receive: Receive, limit: int) -> bytes | None:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+def _shield_last_body(send: Send) -> Send:
+    """Shield the final body message from cancellation.
+
+    Sending it makes Hypercorn hand the app ``http.disconnect`` and, for ``Connection: close``
+    (and HTTP/1.0), close the socket, all inside this one call. Quart-Trio cancels the request
+    nursery as soon as it reads that disconnect, which cancelled the close half-way: the
+    connection stayed open, with no idle timer, until the client went away.
+    """
+
+    async def send_shielded(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            with trio.CancelScope(shield=True):
+                await send(message)
+        else:
+            await send(message)
+
+    return send_shielded
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

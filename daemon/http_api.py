@@ -108,6 +108,9 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
     # No static folder: the daemon serves no files, and Quart's default /static/<path> rule
     # would be an undocumented file-serving route.
     app = QuartTrio("daemon", static_folder=None)
+    # Werkzeug would answer "/session//load" with a 308 and an HTML body; an empty path segment
+    # is simply a route that does not exist.
+    app.url_map.merge_slashes = False
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
 

@@ -8,7 +8,8 @@ What is stored, per session:
 - ``sessions``: the daemon session id, its workspace, creation time, the agent's ACP session id
   and whether the session was closed.
 - ``raw_events``: every durable event published since the session's last turn boundary (the
-  unfinished turn), as the bus encoded it.
+  unfinished turn), as the bus encoded it; a row holds one batch's run of a session's events,
+  newline-separated, and ``event_id`` is the run's last id.
 - ``records``: the compacted, record-stamped events of completed turns, each with its
   ``record_id`` and its per-session ``turn`` number (so seeding can keep whole turns and count the
   turns it leaves out).
@@ -322,10 +323,25 @@ class TranscriptStore:
             raise
 
     def _append_events(self, ops: Sequence[AppendEvent]) -> None:
+        # One row per run of a session's events in this batch, the events' JSON joined with
+        # newlines (compact JSON never contains one): a 100,000-chunk turn costs a few hundred
+        # rows, not 100,000, which keeps the transcript off the daemon's throughput budget.
+        rows = []
+        start = 0
+        count = len(ops)
+        while start < count:
+            session_id = ops[start].session_id
+            end = start + 1
+            while end < count and ops[end].session_id == session_id:
+                end += 1
+            run = ops[start:end]
+            rows.append((session_id, run[-1].event_id, run[-1].prompt_id,
+                         b"\n".join([op.raw for op in run]), session_id))
+            start = end
         self._conn.executemany(
             "INSERT INTO raw_events (session_id, event_id, prompt_id, raw) "
             f"SELECT ?, ?, ?, ? WHERE {_SESSION_EXISTS}",
-            [(op.session_id, op.event_id, op.prompt_id, op.raw, op.session_id) for op in ops],
+            rows,
         )
 
     def _apply_one(self, op: Op) -> None:
@@ -451,7 +467,8 @@ class TranscriptStore:
         rows = self._conn.execute(
             "SELECT raw FROM raw_events WHERE session_id = ? ORDER BY seq", (session_id,)
         ).fetchall()
-        return [bytes(row[0]) for row in rows]
+        # A row holds one or more events, newline-separated (see _append_events).
+        return [event for row in rows for event in bytes(row[0]).split(b"\n")]
 
     def max_raw_event_id(self, session_id: str) -> int:
         """Highest event id among the unfinished turn's raw events (0 if none)."""

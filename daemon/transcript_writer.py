@@ -27,6 +27,8 @@ from daemon.transcript_store import AppendEvent, DeleteSession, Op, TranscriptSt
 __all__ = ["DEFAULT_MAX_BATCH", "TranscriptWriter"]
 
 DEFAULT_MAX_BATCH = 5000
+# Ops gather for at most this long after a commit starts (well inside the 100 ms window).
+DEFAULT_COALESCE_S = 0.01
 
 logger = logging.getLogger("daemon.transcript")
 
@@ -48,12 +50,17 @@ class TranscriptWriter:
         *,
         max_batch: int = DEFAULT_MAX_BATCH,
         on_failure: FailureCallback | None = None,
+        coalesce_s: float = DEFAULT_COALESCE_S,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.store = store
         self.max_batch = max_batch
         self.on_failure = on_failure
+        self.coalesce_s = coalesce_s
+        self._waiters = 0
+        self._urgent = trio.Event()
+        self._last_commit_at = float("-inf")
         self.failed_sessions: set[str] = set()
         self.degraded = False
         self.last_error: str | None = None
@@ -123,8 +130,16 @@ class TranscriptWriter:
             return await trio.to_thread.run_sync(fn, self.store)
 
     async def _wait_resolved(self, seq: int) -> None:
-        while self._resolved < seq:
-            await self._progress.wait()
+        if self._resolved >= seq:
+            return
+        # Somebody is waiting on the disk: the loop stops coalescing until they are served.
+        self._waiters += 1
+        self._urgent.set()
+        try:
+            while self._resolved < seq:
+                await self._progress.wait()
+        finally:
+            self._waiters -= 1
 
     def _is_failed(self, seq: int) -> bool:
         i = bisect.bisect_right(self._failed, seq, key=lambda r: r[0]) - 1
@@ -164,6 +179,8 @@ class TranscriptWriter:
                     self._wakeup = trio.Event()
                     await self._wakeup.wait()
                     continue
+                await self._coalesce()
+                self._last_commit_at = trio.current_time()
                 await self._commit_next()
         finally:
             with trio.CancelScope(shield=True):
@@ -171,10 +188,26 @@ class TranscriptWriter:
                     await self._commit_next()
             self._stop()
 
+    async def _coalesce(self) -> None:
+        """Under a steady stream, let ops gather for up to ``coalesce_s`` since the last
+        commit began, so a fast turn costs tens of transactions a second rather than one per
+        scheduler tick; skipped when anyone waits on a commit or a read, or when closing."""
+        if self.coalesce_s <= 0 or self._waiters or self._closing:
+            return
+        if len(self._pending) >= self.max_batch:
+            return
+        remaining = self._last_commit_at + self.coalesce_s - trio.current_time()
+        if remaining <= 0:
+            return
+        self._urgent = trio.Event()
+        with trio.move_on_after(remaining):
+            await self._urgent.wait()
+
     async def aclose(self) -> None:
         """Commit everything queued, then stop the loop (or, if it never ran, commit here)."""
         self._closing = True
         self._wakeup.set()
+        self._urgent.set()
         if self._running:
             await self._loop_done.wait()
             return

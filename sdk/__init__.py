@@ -1,4 +1,5 @@
-"""turnkeeper SDK: typed daemon events, truncation text, the Trio client and repair rules."""
+"""turnkeeper SDK: typed daemon events, truncation text, the Trio client, session handles with
+resumable subscriptions (SSE and WebSocket), and the live-journal repair rules and driver."""
 
 from __future__ import annotations
 
@@ -76,6 +77,19 @@ from sdk.repair import (
     repair_signature,
     validate_fresh_snapshot,
 )
+from sdk.repair_driver import (
+    RepairCandidate,
+    RepairDriver,
+    RepairOutcome,
+    RepairOutcomeKind,
+)
+from sdk.session import (
+    DEFAULT_MAX_QUEUED,
+    HandleClosedError,
+    ReconnectPolicy,
+    SessionHandle,
+    SubscriptionState,
+)
 from sdk.sse import SSEParser, parse_sse
 from sdk.truncation import (
     DaemonHistoryTruncatedData,
@@ -85,8 +99,10 @@ from sdk.truncation import (
     parse_truncation,
     status_text,
 )
+from sdk.ws import WebSocketEventStream
 
 __all__ = [
+    "DEFAULT_MAX_QUEUED",
     "KNOWN_EVENT_TYPES",
     "TERMINAL_TYPES",
     "AuthError",
@@ -100,6 +116,7 @@ __all__ = [
     "DaemonStatus",
     "EpisodeRegistry",
     "EventStream",
+    "HandleClosedError",
     "Health",
     "KnownEventData",
     "LoadResult",
@@ -113,9 +130,14 @@ __all__ = [
     "PromptCancelledData",
     "PromptQueueFullError",
     "PromptTerminal",
+    "ReconnectPolicy",
+    "RepairCandidate",
+    "RepairDriver",
     "RepairEpisode",
     "RepairGuards",
     "RepairNotice",
+    "RepairOutcome",
+    "RepairOutcomeKind",
     "RepairState",
     "RepairTarget",
     "RepairValidationError",
@@ -127,6 +149,7 @@ __all__ = [
     "SessionClosedData",
     "SessionCreated",
     "SessionDiedData",
+    "SessionHandle",
     "SessionNotFoundError",
     "SessionSnapshotData",
     "SessionStatus",
@@ -134,6 +157,7 @@ __all__ = [
     "SlowClientWarningData",
     "StateResyncRequiredData",
     "StreamErrorData",
+    "SubscriptionState",
     "SuffixResult",
     "TranscriptPage",
     "TransportError",
@@ -143,6 +167,7 @@ __all__ = [
     "TurnError",
     "TurnErrorData",
     "UnknownEventCounter",
+    "WebSocketEventStream",
     "decode_event",
     "decode_events",
     "error_for_status",

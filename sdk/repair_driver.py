@@ -247,7 +247,9 @@ class RepairDriver:
             # episode; it exists before the candidate's first live event is observed.
             self.begin(outcome.load)
             await self._hand_over(previous, outcome.handle)
-        elif outcome.kind is RepairOutcomeKind.FAILED and previous.state is SubscriptionState.PAUSED:
+        elif (
+            outcome.kind is RepairOutcomeKind.FAILED and previous.state is SubscriptionState.PAUSED
+        ):
             previous.resume()
         if outcome.notice is not None:
             self._notify(outcome.notice)

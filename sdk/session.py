@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import enum
 import inspect
+import logging
 import math
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -54,6 +55,8 @@ __all__ = [
     "SubscriptionState",
     "Transport",
 ]
+
+log = logging.getLogger("sdk.session")
 
 DEFAULT_MAX_QUEUED: Final = 1024
 
@@ -190,9 +193,7 @@ class SessionHandle:
         """
         view = client.with_client_id(client_id)
         created: SessionCreated = await view.create_session(cwd, session_id, scope)
-        return cls(
-            view, created.session_id, last_event_id=0, epoch=created.event_epoch, **options
-        )
+        return cls(view, created.session_id, last_event_id=0, epoch=created.event_epoch, **options)
 
     @classmethod
     async def load(
@@ -285,9 +286,7 @@ class SessionHandle:
     def resume(self, nursery: trio.Nursery | None = None) -> None:
         """Start the reader again from the kept cursor and epoch."""
         if self.state is not SubscriptionState.PAUSED:
-            raise RuntimeError(
-                f"session handle {self.session_id} is {self.state.name}, not PAUSED"
-            )
+            raise RuntimeError(f"session handle {self.session_id} is {self.state.name}, not PAUSED")
         if nursery is not None:
             self._nursery = nursery
         self._start()
@@ -323,6 +322,12 @@ class SessionHandle:
             if self._scope is scope:
                 self._scope = None
             self.error = error
+            log.info(
+                "event=subscription_stopped session=%s cursor=%s error=%r",
+                self.session_id,
+                self.last_event_id,
+                error,
+            )
             self._set_state(SubscriptionState.STOPPED)
             self._fail_taps(error)
             if self._on_stop is None:
@@ -379,7 +384,18 @@ class SessionHandle:
                 await stream.aclose()
             attempt += 1
             self.reconnect_attempts += 1
-            await self._sleep(self.policy.delay(attempt, self._uniform))
+            delay = self.policy.delay(attempt, self._uniform)
+            log.info(
+                "event=subscription_reconnect session=%s transport=%s cursor=%s attempt=%d "
+                "delay_s=%.3f error=%r",
+                self.session_id,
+                self.transport,
+                self.last_event_id,
+                attempt,
+                delay,
+                self.last_transport_error,
+            )
+            await self._sleep(delay)
 
     def _advance(self, event: DaemonEvent) -> None:
         if event.type == "state_resync_required":
@@ -435,13 +451,14 @@ class SessionHandle:
                     )
                     follower._taps.add(send)
                     result: TurnCompleteData | None = None
-                    error: DaemonError | None = None
+                    error: Exception | None = None
                     async with trio.open_nursery() as nursery:
                         nursery.start_soon(follower._follow_for_tap)
-                        # Raised outside the nursery so callers get a TurnError, not a group.
+                        # Raised outside the nursery so callers get a TurnError (or their own
+                        # on_update error) as is, not wrapped in an exception group.
                         try:
                             result = await _await_terminal(receive, accepted.prompt_id, on_update)
-                        except DaemonError as exc:
+                        except Exception as exc:
                             error = exc
                         nursery.cancel_scope.cancel()
                     if error is not None:

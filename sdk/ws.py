@@ -69,7 +69,9 @@ class WebSocketEventStream:
     ``last_event_id`` advances only from frames with an id, to ``max(previous, id)``;
     ``epoch`` is the ``X-Qwen-Event-Epoch`` of the accept (the requested one until then);
     ``close_code`` is the code the connection ended with. Use it as
-    ``async with WebSocketEventStream(client, sid, ...) as stream: async for event in stream``.
+    ``async with WebSocketEventStream(client, sid, ...) as stream: async for event in stream``:
+    the connection runs trio-websocket's reader in a nursery, so it must be opened and closed
+    in the same task at the same scope level, which ``async with`` guarantees.
     """
 
     def __init__(
@@ -94,6 +96,7 @@ class WebSocketEventStream:
         self.events_received = 0
         self.ended = False
         self.close_code: int | None = None
+        """The WebSocket close code once the daemon closed the stream (1000, 1008, …)."""
         self.url = ws_url(client.base_url, session_id, last_event_id, epoch, max_queued)
         self._client = client
         self._max_message_bytes = max_message_bytes
@@ -124,9 +127,7 @@ class WebSocketEventStream:
             )
         except trio_websocket.ConnectionRejected as exc:
             await stack.aclose()
-            headers = {
-                k.decode("latin-1").lower(): v.decode("latin-1") for k, v in exc.headers
-            }
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in exc.headers}
             raise error_for_status(exc.status_code, exc.body or b"", headers) from exc
         except trio_websocket.ConnectionTimeout as exc:
             await stack.aclose()
@@ -151,6 +152,7 @@ class WebSocketEventStream:
         await self.aclose()
 
     async def aclose(self) -> None:
+        """Close the connection; call it from the scope level that opened the stream."""
         stack, self._stack = self._stack, None
         self._ws = None
         if stack is None:
@@ -178,7 +180,9 @@ class WebSocketEventStream:
                 # No close reason at all means the connection dropped: 1006 (abnormal).
                 code = reason.code if reason is not None else 1006
                 self.close_code = code
-                await self.aclose()
+                # Not closed here: the connection's nursery must be exited where it was
+                # entered (``__aexit__``/``aclose``), never from inside the caller's scopes.
+                self._ws = None
                 if code in CLEAN_CLOSE_CODES:
                     self.ended = True
                     raise StopAsyncIteration from None

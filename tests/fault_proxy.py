@@ -142,7 +142,9 @@ class FaultProxy:
             pass
         scope.cancel()
 
-    async def _up(self, client: trio.SocketStream, upstream: trio.SocketStream, conn: _Conn) -> None:
+    async def _up(
+        self, client: trio.SocketStream, upstream: trio.SocketStream, conn: _Conn
+    ) -> None:
         buf = bytearray()
         while True:
             while (end := buf.find(b"\r\n\r\n")) == -1:
@@ -157,9 +159,7 @@ class FaultProxy:
             self._note()
             fault = self._take_fault(method, path)
             if fault is not None:
-                self.injected.append(
-                    (method, path, "drop" if fault.drop else str(fault.status))
-                )
+                self.injected.append((method, path, "drop" if fault.drop else str(fault.status)))
                 if not fault.drop:
                     await client.send_all(_response(fault.status or 500, fault.body))
                 return

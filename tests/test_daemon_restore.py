@@ -31,7 +31,15 @@ async def run_until_killed(base: Path, env: dict[str, str]) -> dict[str, object]
             await sub.wait_for(is_terminal_for(first["promptId"]))
             second = (await client.post(f"/session/{sid}/prompt", json={"prompt": [
                 {"type": "text", "text": "turn two mock:chunks=50 mock:gate=held"}]})).json()
+            echo = await sub.wait_for(lambda e: e.prompt_id == second["promptId"])
             await sub.wait_for(lambda e: text_of(e) == "chunk-49")
+            # Make sure turn two's admission is durable (so there is an interrupted prompt to
+            # close): wait until the group commit has covered its echo. Then read the status
+            # once more right before the kill; that durableEventId is the promise checked.
+            with trio.fail_after(10):
+                while (await client.get(f"/session/{sid}/status")).json()[
+                        "durableEventId"] < (echo.id or 0):
+                    await trio.sleep(0.005)
             status = (await client.get(f"/session/{sid}/status")).json()
             nursery.cancel_scope.cancel()
     finally:

