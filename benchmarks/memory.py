@@ -24,9 +24,12 @@ floor); for *full caps*, the idle RSS; for the growth, the open turn's text size
 from __future__ import annotations
 
 import argparse
+import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from typing import Any
 
 from benchmarks.harness import MIB, Context, CpuMeter, CpuUse, Row
 from benchmarks.launcher import Daemon, gate_name, start_daemon
@@ -71,88 +74,138 @@ def _rss_mb(daemon: Daemon) -> float:
     return daemon.rss_kib() * 1024 / MB
 
 
+@dataclass
+class FullCaps:
+    """One session brought to full caps, its turn held open by ``gate``."""
+
+    session_id: str
+    client_id: str
+    gate: str
+    info: dict[str, Any]
+    cpu: CpuUse
+
+
+def fill_to_caps(ctx: Context, daemon: Daemon) -> FullCaps:
+    """A full replay window (completed turns), then an open turn past the journal's byte cap;
+    returns once every event is published and committed."""
+    session_id, client_id = daemon.create_session()
+    meter = CpuMeter(daemon.pid, daemon.agent_pids())
+    meter.start()
+    for _ in range(WINDOW_TURNS):
+        daemon.prompt(session_id, f"mock:chunks={WINDOW_TURN_CHUNKS} "
+                                  f"mock:bytes={WINDOW_TURN_PAD} mock:delay_ms=0", client_id)
+        daemon.wait_idle(session_id)
+    ctx.progress(f"filling the live journal ({FILL_CHUNKS:,} chunks, turn held open)")
+    gate = gate_name()
+    accepted = daemon.prompt(session_id, f"mock:chunks={FILL_CHUNKS} mock:gate={gate}",
+                             client_id)
+    daemon.wait_ingested(session_id, int(accepted["lastEventId"]) + 1 + FILL_CHUNKS,
+                         durable=True)
+    cpu = meter.stop()
+    return FullCaps(session_id, client_id, gate, session_info(daemon, session_id), cpu)
+
+
+@dataclass
+class LongTurn:
+    chunks: int
+    rss_open_mb: float
+    rss_ended_mb: float
+    info: dict[str, Any]
+    cpu: CpuUse
+
+
+def long_turn(ctx: Context, daemon: Daemon, caps: FullCaps, chunks: int) -> LongTurn:
+    """End the fill turn, then hold a ``chunks``-chunk turn open and read RSS."""
+    daemon.open_gate(caps.gate)
+    daemon.wait_idle(caps.session_id)
+    ctx.progress(f"long turn: {chunks:,} chunks, held open")
+    gate = gate_name()
+    meter = CpuMeter(daemon.pid, daemon.agent_pids())
+    meter.start()
+    started = time.monotonic()
+    accepted = daemon.prompt(caps.session_id, f"mock:chunks={chunks} mock:gate={gate}",
+                             caps.client_id)
+    daemon.wait_ingested(caps.session_id, int(accepted["lastEventId"]) + 1 + chunks,
+                         durable=True)
+    cpu = meter.stop()
+    elapsed = time.monotonic() - started
+    info = session_info(daemon, caps.session_id)
+    rss_open = _rss_mb(daemon)
+    ctx.progress(f"RSS with the long turn open {rss_open:.1f} MB "
+                 f"({chunks / elapsed:,.0f} chunks/s ingested and committed)")
+    daemon.open_gate(gate)
+    daemon.wait_idle(caps.session_id)
+    return LongTurn(chunks, rss_open, _rss_mb(daemon), info, cpu)
+
+
 def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
     chunks = args.chunks or ctx.pick(1_000_000, 50_000)
-    ctx.progress("import floor (python + the daemon's modules)")
-    floor_mb = import_floor_kib() * 1024 / MB
-    ctx.progress("starting daemon (default caps, transcript on)")
-    with start_daemon() as daemon:
-        for _ in range(5):
-            daemon.get_json("/health")
-        idle_mb = _rss_mb(daemon)
-        ctx.progress(f"idle RSS {idle_mb:.1f} MB; filling the replay window")
-        session_id, client_id = daemon.create_session()
-        meter = CpuMeter(daemon.pid, daemon.agent_pids())
-        meter.start()
-        for _ in range(WINDOW_TURNS):
-            daemon.prompt(session_id, f"mock:chunks={WINDOW_TURN_CHUNKS} "
-                                      f"mock:bytes={WINDOW_TURN_PAD} mock:delay_ms=0", client_id)
-            daemon.wait_idle(session_id)
-        ctx.progress(f"filling the live journal ({FILL_CHUNKS:,} chunks, turn held open)")
-        fill_gate = gate_name()
-        accepted = daemon.prompt(session_id, f"mock:chunks={FILL_CHUNKS} mock:gate={fill_gate}",
-                                 client_id)
-        daemon.wait_ingested(session_id, int(accepted["lastEventId"]) + 1 + FILL_CHUNKS,
-                             durable=True)
-        full_cpu = meter.stop()
-        info = session_info(daemon, session_id)
-        full_mb = _rss_mb(daemon)
-        ctx.progress(f"full-caps RSS {full_mb:.1f} MB (journal "
-                     f"{info['journalBytes'] / MIB:.2f} MiB, window "
-                     f"{info['replayWindowBytes'] / MIB:.2f} MiB)")
-        daemon.open_gate(fill_gate)
-        daemon.wait_idle(session_id)
-        ctx.progress(f"long turn: {chunks:,} chunks, held open")
-        long_gate = gate_name()
-        meter.start()
-        started = time.monotonic()
-        accepted = daemon.prompt(session_id, f"mock:chunks={chunks} mock:gate={long_gate}",
-                                 client_id)
-        daemon.wait_ingested(session_id, int(accepted["lastEventId"]) + 1 + chunks,
-                             durable=True)
-        long_cpu = meter.stop()
-        long_s = time.monotonic() - started
-        long_info = session_info(daemon, session_id)
-        after_mb = _rss_mb(daemon)
-        ctx.progress(f"RSS with the long turn open {after_mb:.1f} MB "
-                     f"({chunks / long_s:,.0f} chunks/s ingested and committed)")
-        daemon.open_gate(long_gate)
-        daemon.wait_idle(session_id)
-        ended_mb = _rss_mb(daemon)
-    text_mb = text_bytes(chunks) / MB
-    return rows_for(ctx, chunks, floor_mb, idle_mb, full_mb, after_mb, ended_mb, text_mb, info,
-                    long_info, full_cpu, long_cpu)
+    trials = ctx.trials(3, 1)
+    floor: list[float] = []
+    idle: list[float] = []
+    full: list[float] = []
+    caps: list[FullCaps] = []
+    long: LongTurn | None = None
+    for trial in range(trials):
+        ctx.progress(f"trial {trial + 1}/{trials}: import floor (python + the daemon's modules)")
+        floor.append(import_floor_kib() * 1024 / MB)
+        ctx.progress(f"trial {trial + 1}/{trials}: starting daemon (default caps, transcript on)")
+        with start_daemon() as daemon:
+            for _ in range(5):
+                daemon.get_json("/health")
+            idle.append(_rss_mb(daemon))
+            ctx.progress(f"idle RSS {idle[-1]:.1f} MB; filling the replay window")
+            caps.append(fill_to_caps(ctx, daemon))
+            full.append(_rss_mb(daemon))
+            info = caps[-1].info
+            ctx.progress(f"full-caps RSS {full[-1]:.1f} MB (journal "
+                         f"{info['journalBytes'] / MIB:.2f} MiB, window "
+                         f"{info['replayWindowBytes'] / MIB:.2f} MiB)")
+            # The long turn runs once, in the last trial, from that trial's full-caps state.
+            if trial == trials - 1:
+                long = long_turn(ctx, daemon, caps[-1], chunks)
+    assert long is not None
+    return rows_for(ctx, floor, idle, full, caps, long)
 
 
-def rows_for(ctx: Context, chunks: int, floor_mb: float, idle_mb: float, full_mb: float,
-             after_mb: float, ended_mb: float, text_mb: float, info: dict[str, int],
-             long_info: dict[str, int], full_cpu: CpuUse, long_cpu: CpuUse) -> list[Row]:
-    caps = {"journal_MiB": round(info["journalBytes"] / MIB, 2),
-            "window_MiB": round(info["replayWindowBytes"] / MIB, 2)}
+def rows_for(ctx: Context, floor: list[float], idle_mb: list[float], full_mb: list[float],
+             caps: list[FullCaps], long: LongTurn) -> list[Row]:
+    info = caps[-1].info
+    fill_cpu = CpuUse()
+    for each in caps:
+        fill_cpu = fill_cpu + each.cpu
+    fill_cpu = fill_cpu.scaled(1 / len(caps))
+    last_full = full_mb[-1]
+    text_mb = text_bytes(long.chunks) / MB
+    caps_params = {"journal_MiB": round(info["journalBytes"] / MIB, 2),
+                   "window_MiB": round(info["replayWindowBytes"] / MIB, 2)}
     idle = Row(benchmark=NAME, name="daemon RSS idle", params={"sessions": 0}, unit="MB",
-               samples=[idle_mb], baseline=floor_mb, baseline_label="import floor",
-               ratio=idle_mb / floor_mb, target=f"<= {IDLE_TARGET_MB:g} MB",
-               ok=idle_mb <= IDLE_TARGET_MB, cpu_note="-", quick=ctx.quick,
+               samples=idle_mb, baseline=statistics.median(floor), baseline_label="import floor",
+               target=f"<= {IDLE_TARGET_MB:g} MB", cpu_note="-", quick=ctx.quick,
                notes=["reference daemon: 212 MB idle"])
-    full = Row(benchmark=NAME, name="daemon RSS, one session at full caps", params=caps,
-               unit="MB", samples=[full_mb], baseline=idle_mb, baseline_label="idle",
-               ratio=full_mb / idle_mb, target=f"<= {FULL_TARGET_MB:g} MB",
-               ok=full_mb <= FULL_TARGET_MB, cpu=full_cpu, cpu_note="to fill", quick=ctx.quick,
-               notes=["reference daemon: 237 MB with a full journal"])
-    growth_mb = after_mb - full_mb
-    allowed = GROWTH_TEXT_FACTOR * text_mb + GROWTH_SLACK * full_mb
+    full = Row(benchmark=NAME, name="daemon RSS, one session at full caps", params=caps_params,
+               unit="MB", samples=full_mb, baseline=idle.value, baseline_label="idle",
+               target=f"<= {FULL_TARGET_MB:g} MB", cpu=fill_cpu, cpu_note="to fill",
+               quick=ctx.quick, notes=["reference daemon: 237 MB with a full journal"])
+    for row, limit in ((idle, IDLE_TARGET_MB), (full, FULL_TARGET_MB)):
+        assert row.value is not None and row.baseline
+        row.ratio = row.value / row.baseline
+        row.ok = row.value <= limit
+    growth_mb = long.rss_open_mb - last_full
+    allowed = GROWTH_TEXT_FACTOR * text_mb + GROWTH_SLACK * last_full
     growth = Row(
-        benchmark=NAME, name=f"RSS growth over an open {chunks:,}-chunk turn (caps reached)",
-        params={"chunks": chunks, "text_MB": round(text_mb, 2),
-                "journal_MiB": round(long_info["journalBytes"] / MIB, 2)},
+        benchmark=NAME, name=f"RSS growth over an open {long.chunks:,}-chunk turn (caps reached)",
+        params={"chunks": long.chunks, "text_MB": round(text_mb, 2),
+                "journal_MiB": round(long.info["journalBytes"] / MIB, 2)},
         unit="MB", samples=[growth_mb], baseline=text_mb, baseline_label="open turn's text",
         ratio=growth_mb / text_mb if text_mb else None, ratio_label="of text",
         target=f"<= 1.5x text + 5% ({allowed:.1f} MB)", ok=growth_mb <= allowed,
-        cpu=long_cpu, cpu_note="whole turn", quick=ctx.quick,
-        notes=[f"RSS {full_mb:.1f} MB at full caps -> {after_mb:.1f} MB with the turn open "
-               f"(text {text_mb:.2f} MB) -> {ended_mb:.1f} MB after its terminal"])
-    ended = Row(benchmark=NAME, name=f"daemon RSS after the {chunks:,}-chunk turn ended",
-                params=caps, unit="MB", samples=[ended_mb], baseline=full_mb,
-                baseline_label="full caps", ratio=ended_mb / full_mb, cpu_note="-",
+        cpu=long.cpu, cpu_note="whole turn", quick=ctx.quick,
+        notes=[f"RSS {last_full:.1f} MB at full caps -> {long.rss_open_mb:.1f} MB with the turn "
+               f"open (text {text_mb:.2f} MB) -> {long.rss_ended_mb:.1f} MB after its terminal "
+               "(one run, in the last trial's daemon)"])
+    ended = Row(benchmark=NAME, name=f"daemon RSS after the {long.chunks:,}-chunk turn ended",
+                params=caps_params, unit="MB", samples=[long.rss_ended_mb], baseline=last_full,
+                baseline_label="full caps", ratio=long.rss_ended_mb / last_full, cpu_note="-",
                 quick=ctx.quick)
     return [idle, full, growth, ended]

@@ -46,7 +46,7 @@ class BusLimits:
 class Subscription:
     """One SSE/WS reader of the bus: its ring cursor, warning latch and the scope that stops it."""
 
-    __slots__ = ("abort", "pending_warning", "scope", "sending", "state")
+    __slots__ = ("_idle", "abort", "evicted", "pending_warning", "scope", "sending", "state")
 
     def __init__(self, state: SubscriberState) -> None:
         self.state = state
@@ -57,6 +57,21 @@ class Subscription:
         # True while a write is in flight. Only then can lag build up: an idle subscriber
         # takes every new event the moment it runs (they are handed over in one write).
         self.sending = False
+        self._idle = trio.Event()
+        self.evicted = trio.Event()
+
+    def begin_write(self) -> None:
+        self.sending = True
+        self._idle = trio.Event()
+
+    def end_write(self) -> None:
+        self.sending = False
+        self._idle.set()
+
+    async def wait_idle(self) -> None:
+        """Return once no write is in flight."""
+        if self.sending:
+            await self._idle.wait()
 
 
 @dataclass(frozen=True)
@@ -132,6 +147,9 @@ class SessionBus:
             except Exception:
                 self._mark_degraded("compactor.add")
             self._persist(event)
+            # Everyone has taken what they need from the dict; the ring and the journals keep
+            # the bytes (a merged journal entry decodes its ends again when rendered).
+            event.release()
         if flush:
             self.flush()
         return event
@@ -232,11 +250,9 @@ class SessionBus:
             log.info("event=client_evicted session=%s reason=%s dropped_after=%s queue_size=%s "
                      "queued_bytes=%s", self.session_id, data.get("reason"),
                      data.get("droppedAfter"), data.get("queueSize"), data.get("queuedBytes"))
-        if sub.sending:  # its write is stalled: cut the connection
-            if sub.scope is not None:
-                sub.scope.cancel()
-            if sub.abort is not None:
-                sub.abort()
+        # Its stream sends client_evicted and closes once its current write completes, or cuts
+        # the connection if that write stays stalled (see streams.watch_eviction).
+        sub.evicted.set()
 
     def close(self) -> None:
         """No more events: subscribers drain what is left and end their streams."""

@@ -11,6 +11,7 @@ Pure: no clock (callers pass ``now_ms``), no I/O.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any, Final
 
 import msgspec
@@ -38,13 +39,15 @@ def is_finite_number(value: object) -> bool:
 class Event:
     """One published (or seeded) event: the envelope dict and its one encoding.
 
-    ``env`` must be treated as immutable once the event exists: its bytes are shared.
+    ``env`` must be treated as immutable once the event exists: its bytes are shared. After the
+    publish pipeline has taken what it needs, :meth:`release` drops the dict so that the ring
+    and the journals hold only the bytes; a later ``env`` read decodes them again.
     """
 
-    __slots__ = ("_sse", "env", "id", "prompt_id", "raw", "size", "type")
+    __slots__ = ("_env", "_sse_head", "id", "prompt_id", "raw", "size", "type")
 
     def __init__(self, env: JsonObject, raw: bytes) -> None:
-        self.env = env
+        self._env: JsonObject | None = env
         self.raw = raw
         self.size = len(raw)
         ident = env.get("id")
@@ -52,7 +55,7 @@ class Event:
         self.type: str = env["type"]
         prompt_id = env.get("promptId")
         self.prompt_id: str | None = prompt_id if isinstance(prompt_id, str) else None
-        self._sse: bytes | None = None
+        self._sse_head: bytes | None = None
 
     @classmethod
     def from_env(cls, env: JsonObject) -> Event:
@@ -60,21 +63,56 @@ class Event:
         return cls(env, encode_json(env))
 
     @property
+    def env(self) -> JsonObject:
+        env = self._env
+        if env is None:
+            decoded: JsonObject = decode_json(self.raw)
+            return decoded
+        return env
+
+    def release(self) -> None:
+        """Forget the envelope dict (kept: the bytes). Memory then tracks the encoded size."""
+        self._env = None
+
+    @property
     def data(self) -> Any:
         return self.env.get("data")
 
     @property
+    def sse_head(self) -> bytes:
+        """``id:``/``event:`` lines and the ``data: `` prefix of this event's SSE frame; the
+        frame is ``sse_head + raw + b"\n\n"`` (written without copying ``raw`` twice)."""
+        head = self._sse_head
+        if head is None:
+            id_line = b"id: %d\n" % self.id if self.id is not None else b""
+            head = b"%sevent: %s\ndata: " % (id_line, self.type.encode())
+            self._sse_head = head
+        return head
+
+    @property
     def sse_frame(self) -> bytes:
-        """The SSE frame for this event, made on first use and then shared by all subscribers."""
-        frame = self._sse
-        if frame is None:
-            head = b"id: %d\n" % self.id if self.id is not None else b""
-            frame = b"%sevent: %s\ndata: %s\n\n" % (head, self.type.encode(), self.raw)
-            self._sse = frame
-        return frame
+        """The whole SSE frame (for single frames; batches use :func:`sse_chunks`)."""
+        return self.sse_head + self.raw + b"\n\n"
 
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
         return f"Event(id={self.id}, type={self.type!r}, size={self.size})"
+
+
+def sse_chunks(events: Iterable[Event], max_chunk: int = 1024 * 1024) -> list[bytes]:
+    """SSE frames of ``events`` joined into as few writes as possible (each about
+    ``max_chunk`` bytes at most, one frame at least)."""
+    out: list[bytes] = []
+    parts: list[bytes] = []
+    size = 0
+    for event in events:
+        parts += (event.sse_head, event.raw, b"\n\n")
+        size += event.size + 64
+        if size >= max_chunk:
+            out.append(b"".join(parts))
+            parts, size = [], 0
+    if parts:
+        out.append(b"".join(parts))
+    return out
 
 
 def _lifted_timestamp(data: Any) -> float | int | None:

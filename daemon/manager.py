@@ -20,8 +20,8 @@ import trio
 from .agent import AgentChannel, AgentStartError
 from .bus import BusLimits, SessionBus, now_ms
 from .config import DaemonConfig
-from .session import Session
 from .restore import close_interrupted, seed_segments
+from .session import Session
 from .transcript_store import MarkClosed, UpsertSession
 from .transcript_writer import TranscriptWriter
 

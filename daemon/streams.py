@@ -19,7 +19,7 @@ from urllib.parse import parse_qs
 import trio
 
 from .bus import SessionBus, Subscription, now_ms
-from .envelope import Event, encode_json, synthetic
+from .envelope import Event, encode_json, sse_chunks, synthetic
 from .ring import decide_resume
 from .sockets import shutdown_connection
 from .subscriber import MAX_QUEUED_DEFAULT, MAX_QUEUED_MAX, MAX_QUEUED_MIN, SubscriberState
@@ -33,7 +33,6 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 MAX_SUBSCRIBERS = 64
 MAX_SAFE_INTEGER = 2**53 - 1
 EPOCH_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
-CHUNK_BYTES = 1024 * 1024  # one write carries at most this much (many frames)
 EVICTED_FRAME_TIMEOUT_S = 0.5
 
 
@@ -96,6 +95,42 @@ def check_capacity(bus: SessionBus) -> None:
             {"Retry-After": "5"})
 
 
+EVICTED_WRITE_GRACE_S = 1.0
+
+
+async def watch_eviction(sub: Subscription) -> None:
+    """Once evicted, give the write in flight a moment to finish (the stream then says
+    ``client_evicted`` and closes); a write still stalled after that is cut off."""
+    await sub.evicted.wait()
+    with trio.move_on_after(EVICTED_WRITE_GRACE_S):
+        await sub.wait_idle()
+        return
+    if sub.scope is not None:
+        sub.scope.cancel()
+    if sub.abort is not None:
+        sub.abort()
+
+
+async def final_send(sub: Subscription, send: Send, messages: list[MutableMapping[str, Any]],
+                     timeout: float) -> None:
+    """Best-effort closing messages. The server's writes cannot be cancelled, so a peer that
+    stopped reading would hold them forever: past ``timeout`` the connection is cut."""
+
+    async def cut_after_timeout() -> None:
+        await trio.sleep(timeout)
+        if sub.abort is not None:
+            sub.abort()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cut_after_timeout)
+            for message in messages:
+                await send(message)
+            nursery.cancel_scope.cancel()
+    except Exception:
+        log.debug("event=stream_close_failed", exc_info=True)
+
+
 async def _watch_disconnect(receive: Receive, scope: trio.CancelScope, kind: str) -> None:
     while True:
         message = await receive()
@@ -145,21 +180,6 @@ class EventPump:
         return False
 
 
-def _chunks(frames: list[bytes]) -> list[bytes]:
-    out: list[bytes] = []
-    buf: list[bytes] = []
-    size = 0
-    for frame in frames:
-        buf.append(frame)
-        size += len(frame)
-        if size >= CHUNK_BYTES:
-            out.append(b"".join(buf))
-            buf, size = [], 0
-    if buf:
-        out.append(b"".join(buf))
-    return out
-
-
 async def send_json_error(send: Send, err: StreamRequestError) -> None:
     body = encode_json(err.body)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
@@ -198,21 +218,19 @@ async def serve_sse(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
         async with trio.open_nursery() as nursery:
             sub.scope = nursery.cancel_scope
             nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope, "http.disconnect")
-            frames = [b"retry: 3000\n\n"]
-            frames += [e.sse_frame for e in plan.before]
-            frames += [e.sse_frame for e in plan.replay]
-            frames += [e.sse_frame for e in plan.after]
-            for chunk in _chunks(frames):
+            nursery.start_soon(watch_eviction, sub)
+            await body(b"retry: 3000\n\n")
+            for chunk in sse_chunks((*plan.before, *plan.replay, *plan.after)):
                 await body(chunk)
             while True:
                 batch = pump.next_batch()
                 if batch is None:
                     break
                 if batch:
-                    sub.sending = True
-                    for chunk in _chunks([e.sse_frame for e in batch]):
+                    sub.begin_write()
+                    for chunk in sse_chunks(batch):
                         await body(chunk)
-                    sub.sending = False
+                    sub.end_write()
                     continue
                 if bus.closed:
                     break
@@ -222,14 +240,12 @@ async def serve_sse(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
     finally:
         bus.remove_subscriber(sub)
     eviction = sub.state.evicted
-    # Best effort: the peer may be gone or stalled; the connection closes either way.
-    with trio.move_on_after(EVICTED_FRAME_TIMEOUT_S):
-        try:
-            if eviction is not None:
-                await body(synthetic("client_evicted", eviction.data, now_ms=now_ms()).sse_frame)
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except Exception:
-            log.debug("event=stream_close_failed session=%s stream=%s", bus.session_id, stream_id)
+    closing: list[MutableMapping[str, Any]] = []
+    if eviction is not None:
+        closing.append({"type": "http.response.body", "more_body": True, "body": synthetic(
+            "client_evicted", eviction.data, now_ms=now_ms()).sse_frame})
+    closing.append({"type": "http.response.body", "body": b"", "more_body": False})
+    await final_send(sub, send, closing, EVICTED_FRAME_TIMEOUT_S)
 
 
 async def serve_ws(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
@@ -261,6 +277,7 @@ async def serve_ws(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
             sub.scope = nursery.cancel_scope
             nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope,
                                "websocket.disconnect")
+            nursery.start_soon(watch_eviction, sub)
             for event in (*plan.before, *plan.replay, *plan.after):
                 await text(event)
             while True:
@@ -268,10 +285,10 @@ async def serve_ws(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
                 if batch is None:
                     break
                 if batch:
-                    sub.sending = True
+                    sub.begin_write()
                     for event in batch:
                         await text(event)
-                    sub.sending = False
+                    sub.end_write()
                     continue
                 if bus.closed:
                     break
@@ -285,13 +302,12 @@ async def serve_ws(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
         close_code = 1008
     if disconnected and eviction is None:
         return
-    with trio.move_on_after(EVICTED_FRAME_TIMEOUT_S):
-        try:
-            if eviction is not None:
-                await text(synthetic("client_evicted", eviction.data, now_ms=now_ms()))
-            await send({"type": "websocket.close", "code": close_code})
-        except Exception:
-            log.debug("event=ws_close_failed session=%s", bus.session_id)
+    closing: list[MutableMapping[str, Any]] = []
+    if eviction is not None:
+        closing.append({"type": "websocket.send", "text": synthetic(
+            "client_evicted", eviction.data, now_ms=now_ms()).raw.decode()})
+    closing.append({"type": "websocket.close", "code": close_code})
+    await final_send(sub, send, closing, EVICTED_FRAME_TIMEOUT_S)
 
 
 async def deny_ws(send: Send, status: int, body: dict[str, Any],

@@ -3,10 +3,13 @@
 It runs every benchmark end to end against real daemons at small sizes. Only the harness is
 checked here (every row present, numeric, well-formed JSON, a readable table); the figures
 themselves are never asserted, because timing belongs to the benchmarks, not to the test suite.
+The load generator's frame counter, which every throughput figure rests on, is checked on its
+own against HTTP/1.1 chunked SSE streams cut at arbitrary points.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import subprocess
@@ -15,6 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from benchmarks.loadgen import SSECounter
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -108,3 +115,70 @@ def test_table_is_printed(quick_run: tuple[subprocess.CompletedProcess[str], Any
         assert f"{row['benchmark']}: {row['name']}" in proc.stdout
     # Progress goes to stderr, one line per step with the elapsed time.
     assert "load_latency: start" in proc.stderr and "s] " in proc.stderr
+
+
+# --- the load generator's frame counter ----------------------------------------------------------
+
+HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        b"transfer-encoding: chunked\r\n\r\n")
+FRAMES = [b"retry: 3000\n\n"] + [
+    b'id: %d\nevent: session_update\ndata: {"id":%d,"v":1,"type":"session_update"}\n\n' % (i, i)
+    for i in range(1, 40)
+] + [b'event: turn_complete\ndata: {"v":1,"type":"turn_complete"}\n\n']
+PAYLOAD = b"".join(FRAMES)
+
+
+def _chunked(payload: bytes, cuts: list[int]) -> bytes:
+    """``payload`` as an HTTP/1.1 chunked body, split into chunks at ``cuts`` (which may fall
+    inside a frame, even between the two newlines of a separator)."""
+    bounds = [0, *sorted(set(cuts)), len(payload)]
+    pieces = [payload[a:b] for a, b in itertools.pairwise(bounds) if b > a]
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+
+
+def _feed(counter: SSECounter, raw: bytes, cuts: list[int]) -> None:
+    # Like the load generator: every read lands in one reused buffer holding stale bytes.
+    buf = bytearray(b"\n" * (len(raw) + 8))
+    bounds = [0, *sorted(set(cuts)), len(raw)]
+    for a, b in itertools.pairwise(bounds):
+        if b > a:
+            buf[: b - a] = raw[a:b]
+            counter.feed(buf, b - a)
+
+
+@given(
+    chunk_cuts=st.lists(st.integers(1, len(PAYLOAD) - 1), max_size=12),
+    read_cuts=st.lists(st.integers(1, len(HEAD) + len(PAYLOAD)), max_size=12),
+)
+def test_counter_counts_frames_however_the_stream_is_cut(chunk_cuts: list[int],
+                                                        read_cuts: list[int]) -> None:
+    raw = HEAD + _chunked(PAYLOAD, chunk_cuts)
+    counter = SSECounter(b"event: turn_complete\n")
+    _feed(counter, raw, [c for c in read_cuts if c < len(raw)])
+    assert counter.status == 200
+    assert counter.error is None
+    assert counter.frames == len(FRAMES)
+    assert counter.bytes == len(PAYLOAD)
+    assert counter.done and not counter.evicted
+    assert counter.ended  # the zero-length last chunk
+
+
+def test_counter_flags_eviction_and_waits_for_its_event() -> None:
+    evicted = PAYLOAD[: -len(FRAMES[-1])] + b'event: client_evicted\ndata: {"v":1}\n\n'
+    counter = SSECounter(b"event: turn_complete\n")
+    _feed(counter, HEAD + _chunked(evicted, []), [])
+    assert counter.evicted and not counter.done
+    assert counter.frames == len(FRAMES)
+    pending = SSECounter(b"event: turn_complete\n")
+    open_stream = _chunked(PAYLOAD[: -len(FRAMES[-1])], [100]).removesuffix(b"0\r\n\r\n")
+    _feed(pending, HEAD + open_stream, [])
+    assert not pending.finished  # no terminal and no end of stream: keep reading
+    assert pending.frames == len(FRAMES) - 1
+
+
+def test_counter_reports_an_error_status() -> None:
+    counter = SSECounter(b"event: turn_complete\n")
+    counter.feed(b"HTTP/1.1 429 Too Many Requests\r\ncontent-length: 9\r\n\r\n{\"x\":1}")
+    assert counter.status == 429
+    assert counter.error is not None and "429" in counter.error
+    assert counter.finished

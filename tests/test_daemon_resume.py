@@ -48,7 +48,7 @@ async def run_turn(client: httpx.AsyncClient, text: str) -> tuple[str, str, int]
             try:
                 terminal = await sub.wait_for(is_terminal_for(pid))
             except AssertionError:
-                assert sub.of_type("client_evicted"), "stream ended without eviction"
+                # Evicted (with client_evicted, or cut off if its write stalled): resume.
                 cursor = max(sub.ids(), default=cursor)
                 continue
             finally:

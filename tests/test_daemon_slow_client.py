@@ -40,13 +40,17 @@ def open_stalled_subscriber(url: str, sid: str) -> socket.socket:
     return sock  # from here on the test never reads it until the turn is over
 
 
-def drain(sock: socket.socket) -> bytes:
+def drain(sock: socket.socket) -> tuple[bytes, bool]:
+    """Read until the response ends: its last chunk (the connection may stay open for keep-alive)
+    or EOF (the daemon cut a connection whose write stayed stalled). Returns (data, cut)."""
     data = b""
     while True:
         chunk = sock.recv(1 << 16)
         if not chunk:
-            return data
+            return data, True
         data += chunk
+        if data.endswith(b"\r\n0\r\n\r\n"):
+            return data, False
 
 
 async def test_stalled_subscriber_is_warned_then_evicted(daemon: RunningDaemon) -> None:
@@ -87,19 +91,28 @@ async def test_stalled_subscriber_is_warned_then_evicted(daemon: RunningDaemon) 
     assert "event=slow_client_warning" in log and "event=client_evicted" in log
     assert "reason=queue_" in log
 
-    # Its connection was closed by the daemon: reading it now reaches EOF, and what it did get
-    # is an in-order prefix of the stream with no gap.
+    # Its stream was ended by the daemon: once this reader drains its socket it finds either
+    # the client_evicted frame and the end of the response (its write had completed), or EOF
+    # (its write stayed stalled past the grace period and the connection was cut). What it did
+    # get before that is an in-order prefix of the stream with no gap.
     stalled.settimeout(15)
-    data = drain(stalled)
+    data, cut = drain(stalled)
     stalled.close()
-    body = data.split(b"\r\n\r\n", 1)[-1]
     parser = SSEParser()
     got = []
-    # Undo HTTP chunked framing loosely: SSE frames never contain CRLF-hex lines.
-    for line in body.split(b"\r\n"):
+    # (The response head was read when the stream opened.) Undo HTTP chunked framing loosely:
+    # SSE frames never contain CRLF or CRLF-delimited hex lines.
+    for line in data.split(b"\r\n"):
         if line and all(c in b"0123456789abcdefABCDEF" for c in line):
             continue
         got.extend(parser.feed(line))
     ids = [e.id for e in got if e.id is not None]
     assert ids and ids == list(range(ids[0], ids[0] + len(ids)))
     assert ids[-1] < terminal.id
+    types = [e.type for e in got]
+    if not cut:
+        assert types[-1] == "client_evicted"
+        evicted = got[-1].data
+        assert evicted["reason"] in ("queue_overflow", "queue_bytes_overflow")
+        assert evicted["droppedAfter"] == ids[-1]
+        assert evicted["maxQueued"] == 2048

@@ -16,7 +16,9 @@ forgets to close is caught as a hang.
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import re
 import socket
 import time
@@ -26,13 +28,14 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from daemon.openapi import ROUTES, Route
 from tests.harness import RunningDaemon, running_daemon
 
 READ_TIMEOUT_S = 10.0
+HEARTBEAT = b": heartbeat\n\n"
 SPEC_5XX = {(502, "agent_start_failed"), (503, "prompt_queue_full")}
 FUZZ = settings(max_examples=60, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -96,9 +99,10 @@ def _dechunk(data: bytes) -> bytes:
 
 
 def exchange(daemon: RunningDaemon, raw: bytes) -> RawResponse:
-    """Send ``raw``; read the whole answer. Of an event stream only the first chunk is read
-    (the body is then that chunk, the one write carrying ``retry:`` and any replay); anything
-    else must be followed by the server closing the connection."""
+    """Send ``raw``; read the whole answer. An event stream is read up to its first heartbeat
+    (the daemon runs with a short heartbeat): everything it writes before entering its live
+    loop (``retry:``, any replay) comes first. Anything else must be followed by the server
+    closing the connection."""
     deadline = time.monotonic() + READ_TIMEOUT_S
     with socket.create_connection(_address(daemon), timeout=READ_TIMEOUT_S) as sock:
         try:
@@ -119,11 +123,9 @@ def exchange(daemon: RunningDaemon, raw: bytes) -> RawResponse:
                 break
             data += chunk
             head, sep, rest = data.partition(b"\r\n\r\n")
-            if sep and b"text/event-stream" in head.lower():
-                first = _first_chunk(rest)
-                if first is not None:
-                    status, headers = _parse_head(head)
-                    return RawResponse(status, headers, first, closed=False)
+            if sep and b"text/event-stream" in head.lower() and HEARTBEAT in rest:
+                status, headers = _parse_head(head)
+                return RawResponse(status, headers, _dechunk(rest), closed=False)
     head, sep, rest = data.partition(b"\r\n\r\n")
     assert sep, f"connection closed without a full response: {data[:300]!r}"
     status, headers = _parse_head(head)
@@ -132,15 +134,6 @@ def exchange(daemon: RunningDaemon, raw: bytes) -> RawResponse:
     elif "content-length" in headers and not raw.upper().startswith(b"HEAD "):
         assert len(rest) == int(headers["content-length"]), (headers, len(rest))
     return RawResponse(status, headers, rest, closed=True)
-
-
-def _first_chunk(data: bytes) -> bytes | None:
-    """The first chunk of a chunked body, or None while it is incomplete."""
-    size_line, sep, rest = data.partition(b"\r\n")
-    if not sep:
-        return None
-    size = int(size_line.split(b";")[0], 16)
-    return rest[:size] if len(rest) >= size else None
 
 
 def assert_healthy(daemon: RunningDaemon) -> None:
@@ -192,7 +185,9 @@ def assert_app_answer(resp: RawResponse, method: str, route: Route | None) -> No
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
     env = {"MOCK_ACP_PROMPT_DELAY_MS": "0", "MOCK_ACP_EMIT_CHUNKS": "1"}
-    with running_daemon(tmp_path_factory.mktemp("fuzz"), env=env) as d:
+    # A short heartbeat marks where a stream's replay ends and its live loop begins.
+    with running_daemon(tmp_path_factory.mktemp("fuzz"), ["--heartbeat-ms", "100"],
+                        env=env) as d:
         yield d
 
 
@@ -205,6 +200,12 @@ def new_session(daemon: RunningDaemon) -> str:
 
 @pytest.fixture(scope="module")
 def session_id(daemon: RunningDaemon) -> str:
+    return new_session(daemon)
+
+
+@pytest.fixture(scope="module")
+def idle_session_id(daemon: RunningDaemon) -> str:
+    """A session nobody prompts: its streams carry no live frames before the heartbeat."""
     return new_session(daemon)
 
 
@@ -315,7 +316,8 @@ def test_every_route_survives_hostile_bodies(daemon: RunningDaemon, session_id: 
     resp = exchange(daemon, raw)
     if route.operation_id == "events" and resp.status == 200:
         assert resp.headers["content-type"] == "text/event-stream"
-        assert resp.body == b"retry: 3000\n\n"  # no cursor: live only
+        assert resp.body.startswith(b"retry: 3000\n\n")
+        assert b"replay_complete" not in resp.body  # no cursor: live only
     else:
         assert_app_answer(resp, route.method, route)
     if resp.status == 400 and body is not None and body.startswith((b"[[[", b'{"a":{"a"')):
@@ -359,6 +361,14 @@ def expected_cursor(raw: bytes | None, *, header_mode: bool) -> int | None:
     return _decimal(raw.decode("utf-8", errors="replace"), 2**53 - 1)
 
 
+def expected_epoch(raw: bytes | None, *, header_mode: bool) -> str | None:
+    if raw is None:
+        return None
+    text = raw.decode("latin-1").strip(" \t") if header_mode else raw.decode(
+        "utf-8", errors="replace")
+    return text if re.fullmatch(r"[A-Za-z0-9_-]{1,64}", text) else None
+
+
 def max_queued_ok(raw: str | None) -> bool:
     if not raw:  # absent, or empty (dropped by the query parser): the default
         return True
@@ -377,9 +387,15 @@ max_queued_text = st.one_of(st.text(max_size=8), st.sampled_from(
 
 
 @FUZZ
+@example(last_event_id=b"0", epoch=b"x-y_z", max_queued=None, via_query=False)
+@example(last_event_id=b"0000", epoch=None, max_queued="2048", via_query=True)
+@example(last_event_id=b"\xb2", epoch=None, max_queued=None, via_query=False)
+@example(last_event_id=b"\xc2\xb2", epoch=None, max_queued=None, via_query=True)
+@example(last_event_id=b"9" * 5000, epoch=None, max_queued="\u00b2", via_query=False)
+@example(last_event_id=b"7", epoch=b"\xff", max_queued="9" * 5000, via_query=True)
 @given(last_event_id=st.one_of(st.none(), cursor_text), epoch=st.one_of(st.none(), epoch_text),
        max_queued=st.one_of(st.none(), max_queued_text), via_query=st.booleans())
-def test_event_stream_cursor_garbage(daemon: RunningDaemon, session_id: str,
+def test_event_stream_cursor_garbage(daemon: RunningDaemon, idle_session_id: str,
                                      last_event_id: bytes | None, epoch: bytes | None,
                                      max_queued: str | None, via_query: bool) -> None:
     headers: list[tuple[str, bytes]] = []
@@ -396,7 +412,7 @@ def test_event_stream_cursor_garbage(daemon: RunningDaemon, session_id: str,
             headers.append(("X-Qwen-Event-Epoch", epoch))
     if max_queued is not None:
         query.append("maxQueued=" + quote(max_queued, safe=""))
-    target = f"/session/{session_id}/events" + ("?" + "&".join(query) if query else "")
+    target = f"/session/{idle_session_id}/events" + ("?" + "&".join(query) if query else "")
     resp = exchange(daemon, request_bytes(daemon, "GET", target, headers=headers))
     if not max_queued_ok(max_queued):
         assert resp.status == 400 and assert_error_body(resp)["code"] == "invalid_max_queued"
@@ -408,12 +424,69 @@ def test_event_stream_cursor_garbage(daemon: RunningDaemon, session_id: str,
     # Headers win as soon as either is present (SPEC §4.2 extension).
     cursor = expected_cursor(last_event_id, header_mode=not via_query)
     if cursor is None:
-        assert resp.body == b"retry: 3000\n\n", resp.body[:300]  # live only
+        assert resp.body == b"retry: 3000\n\n" + HEARTBEAT, resp.body[:300]  # live only
     else:
-        # A cursor replays (possibly nothing) and always ends the replay with replay_complete,
-        # all in the first write.
+        # A cursor replays (possibly nothing; a cursor past the end resyncs first) and always
+        # ends the replay with replay_complete, before the live loop's first heartbeat.
         assert resp.body.startswith(b"retry: 3000\n\n")
-        assert resp.body.endswith(b"\n\n") and b"event: replay_complete\n" in resp.body
+        frames = resp.body.removesuffix(HEARTBEAT)
+        assert frames.endswith(b"\n\n") and b"event: replay_complete\n" in frames
+        # On an empty ring any cursor past 0 is in the future, and any valid epoch differs.
+        resync = cursor > 0 or expected_epoch(epoch, header_mode=not via_query) is not None
+        assert (b"event: state_resync_required\n" in frames) == resync, frames
+    assert_healthy(daemon)
+
+
+def ws_exchange(daemon: RunningDaemon, target: str) -> RawResponse:
+    """A WebSocket upgrade: a 101 is read up to its head; a refusal must close the socket."""
+    key = base64.b64encode(os.urandom(16))
+    raw = request_bytes(daemon, "GET", target, headers=[
+        ("Upgrade", b"websocket"), ("Sec-WebSocket-Key", key),
+        ("Sec-WebSocket-Version", b"13")]).replace(b"Connection: close", b"Connection: Upgrade")
+    with socket.create_connection(_address(daemon), timeout=READ_TIMEOUT_S) as sock:
+        sock.sendall(raw)
+        data = b""
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                raise AssertionError(f"no complete answer to {raw[:200]!r}: {data!r}") from None
+            if not chunk:
+                break
+            data += chunk
+            head, sep, _ = data.partition(b"\r\n\r\n")
+            if sep and head.startswith(b"HTTP/1.1 101"):
+                status, headers = _parse_head(head)
+                return RawResponse(status, headers, b"", closed=False)
+    head, sep, rest = data.partition(b"\r\n\r\n")
+    assert sep, data
+    status, headers = _parse_head(head)
+    return RawResponse(status, headers, rest, closed=True)
+
+
+@FUZZ
+@given(sid=st.one_of(st.none(), hostile_id()),
+       query=st.lists(st.tuples(st.sampled_from(["maxQueued", "lastEventId", "epoch", "x"]),
+                                st.text(max_size=12)), max_size=3))
+def test_websocket_upgrades_with_hostile_input(daemon: RunningDaemon, idle_session_id: str,
+                                               sid: str | None,
+                                               query: list[tuple[str, str]]) -> None:
+    """Refusals of an upgrade are plain HTTP answers with the JSON body (SPEC §4.4)."""
+    live = sid is None
+    target = f"/session/{idle_session_id if live else sid}/ws"
+    if query:
+        target += "?" + "&".join(f"{k}={quote(v, safe='')}" for k, v in query)
+    resp = ws_exchange(daemon, target)
+    max_queued = [v for k, v in query if k == "maxQueued" and v]
+    if not live:
+        assert resp.status == 404 and resp.closed, resp
+        assert assert_error_body(resp)["code"] in ("session_not_found", "route_not_found")
+    elif max_queued and not max_queued_ok(max_queued[-1]):
+        assert resp.status == 400 and resp.closed, resp
+        assert assert_error_body(resp)["code"] == "invalid_max_queued"
+    else:
+        assert resp.status == 101, resp
+        assert re.fullmatch(r"[0-9a-f-]{36}", resp.headers["x-qwen-event-epoch"])
     assert_healthy(daemon)
 
 
