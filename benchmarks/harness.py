@@ -14,6 +14,7 @@ import os
 import platform
 import socket
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -368,72 +369,83 @@ class Context:
 # --- a trivial static HTTP server (a baseline for moving bytes) ----------------------------------
 
 
+def _static_response(size: int) -> bytes:
+    head = (f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+            f"content-length: {size}\r\n\r\n").encode()
+    return head + b"[" + b" " * max(0, size - 2) + b"]"[: max(0, size - 1)]
+
+
+def _serve_static_connection(conn: socket.socket, cache: dict[int, bytes]) -> None:
+    buf = b""
+    with conn:
+        while True:
+            while b"\r\n\r\n" not in buf:
+                data = conn.recv(65536)
+                if not data:
+                    return
+                buf += data
+            head, buf = buf.split(b"\r\n\r\n", 1)
+            lines = head.split(b"\r\n")
+            length = 0
+            for line in lines[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            while len(buf) < length:
+                data = conn.recv(65536)
+                if not data:
+                    return
+                buf += data
+            buf = buf[length:]
+            path = lines[0].split()[1].decode()
+            size = int(path.rsplit("/", 1)[-1]) if path.startswith("/bytes/") else 2
+            if size not in cache:
+                cache[size] = _static_response(size)
+            conn.sendall(cache[size])
+
+
+def serve_static_forever() -> None:
+    """The static server's process: print the port, then answer until killed."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    print(listener.getsockname()[1], flush=True)
+    cache: dict[int, bytes] = {}
+    while True:
+        conn, _ = listener.accept()
+        threading.Thread(target=_serve_static_connection, args=(conn, cache),
+                         daemon=True).start()
+
+
 class StaticByteServer:
     """Answers every HTTP/1.1 request on ``/bytes/<n>`` with ``n`` filler bytes, keep-alive.
 
     It does nothing but write a pre-built response, so fetching from it with the same client
     measures the floor for moving that many bytes over loopback and parsing them as one HTTP
-    response: the baseline against which a daemon response of the same size is judged.
+    response: the baseline against which a daemon response of the same size is judged. It runs
+    in its own process, like the daemon, so it never competes with the client for a GIL.
     """
 
     def __init__(self) -> None:
-        self._sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self._sock.getsockname()[1]
-        self._bodies: dict[int, bytes] = {}
-        self._lock = threading.Lock()
-        self._closed = False
-        self._thread = threading.Thread(target=self._serve, name="static-bytes", daemon=True)
-        self._thread.start()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", "from benchmarks.harness import serve_static_forever; "
+                                   "serve_static_forever()"],
+            stdout=subprocess.PIPE)
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline()
+        if not line.strip().isdigit():
+            self.close()
+            raise RuntimeError(f"static server did not report its port: {line!r}")
+        self.port = int(line)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def _response(self, size: int) -> bytes:
-        with self._lock:
-            if size not in self._bodies:
-                head = (f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                        f"content-length: {size}\r\n\r\n").encode()
-                self._bodies[size] = head + b"[" + b" " * max(0, size - 2) + b"]"[: size - 1]
-            return self._bodies[size]
-
-    def _serve(self) -> None:
-        while not self._closed:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
-
-    def _connection(self, conn: socket.socket) -> None:
-        buf = b""
-        with conn:
-            while True:
-                while b"\r\n\r\n" not in buf:
-                    data = conn.recv(65536)
-                    if not data:
-                        return
-                    buf += data
-                head, buf = buf.split(b"\r\n\r\n", 1)
-                lines = head.split(b"\r\n")
-                length = 0
-                for line in lines[1:]:
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                while len(buf) < length:
-                    data = conn.recv(65536)
-                    if not data:
-                        return
-                    buf += data
-                buf = buf[length:]
-                path = lines[0].split()[1].decode()
-                size = int(path.rsplit("/", 1)[-1]) if path.startswith("/bytes/") else 2
-                conn.sendall(self._response(size))
-
     def close(self) -> None:
-        self._closed = True
-        self._sock.close()
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:

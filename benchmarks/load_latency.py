@@ -17,8 +17,8 @@ Baselines, measured in the same run with the same client:
 - the small load against ``GET /health`` on the same daemon: the smallest round trip through
   the daemon's HTTP stack, so the ratio is what the load itself adds;
 - every large load against the same number of bytes fetched from a trivial static HTTP server
-  (a pre-built response written by a thread): the floor for moving and parsing that many bytes
-  over loopback, so the ratio is the daemon's overhead over just delivering the bytes.
+  (its own process, writing a pre-built response): the floor for moving and parsing that many
+  bytes over loopback, so the ratio is the daemon's overhead over just delivering the bytes.
 
 In-process: the same events are published into a :class:`daemon.bus.SessionBus` in this process
 and ``SessionBus.load_snapshot`` plus the body encode (as the HTTP route does it) is timed, with
@@ -33,6 +33,7 @@ import statistics
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,11 +134,11 @@ def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
     caps = ["--max-journal-bytes", str(int(journal_cap * MIB)),
             "--compacted-replay-max-bytes", str(int(window_cap_mib * MIB))]
     window_turns = WINDOW_TURNS
-    static = StaticByteServer()
     gates: list[str] = []
     ctx.progress(f"starting daemon (journal cap {journal_cap:g} MiB, window cap "
                  f"{window_cap_mib:g} MiB)")
-    with start_daemon(caps) as daemon, httpx.Client(timeout=120) as static_http:
+    with closing(StaticByteServer()) as static, start_daemon(caps) as daemon, \
+            httpx.Client(timeout=120) as static_http:
         targets: list[Target] = [Target("health", _loader(daemon.http, "/health", "GET"))]
         sid, cid = daemon.create_session()
         daemon.prompt(sid, "mock:chunks=3 mock:delay_ms=0", cid)
@@ -186,7 +187,6 @@ def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
             target.cpu = target.cpu.scaled(1 / rounds)
         for gate in gates:
             daemon.open_gate(gate)
-    static.close()
     ctx.progress("in-process snapshots")
     in_process = measure_in_process(journal_cap, window_cap_mib, window_turns, window_pad,
                                     rounds)

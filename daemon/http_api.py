@@ -233,18 +233,6 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
             "hasRunningBackgroundTasks": False,
         }
 
-    async def prompt_terminals(session: Session) -> list[Any]:
-        writer = manager.writer
-        if writer is None or session.bus.transcript_degraded:
-            return []
-        try:
-            terminals: list[Any] = await writer.read(
-                lambda store: store.prompt_terminals(session.id, 64))
-        except Exception:
-            log.exception("event=prompt_terminals_failed session=%s", session.id)
-            return []
-        return terminals
-
     @app.post("/session/<session_id>/load")
     async def load_session(session_id: str) -> Response:
         hint = header_client_id()
@@ -260,8 +248,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
             raise ApiError(400, "invalid_live_replay_mode",
                            'liveReplayMode must be "full" or "summary"')
         client_id = manager.register_client(session, hint)
-        terminals = await prompt_terminals(session)
-        session = live_session(session_id)
+        terminals = list(session.terminals)
         bus = session.bus
         out = base_body(session, client_id)
         writer = manager.writer

@@ -190,6 +190,7 @@ class SessionManager:
         cap = self.config.compacted_replay_max_bytes
         turns, older_records, older_turns = await writer.read(
             lambda store: store.newest_turns(session_id, cap))
+        terminals = await writer.read(lambda store: store.prompt_terminals(session_id, 64))
         segments, next_id = seed_segments(turns, 1)
         cwd = row.workspace_cwd
         agent = await self.agent_for(cwd)
@@ -216,6 +217,7 @@ class SessionManager:
             cancel_grace_s=self.config.cancel_grace_ms / 1000,
             on_ended=self._session_ended,
         )
+        session.terminals.extend(terminals)
         bus.last_write_seq = writer.submit(
             UpsertSession(session_id, cwd, row.created_at_ms, acp_session_id))
         self.sessions[session_id] = session

@@ -27,6 +27,7 @@ log = logging.getLogger("daemon.session")
 Terminal = tuple[str, dict[str, Any], TerminalState, str | None]
 
 MAX_PENDING_PROMPTS = 5
+MAX_LEDGER_TERMINALS = 64
 MAX_ECHO_BLOCKS = 256
 
 
@@ -91,6 +92,8 @@ class Session:
         self.cancel_grace_s = cancel_grace_s
         self.on_ended = on_ended
         self.clients: set[str] = set()
+        # The ledger's newest terminals, served by load without a database read.
+        self.terminals: deque[dict[str, Any]] = deque(maxlen=MAX_LEDGER_TERMINALS)
         self.queue: deque[PendingPrompt] = deque()
         self.active: PendingPrompt | None = None
         self.permissions: dict[str, PermissionWaiter] = {}
@@ -242,6 +245,11 @@ class Session:
             originator_client_id=prompt.client_id, ledger_terminal=ledger,
             stop_reason=stop_reason,
         )
+        terminal: dict[str, Any] = {"v": 1, "promptId": prompt.prompt_id, "terminal": ledger}
+        if stop_reason is not None:
+            terminal["stopReason"] = stop_reason
+        terminal["at"] = now_ms()
+        self.terminals.append(terminal)
         self.active = None
         bus.active_prompt_id = None
         if prompt.queued:
