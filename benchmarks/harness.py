@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any
@@ -140,14 +140,6 @@ class CpuMeter:
         if self.include_self:
             clients += own_cpu_seconds() - self0
         return CpuUse(daemon_ms, agent_ms, clients * 1000)
-
-    @contextmanager
-    def measure(self) -> Iterator[list[CpuUse]]:
-        """``with meter.measure() as out:`` ... then ``out[0]`` is the interval's use."""
-        out: list[CpuUse] = []
-        self.start()
-        yield out
-        out.append(self.stop())
 
 
 # --- rows ----------------------------------------------------------------------------------------
@@ -446,10 +438,3 @@ class StaticByteServer:
             self._proc.wait()
         if self._proc.stdout is not None:
             self._proc.stdout.close()
-
-
-def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    """``(seconds, result)`` of one call."""
-    start = time.perf_counter()
-    result = fn()
-    return time.perf_counter() - start, result

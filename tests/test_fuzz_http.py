@@ -302,7 +302,7 @@ METHODS = ["GET", "POST", "DELETE", "PUT", "PATCH", "OPTIONS", "HEAD", "TRACE", 
 
 
 @pytest.mark.parametrize("route", ROUTES, ids=[r.operation_id for r in ROUTES])
-@settings(FUZZ, max_examples=15)
+@settings(FUZZ, max_examples=30)
 @example(body=DEEP_BODIES[0], client_id=None, request_id="r")
 @example(body=DEEP_BODIES[1], client_id=None, request_id="r")
 @given(body=hostile_body(), client_id=client_id_header, request_id=hostile_id())
@@ -326,7 +326,7 @@ def test_every_route_survives_hostile_bodies(daemon: RunningDaemon, session_id: 
     assert_healthy(daemon)
 
 
-@FUZZ
+@settings(FUZZ, max_examples=200)
 @given(route=st.sampled_from(ROUTES), method=st.sampled_from(METHODS), sid=hostile_id(),
        body=st.one_of(st.none(), st.sampled_from(NON_OBJECT_BODIES)))
 def test_path_tricks_and_unknown_methods_get_json_4xx(daemon: RunningDaemon, route: Route,
@@ -465,7 +465,7 @@ def ws_exchange(daemon: RunningDaemon, target: str) -> RawResponse:
     return RawResponse(status, headers, rest, closed=True)
 
 
-@FUZZ
+@settings(FUZZ, max_examples=100)
 @given(sid=st.one_of(st.none(), hostile_id()),
        query=st.lists(st.tuples(st.sampled_from(["maxQueued", "lastEventId", "epoch", "x"]),
                                 st.text(max_size=12)), max_size=3))
