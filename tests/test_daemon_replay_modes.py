@@ -45,7 +45,7 @@ def turn_texts(events: list) -> list[str]:  # type: ignore[type-arg]
 async def test_replay_window_marker_anchors_paging_to_the_dropped_turns(
         daemon: RunningDaemon) -> None:
     async with httpx.AsyncClient(base_url=daemon.url) as client:
-        sid, pids = await five_turns(client)
+        sid, _pids = await five_turns(client)
         body = (await client.post(f"/session/{sid}/load", json={})).json()
         replay = decode_events(body["compactedReplay"])
         marker = replay[0]
