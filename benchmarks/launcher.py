@@ -118,11 +118,14 @@ class Daemon:
         return dict(self.get_json(f"/session/{session_id}/status"))
 
     def wait_status(self, session_id: str, what: str,
-                    predicate: Callable[[dict[str, Any]], bool],
-                    timeout: float = 600.0, poll_s: float = 0.02) -> dict[str, Any]:
+                    predicate: Callable[[dict[str, Any]], bool], timeout: float = 600.0,
+                    poll_s: float = 0.02, report: Callable[[dict[str, Any]], None] | None = None,
+                    report_every_s: float = 5.0) -> dict[str, Any]:
         """Poll the session status until ``predicate(status)`` holds (a condition, not a
-        guessed delay); raise with the last status after ``timeout``."""
+        guessed delay); raise with the last status after ``timeout``. ``report`` is called with
+        the status every ``report_every_s`` while waiting (progress for long waits)."""
         deadline = time.monotonic() + timeout
+        next_report = time.monotonic() + report_every_s
         while True:
             status = self.status(session_id)
             if predicate(status):
@@ -130,12 +133,17 @@ class Daemon:
             if self.proc.poll() is not None:
                 raise LaunchError(f"daemon exited ({self.proc.returncode}) while waiting for "
                                   f"{what}:\n{self.stderr_tail()}")
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise LaunchError(f"timed out waiting for {what}; last status {status}")
+            if report is not None and now >= next_report:
+                report(status)
+                next_report = now + report_every_s
             time.sleep(poll_s)
 
     def wait_ingested(self, session_id: str, last_event_id: int, *, durable: bool = False,
-                      timeout: float = 600.0) -> dict[str, Any]:
+                      timeout: float = 600.0,
+                      report: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         """Wait until the bus has published ``last_event_id`` (and, with ``durable``, until the
         transcript has committed it)."""
 
@@ -144,7 +152,8 @@ class Daemon:
                 return False
             return not durable or status["durableEventId"] >= status["lastEventId"]
 
-        return self.wait_status(session_id, f"event {last_event_id}", done, timeout)
+        return self.wait_status(session_id, f"event {last_event_id}", done, timeout,
+                                report=report)
 
     def wait_idle(self, session_id: str, timeout: float = 600.0) -> dict[str, Any]:
         """Wait until the session has no active or queued prompt."""

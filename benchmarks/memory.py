@@ -125,8 +125,13 @@ def long_turn(ctx: Context, daemon: Daemon, caps: FullCaps, chunks: int) -> Long
     started = time.monotonic()
     accepted = daemon.prompt(caps.session_id, f"mock:chunks={chunks} mock:gate={gate}",
                              caps.client_id)
-    daemon.wait_ingested(caps.session_id, int(accepted["lastEventId"]) + 1 + chunks,
-                         durable=True)
+    last = int(accepted["lastEventId"]) + 1 + chunks
+
+    def report(status: dict[str, Any]) -> None:
+        ctx.progress(f"  published {status['lastEventId']:,}/{last:,}, durable "
+                     f"{status['durableEventId']:,}, RSS {_rss_mb(daemon):.1f} MB")
+
+    daemon.wait_ingested(caps.session_id, last, durable=True, report=report)
     cpu = meter.stop()
     elapsed = time.monotonic() - started
     info = session_info(daemon, caps.session_id)
