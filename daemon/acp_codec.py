@@ -204,6 +204,8 @@ def parse_message(line: bytes) -> Message:
         return _malformed(f"not a JSON-RPC message: {exc}", line)
     except msgspec.DecodeError as exc:
         return _malformed(f"invalid JSON: {exc}", line)
+    except RecursionError:
+        return _malformed("JSON nested too deeply", line)
     if wire.jsonrpc is not UNSET and wire.jsonrpc != "2.0":
         return _malformed(f"unsupported jsonrpc version {wire.jsonrpc!r}", line)
     method = wire.method

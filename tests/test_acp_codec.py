@@ -279,3 +279,11 @@ def test_pending_requests_discard_and_drain() -> None:
     assert sorted(p.waiter for p in table.drain()) == ["wa", "wc"]
     assert len(table) == 0 and a not in table and c not in table
     assert table.allocate("d", "wd") > c  # ids are never reused
+
+
+def test_deeply_nested_line_is_malformed_not_a_crash() -> None:
+    depth = 100_000
+    line = (b'{"jsonrpc":"2.0","method":"session/update","params":{"update":'
+            + b"[" * depth + b"]" * depth + b"}}")
+    msg = parse_message(line)
+    assert isinstance(msg, Malformed)

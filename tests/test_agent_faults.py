@@ -59,8 +59,9 @@ def agent_pids(client: httpx.Client) -> dict[str, int]:
     return {a["workspaceCwd"]: a["pid"] for a in status["agents"]}
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def ok_agent_pid(daemon: RunningDaemon, ok_session: str) -> int:
+    """The healthy workspace's agent, as first started: no fault elsewhere may replace it."""
     with httpx.Client(base_url=daemon.url, timeout=CLIENT_TIMEOUT_S) as client:
         return agent_pids(client)[workspace(daemon, "ok")]
 

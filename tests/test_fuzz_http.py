@@ -438,6 +438,35 @@ def test_event_stream_cursor_garbage(daemon: RunningDaemon, idle_session_id: str
     assert_healthy(daemon)
 
 
+transcript_text = st.one_of(st.text(max_size=16), st.sampled_from(
+    ["0", "1", "500", "501", "0100", "\u00b2", "\u0663", "9" * 5000, "-1", "1e2", "",
+     "tc1.", "tc1.////", "tc1.gA", "tc1." + "A" * 400, "\x00"]))
+
+
+@settings(FUZZ, max_examples=100)
+@example(limit="\u00b2", cursor=None, before=None)
+@example(limit="9" * 5000, cursor=None, before=None)
+@example(limit=None, cursor="tc1.gA", before=None)
+@given(limit=st.one_of(st.none(), transcript_text), cursor=st.one_of(st.none(), transcript_text),
+       before=st.one_of(st.none(), transcript_text))
+def test_transcript_query_garbage(daemon: RunningDaemon, session_id: str, limit: str | None,
+                                  cursor: str | None, before: str | None) -> None:
+    query = [f"{name}={quote(value, safe='')}" for name, value in
+             (("limit", limit), ("cursor", cursor), ("beforeRecordId", before))
+             if value is not None]
+    target = f"/session/{session_id}/transcript" + ("?" + "&".join(query) if query else "")
+    resp = exchange(daemon, request_bytes(daemon, "GET", target))
+    route = next(r for r in ROUTES if r.operation_id == "transcript")
+    assert_app_answer(resp, "GET", route)
+    if limit is not None and (_decimal(limit, 500) is None or int(limit) < 1):
+        assert (resp.status, resp.json()["code"]) == (400, "invalid_transcript_limit")
+    elif cursor is not None and before is not None:
+        assert (resp.status, resp.json()["code"]) == (400, "invalid_transcript_cursor")
+    elif resp.status != 200:
+        assert (resp.status, resp.json()["code"]) == (400, "invalid_transcript_cursor")
+    assert_healthy(daemon)
+
+
 def ws_exchange(daemon: RunningDaemon, target: str) -> RawResponse:
     """A WebSocket upgrade: a 101 is read up to its head; a refusal must close the socket."""
     key = base64.b64encode(os.urandom(16))
