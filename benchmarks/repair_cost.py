@@ -2,22 +2,19 @@
 
 A session runs a turn of ``--chunks`` (default 10,000) mock chunks on a daemon whose live
 journal is capped at 1 MiB, so a mid-turn load shows a recoverable ``live_journal`` marker.
-The turn is held open by a gate while the client loads it (load 1), rebuilds the WebUI state from
-the snapshot (``webui_model.replay_snapshot``, one store reset, checkpoint taken) and subscribes
-from the snapshot's cursor through an SDK ``SessionHandle``; then the gate opens and the turn
-ends. The SDK's ``RepairDriver`` (the Trio driver the WebUI provider uses) arms on the terminal,
-pauses the subscription, makes the one memory-replay load (load 2), validates it and calls the
-UI's ``commit``, which builds the repaired state off-store
-(``webui_model.build_repaired_state`` from the checkpoint) and commits it with one
-``TranscriptStore.reset``.
+The turn is held open by a gate while the WebUI model's provider (``webui_model.provider.
+WebUIProvider``, on the SDK's ``DaemonClient``) opens the session: load 1, replay into the store,
+a repair episode with its checkpoint, and the subscription. Then the gate opens and the turn
+ends; the provider dispatches the terminal, its ``RepairDriver`` arms, pauses the subscription,
+makes the one memory-replay load (load 2), validates it and the provider commits the repaired
+state with one ``TranscriptStore.reset``.
 
-Measured, per episode: from the moment the terminal is handed to the client (the subscription
-callback) to the end of that reset. The WebUI provider (``webui_model.provider``) did not exist
-when this was written, so the provider's own wiring is replaced by the few lines above (store,
-checkpoint, dispatch, commit callback); the row says which path ran. Loads are counted by the
-HTTP transport (``POST .../load`` requests, expected 2), agent prompts from the mock agent's
-prompt log (expected 1), and the repaired transcript is checked to hold every chunk exactly once
-and no marker.
+Measured, per episode, with a listener on the provider's store: from the notification in which
+the terminal's ``assistant.done`` ended the streaming answer to the notification of the commit
+(the first state without the marker block). Loads are counted by the HTTP transport
+(``POST .../load`` requests, expected 2), agent prompts from the mock agent's prompt log
+(expected 1), and the repaired transcript is checked to hold every chunk exactly once and no
+marker.
 
 Baseline: load 2 alone (request to last body byte), timed by the transport in the same episode,
 so the ratio is what pausing, validating, rebuilding and committing add to the one load.
@@ -26,7 +23,6 @@ so the ratio is what pausing, validating, rebuilding and committing add to the o
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -37,27 +33,9 @@ import trio
 
 from benchmarks.harness import MIB, Context, CpuMeter, CpuUse, Row
 from benchmarks.launcher import Daemon, gate_name, start_daemon
-from sdk import (
-    DaemonClient,
-    DaemonEvent,
-    RepairCandidate,
-    RepairDriver,
-    RepairNotice,
-    RepairOutcomeKind,
-    SessionHandle,
-    event_prompt_id,
-)
-from webui_model import (
-    DEFAULT_MAX_BLOCKS,
-    Block,
-    MessageBlock,
-    TextBlock,
-    TranscriptStore,
-    build_repaired_state,
-    make_is_new,
-    replay_snapshot,
-    take_checkpoint,
-)
+from sdk import DaemonClient, RepairOutcomeKind
+from webui_model import Block, MessageBlock, TextBlock
+from webui_model.provider import WebUIProvider
 
 NAME = "repair_cost"
 TITLE = "repair cost in the WebUI model: terminal to committed repair (10,000-chunk turn)"
@@ -76,10 +54,6 @@ class Episode:
     repaired_ok: bool
     problem: str
     cpu: CpuUse
-
-
-def provider_available() -> bool:
-    return importlib.util.find_spec("webui_model.provider") is not None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -135,9 +109,12 @@ async def _wait_ingested(client: DaemonClient, session_id: str, last_id: int) ->
             await trio.sleep(0.02)
 
 
+def _markers(blocks: Sequence[Block]) -> list[Block]:
+    return [b for b in blocks if isinstance(b, MessageBlock) and b.source == "history_truncated"]
+
+
 def _check_repaired(blocks: Sequence[Block], chunks: int) -> tuple[bool, str]:
-    markers = [b for b in blocks if isinstance(b, MessageBlock)
-               and b.source == "history_truncated"]
+    markers = _markers(blocks)
     answer = "".join(b.text for b in blocks if isinstance(b, TextBlock) and b.kind == "assistant")
     expected = "".join(f"chunk-{i}" for i in range(chunks))
     if markers:
@@ -149,7 +126,7 @@ def _check_repaired(blocks: Sequence[Block], chunks: int) -> tuple[bool, str]:
 
 
 async def _episode(daemon: Daemon, chunks: int, meter: CpuMeter) -> Episode:
-    """One turn: load mid-turn, follow it live, let the SDK's repair driver repair it."""
+    """One turn: the provider opens it mid-turn and follows it; its repair runs at the end."""
     prompts_before = daemon.prompt_count()
     transport = LoadCountingTransport()
     async with DaemonClient(daemon.url, transport=transport) as client:
@@ -159,60 +136,48 @@ async def _episode(daemon: Daemon, chunks: int, meter: CpuMeter) -> Episode:
         accepted = await view.send_prompt(
             sid, [{"type": "text", "text": f"mock:chunks={chunks} mock:gate={gate}"}])
         await _wait_ingested(view, sid, (accepted.last_event_id or 0) + 1 + chunks)
-        handle, first = await SessionHandle.load(client, sid)
-        replay = replay_snapshot(first.compacted_replay, first.live_journal,
-                                 configured_max_blocks=DEFAULT_MAX_BLOCKS)
-        store = TranscriptStore(DEFAULT_MAX_BLOCKS)
-        store.reset(replay.state)
-        checkpoint = take_checkpoint(replay)
-        if checkpoint is None:
-            raise RuntimeError("the mid-turn load shows no recoverable live_journal marker; "
-                               "raise --chunks or lower --journal-bytes")
         marks: dict[str, float] = {}
         cpu: list[CpuUse] = []
-        notices: list[RepairNotice] = []
+        async with WebUIProvider(client) as provider:
+            store = provider.store
+            await provider.open_session(sid)
+            if provider.episode is None or provider.checkpoint is None:
+                raise RuntimeError("the mid-turn load started no repair episode; raise --chunks "
+                                   "or lower --journal-bytes")
 
-        def commit(candidate: RepairCandidate) -> None:
-            state, _effects = build_repaired_state(
-                store.snapshot_state(), checkpoint, candidate.events, candidate.suffix_start,
-                make_is_new(candidate.observed_ids, candidate.watermark,
-                            candidate.highest_live_id),
-                DEFAULT_MAX_BLOCKS)
-            store.reset(state)
-            marks["committed"] = time.perf_counter()
-            cpu.append(meter.stop())
+            def on_change() -> None:
+                # The terminal's assistant.done ends the streaming answer; the commit is the
+                # first state without the marker block.
+                if "terminal" not in marks:
+                    if store.active_block("assistant") is None:
+                        meter.start()
+                        marks["terminal"] = time.perf_counter()
+                elif "committed" not in marks and not _markers(store.blocks):
+                    marks["committed"] = time.perf_counter()
+                    cpu.append(meter.stop())
 
-        async with trio.open_nursery() as nursery:
-            driver = RepairDriver(handle, nursery, commit=commit, notify=notices.append)
-            episode = driver.begin(first)
-            if episode is None:
-                raise RuntimeError("the mid-turn load gave the repair driver no target")
-
-            async def on_event(event: DaemonEvent) -> None:
-                if "terminal" not in marks and event.type in ("turn_complete", "turn_error") \
-                        and event_prompt_id(event) == episode.prompt_id:
-                    meter.start()
-                    marks["terminal"] = time.perf_counter()
-                store.dispatch(event)
-                driver.observe(event)
-
-            handle.subscribe(nursery, on_event)
+            unsubscribe = store.subscribe(on_change)
             daemon.open_gate(gate)
-            outcome = await driver.wait_outcome()
-            nursery.cancel_scope.cancel()
-        if outcome.kind is not RepairOutcomeKind.REPAIRED:
-            raise RuntimeError(f"repair {outcome.kind.value}: {outcome.error!r} {notices}")
+            with trio.fail_after(120):
+                await provider.wait_for(lambda: provider.repair_attempts >= 1)
+            unsubscribe()
+            outcome = provider.repair_outcomes[-1]
+            if outcome.kind is not RepairOutcomeKind.REPAIRED:
+                raise RuntimeError(f"repair {outcome.kind.value}: {outcome.error!r} "
+                                   f"{provider.notices}")
+            ok, problem = _check_repaired(list(store.blocks), chunks)
+            blocks = len(store.blocks)
         await view.close_session(sid)
-    ok, problem = _check_repaired(list(store.blocks), chunks)
+    if "committed" not in marks:
+        raise RuntimeError("the store never showed the terminal and then the repaired state")
     return Episode(marks["committed"] - marks["terminal"], transport.load_seconds[-1],
                    len(transport.load_seconds), daemon.prompt_count() - prompts_before,
-                   len(store.blocks), ok, problem, cpu[0])
+                   blocks, ok, problem, cpu[0])
 
 
 def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
     trials = ctx.trials(7, 1)
-    path = ("webui_model.provider exists but is not wired in here yet" if provider_available()
-            else "SDK RepairDriver + webui_model pure parts (no provider yet)")
+    path = "webui_model.provider.WebUIProvider (SDK RepairDriver inside)"
     ctx.progress(f"starting daemon (--max-journal-bytes {args.journal_bytes}); driver: {path}")
     episodes: list[Episode] = []
     with start_daemon(["--max-journal-bytes", str(args.journal_bytes)]) as daemon:
@@ -236,9 +201,11 @@ def rows_for(ctx: Context, args: argparse.Namespace, episodes: list[Episode], pa
     loads = sorted({e.loads for e in episodes})
     prompts = sorted({e.prompts for e in episodes})
     problems = sorted({e.problem for e in episodes if not e.repaired_ok})
+    blocks = sorted({e.blocks for e in episodes})
     row = Row(benchmark=NAME, name="terminal -> committed repair, including the one load",
               params={"chunks": args.chunks, "journal_cap_MiB": round(args.journal_bytes / MIB, 2),
-                      "loads": "/".join(map(str, loads)), "prompts": "/".join(map(str, prompts))},
+                      "loads": "/".join(map(str, loads)), "prompts": "/".join(map(str, prompts)),
+                      "blocks": "/".join(map(str, blocks))},
               unit="ms", samples=[e.total_s * 1000 for e in episodes],
               baseline=median(e.load_s for e in episodes) * 1000, baseline_label="load 2 alone",
               target=f"<= {TARGET_MS:g} ms, 2 loads, 1 prompt",

@@ -199,7 +199,9 @@ class SessionBus:
         try:
             for env in self.compactor.finish(event):
                 record_id = str(uuid.uuid4())
-                records.append(Record(Event.from_env(stamp_record(env, record_id)), record_id))
+                compacted = Event.from_env(stamp_record(env, record_id))
+                compacted.release()  # the window and the transcript need only the bytes
+                records.append(Record(compacted, record_id))
             self.window.add_segment(records)
             if records:
                 self.latest_record_id = records[-1].record_id

@@ -19,7 +19,7 @@ from werkzeug.exceptions import HTTPException
 
 from .bus import now_ms
 from .config import DaemonConfig
-from .envelope import decode_json, encode_json
+from .envelope import RawList, decode_json, encode_json, encode_object
 from .manager import AgentUnavailable, SessionManager
 from .openapi import build_openapi
 from .session import MAX_PENDING_PROMPTS, PromptQueueFull, Session
@@ -49,7 +49,12 @@ class ApiError(Exception):
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    raw = body if isinstance(body, bytes) else encode_json(body)
+    if isinstance(body, bytes):
+        raw = body
+    elif isinstance(body, dict) and any(isinstance(v, RawList) for v in body.values()):
+        raw = encode_object(body)
+    else:
+        raw = encode_json(body)
     resp = Response(raw, status=status, content_type="application/json")
     for key, value in (headers or {}).items():
         resp.headers[key] = value
@@ -256,15 +261,15 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
                 and not bus.transcript_degraded:
             last_event_id, epoch = bus.ring.last_id, bus.epoch
             page = await writer.read(lambda store: store.page(session_id, limit=page_size))
-            out["compactedReplay"] = msgspec.Raw(b"[" + b",".join(page.events) + b"]")
+            out["compactedReplay"] = RawList(page.events)
             out["liveJournal"] = []
             out["historyHasMore"] = page.has_more
         else:
             snap = bus.load_snapshot(mode)
             last_event_id, epoch = snap.last_event_id, snap.epoch
             out["hasActivePrompt"] = session.active is not None
-            out["compactedReplay"] = msgspec.Raw(b"[" + b",".join(snap.compacted) + b"]")
-            out["liveJournal"] = msgspec.Raw(b"[" + b",".join(snap.live) + b"]")
+            out["compactedReplay"] = RawList(snap.compacted)
+            out["liveJournal"] = RawList(snap.live)
             if bus.window.truncated_events > 0:
                 out["historyHasMore"] = True
             anchor = bus.window.oldest_record_id
@@ -377,7 +382,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
             raise ApiError(400, "invalid_transcript_cursor",
                            "Unknown transcript cursor or record id") from None
         out: dict[str, Any] = {"v": 1, "sessionId": session.id,
-                               "events": msgspec.Raw(b"[" + b",".join(page.events) + b"]"),
+                               "events": RawList(page.events),
                                "hasMore": page.has_more}
         if page.next_cursor is not None:
             out["nextCursor"] = page.next_cursor

@@ -101,7 +101,9 @@ def seed_segments(turns: Sequence[Sequence[tuple[str, bytes]]], first_id: int
             if not isinstance(env, dict) or not isinstance(env.get("type"), str):
                 continue
             env = {"id": next_id, **{k: v for k, v in env.items() if k != "id"}}
-            segment.append(Record(Event.from_env(env), record_id))
+            seeded = Event.from_env(env)
+            seeded.release()
+            segment.append(Record(seeded, record_id))
             next_id += 1
         if segment:
             segments.append(segment)

@@ -1,4 +1,4 @@
-"""webui_model: the headless WebUI state (transcript store, reducer, replay, repair commit)."""
+"""webui_model: the headless WebUI state (transcript store, reducer, replay, repair commit, provider)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,12 @@ from webui_model.pagination import (
     load_more,
     reanchored,
     replay_anchor,
+)
+from webui_model.provider import (
+    ConnectionState,
+    LoadWarnings,
+    SessionAbandonedError,
+    WebUIProvider,
 )
 from webui_model.reducer import (
     ASSISTANT_DONE,
@@ -67,6 +73,11 @@ from webui_model.replay import (
     run_events,
     visible_blocks,
 )
+from webui_model.side_channels import (
+    NoticeBoard,
+    SideChannels,
+    notice_from_repair,
+)
 from webui_model.store import (
     DEFAULT_MAX_BLOCKS,
     STORE_MAX_BLOCKS,
@@ -90,11 +101,14 @@ __all__ = [
     "BlockKind",
     "Checkpoint",
     "ConnectionMetadata",
+    "ConnectionState",
     "FollowUpSuggestion",
     "HistoryPage",
     "InjectedMessage",
+    "LoadWarnings",
     "MessageBlock",
     "Notice",
+    "NoticeBoard",
     "PageData",
     "PageError",
     "PageOutcome",
@@ -104,12 +118,15 @@ __all__ = [
     "PermissionBlock",
     "RepairBuild",
     "ReplayResult",
+    "SessionAbandonedError",
+    "SideChannels",
     "SideEffect",
     "StoreState",
     "TextBlock",
     "ToolBlock",
     "TranscriptDraft",
     "TranscriptStore",
+    "WebUIProvider",
     "WorkspaceSignal",
     "after_page",
     "after_page_error",
@@ -131,6 +148,7 @@ __all__ = [
     "make_is_new",
     "mirror_page",
     "mirror_status",
+    "notice_from_repair",
     "parse_block_id",
     "prepend_blocks",
     "reanchored",

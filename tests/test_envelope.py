@@ -1,0 +1,84 @@
+"""The envelope core: one encoding per event, released dicts decoded on demand, SSE frames,
+and response bodies spliced from pre-encoded items."""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+from daemon.envelope import (
+    Event,
+    RawList,
+    build_envelope,
+    encode_object,
+    make_event,
+    sse_chunks,
+    synthetic,
+)
+
+
+def test_make_event_encodes_once_and_sizes_by_encoding() -> None:
+    event = make_event(7, "session_update", {"sessionId": "s", "update": {
+        "sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "hé"}}},
+        now_ms=123, prompt_id="p", originator_client_id="c")
+    assert event is not None
+    assert event.size == len(event.raw)
+    assert msgspec.json.decode(event.raw) == {
+        "id": 7, "v": 1, "type": "session_update",
+        "data": {"sessionId": "s", "update": {"sessionUpdate": "agent_message_chunk",
+                                              "content": {"type": "text", "text": "hé"}}},
+        "promptId": "p", "originatorClientId": "c", "_meta": {"serverTimestamp": 123}}
+
+
+def test_server_timestamp_rules() -> None:
+    kept = build_envelope(1, "x", {}, now_ms=5, meta={"serverTimestamp": 99.5})
+    assert kept["_meta"] == {"serverTimestamp": 99.5}
+    for bad in (math.nan, math.inf, True, "9"):
+        assert build_envelope(1, "x", {}, now_ms=5, meta={"serverTimestamp": bad}
+                              )["_meta"]["serverTimestamp"] == 5
+    lifted = build_envelope(1, "session_update", {"update": {"_meta": {"timestamp": 42}}},
+                            now_ms=5)
+    assert lifted["_meta"] == {"serverTimestamp": 42}
+    preferred = build_envelope(1, "session_update", {"update": {"_meta": {
+        "timestamp": 42, "serverTimestamp": 43}}}, now_ms=5)
+    assert preferred["_meta"] == {"serverTimestamp": 43}
+    not_lifted = build_envelope(1, "turn_complete", {"update": {"_meta": {"timestamp": 42}}},
+                                now_ms=5)
+    assert not_lifted["_meta"] == {"serverTimestamp": 5}
+
+
+def test_unencodable_event_is_dropped() -> None:
+    assert make_event(1, "x", {"bad": object()}, now_ms=0) is None
+
+
+def test_release_keeps_bytes_and_decodes_on_demand() -> None:
+    event = make_event(3, "x", {"a": [1, 2]}, now_ms=0)
+    assert event is not None
+    env = event.env
+    event.release()
+    again = event.env
+    assert again == env and again is not env
+    assert event.id == 3 and event.type == "x"
+
+
+def test_sse_frames_and_chunks() -> None:
+    event = make_event(12, "turn_complete", {"promptId": "p"}, now_ms=0)
+    assert event is not None
+    assert event.sse_frame == b"id: 12\nevent: turn_complete\ndata: " + event.raw + b"\n\n"
+    marker = synthetic("replay_complete", {"replayedCount": 0})
+    assert marker.sse_frame == b"event: replay_complete\ndata: " + marker.raw + b"\n\n"
+    events = [Event.from_env({"id": i, "v": 1, "type": "x", "data": "y" * 100})
+              for i in range(1, 50)]
+    chunks = sse_chunks(events, max_chunk=1000)
+    assert len(chunks) > 1
+    assert b"".join(chunks) == b"".join(e.sse_frame for e in events)
+
+
+def test_encode_object_splices_raw_lists() -> None:
+    items = [msgspec.json.encode({"id": i}) for i in range(3)]
+    body = encode_object({"a": 1, "list": RawList(items), "b": "x", "empty": RawList([])})
+    assert msgspec.json.decode(body) == {"a": 1, "b": "x", "list": [{"id": 0}, {"id": 1},
+                                                                     {"id": 2}], "empty": []}
+    only = encode_object({"events": RawList(items[:1])})
+    assert msgspec.json.decode(only) == {"events": [{"id": 0}]}

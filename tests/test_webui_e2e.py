@@ -1,0 +1,179 @@
+"""SPEC §7 item 4: the WebUI model mounted on the real daemon repairs a truncated live turn.
+
+The daemon runs with ``--max-journal-events 3 --max-journal-bytes 300`` and the bundled mock
+agent; a 20-chunk turn is held open with the mock's gate file (never a sleep). Loads are counted
+at a fault proxy in front of the daemon (it only relays here), model prompts in the mock's prompt
+log. Each test has its own daemon, so "exactly one line in the prompt log" means the whole
+daemon saw one prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from sdk.client import DaemonClient
+from sdk.repair import RepairState
+from sdk.repair_driver import RepairOutcomeKind
+from tests.fault_proxy import FaultProxy
+from tests.harness import RunningDaemon, running_daemon
+from tests.sse_client import text_of
+from webui_model import Block, MessageBlock, TextBlock, WebUIProvider
+
+WAIT_S = 30
+CHUNK_RE = re.compile(r"chunk-(\d+)")
+TWENTY = Counter({n: 1 for n in range(20)})
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[RunningDaemon]:
+    with running_daemon(tmp_path, ["--max-journal-events", "3", "--max-journal-bytes", "300"]) as d:
+        yield d
+
+
+@pytest.fixture
+async def proxy(daemon: RunningDaemon) -> AsyncIterator[FaultProxy]:
+    fault_proxy = FaultProxy(daemon.url)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(fault_proxy.run)
+        yield fault_proxy
+        nursery.cancel_scope.cancel()
+
+
+def is_live_marker(block: Block) -> bool:
+    return (
+        isinstance(block, MessageBlock)
+        and block.source == "history_truncated"
+        and isinstance(block.data, dict)
+        and block.data.get("scope") == "live_journal"
+    )
+
+
+def chunk_counts(provider: WebUIProvider) -> Counter[int]:
+    """How often each ``chunk-N`` appears across the transcript's text blocks."""
+    text = "\n".join(b.text for b in provider.store.blocks if isinstance(b, TextBlock))
+    return Counter(int(n) for n in CHUNK_RE.findall(text))
+
+
+def prompt_lines(daemon: RunningDaemon) -> list[str]:
+    return [json.loads(line)["text"] for line in daemon.prompts()]
+
+
+class Watch:
+    """Records, at every store notification, whether a live marker and a notice were shown."""
+
+    def __init__(self, provider: WebUIProvider) -> None:
+        self.provider = provider
+        self.marker_seen = False
+        self.max_notices = 0
+        provider.store.subscribe(self)
+
+    def __call__(self) -> None:
+        if any(is_live_marker(b) for b in self.provider.store.blocks):
+            self.marker_seen = True
+        self.max_notices = max(self.max_notices, self.provider.notices_emitted)
+
+
+async def wait(provider: WebUIProvider, predicate: Callable[[], bool]) -> None:
+    with trio.fail_after(WAIT_S):
+        await provider.wait_for(predicate)
+
+
+async def test_spec7_item4_the_model_repairs_the_live_turn_with_one_more_load(
+    daemon: RunningDaemon, proxy: FaultProxy
+) -> None:
+    token = "webui-e2e"
+    async with (
+        DaemonClient(daemon.url) as direct,
+        DaemonClient(proxy.url) as ui_client,
+        WebUIProvider(ui_client) as provider,
+    ):
+        created = await direct.create_session(scope="thread")
+        sid = created.session_id
+        accepted = await direct.send_prompt(sid, f"{token} mock:chunks=20 mock:gate={token}")
+        with trio.fail_after(WAIT_S):
+            async with direct.events(sid, 0) as stream:
+                async for event in stream:
+                    if text_of(event) == "chunk-19":
+                        break
+
+        watch = Watch(provider)
+        await provider.open_session(sid)
+        # Mid-turn: the marker is shown, the retained tail lacks the evicted chunks.
+        markers = [b for b in provider.store.blocks if is_live_marker(b)]
+        assert len(markers) == 1 and markers[0].prompt_id == accepted.prompt_id
+        assert isinstance(markers[0], MessageBlock) and markers[0].data["truncatedEvents"] > 0
+        assert markers[0].data["maxEvents"] == 3 and markers[0].data["fullTranscriptAvailable"]
+        counts = chunk_counts(provider)
+        assert 0 not in counts and counts[19] == 1
+        episode = provider.episode
+        assert episode is not None and episode.prompt_id == accepted.prompt_id
+        assert proxy.loads == 1
+
+        daemon.open_gate(token)
+        await wait(provider, lambda: provider.repair_attempts == 1)
+
+        (outcome,) = provider.repair_outcomes
+        assert outcome.kind is RepairOutcomeKind.REPAIRED
+        assert proxy.loads == 2, "exactly one more load after the terminal"
+        assert prompt_lines(daemon) == [f"{token} mock:chunks=20 mock:gate={token}"]
+        assert chunk_counts(provider) == TWENTY
+        assert not any(is_live_marker(b) for b in provider.store.blocks)
+        user = [b.text for b in provider.store.blocks if isinstance(b, TextBlock) and b.kind == "user"]
+        assert user == [f"{token} mock:chunks=20 mock:gate={token}"]
+        assert watch.marker_seen and watch.max_notices == 0
+        assert provider.notices == () and provider.notices_emitted == 0
+        # No further load follows: the episode is over and nothing re-arms it.
+        assert provider.episode is None and proxy.loads == 2
+
+
+async def test_a_local_prompt_through_the_model_holds_the_repair_until_it_settles(
+    daemon: RunningDaemon, proxy: FaultProxy
+) -> None:
+    token = "webui-local"
+    text = f"{token} mock:chunks=20 mock:gate={token}"
+    async with (
+        DaemonClient(daemon.url) as direct,
+        DaemonClient(proxy.url) as ui_client,
+        WebUIProvider(ui_client, load_warnings=lambda: ["Commands are temporarily unavailable."]) as provider,
+        trio.open_nursery() as nursery,
+    ):
+        created = await direct.create_session(scope="thread")
+        sid = created.session_id
+        await provider.open_session(sid)
+        states_at_return: list[tuple[RepairState | None, int]] = []
+
+        async def local_prompt() -> None:
+            result = await provider.prompt(text)
+            episode = provider.episode
+            states_at_return.append((None if episode is None else episode.state, proxy.loads))
+            assert result.stop_reason == "end_turn"
+
+        nursery.start_soon(local_prompt)
+        await wait(provider, lambda: chunk_counts(provider)[19] == 1)
+        # A configured reload mid-turn falls back to memory replay: the marker replaces chunk-0.
+        await provider.reload()
+        assert any(is_live_marker(b) for b in provider.store.blocks)
+        assert 0 not in chunk_counts(provider) and provider.episode is not None
+        assert proxy.loads == 2
+
+        daemon.open_gate(token)
+        await wait(provider, lambda: provider.repair_attempts == 1)
+        # The repair's load had not been sent when prompt() returned: it follows the settled
+        # prompt (tests/test_webui_provider.py pins the guard itself deterministically).
+        assert states_at_return == [(RepairState.RELOADING, 2)]
+        assert provider.repair_outcomes[-1].kind is RepairOutcomeKind.REPAIRED
+        assert proxy.loads == 3 and prompt_lines(daemon) == [text]
+        assert chunk_counts(provider) == TWENTY
+        assert not any(is_live_marker(b) for b in provider.store.blocks)
+        shown = [
+            b for b in provider.store.blocks
+            if isinstance(b, MessageBlock) and b.text == "Commands are temporarily unavailable."
+        ]
+        assert len(shown) == 1 and provider.notices == ()
