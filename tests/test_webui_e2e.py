@@ -2,9 +2,9 @@
 
 The daemon runs with ``--max-journal-events 3 --max-journal-bytes 300`` and the bundled mock
 agent; a 20-chunk turn is held open with the mock's gate file (never a sleep). Loads are counted
-at a fault proxy in front of the daemon (it only relays here), model prompts in the mock's prompt
-log. Each test has its own daemon, so "exactly one line in the prompt log" means the whole
-daemon saw one prompt.
+at the model's HTTP client (a transport that records every request it relays), model prompts in
+the mock's prompt log. Each test has its own daemon, so "exactly one line in the prompt log"
+means the whole daemon saw one prompt.
 """
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import trio
 
 from sdk.client import DaemonClient
 from sdk.repair import RepairState
 from sdk.repair_driver import RepairOutcomeKind
-from tests.fault_proxy import FaultProxy
 from tests.harness import RunningDaemon, running_daemon
 from tests.sse_client import text_of
 from webui_model import Block, MessageBlock, TextBlock, WebUIProvider
@@ -37,13 +37,23 @@ def daemon(tmp_path: Path) -> Iterator[RunningDaemon]:
         yield d
 
 
-@pytest.fixture
-async def proxy(daemon: RunningDaemon) -> AsyncIterator[FaultProxy]:
-    fault_proxy = FaultProxy(daemon.url)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(fault_proxy.run)
-        yield fault_proxy
-        nursery.cancel_scope.cancel()
+class CountingTransport(httpx.AsyncBaseTransport):
+    """The real network transport, recording ``(method, path)`` of every request."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.requests: list[tuple[str, str]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append((request.method, request.url.path))
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    @property
+    def loads(self) -> int:
+        return sum(1 for method, path in self.requests if method == "POST" and path.endswith("/load"))
 
 
 def is_live_marker(block: Block) -> bool:
@@ -86,12 +96,13 @@ async def wait(provider: WebUIProvider, predicate: Callable[[], bool]) -> None:
 
 
 async def test_spec7_item4_the_model_repairs_the_live_turn_with_one_more_load(
-    daemon: RunningDaemon, proxy: FaultProxy
+    daemon: RunningDaemon,
 ) -> None:
     token = "webui-e2e"
+    counted = CountingTransport()
     async with (
         DaemonClient(daemon.url) as direct,
-        DaemonClient(proxy.url) as ui_client,
+        DaemonClient(daemon.url, transport=counted) as ui_client,
         WebUIProvider(ui_client) as provider,
     ):
         created = await direct.create_session(scope="thread")
@@ -114,14 +125,14 @@ async def test_spec7_item4_the_model_repairs_the_live_turn_with_one_more_load(
         assert 0 not in counts and counts[19] == 1
         episode = provider.episode
         assert episode is not None and episode.prompt_id == accepted.prompt_id
-        assert proxy.loads == 1
+        assert counted.loads == 1
 
         daemon.open_gate(token)
         await wait(provider, lambda: provider.repair_attempts == 1)
 
         (outcome,) = provider.repair_outcomes
         assert outcome.kind is RepairOutcomeKind.REPAIRED
-        assert proxy.loads == 2, "exactly one more load after the terminal"
+        assert counted.loads == 2, "exactly one more load after the terminal"
         assert prompt_lines(daemon) == [f"{token} mock:chunks=20 mock:gate={token}"]
         assert chunk_counts(provider) == TWENTY
         assert not any(is_live_marker(b) for b in provider.store.blocks)
@@ -130,17 +141,18 @@ async def test_spec7_item4_the_model_repairs_the_live_turn_with_one_more_load(
         assert watch.marker_seen and watch.max_notices == 0
         assert provider.notices == () and provider.notices_emitted == 0
         # No further load follows: the episode is over and nothing re-arms it.
-        assert provider.episode is None and proxy.loads == 2
+        assert provider.episode is None and counted.loads == 2
 
 
 async def test_a_local_prompt_through_the_model_holds_the_repair_until_it_settles(
-    daemon: RunningDaemon, proxy: FaultProxy
+    daemon: RunningDaemon,
 ) -> None:
     token = "webui-local"
     text = f"{token} mock:chunks=20 mock:gate={token}"
+    counted = CountingTransport()
     async with (
         DaemonClient(daemon.url) as direct,
-        DaemonClient(proxy.url) as ui_client,
+        DaemonClient(daemon.url, transport=counted) as ui_client,
         WebUIProvider(ui_client, load_warnings=lambda: ["Commands are temporarily unavailable."]) as provider,
         trio.open_nursery() as nursery,
     ):
@@ -152,7 +164,7 @@ async def test_a_local_prompt_through_the_model_holds_the_repair_until_it_settle
         async def local_prompt() -> None:
             result = await provider.prompt(text)
             episode = provider.episode
-            states_at_return.append((None if episode is None else episode.state, proxy.loads))
+            states_at_return.append((None if episode is None else episode.state, counted.loads))
             assert result.stop_reason == "end_turn"
 
         nursery.start_soon(local_prompt)
@@ -161,7 +173,7 @@ async def test_a_local_prompt_through_the_model_holds_the_repair_until_it_settle
         await provider.reload()
         assert any(is_live_marker(b) for b in provider.store.blocks)
         assert 0 not in chunk_counts(provider) and provider.episode is not None
-        assert proxy.loads == 2
+        assert counted.loads == 2
 
         daemon.open_gate(token)
         await wait(provider, lambda: provider.repair_attempts == 1)
@@ -169,7 +181,7 @@ async def test_a_local_prompt_through_the_model_holds_the_repair_until_it_settle
         # prompt (tests/test_webui_provider.py pins the guard itself deterministically).
         assert states_at_return == [(RepairState.RELOADING, 2)]
         assert provider.repair_outcomes[-1].kind is RepairOutcomeKind.REPAIRED
-        assert proxy.loads == 3 and prompt_lines(daemon) == [text]
+        assert counted.loads == 3 and prompt_lines(daemon) == [text]
         assert chunk_counts(provider) == TWENTY
         assert not any(is_live_marker(b) for b in provider.store.blocks)
         shown = [

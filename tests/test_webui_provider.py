@@ -733,7 +733,7 @@ async def test_a_fallback_commit_mirrors_its_status_into_the_next_episode() -> N
 FAILURES = ["missing_input", "missing_terminal", "degraded", "network", "auth", "missing_session", "server_error"]
 
 
-def failing_answer(case: str, gate: trio.Event) -> Answer:
+def failing_answer(case: str, gate: trio.Event | None = None) -> Answer:
     compacted = [*p1_turn(), *p2_compacted()]
     if case == "missing_input":
         return Answer(body=load_body([e for e in compacted if e.id != 20], [], 43), gate=gate)
@@ -797,16 +797,16 @@ async def test_resume_after_an_auth_failure_reconnects_the_paused_handle() -> No
     async with mounted(fake) as provider:
         await mount_mid_turn(provider, fake, page=False)
         handle = provider.handle
-        fake.load_answers.setdefault(SID, []).append(failing_answer("auth", trio.Event()))
-        fake.load_answers[SID][-1].gate = None
+        fake.load_answers.setdefault(SID, []).append(failing_answer("auth"))
         fake.publish(*rest_of_turn())
         await wait(provider, lambda: provider.connection is ConnectionState.AUTH_FAILED)
         assert handle is not None and handle.state is SubscriptionState.PAUSED
 
         await provider.resume()
         assert len(fake.requests_to("POST", r"/resume$")) == 1
-        assert provider.connection is ConnectionState.CONNECTED and provider.handle is handle
-        assert handle.state is SubscriptionState.RUNNING and not provider.guards().resume_in_flight
+        current = provider.handle
+        assert provider.connection is ConnectionState.CONNECTED and current is handle
+        assert current.state is SubscriptionState.RUNNING and not provider.guards().resume_in_flight
         fake.publish(agent("back", id=44, prompt=P3))
         await wait(provider, lambda: "back" in texts(provider))
         # The failed episode is over for good: resuming does not retry it.
