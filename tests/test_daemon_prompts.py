@@ -3,8 +3,11 @@ close, the FIFO queue and its limit — and exactly one terminal per admitted pr
 
 from __future__ import annotations
 
+import shlex
+import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import httpx
 import pytest
@@ -192,3 +195,23 @@ async def test_prompt_cursor_is_read_before_admission(daemon: RunningDaemon) -> 
         assert chunk_kind(turn[0]) == "user_message_chunk"
         assert turn[0].prompt_id == accepted["promptId"]
         assert [text_of(e) for e in turn[1:4]] == ["chunk-0", "chunk-1", "chunk-2"]
+
+
+async def test_cancel_grace_ends_a_turn_the_agent_never_ends(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    agent = Path(__file__).parent / "agents" / "faulty_agent.py"
+    base = tmp_path_factory.mktemp("grace")
+    (base / "faulty-agent-mode").write_text("ignore-cancel")
+    with running_daemon(base, ["--agent", shlex.join([sys.executable, str(agent)]),
+                               "--cancel-grace-ms", "300"]) as daemon:
+        async with session(daemon) as (client, sid, sub, _):
+            pid = await send(client, sid, "mock:mode=hang mock:chunks=1")
+            await sub.wait_for(lambda e: text_of(e) == "chunk-0")
+            assert (await client.post(f"/session/{sid}/cancel")).status_code == 204
+            terminal = await sub.wait_for(is_terminal_for(pid))
+            assert terminal.type == "turn_complete"
+            assert terminal.data["stopReason"] == "cancelled"
+            # The session still works, and the stray turn got exactly one terminal.
+            pid2 = await send(client, sid, "mock:chunks=1 mock:delay_ms=0")
+            assert (await sub.wait_for(is_terminal_for(pid2))).type == "turn_complete"
+            assert len(terminals(sub, pid)) == 1

@@ -18,6 +18,8 @@ cwd names it, else the variable ``FAULTY_AGENT_MODE``, else ``mock``.
                    ``update`` is nested 100,000 arrays deep
 ``unknown-reply``  before answering a prompt: replies for request ids nobody sent
                    (``stopReason: "refusal"``, so taking one for the prompt's reply shows)
+``ignore-cancel``  ignores ``session/cancel`` (a ``mock:mode=hang`` prompt then never ends
+                   by itself: the daemon's cancel grace must end it)
 =================  ===========================================================================
 
 In the mid-turn modes everything else is the mock's behaviour (its variables and prompt
@@ -41,7 +43,7 @@ from daemon.mock_agent import main as mock_main
 
 MODE_FILE = "faulty-agent-mode"
 MODES = ("mock", "silent-init", "exit-on-init", "bad-init", "garbage", "oversized",
-         "deep-line", "unknown-reply")
+         "deep-line", "unknown-reply", "ignore-cancel")
 MID_TURN_MODES = ("garbage", "oversized", "deep-line")
 DEEP_LEVELS = 100_000
 EXIT_ON_INIT_CODE = 4
@@ -119,6 +121,10 @@ class FaultyAgent(MockAgent):
                 self.reply(bogus, {"stopReason": "refusal"})
             self.reply_error(20_000_000, -32603, "error for a request nobody sent")
         super().handle_request(request_id, method, params)
+
+    def cancel(self, session_id: Any) -> None:
+        if self.mode != "ignore-cancel":
+            super().cancel(session_id)
 
     def stream_chunks(self, session_id: str, plan: PromptPlan, cancelled: threading.Event) -> bool:
         if self.mode not in MID_TURN_MODES or plan.chunks < 2:
