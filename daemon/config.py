@@ -49,6 +49,7 @@ class DaemonConfig:
     # Timers shrinkable for out-of-process tests (defaults are the spec's values).
     heartbeat_ms: int = 15_000
     cancel_grace_ms: int = 10_000
+    ws_ping_ms: int = 15_000
 
     @property
     def is_loopback(self) -> bool:
@@ -106,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-persistence", action="store_true", help="run without the transcript")
     p.add_argument("--heartbeat-ms", default="15000", help=argparse.SUPPRESS)
     p.add_argument("--cancel-grace-ms", default="10000", help=argparse.SUPPRESS)
+    p.add_argument("--ws-ping-ms", default="15000", help=argparse.SUPPRESS)
     return p
 
 
@@ -171,4 +173,5 @@ def parse_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> 
         persistence=not ns.no_persistence,
         heartbeat_ms=_positive_int("--heartbeat-ms", ns.heartbeat_ms),
         cancel_grace_ms=_positive_int("--cancel-grace-ms", ns.cancel_grace_ms),
+        ws_ping_ms=_positive_int("--ws-ping-ms", ns.ws_ping_ms),
     )

@@ -16,6 +16,7 @@ import trio
 from hypercorn.config import Config as HyperConfig
 from hypercorn.trio import serve
 
+from . import ws_keepalive
 from .asgi import DaemonASGI
 from .config import DaemonConfig
 from .guards import Guard
@@ -69,7 +70,8 @@ def hypercorn_config(config: DaemonConfig) -> HyperConfig:
     hconf.errorlog = logging.getLogger("hypercorn.error")
     hconf.graceful_timeout = 1.0
     hconf.keep_alive_timeout = 30
-    hconf.websocket_ping_interval = 15.0
+    hconf.websocket_ping_interval = config.ws_ping_ms / 1000
+    ws_keepalive.install()  # two missed pongs close with 1011 (Hypercorn alone ignores pongs)
     return hconf
 
 

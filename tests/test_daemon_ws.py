@@ -4,6 +4,9 @@ session's end."""
 
 from __future__ import annotations
 
+import base64
+import os
+import socket
 from collections.abc import Iterator
 
 import httpx
@@ -103,3 +106,72 @@ async def test_bad_upgrades_get_plain_http_answers(daemon: RunningDaemon) -> Non
                                       extra_headers=[*AUTH, (b"origin", b"http://evil.test")]):
             pass
     assert origin.value.status_code == 403
+
+
+@pytest.fixture(scope="module")
+def pinging(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
+    with running_daemon(tmp_path_factory.mktemp("wsping"), ["--ws-ping-ms", "150"]) as d:
+        yield d
+
+
+def read_frame(sock: socket.socket) -> tuple[int, bytes]:
+    """One server frame (servers never mask): (opcode, payload)."""
+    def exactly(n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            if not chunk:
+                raise EOFError
+            data += chunk
+        return data
+    first, second = exactly(2)
+    length = second & 0x7F
+    if length == 126:
+        length = int.from_bytes(exactly(2), "big")
+    elif length == 127:
+        length = int.from_bytes(exactly(8), "big")
+    return first & 0x0F, exactly(length)
+
+
+def test_two_missed_pongs_close_with_1011(pinging: RunningDaemon) -> None:
+    with httpx.Client(base_url=pinging.url) as client:
+        sid = client.post("/session", json={}).json()["sessionId"]
+    host, port = pinging.url.removeprefix("http://").rsplit(":", 1)
+    key = base64.b64encode(os.urandom(16)).decode()
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall((f"GET /session/{sid}/ws HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                      "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                      f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += sock.recv(1)
+        assert head.startswith(b"HTTP/1.1 101")
+        # This peer reads but never answers a ping.
+        pings = 0
+        while True:
+            opcode, payload = read_frame(sock)
+            if opcode == 0x9:
+                pings += 1
+            elif opcode == 0x8:
+                break
+    assert pings >= 2
+    assert int.from_bytes(payload[:2], "big") == 1011
+    assert "event=ws_keepalive_failed" in pinging.stderr()
+
+
+async def test_a_peer_that_answers_pings_stays_connected(pinging: RunningDaemon) -> None:
+    async with httpx.AsyncClient(base_url=pinging.url) as client:
+        sid = (await client.post("/session", json={"sessionScope": "thread"})).json()["sessionId"]
+        # trio-websocket answers pings; hold the socket open across many ping intervals by
+        # waiting on a turn that only starts after them (the gate is opened by the test).
+        async with open_websocket_url(ws_url(pinging, sid, "?lastEventId=0")) as ws:
+            pid = (await client.post(f"/session/{sid}/prompt", json={"prompt": [
+                {"type": "text", "text": "mock:chunks=1 mock:gate=late"}]})).json()["promptId"]
+            await read_until(ws, lambda f: f.get("type") == "session_update"
+                             and f["data"]["update"].get("sessionUpdate")  # type: ignore[index]
+                             == "agent_message_chunk")
+            for _ in range(6):  # six ping intervals of 150 ms pass with the socket idle
+                await trio.sleep(0.15)
+            pinging.open_gate("late")
+            frames = await read_until(ws, lambda f: f.get("type") == "turn_complete")
+        assert frames[-1]["data"]["promptId"] == pid  # type: ignore[index]
