@@ -13,7 +13,6 @@ import trio
 from .config import ConfigError, parse_config
 from .server import DaemonStartError, run_daemon
 
-
 M_ARENA_MAX = -8  # glibc mallopt parameter
 
 
