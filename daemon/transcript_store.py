@@ -272,9 +272,9 @@ class TranscriptStore:
         # and even then the database stays consistent. FULL would add an fsync per batch for
         # that last case; the spec's durability promise is about the daemon process.
         conn.execute("PRAGMA synchronous=NORMAL")
-        # Raw events churn (written during a turn, deleted at its end): a larger WAL lets a
-        # checkpoint copy each reused page once instead of once per 4 MB of writes.
-        conn.execute("PRAGMA wal_autocheckpoint=8192")
+        # The daemon's memory should track its journals, not the database: a small page cache
+        # (writes are appends; reads are rare pages of history) and the default 4 MB WAL.
+        conn.execute("PRAGMA cache_size=-512")
         conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
 
     @staticmethod
