@@ -125,8 +125,8 @@ class FaultProxy:
                     nursery.start_soon(self._down, upstream, client, nursery.cancel_scope)
                     await self._up(client, upstream, conn)
                     nursery.cancel_scope.cancel()
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                pass
+            except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass  # either side went away (possibly inside the nursery, hence except*)
             finally:
                 self._conns.discard(conn)
                 with trio.CancelScope(shield=True):
@@ -138,7 +138,7 @@ class FaultProxy:
         try:
             while data := await upstream.receive_some(_READ):
                 await client.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         scope.cancel()
 

@@ -132,7 +132,7 @@ class _Session:
         self.scope = trio.CancelScope()
         self.nursery: trio.Nursery | None = None
         self.driver: RepairDriver | None = None
-        self.first_handle: SessionHandle | None = None
+        self.loaded_handle: SessionHandle | None = None
         self.closed = False
         self.loads = 0
         self.resumes = 0
@@ -151,7 +151,7 @@ class _Session:
     @property
     def owner(self) -> SessionHandle | None:
         """The handle owning the subscription now (after a repair: the driver's candidate)."""
-        return self.driver.handle if self.driver is not None else self.first_handle
+        return self.driver.handle if self.driver is not None else self.loaded_handle
 
     def notify(self) -> None:
         self._changed.set()
@@ -520,7 +520,7 @@ class WebUIProvider:
             session.driver = driver
         else:
             driver.handle = handle
-        session.first_handle = handle
+        session.loaded_handle = handle
         session.next_checkpoint = None
         session.stop_error = None
         session.generation += 1
@@ -629,7 +629,7 @@ class WebUIProvider:
         )
         if session.driver is not None:
             session.driver.handle = fresh
-        session.first_handle = fresh
+        session.loaded_handle = fresh
         fresh.subscribe(
             session.nursery,
             partial(self._on_event, session),
