@@ -171,9 +171,14 @@ class SessionStatus(_Result):
 _R = TypeVar("_R", bound=_Result)
 
 
-def _convert(body: Any, result_type: type[_R], what: str) -> _R:
+def _object(body: Any, what: str) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise TransportError(f"{what}: expected a JSON object, got {type(body).__name__}")
+    return body
+
+
+def _convert(body: Any, result_type: type[_R], what: str) -> _R:
+    body = _object(body, what)
     try:
         return msgspec.convert(body, result_type)
     except msgspec.ValidationError as exc:
@@ -368,8 +373,7 @@ class DaemonClient:
         path = f"{_session_path(session_id)}/load"
         body = await self._json("POST", path, body=request)
         what = f"POST {path}"
-        if not isinstance(body, dict):
-            raise TransportError(f"{what}: expected a JSON object, got {type(body).__name__}")
+        body = _object(body, what)
         compacted = _event_list(body, "compactedReplay", what)
         live = _event_list(body, "liveJournal", what)
         result = _convert(body, LoadResult, what)
@@ -447,8 +451,7 @@ class DaemonClient:
         path = f"{_session_path(session_id)}/transcript"
         body = await self._json("GET", path, params=params)
         what = f"GET {path}"
-        if not isinstance(body, dict):
-            raise TransportError(f"{what}: expected a JSON object, got {type(body).__name__}")
+        body = _object(body, what)
         raw_events = _event_list(body, "events", what)
         page = _convert(body, TranscriptPage, what)
         sid = page.session_id or session_id
