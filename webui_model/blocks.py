@@ -50,16 +50,10 @@ MESSAGE_KINDS: Final[frozenset[str]] = frozenset({"status", "error", "debug", "p
 TERMINAL_TOOL_STATUSES: Final[frozenset[str]] = frozenset({"completed", "failed", "cancelled"})
 
 
-class TextBlock(msgspec.Struct, frozen=True, kw_only=True):
-    """A user, assistant or thought message built from streamed chunks."""
+class _Block(msgspec.Struct, frozen=True, kw_only=True):
+    """The fields every block kind carries (CLIENT-SPEC §4.1)."""
 
     id: str
-    kind: Literal["user", "assistant", "thought"]
-    text: str = ""
-    streaming: bool = False
-    # Thought blocks start collapsed in the UI; the flag is kept on the block so a view can
-    # toggle it with a copy-on-write replace like any other change.
-    collapsed: bool = False
     event_id: int | None = None
     last_event_id: int | None = None
     prompt_id: str | None = None
@@ -69,7 +63,18 @@ class TextBlock(msgspec.Struct, frozen=True, kw_only=True):
     source_record_ids: tuple[str, ...] = ()
 
 
-class ToolBlock(msgspec.Struct, frozen=True, kw_only=True):
+class TextBlock(_Block, frozen=True, kw_only=True):
+    """A user, assistant or thought message built from streamed chunks."""
+
+    kind: Literal["user", "assistant", "thought"]
+    text: str = ""
+    streaming: bool = False
+    # Thought blocks start collapsed in the UI; the flag is kept on the block so a view can
+    # toggle it with a copy-on-write replace like any other change.
+    collapsed: bool = False
+
+
+class ToolBlock(_Block, frozen=True, kw_only=True):
     """A tool call (upserted by ``tool_call_id``) or an agent plan (``tool_call_id="plan"``)."""
 
     id: str
@@ -80,54 +85,31 @@ class ToolBlock(msgspec.Struct, frozen=True, kw_only=True):
     # The merged ACP tool-call fields (wire names: kind, content, locations, rawInput,
     # rawOutput, entries for plans): later non-null values win, like the daemon's compactor.
     data: dict[str, Any] = msgspec.field(default_factory=dict)
-    event_id: int | None = None
-    last_event_id: int | None = None
-    prompt_id: str | None = None
-    server_timestamp: float | None = None
-    updated_at: float | None = None
-    timestamp: float | None = None
-    source_record_ids: tuple[str, ...] = ()
 
 
-class PermissionBlock(msgspec.Struct, frozen=True, kw_only=True):
+class PermissionBlock(_Block, frozen=True, kw_only=True):
     """A permission request; ``permission_resolved`` fills ``outcome`` and sets ``resolved``."""
 
-    id: str
     kind: Literal["permission"] = "permission"
     request_id: str
     tool_call: dict[str, Any] = msgspec.field(default_factory=dict)
     options: tuple[Any, ...] = ()
     resolved: bool = False
     outcome: Any = None
-    event_id: int | None = None
-    last_event_id: int | None = None
-    prompt_id: str | None = None
-    server_timestamp: float | None = None
-    updated_at: float | None = None
-    timestamp: float | None = None
-    source_record_ids: tuple[str, ...] = ()
 
 
-class MessageBlock(msgspec.Struct, frozen=True, kw_only=True):
+class MessageBlock(_Block, frozen=True, kw_only=True):
     """A ``status``, ``error``, ``debug`` or ``prompt_cancelled`` line.
 
     ``source`` says what produced it (``history_truncated``, ``turn_error``, ``provider``, the
     event type, ...); ``data`` keeps the complete daemon payload unmodified.
     """
 
-    id: str
     kind: Literal["status", "error", "debug", "prompt_cancelled"]
     text: str = ""
     code: str | None = None
     source: str | None = None
     data: Any = None
-    event_id: int | None = None
-    last_event_id: int | None = None
-    prompt_id: str | None = None
-    server_timestamp: float | None = None
-    updated_at: float | None = None
-    timestamp: float | None = None
-    source_record_ids: tuple[str, ...] = ()
 
 
 Block: TypeAlias = TextBlock | ToolBlock | PermissionBlock | MessageBlock
