@@ -34,7 +34,18 @@ import trio
 from benchmarks.harness import MIB, Context, CpuMeter, CpuUse, Row
 from benchmarks.launcher import Daemon, gate_name, start_daemon
 from sdk import DaemonClient, RepairOutcomeKind
-from webui_model import Block, MessageBlock, TextBlock
+from sdk.events import DaemonEvent
+from webui_model import (
+    DEFAULT_MAX_BLOCKS,
+    Block,
+    MessageBlock,
+    TextBlock,
+    TranscriptStore,
+    build_repair,
+    make_is_new,
+    replay_snapshot,
+    take_checkpoint,
+)
 from webui_model.provider import WebUIProvider
 
 NAME = "repair_cost"
@@ -190,7 +201,9 @@ def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
                 episodes.append(episode)
             if not meter.agent_pids:
                 meter.agent_pids = daemon.agent_pids()
-    return rows_for(ctx, args, episodes, path)
+    rows = rows_for(ctx, args, episodes, path)
+    ctx.progress("in process: 200,000-block history + 10,000-entry live journal, repair commit")
+    return rows + scale_rows(ctx)
 
 
 def rows_for(ctx: Context, args: argparse.Namespace, episodes: list[Episode], path: str
@@ -216,3 +229,77 @@ def rows_for(ctx: Context, args: argparse.Namespace, episodes: list[Episode], pa
         and not problems
     row.notes.extend(problems)
     return [row]
+
+
+# --- in process: a 200,000-block history plus a 10,000-entry live journal ---------------------
+
+SCALE_SID = "00000000-0000-4000-8000-0000000000aa"
+SCALE_PROMPT = "00000000-0000-4000-8000-0000000000bb"
+
+
+def _su(update: dict[str, object], event_id: int, prompt: str | None = None) -> DaemonEvent:
+    return DaemonEvent(type="session_update", id=event_id, prompt_id=prompt,
+                       data={"sessionId": SCALE_SID, "update": update})
+
+
+def scale_rows(ctx: Context) -> list[Row]:
+    """The model's side of a repair at scale (CLIENT-SPEC §4.4): replay a 200,000-block history
+    plus a 10,000-entry live journal (with its marker), then commit a repair on top; reports the
+    time of each step and checks the unchanged blocks are shared, not copied."""
+    history_n, live_n = ctx.pick(200_000, 20_000), ctx.pick(10_000, 1_000)
+    history = [_su({"sessionUpdate": "tool_call", "toolCallId": f"h{i}", "title": f"h{i}",
+                    "status": "completed"}, i + 1) for i in range(history_n)]
+    live: list[DaemonEvent] = [DaemonEvent(type="history_truncated", prompt_id=SCALE_PROMPT, data={
+        "reason": "replay_window_exceeded", "scope": "live_journal", "truncatedEvents": 5000,
+        "retainedEvents": live_n, "maxBytes": 8388608, "maxEvents": 10000,
+        "fullTranscriptAvailable": True})]
+    base_id = history_n + 100_000
+    for i in range(live_n):
+        live.append(_su({"sessionUpdate": "agent_message_chunk",
+                         "content": {"type": "text", "text": f" w{i}"}}, base_id + i, SCALE_PROMPT))
+    end_id = base_id + live_n + 1
+    done = DaemonEvent(type="turn_complete", id=end_id, prompt_id=SCALE_PROMPT, data={
+        "sessionId": SCALE_SID, "stopReason": "end_turn", "promptId": SCALE_PROMPT})
+    fresh = [*history,
+             _su({"sessionUpdate": "user_message_chunk", "content": {"type": "text", "text": "q"},
+                  "_meta": {"source": "bridge-echo"}}, base_id - 1, SCALE_PROMPT),
+             _su({"sessionUpdate": "agent_message_chunk",
+                  "content": {"type": "text", "text": "".join(f" w{i}" for i in range(live_n))}},
+                 end_id - 1, SCALE_PROMPT), done]
+    replay_ms, commit_ms, shared = [], [], 0
+    for _ in range(ctx.trials(3, 1)):
+        started = time.perf_counter()
+        result = replay_snapshot(history, live, configured_max_blocks=DEFAULT_MAX_BLOCKS,
+                                 pagination_enabled=True)
+        store = TranscriptStore(max_blocks=DEFAULT_MAX_BLOCKS)
+        store.reset(result.state)
+        replay_ms.append((time.perf_counter() - started) * 1000)
+        checkpoint = take_checkpoint(result)
+        assert checkpoint is not None
+        store.dispatch(done)
+        before = store.snapshot_state()
+        started = time.perf_counter()
+        build = build_repair(before, checkpoint, fresh, history_n,
+                             make_is_new(set(), base_id + live_n, end_id), DEFAULT_MAX_BLOCKS)
+        store.reset(build.state)
+        commit_ms.append((time.perf_counter() - started) * 1000)
+        shared = sum(1 for a, b in zip(store.blocks[:history_n], before.blocks[:history_n],
+                                       strict=True) if a is b)
+    params = {"history_blocks": history_n, "live_entries": live_n,
+              "shared_blocks": f"{shared}/{history_n}"}
+    copy_ms = []
+    for _ in range(3):
+        started = time.perf_counter()
+        list(before.blocks)
+        copy_ms.append((time.perf_counter() - started) * 1000)
+    commit = Row(benchmark=NAME, name="model: repair commit on top (build from checkpoint + reset)",
+                 params=params, unit="ms", samples=commit_ms, baseline=median(copy_ms),
+                 baseline_label="shallow copy of the block list", quick=ctx.quick,
+                 notes=[f"unchanged history blocks shared by identity: {shared}/{history_n}"])
+    commit.ratio = (commit.value or 0.0) / commit.baseline if commit.baseline else None
+    return [
+        Row(benchmark=NAME, name="model: replay history + live journal into the store",
+            params=params, unit="ms", samples=replay_ms, quick=ctx.quick,
+            notes=["in process: replay_snapshot + one store reset, no HTTP"]),
+        commit,
+    ]

@@ -35,7 +35,8 @@ EXPECTED_ROWS: dict[str, list[str]] = {
     "memory": ["RSS idle", "at full caps", "RSS growth", "turn ended"],
     "resume": ["back", "cursor at head"],
     "transcript_cost": ["transcript on", "transcript off"],
-    "repair_cost": ["terminal -> committed repair"],
+    "repair_cost": ["terminal -> committed repair", "model: replay history",
+                    "model: repair commit"],
 }
 TABLE_HEADER = ("benchmark", "parameters", "value", "spread", "baseline", "ratio", "target",
                 "result", "cpu ms d/a/c")
@@ -102,9 +103,13 @@ def test_rows_with_targets_and_cpu(quick_run: tuple[Any, dict[str, Any]]) -> Non
 
 def test_repair_row_counts_loads_and_prompts(quick_run: tuple[Any, dict[str, Any]]) -> None:
     _, results = quick_run
-    (row,) = [r for r in results["rows"] if r["benchmark"] == "repair_cost"]
+    (row,) = [r for r in results["rows"] if r["benchmark"] == "repair_cost"
+              and r["name"].startswith("terminal")]
     assert row["params"]["loads"] == "2"
     assert row["params"]["prompts"] == "1"
+    (commit,) = [r for r in results["rows"] if r["name"].startswith("model: repair commit")]
+    shared, total = commit["params"]["shared_blocks"].split("/")
+    assert shared == total  # the repair shares every unchanged block
 
 
 def test_table_is_printed(quick_run: tuple[subprocess.CompletedProcess[str], Any]) -> None:
