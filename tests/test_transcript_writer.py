@@ -286,3 +286,22 @@ async def test_waiters_on_one_batch_all_wake(store: CountingStore) -> None:
         await writer.wait_flushed()
         await writer.aclose()
     assert results == dict.fromkeys(seqs, True)
+
+
+async def test_a_read_only_database_degrades_the_session_and_recovers(
+        store: CountingStore) -> None:
+    """A real read-only failure from SQLite (query_only: every write is refused the way a
+    read-only file refuses it, even for root, whom file permissions do not stop)."""
+    writer = TranscriptWriter(store)
+    async with trio.open_nursery() as nursery:
+        await start(nursery, writer)
+        store._conn.execute("PRAGMA query_only=ON")
+        refused = writer.submit(append(S1, 1))
+        assert await writer.wait_committed(refused) is False
+        assert writer.failed_sessions == {S1} and writer.degraded
+        assert writer.last_error is not None and "readonly" in writer.last_error
+        store._conn.execute("PRAGMA query_only=OFF")
+        later = writer.submit(append(S2, 1))
+        assert await writer.wait_committed(later) is True
+        assert writer.durable_event_id(S2) == 1 and writer.durable_event_id(S1) == 0
+        await writer.aclose()
