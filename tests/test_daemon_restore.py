@@ -103,6 +103,18 @@ async def test_sigkill_mid_turn_then_restore(tmp_path: Path, load_session: bool)
             else:
                 assert "via=session/new" in daemon.stderr()
 
+            # Seeded history is not in the new bus's ring: a reader starting from 0 is told so.
+            async with trio.open_nursery() as nursery:
+                seeded = Subscriber(client, f"/session/{sid}/events", {
+                    "Last-Event-ID": "0", "X-Qwen-Event-Epoch": body["eventEpoch"]})
+                await nursery.start(seeded.run)
+                await seeded.wait_for(lambda e: e.type == "replay_complete")
+                nursery.cancel_scope.cancel()
+            assert seeded.events[0].type == "state_resync_required"
+            assert seeded.events[0].data == {
+                "reason": "seeded_replay_not_in_ring", "lastDeliveredId": 0,
+                "earliestAvailableId": body["lastEventId"] + 1}
+
             # The restored session takes a new prompt.
             async with trio.open_nursery() as nursery:
                 sub = Subscriber(client, f"/session/{sid}/events", {

@@ -155,3 +155,22 @@ async def test_resume_while_events_flow_has_no_gap_and_no_duplicate(
     assert live.ids() == list(range(1, terminal.id + 1))
     chunks = [text_of(e) for e in live.events if text_of(e).startswith("chunk-")]
     assert chunks == [f"chunk-{i}" for i in range(6000)]
+
+
+async def test_replay_past_the_byte_budget_is_cut_and_announced(daemon: RunningDaemon) -> None:
+    async with httpx.AsyncClient(base_url=daemon.url) as client:
+        # About 10 MB of events, all still in the 8,000-event ring: more than the 8 MiB budget.
+        sid, epoch, last = await run_turn(client, "mock:chunks=7000 mock:bytes=1200 mock:delay_ms=0")
+        sub = await replay(client, sid, {"Last-Event-ID": "0", "X-Qwen-Event-Epoch": epoch})
+    cut = [e for e in sub.events if e.type == "state_resync_required"]
+    assert len(cut) == 1 and cut[0].data["reason"] == "replay_budget_exceeded"
+    replayed = sub.ids()
+    assert replayed == list(range(1, len(replayed) + 1)) and replayed[-1] < last
+    assert cut[0].data["lastDeliveredId"] == replayed[-1]
+    assert cut[0].data["earliestAvailableId"] == last + 1
+    # Event size = the encoded envelope, i.e. the frame's data line.
+    replayed_bytes = sum(len(frame.split(b"\ndata: ", 1)[1])
+                         for frame in bytes(sub.raw).split(b"\n\n") if frame.startswith(b"id: "))
+    assert replayed_bytes <= 8 * 1024 * 1024
+    done = sub.events[-1]
+    assert done.type == "replay_complete" and done.data["replayedCount"] == len(replayed)
