@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CORES := daemon sdk webui_model
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test check unit bench bench-quick clean
+.PHONY: serve demo test check unit bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml
 
 serve: $(STAMP)
 	$(PY) -m daemon $(ARGS)
+
+# A throw-away daemon with tiny live-journal caps: a truncated live turn and its repair, printed.
+demo: $(STAMP)
+	$(PY) -m sdk.demo $(ARGS)
 
 # Lint + strict types on the pure cores, then the whole suite, then the benchmark smoke run.
 check: $(STAMP)
