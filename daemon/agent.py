@@ -18,6 +18,7 @@ from typing import Any, Final, Protocol
 
 import trio
 
+from daemon._version import __version__
 from daemon.acp_codec import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -55,7 +56,7 @@ EXIT_GRACE_SECONDS: Final = 1.0
 # Agent stderr is for humans; a runaway line is cut rather than buffered.
 _STDERR_LINE_BYTES: Final = 64 * 1024
 
-_DEFAULT_CLIENT_INFO: Final = {"name": "turnkeeper", "version": "0.1.0"}
+_DEFAULT_CLIENT_INFO: Final = {"name": "turnkeeper", "version": __version__}
 
 
 class AgentStartError(Exception):
@@ -332,8 +333,8 @@ class AgentChannel:
 
     def _record_exit(self, proc: trio.Process) -> None:
         code = proc.returncode
-        if code is None:
-            return
+        if code is None or self.exit_code is not None or self.signal_name is not None:
+            return  # still running, or already recorded
         if code < 0:
             self.exit_code, self.signal_name = None, _signal_name(code)
         else:
@@ -466,11 +467,18 @@ class AgentChannel:
                     if start:
                         await trio.lowlevel.checkpoint()
                     self._dispatch(lines[start:start + DISPATCH_GROUP_LINES])
+            # Stdout ended: the agent is usually exiting. Learn how before failing the pending
+            # requests, so the session can say which signal or exit code ended it.
+            self.closed = True
+            with trio.move_on_after(EXIT_GRACE_SECONDS):
+                await proc.wait()
         finally:
             self._end_of_stdout(f"agent pid {proc.pid} closed its stdout")
 
     def _end_of_stdout(self, reason: str) -> None:
         if not self._stdout_eof.is_set():
+            if self._proc is not None:
+                self._record_exit(self._proc)
             self._close(reason)
             self._stdout_eof.set()
 

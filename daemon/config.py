@@ -73,6 +73,18 @@ def is_loopback_host(hostname: str) -> bool:
         return False
 
 
+def is_header_safe_token(token: str) -> bool:
+    """A bearer token every HTTP client sends and every server reads back unchanged.
+
+    Visible ASCII only (RFC 5234 VCHAR, ``!`` to ``~``): header values are bytes that clients
+    encode as ASCII or latin-1 and servers decode as latin-1, so anything beyond ASCII either
+    fails to encode or arrives as different characters; spaces and tabs are trimmed or folded
+    by parsers. This is wider than RFC 6750's ``b64token`` on purpose: the daemon compares the
+    raw string, so punctuation in a generated password is harmless.
+    """
+    return bool(token) and all("!" <= ch <= "~" for ch in token)
+
+
 def _positive_int(name: str, raw: str) -> int:
     try:
         value = int(raw, 10)
@@ -125,6 +137,12 @@ def parse_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> 
     token = ns.token if ns.token is not None else env.get(TOKEN_ENV) or None
     if token is not None and not token.strip():
         raise ConfigError("--token must not be empty")
+    if token is not None and not is_header_safe_token(token):
+        source = "--token" if ns.token is not None else f"${TOKEN_ENV}"
+        raise ConfigError(
+            f"the token ({source}) must be visible ASCII (characters '!' to '~', no spaces):"
+            " an HTTP Authorization header cannot carry anything else byte for byte"
+        )
     hostname: str = ns.hostname
     if not hostname:
         raise ConfigError("--hostname must not be empty")

@@ -1,5 +1,5 @@
 """The daemon's root: lock the data directory, open the transcript, run Hypercorn and the
-session manager in one nursery, and shut down gracefully on SIGTERM/SIGINT."""
+session manager in one nursery, and shut down gracefully on SIGTERM/SIGINT/SIGHUP."""
 
 from __future__ import annotations
 
@@ -30,14 +30,37 @@ log = logging.getLogger("daemon.server")
 TRANSCRIPT_FILE = "transcript.sqlite3"
 LOCK_FILE = "daemon.lock"
 SHUTDOWN_BUDGET_S = 4.0
+SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class DaemonStartError(Exception):
     """The daemon refuses to start (the message is the one-line reason)."""
 
 
+def prepare_data_dir(data_dir: Path) -> None:
+    """Create the data directory; a path that is not (or cannot be) a directory is refused."""
+    if data_dir.exists() and not data_dir.is_dir():
+        raise DaemonStartError(f"data directory {data_dir} is not a directory")
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DaemonStartError(
+            f"cannot create data directory {data_dir}: {exc.strerror or exc}") from None
+
+
+def sole_leaf(exc: BaseException) -> BaseException:
+    """The one exception a (nested) exception group holds, else ``exc`` itself."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
 def acquire_lock(data_dir: Path) -> IO[str]:
-    handle = open(data_dir / LOCK_FILE, "a+")
+    try:
+        handle = open(data_dir / LOCK_FILE, "a+")
+    except OSError as exc:
+        raise DaemonStartError(
+            f"cannot use data directory {data_dir}: {exc.strerror or exc}") from None
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -82,7 +105,7 @@ async def run_daemon(
     handle_signals: bool = True,
     out: Any = None,
 ) -> None:
-    config.data_dir.mkdir(parents=True, exist_ok=True)
+    prepare_data_dir(config.data_dir)
     lock = acquire_lock(config.data_dir)
     store = open_store(config)
     stream = out if out is not None else sys.stdout
@@ -100,9 +123,17 @@ async def run_daemon(
             asgi = DaemonASGI(create_app(config, manager), manager, guard,
                               config.heartbeat_ms / 1000)
             stop_http = trio.Event()
-            binds: list[str] = await root.start(partial(
-                serve, asgi, hypercorn_config(config),  # type: ignore[arg-type]
-                shutdown_trigger=stop_http.wait))
+            try:
+                binds: list[str] = await root.start(partial(
+                    serve, asgi, hypercorn_config(config),  # type: ignore[arg-type]
+                    shutdown_trigger=stop_http.wait))
+            except (OSError, BaseExceptionGroup) as exc:
+                bind_error = sole_leaf(exc)  # Hypercorn's nurseries wrap the bind error
+                if not isinstance(bind_error, OSError):
+                    raise
+                raise DaemonStartError(
+                    f"cannot listen on {config.hostname}:{config.port}: "
+                    f"{bind_error.strerror or bind_error}") from None
             url = binds[0] if binds else f"http://{config.hostname}:{config.port}"
             auth = ' -H "Authorization: Bearer $QWEN_SERVER_TOKEN"' if config.token else ""
             print(f"turnkeeper daemon listening on {url}", file=stream, flush=True)
@@ -112,7 +143,8 @@ async def run_daemon(
                      store is not None)
             task_status.started(binds)
             if handle_signals:
-                with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                # SIGHUP (the terminal went away) ends the daemon as gracefully as SIGTERM.
+                with trio.open_signal_receiver(*SHUTDOWN_SIGNALS) as signals:
                     async for signum in signals:
                         log.info("event=shutdown signal=%s", signal.Signals(signum).name)
                         break
@@ -126,6 +158,11 @@ async def run_daemon(
             if budget.cancelled_caught:
                 log.warning("event=shutdown_budget_exceeded budget_s=%s", SHUTDOWN_BUDGET_S)
             root.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        failure = sole_leaf(group)
+        if not isinstance(failure, DaemonStartError):
+            raise
+        raise failure from None  # one line for the operator, not a nursery traceback
     finally:
         if store is not None:
             store.close()

@@ -25,6 +25,7 @@ from sdk.client import TOKEN_ENV, DaemonClient, LoadResult
 from sdk.errors import (
     AuthError,
     DaemonError,
+    InvalidTokenError,
     SessionNotFoundError,
     TransportError,
     TurnError,
@@ -318,6 +319,8 @@ _COMMANDS: Final = {
 async def run(args: argparse.Namespace, out: Output) -> int:
     try:
         client = DaemonClient(args.url, token=args.token)
+    except InvalidTokenError as exc:
+        raise _Usage(str(exc)) from exc
     except ValueError as exc:
         raise _Usage(f"invalid --url: {exc}") from exc
     async with client:

@@ -22,7 +22,7 @@ from urllib.parse import quote
 import httpx
 import msgspec
 
-from sdk.errors import SSEBufferOverflow, TransportError, error_for_status
+from sdk.errors import InvalidTokenError, SSEBufferOverflow, TransportError, error_for_status
 from sdk.events import MAX_EVENT_ID, DaemonEvent, decode_events, normalize_page_event
 from sdk.sse import SSEParser
 
@@ -222,6 +222,11 @@ class DaemonClient:
             raise ValueError(f"timeout must be positive, got {timeout}")
         self.base_url = base_url.rstrip("/")
         self.token = token if token is not None else (os.environ.get(TOKEN_ENV) or None)
+        if self.token and not all("!" <= ch <= "~" for ch in self.token):
+            source = "token" if token is not None else f"token from ${TOKEN_ENV}"
+            raise InvalidTokenError(
+                f"{source} must be visible ASCII (characters '!' to '~', no spaces):"
+                " an HTTP Authorization header cannot carry anything else")
         self.client_id = client_id
         self.timeout = timeout
         self._http = httpx.AsyncClient(

@@ -7,6 +7,7 @@
     │   ├── PromptQueueFullError                 503 prompt_queue_full
     │   └── ServerError (also a TransportError)  other 5xx
     ├── TransportError                           network, timeout, wrong content type
+    ├── InvalidTokenError (also a ValueError)    a token no HTTP header can carry
     ├── SSEBufferOverflow                        an SSE frame over the 16 MiB buffer cap
     └── TurnError(code, message, prompt_id)      a ``turn_error`` terminal
 
@@ -107,6 +108,14 @@ class PromptQueueFullError(DaemonHTTPError):
         self.retry_after = retry_after
         self.limit = limit
         self.pending_count = pending_count
+
+
+class InvalidTokenError(DaemonError, ValueError):
+    """The bearer token cannot travel in an HTTP header (raised when the client is built).
+
+    A token must be visible ASCII (``!`` to ``~``, no spaces), the same rule the daemon
+    applies when it starts. Final; the message never repeats the token.
+    """
 
 
 class SSEBufferOverflow(DaemonError):

@@ -51,6 +51,21 @@ def test_invalid_values_are_refused(argv: list[str], reason: str) -> None:
         parse_config(argv, environ={})
 
 
+@pytest.mark.parametrize("token", ["s\u00e9cret", "\u2603", "two words", "tab\tin", "del\x7f"])
+@pytest.mark.parametrize("via", ["flag", "env"])
+def test_token_that_cannot_be_an_http_header_is_refused(token: str, via: str) -> None:
+    argv, env = (["--token", token], {}) if via == "flag" else ([], {"QWEN_SERVER_TOKEN": token})
+    with pytest.raises(ConfigError, match="must be visible ASCII") as info:
+        parse_config(argv, environ=env)
+    assert token not in str(info.value)
+    assert ("--token" if via == "flag" else "$QWEN_SERVER_TOKEN") in str(info.value)
+
+
+def test_visible_ascii_token_is_accepted() -> None:
+    token = "".join(chr(c) for c in range(0x21, 0x7F))
+    assert parse_config(["--token", token], environ={}).token == token
+
+
 def test_non_loopback_bind_allowed_with_token() -> None:
     config = parse_config(["--hostname", "0.0.0.0", "--token", "x"], environ={})
     assert not config.is_loopback
