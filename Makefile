@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CORES := daemon sdk webui_model
 STAMP := $(VENV)/.installed
 
-.PHONY: serve demo test check unit bench bench-quick clean
+.PHONY: serve demo test check unit bench bench-quick mutation clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,7 +23,7 @@ demo: $(STAMP)
 
 # Lint + strict types on the pure cores, then the whole suite, then the benchmark smoke run.
 check: $(STAMP)
-	$(VENV)/bin/ruff check daemon sdk webui_model tests benchmarks
+	$(VENV)/bin/ruff check daemon sdk webui_model tests benchmarks tools
 	$(VENV)/bin/mypy --strict $(CORES)
 
 unit: $(STAMP)
@@ -33,6 +33,16 @@ test: check unit
 
 bench: $(STAMP)
 	$(PY) -m benchmarks $(ARGS)
+
+# Mutation testing of the pure cores, module by module against their fast unit tests (not part
+# of `make test`; takes a while). Workspaces, logs and the score table go to .mutation/.
+# MUTATION_ARGS: e.g. `daemon/envelope.py --workers 2 --show-survivors`.
+$(VENV)/.mutation-installed: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[test,mutation]'
+	touch $@
+
+mutation: $(VENV)/.mutation-installed
+	$(PY) tools/mutation.py $(MUTATION_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -16,7 +16,7 @@ import trio
 from hypercorn.config import Config as HyperConfig
 from hypercorn.trio import serve
 
-from . import ws_keepalive
+from . import sockets, ws_keepalive
 from .asgi import DaemonASGI
 from .config import DaemonConfig
 from .guards import Guard
@@ -95,6 +95,7 @@ def hypercorn_config(config: DaemonConfig) -> HyperConfig:
     hconf.keep_alive_timeout = 30
     hconf.websocket_ping_interval = config.ws_ping_ms / 1000
     ws_keepalive.install()  # two missed pongs close with 1011 (Hypercorn alone ignores pongs)
+    sockets.install()  # each connection's socket is known, so a stalled write can be cut
     return hconf
 
 

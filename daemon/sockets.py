@@ -3,23 +3,61 @@
 Hypercorn shields its socket writes from cancellation, so a response blocked on a peer that
 stopped reading cannot be interrupted from the application. When the slow-client rules evict
 such a subscriber, the daemon shuts the TCP connection down instead: the blocked write then
-fails, Hypercorn sees the connection closed, and the stream's task ends. The socket is found
-by its (local, peer) address pair among this process's open descriptors.
+fails, Hypercorn sees the connection closed, and the stream's task ends.
+
+The daemon knows its own transport: :func:`install` makes Hypercorn's per-connection server
+register the connection's socket here when the connection starts, keyed by its (local, peer)
+address pair (the ASGI scope's ``server`` and ``client``), and remove it when the connection
+ends. The registry holds exactly the open connections; finding one is a dict lookup, and no
+descriptor other than that connection's own is ever touched.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import socket
 from collections.abc import Sequence
+from typing import Any, Protocol
 
 log = logging.getLogger("daemon.sockets")
 
-_FD_DIR = "/proc/self/fd"
+Addr = tuple[str, int]
+Key = tuple[Addr, Addr]
 
 
-def _addr(value: Sequence[object] | None) -> tuple[str, int] | None:
+class _Shutdownable(Protocol):
+    def shutdown(self, how: int, /) -> None: ...
+
+
+class ConnectionRegistry:
+    """Open connections by (local, peer) address. Pure bookkeeping: no I/O of its own."""
+
+    __slots__ = ("_open",)
+
+    def __init__(self) -> None:
+        self._open: dict[Key, _Shutdownable] = {}
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def add(self, key: Key, sock: _Shutdownable) -> None:
+        self._open[key] = sock
+
+    def remove(self, key: Key, sock: _Shutdownable) -> None:
+        """Forget ``key`` if it still names ``sock`` (a newer connection may reuse the pair)."""
+        if self._open.get(key) is sock:
+            del self._open[key]
+
+    def get(self, key: Key) -> _Shutdownable | None:
+        return self._open.get(key)
+
+
+registry = ConnectionRegistry()
+_installed = False
+
+
+def addr(value: Sequence[object] | None) -> Addr | None:
+    """``(host, port)`` of a socket address or an ASGI scope's ``server``/``client``."""
     if value is None or len(value) < 2:
         return None
     host, port = value[0], value[1]
@@ -29,29 +67,73 @@ def _addr(value: Sequence[object] | None) -> tuple[str, int] | None:
 
 
 def shutdown_connection(server: Sequence[object] | None, client: Sequence[object] | None) -> bool:
-    """Shut down the TCP socket whose local address is ``server`` and peer is ``client`` (the
-    ASGI scope's values). Returns True if one was found."""
-    local, peer = _addr(server), _addr(client)
+    """Shut down the TCP connection whose local address is ``server`` and peer is ``client``
+    (the ASGI scope's values). Returns True if it was open."""
+    local, peer = addr(server), addr(client)
     if local is None or peer is None:
         return False
-    try:
-        fds = [int(name) for name in os.listdir(_FD_DIR)]
-    except OSError:
+    sock = registry.get((local, peer))
+    if sock is None:
+        log.info("event=connection_not_found local=%s peer=%s", local, peer)
         return False
-    for fd in fds:
-        try:
-            sock = socket.socket(fileno=os.dup(fd))
-        except OSError:
-            continue
-        try:
-            if sock.type != socket.SOCK_STREAM:
-                continue
-            if sock.getsockname()[:2] == local and sock.getpeername()[:2] == peer:
-                sock.shutdown(socket.SHUT_RDWR)
-                return True
-        except OSError:
-            continue
-        finally:
-            sock.close()
-    log.warning("event=connection_not_found local=%s peer=%s", local, peer)
-    return False
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        return False  # already gone
+    log.info("event=connection_cut local=%s:%s peer=%s:%s", *local, *peer)
+    return True
+
+
+def _transport_socket(stream: Any) -> Any:
+    """The socket under a Trio SocketStream, or under the SocketStream of an SSLStream."""
+    inner = getattr(stream, "transport_stream", stream)
+    return getattr(inner, "socket", None)
+
+
+def _key_of(sock: Any) -> Key | None:
+    try:
+        local, peer = addr(sock.getsockname()), addr(sock.getpeername())
+    except OSError:
+        return None  # the peer is already gone
+    return (local, peer) if local is not None and peer is not None else None
+
+
+def install() -> bool:
+    """Make Hypercorn's Trio worker register every connection it serves (idempotent).
+
+    Hypercorn's ``worker_serve`` builds one ``TCPServer(app, config, context, state, stream)``
+    per accepted connection, naming the class through its module; it is replaced by a subclass
+    whose ``run`` registers the stream's socket for the lifetime of the connection. Checks the
+    shape it relies on first; otherwise it logs and leaves Hypercorn alone (stalled writes then
+    cannot be cut, everything else works).
+    """
+    global _installed
+    if _installed:
+        return True
+    try:
+        from hypercorn.trio import run as hyper_run
+    except ImportError:  # pragma: no cover - a dependency
+        return False
+    base = getattr(hyper_run, "TCPServer", None)
+    if not isinstance(base, type) or not callable(getattr(base, "run", None)) or not hasattr(
+            base, "__await__") or not callable(getattr(hyper_run, "worker_serve", None)):
+        log.warning("event=connection_registry_unavailable reason=unexpected_hypercorn_version")
+        return False
+
+    class TrackedTCPServer(base):  # type: ignore[valid-type,misc]
+        """Hypercorn's TCPServer, with its socket in :data:`registry` while it runs."""
+
+        async def run(self) -> None:
+            sock = _transport_socket(getattr(self, "stream", None))
+            key = _key_of(sock) if sock is not None else None
+            if key is not None:
+                registry.add(key, sock)
+            try:
+                await super().run()
+            finally:
+                if key is not None:
+                    registry.remove(key, sock)
+
+    setattr(hyper_run, "TCPServer", TrackedTCPServer)  # noqa: B010 - patching a library module
+    _installed = True
+    return True

@@ -1,0 +1,267 @@
+"""Mutation testing of the pure cores, one module at a time (`make mutation`).
+
+For each core module this script builds a private workspace under ``.mutation/<module>/``
+(a snapshot of the packages and the tests, plus a ``[tool.mutmut]`` section restricting
+mutation to that one file and the test run to the fast unit tests mapped to it), runs
+``mutmut run`` there, and reads the verdicts back from mutmut's ``.meta`` files. The
+table printed at the end (and written to ``.mutation/summary.md``) gives, per module,
+how many mutants were generated, killed, survived, timed out or were not reached by any
+mapped test, and the score: (killed + timeout) / mutants.
+
+Only the pure-core unit tests run here, never the integration tests that start daemons.
+Equivalent mutants (mutations that cannot change observable behaviour) are excluded in
+the source with a ``# pragma: no mutate`` comment and a reason next to it.
+
+Usage:
+    python tools/mutation.py                      # every core module
+    python tools/mutation.py daemon/envelope.py   # just the named modules
+    python tools/mutation.py --workers 2 --show-survivors
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / ".mutation"
+
+# The packages copied into each workspace (importable from mutmut's `mutants/` tree).
+PACKAGES = ("daemon", "sdk", "webui_model", "benchmarks")
+
+# Core module -> the fast unit-test files that exercise it. Any `tests/test_mut_<stem>*.py`
+# file is added automatically.
+TESTS: dict[str, tuple[str, ...]] = {
+    "daemon/envelope.py": ("test_envelope.py",),
+    "daemon/live_journal.py": ("test_live_journal.py", "test_live_journal_props.py"),
+    "daemon/compactor.py": ("test_compactor.py",),
+    "daemon/acp_codec.py": ("test_acp_codec.py",),
+    "sdk/truncation.py": ("test_sdk_truncation.py", "test_sdk_events.py"),
+    "sdk/sse.py": ("test_sdk_sse.py",),
+    "sdk/repair.py": ("test_sdk_repair.py",),
+    "webui_model/store.py": ("test_webui_store.py", "test_webui_reducer.py"),
+    "webui_model/reducer.py": ("test_webui_reducer.py", "test_webui_store.py"),
+    "webui_model/replay.py": ("test_webui_replay.py",),
+    "webui_model/pagination.py": ("test_webui_replay.py",),
+    "webui_model/repair_commit.py": ("test_webui_repair_commit.py",),
+    "daemon/replay_window.py": ("test_replay_window.py",),
+    "daemon/ring.py": ("test_ring_resume.py", "test_guards_subscriber_restore.py"),
+    "daemon/subscriber.py": ("test_guards_subscriber_restore.py",),
+    "daemon/guards.py": ("test_guards_subscriber_restore.py",),
+    "daemon/restore.py": ("test_guards_subscriber_restore.py",),
+    "daemon/transcript_store.py": ("test_transcript_store.py",),
+}
+
+# Tests too slow to run once per mutant (they measure scale, not logic; the same logic is
+# covered by the small tests in the same files).
+DESELECT = ("tests/test_webui_repair_commit.py::test_repair_on_a_200k_history_with_a_10k_live_journal_shares_blocks",)
+
+# Equivalent mutants, excluded by source line (mutmut's `do_not_mutate_patterns`: every
+# mutation on a matching line is skipped). module -> [(line regex, why no mutation of it can
+# change observable behaviour)].
+EQUIVALENT: dict[str, list[tuple[str, str]]] = {
+    "daemon/envelope.py": [
+        (r"^\s+first = False$",
+         "encode_object's `first` flag is only tested for truth: None and False are the same"),
+    ],
+}
+
+# mutmut exit code -> verdict (the tool's own mapping, grouped for the table).
+KILLED_CODES = {1, 3, 37}
+SURVIVED_CODES = {0}
+TIMEOUT_CODES = {36, 24, -24, 152, 255}
+NO_TESTS_CODES = {5, 33}
+
+
+@dataclass
+class Score:
+    module: str
+    mutants: int = 0
+    killed: int = 0
+    survived: int = 0
+    timeout: int = 0
+    no_tests: int = 0
+    other: int = 0
+    seconds: float = 0.0
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * (self.killed + self.timeout) / self.mutants if self.mutants else 100.0
+
+
+def test_files(module: str) -> list[str]:
+    files = [f"tests/{name}" for name in TESTS[module]]
+    stem = Path(module).stem
+    files += sorted(f"tests/{p.name}" for p in (ROOT / "tests").glob(f"test_mut_{stem}*.py"))
+    return files
+
+
+def mutmut_section(module: str) -> str:
+    args = ["-p", "no:cacheprovider", "-q"]
+    for node in DESELECT:
+        args += ["--deselect", node]
+    return "\n".join(
+        [
+            "",
+            "[tool.mutmut]",
+            f"source_paths = {json.dumps(list(PACKAGES))}",
+            f"only_mutate = {json.dumps([module])}",
+            f"pytest_add_cli_args = {json.dumps(args)}",
+            f"pytest_add_cli_args_test_selection = {json.dumps(test_files(module))}",
+            "use_git_change_detection = false",
+            f"do_not_mutate_patterns = {json.dumps([rx for rx, _ in EQUIVALENT.get(module, [])])}",
+            "",
+        ]
+    )
+
+
+def prepare(module: str, workdir: Path) -> None:
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", ".hypothesis", "*.pyc")
+    for package in (*PACKAGES, "tests"):
+        shutil.copytree(ROOT / package, workdir / package, ignore=ignore)
+    pyproject = (ROOT / "pyproject.toml").read_text("utf-8")
+    if "[tool.mutmut]" in pyproject:
+        raise SystemExit("pyproject.toml must not carry a [tool.mutmut] section: this script writes one")
+    (workdir / "pyproject.toml").write_text(pyproject + mutmut_section(module), "utf-8")
+
+
+def collect(module: str, workdir: Path) -> Score:
+    score = Score(module)
+    meta = workdir / "mutants" / (module + ".meta")
+    if not meta.exists():
+        return score
+    codes: dict[str, int | None] = json.loads(meta.read_text("utf-8"))["exit_code_by_key"]
+    for code in codes.values():
+        score.mutants += 1
+        if code in KILLED_CODES:
+            score.killed += 1
+        elif code in SURVIVED_CODES:
+            score.survived += 1
+        elif code in TIMEOUT_CODES:
+            score.timeout += 1
+        elif code in NO_TESTS_CODES:
+            score.no_tests += 1
+        else:
+            score.other += 1
+    return score
+
+
+def survivors(workdir: Path, module: str) -> list[str]:
+    meta = workdir / "mutants" / (module + ".meta")
+    if not meta.exists():
+        return []
+    codes: dict[str, int | None] = json.loads(meta.read_text("utf-8"))["exit_code_by_key"]
+    return sorted(name for name, code in codes.items() if code not in KILLED_CODES | TIMEOUT_CODES)
+
+
+def run_module(module: str, workers: int, show: bool) -> Score:
+    workdir = OUT / module.removesuffix(".py").replace("/", ".")
+    prepare(module, workdir)
+    env = dict(os.environ, HYPOTHESIS_PROFILE=os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+    log = workdir / "mutmut.log"
+    started = time.monotonic()
+    with log.open("w") as out:
+        proc = subprocess.run(
+            [sys.executable, "-m", "mutmut", "run", "--max-children", str(workers)],
+            cwd=workdir,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=False,
+        )
+    score = collect(module, workdir)
+    score.seconds = time.monotonic() - started
+    if proc.returncode != 0 or score.mutants == 0:
+        print(f"  mutmut failed for {module} (exit {proc.returncode}); see {log.relative_to(ROOT)}")
+        score.other = max(score.other, 1)
+    names = survivors(workdir, module)
+    (workdir / "survivors.txt").write_text("".join(f"{n}\n" for n in names), "utf-8")
+    if show and names:
+        # One process for all the diffs (`mutmut show` per mutant re-reads everything).
+        subprocess.run(
+            [sys.executable, "-c", _SHOW_DIFFS, module, *names],
+            cwd=workdir,
+            stdout=(workdir / "survivors.diff").open("w"),
+            stderr=subprocess.STDOUT,
+            check=False,
+        )
+    return score
+
+
+_SHOW_DIFFS = """
+import sys
+from mutmut.mutation.diff_apply import get_diff_for_mutant
+for name in sys.argv[2:]:
+    print("#", name)
+    print(get_diff_for_mutant(name, path=sys.argv[1]))
+"""
+
+
+def table(scores: list[Score]) -> str:
+    head = "| module | mutants | killed | survived | timeout | no tests | score % | time s |"
+    rule = "|---|---:|---:|---:|---:|---:|---:|---:|"
+    rows = [
+        f"| {s.module} | {s.mutants} | {s.killed} | {s.survived} | {s.timeout} | {s.no_tests} "
+        f"| {s.percent:.1f} | {s.seconds:.0f} |"
+        for s in scores
+    ]
+    total = Score("**total**")
+    for s in scores:
+        total.mutants += s.mutants
+        total.killed += s.killed
+        total.survived += s.survived
+        total.timeout += s.timeout
+        total.no_tests += s.no_tests
+        total.seconds += s.seconds
+    rows.append(
+        f"| {total.module} | {total.mutants} | {total.killed} | {total.survived} | {total.timeout} "
+        f"| {total.no_tests} | {total.percent:.1f} | {total.seconds:.0f} |"
+    )
+    return "\n".join([head, rule, *rows])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("modules", nargs="*", help="core modules to run (default: all)")
+    parser.add_argument("--workers", type=int, default=1, help="mutmut worker processes (default 1)")
+    parser.add_argument("--show-survivors", action="store_true", help="write survivors.diff per module")
+    parser.add_argument("--min-score", type=float, default=90.0, help="fail below this score")
+    args = parser.parse_args()
+    modules = args.modules or list(TESTS)
+    unknown = [m for m in modules if m not in TESTS]
+    if unknown:
+        parser.error(f"not a core module: {', '.join(unknown)}")
+    scores = []
+    for module in modules:
+        print(f"mutating {module} with {', '.join(test_files(module))} ...", flush=True)
+        score = run_module(module, args.workers, args.show_survivors)
+        print(
+            f"  {score.killed + score.timeout}/{score.mutants} killed ({score.percent:.1f}%) "
+            f"in {score.seconds:.0f} s",
+            flush=True,
+        )
+        scores.append(score)
+    report = table(scores)
+    print()
+    print(report)
+    OUT.mkdir(exist_ok=True)
+    (OUT / "summary.md").write_text(report + "\n", "utf-8")
+    failed = [s.module for s in scores if s.other or s.percent < args.min_score]
+    if failed:
+        print(f"\nbelow {args.min_score:.0f}% or failed: {', '.join(failed)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
