@@ -17,6 +17,7 @@ from typing import Any
 
 import trio
 
+from ._version import __version__
 from .agent import AgentChannel, AgentStartError
 from .bus import BusLimits, SessionBus, now_ms
 from .config import DaemonConfig
@@ -89,7 +90,7 @@ class SessionManager:
             argv = self.config.effective_agent_argv()
             agent = AgentChannel(
                 argv, cwd, init_timeout=self.config.agent_init_timeout_ms / 1000,
-                env=self.agent_env, client_info={"name": "turnkeeper", "version": "0.1.0"},
+                env=self.agent_env, client_info={"name": "turnkeeper", "version": __version__},
                 on_exit=partial(self._agent_exited, cwd),
             )
             try:

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from daemon._version import __version__
+
 __all__ = [
     "OPENAPI_VERSION",
     "ROUTES",
@@ -25,7 +27,7 @@ __all__ = [
 ]
 
 OPENAPI_VERSION: Final = "3.1.0"
-API_VERSION: Final = "0.1.0"
+API_VERSION: Final = __version__
 
 JsonSchema = dict[str, Any]
 ErrorSpec = tuple[int, tuple[str, ...]]
