@@ -5,7 +5,8 @@ Two steps happen before a restored session goes live again:
 1. Every prompt the ledger still shows ``in_flight`` is closed, so that every turn ends with
    exactly one terminal: the durable raw events of the unfinished turn are compacted (§3.1) into
    records, followed by a ``turn_error {code: "interrupted"}`` record. Prompts that were queued
-   and never ran get just their terminal record.
+   and never ran get just their terminal record. A turn whose own terminal is durable (only the
+   boundary after it was lost) keeps that terminal and its ledger state.
 2. The replay window is seeded from the newest stored turns; seeded events get fresh ids on the
    new bus (they are not in its ring).
 
@@ -20,7 +21,7 @@ from typing import Any
 from .compactor import TurnCompactor, stamp_record
 from .envelope import Event, JsonObject, decode_json, encode_json
 from .replay_window import Record
-from .transcript_store import FinishTurn
+from .transcript_store import FinishTurn, TerminalState
 
 INTERRUPTED_MESSAGE = "Prompt interrupted by daemon restart"
 
@@ -45,6 +46,20 @@ def _records(envs: Sequence[JsonObject], new_record_id: Callable[[], str]
     return out
 
 
+TERMINAL_TYPES = frozenset({"turn_complete", "turn_error"})
+
+
+def _ledger_state(event: Event) -> tuple[TerminalState, str | None]:
+    """The ledger terminal a published terminal event stands for (as the runner wrote it)."""
+    data = event.env.get("data")
+    data = data if isinstance(data, dict) else {}
+    if event.type == "turn_error":
+        return "error", None
+    stop = data.get("stopReason")
+    stop = stop if isinstance(stop, str) and stop else "end_turn"
+    return ("cancelled" if stop == "cancelled" else "completed"), stop
+
+
 def close_interrupted(
     session_id: str,
     raw_events: Sequence[bytes],
@@ -53,20 +68,39 @@ def close_interrupted(
     now_ms: int,
     new_record_id: Callable[[], str],
 ) -> list[FinishTurn]:
-    """The transcript ops that close every interrupted prompt (apply them in one batch)."""
+    """The transcript ops that close every interrupted prompt (apply them in one batch).
+
+    A turn whose terminal event is among the durable raw events did end: its terminal was
+    committed, only the turn boundary after it was not (it failed, or the daemon died between
+    the two). That turn is closed with its own terminal and ledger state, never relabelled
+    ``interrupted``. Only a turn whose terminal is truly missing gets the ``interrupted``
+    terminal, after its durable events; in-flight prompts with no durable event at all get
+    just that terminal record.
+    """
     compactor = TurnCompactor()
     running: str | None = None
     pending = set(in_flight)
+    closed: set[str] = set()
+    ops: list[FinishTurn] = []
     for raw in raw_events:
         try:
             env = decode_json(raw)
             event = Event.from_env(env)
         except Exception:  # a damaged row must not block the restore of the rest
             continue
+        if event.type in TERMINAL_TYPES and event.prompt_id is not None:
+            if event.prompt_id in closed:
+                continue  # one terminal per prompt, whatever a damaged table holds
+            state, stop = _ledger_state(event)
+            ops.append(FinishTurn(session_id, event.prompt_id, state, stop, now_ms,
+                                  _records(compactor.finish(event), new_record_id)))
+            closed.add(event.prompt_id)
+            pending.discard(event.prompt_id)
+            running = None
+            continue
         compactor.add(event)
         if event.prompt_id in pending:
             running = event.prompt_id
-    ops: list[FinishTurn] = []
     if compactor.pending_events:
         if running is not None:
             terminal = Event.from_env(interrupted_terminal(session_id, running, now_ms))
@@ -78,7 +112,7 @@ def close_interrupted(
         ops.append(FinishTurn(session_id, running, "interrupted", None, now_ms,
                               _records(envs, new_record_id)))
     for prompt_id in in_flight:
-        if prompt_id == running:
+        if prompt_id == running or prompt_id in closed:
             continue
         ops.append(FinishTurn(session_id, prompt_id, "interrupted", None, now_ms, _records(
             [interrupted_terminal(session_id, prompt_id, now_ms)], new_record_id)))

@@ -29,6 +29,8 @@ Terminal = tuple[str, dict[str, Any], TerminalState, str | None]
 MAX_PENDING_PROMPTS = 5
 MAX_LEDGER_TERMINALS = 64
 MAX_ECHO_BLOCKS = 256
+# How long a terminal waits for the transcript before the session is marked degraded.
+DURABLE_WAIT_S = 10.0
 
 
 class PromptQueueFull(Exception):
@@ -234,11 +236,10 @@ class Session:
         prompt.terminal_sent = True
         bus = self.bus
         # Durability before the terminal: everything published so far must be committed. A
-        # degraded transcript is skipped so a failed store never stalls a turn.
-        writer = bus.writer
-        if writer is not None and not bus.transcript_degraded:
-            with trio.CancelScope(shield=True), trio.move_on_after(10):
-                await writer.wait_committed(bus.last_write_seq)
+        # degraded transcript is skipped so a failed store never stalls a turn; a store that
+        # does not commit within the bound degrades the session (its transcript stays a true
+        # prefix and stops claiming to be full) rather than publish a terminal over a hole.
+        await self._wait_durable()
         self._resolve_permissions(prompt.prompt_id)
         bus.publish_terminal(
             event_type, data, prompt_id=prompt.prompt_id,
@@ -284,9 +285,20 @@ class Session:
             else:
                 self.bus.publish("session_closed",
                                  {"sessionId": self.id, "reason": self.closing or "closed"})
-            if self.bus.writer is not None and not self.bus.transcript_degraded:
-                with trio.move_on_after(10):
-                    await self.bus.writer.wait_committed(self.bus.last_write_seq)
+            await self._wait_durable()
+
+    async def _wait_durable(self) -> None:
+        """Wait (bounded, shielded) until everything this session published is committed."""
+        bus = self.bus
+        writer = bus.writer
+        if writer is None or bus.transcript_degraded:
+            return
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(DURABLE_WAIT_S) as bound:
+                await writer.wait_committed(bus.last_write_seq)
+            if bound.cancelled_caught:
+                writer.mark_failed(self.id, TimeoutError(
+                    f"transcript commit did not finish within {DURABLE_WAIT_S:g} s"))
 
     # -- commands -----------------------------------------------------------------------------
 

@@ -56,9 +56,9 @@ TERMINAL_STATES: Final[frozenset[str]] = frozenset(
     {"completed", "cancelled", "error", "interrupted"}
 )
 
-# A short wait rides out a brief lock held by an outside reader (a backup, the sqlite3 shell)
-# instead of failing a batch, and therefore latching a session as failed, for good. It stays far
-# below anything that would make the writer look hung.
+# A short wait rides out a brief lock taken by another opener before this connection holds
+# its exclusive lock (see ``locking_mode`` in ``__init__``) instead of failing at once. It stays
+# far below anything that would make the writer look hung.
 _BUSY_TIMEOUT_MS: Final = 1000
 
 _CURSOR_PREFIX: Final = "tc1."
@@ -230,6 +230,14 @@ class TranscriptStore:
         # batch is exactly one transaction whatever the Python version's implicit-BEGIN rules.
         conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         try:
+            # Before anything touches the file: with EXCLUSIVE locking set before the first
+            # WAL access, SQLite keeps the WAL index in heap memory and never maps a "-shm"
+            # file. A mapped -shm that someone truncates or that cannot get disk blocks kills
+            # the process with SIGBUS (no exception, no log line); a heap index cannot fail
+            # that way, so every disk fault stays an ordinary write error the writer degrades
+            # on. The cost is that no other process can read the database while the daemon
+            # has it open, which the daemon's own data-directory lock already implies.
+            conn.execute("PRAGMA locking_mode=EXCLUSIVE")
             self._check_schema(conn)
             self._configure(conn)
             self._create_schema(conn)
@@ -499,6 +507,24 @@ class TranscriptStore:
             (session_id,),
         ).fetchone()
         return row[0] if row else None
+
+    def records_by_id(self, session_id: str, record_ids: Sequence[str]) -> list[bytes] | None:
+        """The stored events of ``record_ids``, in that order; None if any is not stored for
+        this session (for a load serving a turn the replay window keeps only by id)."""
+        found: dict[str, bytes] = {}
+        ids = list(record_ids)
+        for start in range(0, len(ids), 500):  # well under SQLite's bound-parameter limit
+            chunk = ids[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            for record_id, raw in self._conn.execute(
+                f"SELECT record_id, raw FROM records WHERE session_id = ? "
+                f"AND record_id IN ({marks})",
+                (session_id, *chunk),
+            ):
+                found[record_id] = bytes(raw)
+        if len(found) < len(set(ids)):
+            return None
+        return [found[record_id] for record_id in ids]
 
     def page(
         self,

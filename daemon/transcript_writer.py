@@ -8,7 +8,20 @@ and there is never one thread hop per event.
 
 A failing batch never stops the writer and never blocks ``submit``: the sessions it touched are
 latched in ``failed_sessions``, ``on_failure`` is told, waiters get ``False``, and later batches
-are committed as usual. Reads go through the same lock as writes: the store has one connection.
+are committed as usual for every other session. Reads go through the same lock as writes: the
+store has one connection.
+
+The durable prefix rule. What is stored for a session on its current bus is always a true
+prefix of what that bus published: once a write of the session failed, the writer refuses every
+later :class:`AppendEvent`, :class:`AdmitPrompt` and :class:`FinishTurn` of that session (they
+resolve as failed, never reach SQLite) until the session gets a new bus. A later batch that
+happened to fit on a full disk therefore cannot land events after a hole, nor a terminal whose
+turn lacks events, nor a next turn whose boundary deletes the unfinished one's raw events. So
+:meth:`durable_event_id` only ever names an event with nothing missing at or below it, and it
+stops where the failure hit. Only :class:`MarkClosed` and :class:`DeleteSession` still apply:
+they remove, they never add history. A restore of such a session finds the durable prefix with
+its prompt still ``in_flight`` and closes it as ``interrupted`` (its terminal truly was not
+committed).
 """
 
 from __future__ import annotations
@@ -22,7 +35,14 @@ from typing import TypeVar
 
 import trio
 
-from daemon.transcript_store import AppendEvent, DeleteSession, Op, TranscriptStore
+from daemon.transcript_store import (
+    AdmitPrompt,
+    AppendEvent,
+    DeleteSession,
+    FinishTurn,
+    Op,
+    TranscriptStore,
+)
 
 __all__ = ["DEFAULT_MAX_BATCH", "TranscriptWriter"]
 
@@ -66,12 +86,16 @@ class TranscriptWriter:
         self.last_error: str | None = None
         self.batches_committed = 0
         self.batches_failed = 0
+        self.ops_refused = 0  # ops of latched sessions never sent to SQLite (durable prefix rule)
         self._pending: deque[tuple[int, Op]] = deque()
         self._last_seq = 0
         self._resolved = 0  # every seq <= this is committed or failed
         self._failed: list[list[int]] = []  # sorted, disjoint [lo, hi] seq ranges that failed
         self._durable: dict[str, int] = {}
         self._reset_at: dict[str, int] = {}  # AppendEvents below this seq belong to an old bus
+        # A latched session got a new bus: its old bus's ops still queued (seq below this) stay
+        # refused, although the latch itself was cleared for the new bus.
+        self._refuse_before: dict[str, int] = {}
         self._db_lock = trio.Lock()
         self._wakeup = trio.Event()
         self._progress = trio.Event()
@@ -148,7 +172,9 @@ class TranscriptWriter:
     # --- durable ids ---
 
     def durable_event_id(self, session_id: str) -> int:
-        """Highest ``AppendEvent.event_id`` committed for the session on its current bus."""
+        """Highest ``AppendEvent.event_id`` committed for the session on its current bus, with
+        every event of that bus at or below it committed too (the durable prefix rule: after
+        a failed write nothing more of the session commits, so this stops where it failed)."""
         return self._durable.get(session_id, 0)
 
     def reset_durable(self, session_id: str) -> None:
@@ -157,7 +183,31 @@ class TranscriptWriter:
         §2.3 counts from the bus's creation."""
         self._durable.pop(session_id, None)
         self._reset_at[session_id] = self._last_seq + 1
+        if session_id in self.failed_sessions:
+            self._refuse_before[session_id] = self._last_seq + 1
         self.failed_sessions.discard(session_id)
+
+    def mark_failed(self, session_id: str, exc: BaseException) -> None:
+        """Latch ``session_id`` as failed although no batch of it failed (e.g. its commits
+        did not finish in time for a terminal): from here on it is degraded and its later
+        writes are refused, exactly as after a failed batch."""
+        if session_id in self.failed_sessions:
+            return
+        self.failed_sessions.add(session_id)
+        self.degraded = True
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        logger.error("event=transcript_write_failed sessions=%s ops=0 error_type=%s error=%r",
+                     session_id, type(exc).__name__, str(exc))
+        self._tell_failure({session_id}, exc)
+
+    def _refused(self, seq: int, op: Op) -> bool:
+        """Is ``op`` barred by the durable prefix rule (its session's earlier write failed)?"""
+        if not isinstance(op, AppendEvent | AdmitPrompt | FinishTurn):
+            return False
+        sid = op.session_id
+        if seq < self._refuse_before.get(sid, 0):
+            return True
+        return sid in self.failed_sessions and seq >= self._reset_at.get(sid, 0)
 
     # --- the loop ---
 
@@ -229,22 +279,43 @@ class TranscriptWriter:
         async with self._db_lock:
             # Taken under the lock so that a cancellation while waiting for it loses nothing.
             count = min(len(self._pending), self.max_batch)
-            batch = [self._pending.popleft() for _ in range(count)]
-            if not batch:
+            taken = [self._pending.popleft() for _ in range(count)]
+            if not taken:
                 return
-            ops = [op for _, op in batch]
-            try:
-                # Shielded: a batch taken off the queue is applied and accounted for, never
-                # dropped half-way by a cancellation (the thread could not be stopped anyway).
-                with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(self.store.apply, ops)
-            except Exception as exc:
-                # Not only sqlite3.Error/OSError: a bad op (a bug upstream) must not take the
-                # writer, and with it every other session's durability, down either.
-                self._fail(batch, exc)
+            batch = taken
+            if self.failed_sessions or self._refuse_before:
+                batch = self._drop_refused(taken)
+            if batch:
+                ops = [op for _, op in batch]
+                try:
+                    # Shielded: a batch taken off the queue is applied and accounted for, never
+                    # dropped half-way by a cancellation (the thread could not be stopped).
+                    with trio.CancelScope(shield=True):
+                        await trio.to_thread.run_sync(self.store.apply, ops)
+                except Exception as exc:
+                    # Not only sqlite3.Error/OSError: a bad op (a bug upstream) must not take
+                    # the writer, and with it every other session's durability, down either.
+                    self._fail(batch, exc)
+                else:
+                    self._committed(batch)
+        self._advance(taken[-1][0])
+
+    def _drop_refused(self, taken: list[tuple[int, Op]]) -> list[tuple[int, Op]]:
+        """Split off the ops the durable prefix rule refuses; they resolve as failed."""
+        kept: list[tuple[int, Op]] = []
+        run: list[int] = []  # a run of consecutive refused seqs, recorded as one range
+        for seq, op in taken:
+            if self._refused(seq, op):
+                if run and run[1] + 1 != seq:
+                    self._record_failed(run[0], run[1])
+                    run = []
+                run = [run[0] if run else seq, seq]
             else:
-                self._committed(batch)
-        self._advance(batch[-1][0])
+                kept.append((seq, op))
+        if run:
+            self._record_failed(run[0], run[1])
+        self.ops_refused += len(taken) - len(kept)
+        return kept
 
     def _committed(self, batch: Sequence[tuple[int, Op]]) -> None:
         self.batches_committed += 1
@@ -258,15 +329,38 @@ class TranscriptWriter:
             elif isinstance(op, DeleteSession):
                 durable.pop(op.session_id, None)
                 reset_at.pop(op.session_id, None)
+                self._refuse_before.pop(op.session_id, None)
                 self.failed_sessions.discard(op.session_id)
+
+    def _record_failed(self, lo: int, hi: int) -> None:
+        """Seqs ``lo..hi`` resolved as failed. Ranges nearly always arrive in ascending order
+        (appended, merged with the last); a batch's own failure can land just below refused
+        ops recorded a moment before, so an out-of-order range is inserted and merged."""
+        failed = self._failed
+        if not failed or failed[-1][1] + 1 < lo:
+            failed.append([lo, hi])
+            return
+        if failed[-1][0] <= lo:
+            failed[-1][1] = max(failed[-1][1], hi)
+            return
+        i = bisect.bisect_left(failed, lo, key=lambda r: r[0])
+        failed.insert(i, [lo, hi])
+        merged: list[list[int]] = []
+        for rng in failed[max(i - 1, 0):]:
+            if merged and merged[-1][1] + 1 >= rng[0]:
+                merged[-1][1] = max(merged[-1][1], rng[1])
+            else:
+                merged.append(rng)
+        failed[max(i - 1, 0):] = merged
 
     def _fail(self, batch: Sequence[tuple[int, Op]], exc: BaseException) -> None:
         sessions = {op.session_id for _, op in batch}
         lo, hi = batch[0][0], batch[-1][0]
-        if self._failed and self._failed[-1][1] + 1 >= lo:
-            self._failed[-1][1] = max(self._failed[-1][1], hi)
-        else:
-            self._failed.append([lo, hi])
+        if len(batch) == hi - lo + 1:
+            self._record_failed(lo, hi)
+        else:  # refused ops were taken out of the middle: only the ones tried failed
+            for seq, _ in batch:
+                self._record_failed(seq, seq)
         self.batches_failed += 1
         self.failed_sessions |= sessions
         self.degraded = True
@@ -282,6 +376,11 @@ class TranscriptWriter:
             # Storage errors explain themselves; anything else is a bug worth a traceback.
             exc_info=not isinstance(exc, sqlite3.Error | OSError | RuntimeError),
         )
+        self._tell_failure(sessions, exc)
+        if self._stopped:
+            self._advance(hi)
+
+    def _tell_failure(self, sessions: set[str], exc: BaseException) -> None:
         if self.on_failure is not None:
             try:
                 self.on_failure(set(sessions), exc)
@@ -289,8 +388,6 @@ class TranscriptWriter:
                 logger.exception(
                     "event=transcript_on_failure_raised sessions=%s", ",".join(sorted(sessions))
                 )
-        if self._stopped:
-            self._advance(hi)
 
     def _advance(self, seq: int) -> None:
         if seq > self._resolved:

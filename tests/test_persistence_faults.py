@@ -1,15 +1,20 @@
 """Transcript faults against the real daemon and a real SQLite file (SPEC §2.3, §5).
 
-A write failure is injected from outside, as an operator's tool would cause it: the test holds
-an exclusive lock on the database (``BEGIN EXCLUSIVE``) while a turn streams. The daemon must
-keep streaming, finish the turn, latch that session as degraded (markers say
-``fullTranscriptAvailable: false``, the status routes say why) and keep persisting the other
-sessions. A corrupt or too-new database makes ``python -m daemon`` refuse to start without
-touching the file.
+A write failure is injected from outside, the way a full disk causes it: the test lowers the
+running daemon's file-size limit (``RLIMIT_FSIZE`` via ``prlimit``; CPython ignores
+``SIGXFSZ``, so SQLite's writes past it fail with ``EFBIG``) to the WAL's current size while a
+turn streams, and raises it again later. The daemon must keep streaming, finish the turn, latch
+that session as degraded (markers say ``fullTranscriptAvailable: false``, the status routes say
+why) and keep persisting the other sessions once the disk has room again. Nothing outside the
+daemon can lock the database any more (it holds SQLite's lock exclusively), and a stray
+``-shm`` file cannot kill it with SIGBUS (it maps none). A corrupt or too-new database makes
+``python -m daemon`` refuse to start without touching the file.
 """
 
 from __future__ import annotations
 
+import os
+import resource
 import sqlite3
 import subprocess
 import sys
@@ -78,25 +83,33 @@ def markers(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in events if e.get("type") == "history_truncated"]
 
 
-async def test_locked_database_degrades_one_session_and_never_stalls_it(
+def set_file_size_limit(daemon: RunningDaemon, limit: int | None) -> None:
+    """The disk is full past ``limit`` bytes of any file the daemon writes (``None``: room)."""
+    _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.prlimit(daemon.proc.pid, resource.RLIMIT_FSIZE,
+                     (hard if limit is None else limit, hard))
+
+
+async def test_full_disk_degrades_one_session_and_never_stalls_it(
         daemon: RunningDaemon) -> None:
-    db = daemon.data_dir / TRANSCRIPT_FILE
+    wal = daemon.data_dir / (TRANSCRIPT_FILE + "-wal")
     async with httpx.AsyncClient(base_url=daemon.url, timeout=TIMEOUT_S) as client, \
             trio.open_nursery() as nursery:
         victim, _ = await create(client)
         bystander, _ = await create(client)
-        await full_turn(client, bystander, "before mock:chunks=2")
+        await full_turn(client, bystander, "before mock:chunks=50 mock:bytes=4000")
         # A transcript read waits for every earlier write: nothing of either session is still
-        # queued when the lock is taken, so only what the victim writes next can fail.
+        # queued when the disk fills, so only what the victim writes next can fail.
         for sid in (victim, bystander):
             assert (await client.get(f"/session/{sid}/transcript")).status_code == 200
 
         sub = Subscriber(client, f"/session/{victim}/events", {"Last-Event-ID": "0"})
         await nursery.start(sub.run)
-        lock = sqlite3.connect(db, isolation_level=None, timeout=0)
+        # The WAL only grows (no checkpoint this early): its next frame is past the limit.
+        assert daemon.stderr_path.stat().st_size < wal.stat().st_size
+        set_file_size_limit(daemon, wal.stat().st_size)
         try:
-            lock.execute("BEGIN EXCLUSIVE")
-            pid = await prompt(client, victim, "locked mock:chunks=20 mock:gate=held")
+            pid = await prompt(client, victim, "full mock:chunks=20 mock:gate=held")
             # The stream is not held up by the failing writes.
             await sub.wait_for(lambda e: text_of(e) == "chunk-19", timeout=TIMEOUT_S)
 
@@ -115,7 +128,7 @@ async def test_locked_database_degrades_one_session_and_never_stalls_it(
             transcript = daemon_status["transcript"]
             assert transcript["enabled"] is True and transcript["degraded"] is True
             assert transcript["failedSessions"] == [victim]
-            assert "locked" in transcript["lastError"]
+            assert "disk" in transcript["lastError"], transcript["lastError"]
 
             # Mid-turn load: the live marker no longer promises a full transcript.
             mid = (await client.post(f"/session/{victim}/load", json={})).json()
@@ -132,10 +145,10 @@ async def test_locked_database_degrades_one_session_and_never_stalls_it(
             assert [text_of(e) for e in sub.events if text_of(e).startswith("chunk-")] == \
                 [f"chunk-{i}" for i in range(20)]
         finally:
-            lock.close()
+            set_file_size_limit(daemon, None)
         nursery.cancel_scope.cancel()
 
-        # The store works again, but the victim's latch holds until it gets a new bus.
+        # The disk has room again, but the victim's latch holds until it gets a new bus.
         for i in range(3):
             await full_turn(client, victim, f"after {i} mock:chunks=20")
         after = (await client.post(f"/session/{victim}/load", json={})).json()
@@ -149,7 +162,7 @@ async def test_locked_database_degrades_one_session_and_never_stalls_it(
         page = (await client.get(f"/session/{bystander}/transcript")).json()
         texts = [e["data"]["update"]["content"]["text"] for e in page["events"]
                  if e["type"] == "session_update"]
-        assert "before mock:chunks=2" in texts and "after mock:chunks=2" in texts
+        assert "before mock:chunks=50 mock:bytes=4000" in texts and "after mock:chunks=2" in texts
         assert sum(e["type"] == "turn_complete" for e in page["events"]) == 2
         final = (await client.get("/daemon/status")).json()["transcript"]
         assert final["failedSessions"] == [victim]
@@ -158,8 +171,33 @@ async def test_locked_database_degrades_one_session_and_never_stalls_it(
     failures = [line for line in daemon.stderr().splitlines()
                 if "event=transcript_write_failed" in line]
     assert failures and all(victim in line for line in failures)
-    assert any("locked" in line for line in failures)
+    assert any("disk" in line for line in failures)
     assert daemon.proc.poll() is None
+
+
+async def test_a_tampered_shm_file_cannot_kill_the_daemon(daemon: RunningDaemon) -> None:
+    """SQLite maps a WAL database's ``-shm`` file; truncating it (or a full disk under a
+    sparse one) used to kill the daemon with SIGBUS and no log line. The store keeps the WAL
+    index in its own memory, so there is no mapped file to break: an outside process that
+    plants an unwritable, empty ``-shm`` changes nothing."""
+    shm = daemon.data_dir / (TRANSCRIPT_FILE + "-shm")
+    async with httpx.AsyncClient(base_url=daemon.url, timeout=TIMEOUT_S) as client:
+        sid, _ = await create(client)
+        await full_turn(client, sid, "before mock:chunks=5")
+        assert (await client.get(f"/session/{sid}/transcript")).status_code == 200
+        assert not shm.exists()
+        # What the original probe did to the mapped file: empty it and make it unwritable.
+        shm.touch()
+        os.truncate(shm, 0)
+        shm.chmod(0)
+        await full_turn(client, sid, "after mock:chunks=5")
+        page = (await client.get(f"/session/{sid}/transcript")).json()
+        assert sum(e["type"] == "turn_complete" for e in page["events"]) == 2
+        status = (await client.get(f"/session/{sid}/status")).json()
+        assert status["transcriptDegraded"] is False
+        assert status["durableEventId"] == status["lastEventId"]
+    assert daemon.proc.poll() is None
+    assert "transcript_write_failed" not in daemon.stderr()
 
 
 # --- refusing to start ------------------------------------------------------------------------

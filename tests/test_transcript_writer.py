@@ -175,16 +175,24 @@ async def test_failed_batch_latches_its_sessions_and_writer_goes_on(
         assert "event=transcript_write_failed" in line
         assert f"sessions={S1},{S2}" in line
         assert type(exc).__name__ in line
-        # Later batches commit, for failed and healthy sessions alike; the latch stays.
+        # Later batches commit for healthy sessions; a failed session's later writes are
+        # refused (the durable prefix rule: nothing may land after the hole), its durable id
+        # stays where the failure hit, and the latch stays.
         c = writer.submit(append(S1, 2))
         d = writer.submit(append(S3, 1))
-        assert await writer.wait_committed(c) is True
+        e = writer.submit(FinishTurn(S2, "p", "completed", None, 2, [("r", b"{}")]))
+        assert await writer.wait_committed(c) is False
         assert await writer.wait_committed(d) is True
+        assert await writer.wait_committed(e) is False
         assert writer.failed_sessions == {S1, S2}
-        assert writer.durable_event_id(S1) == 2
-        # The failed batch's ops really are not in the store.
-        assert await writer.read(lambda s: s.raw_events(S1)) == [b'{"id":2}']
-        assert await writer.read(lambda s: s.in_flight_prompts(S2)) == []
+        assert writer.durable_event_id(S1) == 0
+        assert writer.durable_event_id(S3) == 1
+        assert writer.ops_refused == 2
+        # Neither the failed batch's ops nor the refused ones are in the store.
+        assert await writer.read(lambda s: s.raw_events(S1)) == []
+        assert await writer.read(lambda s: (s.in_flight_prompts(S2), s.record_count(S2))) \
+            == ([], 0)
+        assert len(calls) == 1  # one failure told, not one per refused op
         await writer.aclose()
 
 
@@ -198,8 +206,10 @@ async def test_real_sqlite_error_fails_only_that_batch(store: CountingStore) -> 
         assert await writer.wait_committed(bad) is False
         assert writer.failed_sessions == {S2}
         assert writer.last_error is not None and "IntegrityError" in writer.last_error
-        good = writer.submit(append(S2, 1))
-        assert await writer.wait_committed(good) is True
+        refused = writer.submit(append(S2, 1))
+        other = writer.submit(append(S1, 1))
+        assert await writer.wait_committed(refused) is False
+        assert await writer.wait_committed(other) is True
         await writer.aclose()
 
 
@@ -212,7 +222,7 @@ async def test_on_failure_raising_does_not_stop_the_writer(store: CountingStore)
     async with trio.open_nursery() as nursery:
         await start(nursery, writer)
         assert await writer.wait_committed(writer.submit(append(S1, 1))) is False
-        assert await writer.wait_committed(writer.submit(append(S1, 2))) is True
+        assert await writer.wait_committed(writer.submit(append(S2, 2))) is True
         await writer.aclose()
 
 
@@ -304,4 +314,93 @@ async def test_a_read_only_database_degrades_the_session_and_recovers(
         later = writer.submit(append(S2, 1))
         assert await writer.wait_committed(later) is True
         assert writer.durable_event_id(S2) == 1 and writer.durable_event_id(S1) == 0
+        await writer.aclose()
+
+
+# --- the durable prefix rule ------------------------------------------------------------------
+
+
+async def test_ops_queued_behind_a_failed_batch_are_refused(store: CountingStore) -> None:
+    """Ops already queued when a session's batch fails never land after the hole; other
+    sessions' ops in the same later batch commit."""
+    writer = TranscriptWriter(store)
+    async with trio.open_nursery() as nursery:
+        await start(nursery, writer)
+        assert await writer.wait_committed(writer.submit(append(S1, 1))) is True
+        store.hold_next = True
+        store.failures.append(OSError(errno.EFBIG, "File too large"))
+        failing = writer.submit(append(S1, 2))
+        await store.entered.wait()
+        queued = [writer.submit(append(S1, 3)), writer.submit(append(S2, 1)),
+                  writer.submit(append(S1, 4)), writer.submit(AdmitPrompt(S1, "p", 1)),
+                  writer.submit(FinishTurn(S1, "p", "completed", None, 1, [("r", b"{}")]))]
+        store.release.set()
+        assert await writer.wait_committed(failing) is False
+        results = [await writer.wait_committed(seq) for seq in queued]
+        assert results == [False, True, False, False, False]
+        assert writer.durable_event_id(S1) == 1 and writer.durable_event_id(S2) == 1
+        assert writer.ops_refused == 4
+        assert await writer.read(lambda s: (s.raw_events(S1), s.record_count(S1),
+                                            s.in_flight_prompts(S1))) == ([b'{"id":1}'], 0, [])
+        # Only the tried batch reached SQLite: [1], [2] (failed), [S2's one op].
+        assert store.batches == [1, 1, 1]
+        await writer.aclose()
+
+
+async def test_a_failing_kept_op_below_refused_ones_is_reported_failed(
+        store: CountingStore) -> None:
+    writer = TranscriptWriter(store)
+    store.failures.append(sqlite3.OperationalError("disk I/O error"))
+    async with trio.open_nursery() as nursery:
+        await start(nursery, writer)
+        assert await writer.wait_committed(writer.submit(append(S1, 1))) is False
+        # One batch: S2's op is tried (and fails), S1's is refused above it. (The held
+        # blocker takes the first of the two failures.)
+        store.failures += [sqlite3.OperationalError("disk I/O error")] * 2
+        store.hold_next = True
+        blocker = writer.submit(append(S3, 1))
+        await store.entered.wait()
+        tried = writer.submit(append(S2, 1))
+        refused = writer.submit(append(S1, 2))
+        store.release.set()
+        assert await writer.wait_committed(blocker) is False
+        assert await writer.wait_committed(tried) is False
+        assert await writer.wait_committed(refused) is False
+        assert writer.failed_sessions == {S1, S2, S3}
+        await writer.aclose()
+
+
+async def test_a_new_bus_writes_again_but_old_queued_ops_stay_refused(
+        store: CountingStore) -> None:
+    writer = TranscriptWriter(store)
+    store.failures.append(sqlite3.OperationalError("disk I/O error"))
+    async with trio.open_nursery() as nursery:
+        await start(nursery, writer)
+        assert await writer.wait_committed(writer.submit(append(S1, 1))) is False
+        old = writer.submit(append(S1, 2))  # the dead bus's op, still queued
+        writer.reset_durable(S1)
+        assert writer.failed_sessions == set()
+        new = writer.submit(append(S1, 1))
+        assert await writer.wait_committed(old) is False
+        assert await writer.wait_committed(new) is True
+        assert writer.durable_event_id(S1) == 1
+        assert await writer.read(lambda s: s.raw_events(S1)) == [b'{"id":1}']
+        # Deleting the session forgets everything about it.
+        assert await writer.wait_committed(writer.submit(DeleteSession(S1))) is True
+        assert writer._refuse_before == {}
+        await writer.aclose()
+
+
+async def test_mark_failed_latches_and_refuses(store: CountingStore) -> None:
+    calls: list[set[str]] = []
+    writer = TranscriptWriter(store, on_failure=lambda s, e: calls.append(s))
+    async with trio.open_nursery() as nursery:
+        await start(nursery, writer)
+        assert await writer.wait_committed(writer.submit(append(S1, 1))) is True
+        writer.mark_failed(S1, TimeoutError("commit did not finish"))
+        writer.mark_failed(S1, TimeoutError("again"))  # once
+        assert calls == [{S1}] and writer.degraded
+        assert writer.last_error is not None and "commit did not finish" in writer.last_error
+        assert await writer.wait_committed(writer.submit(append(S1, 2))) is False
+        assert writer.durable_event_id(S1) == 1
         await writer.aclose()
