@@ -1,4 +1,5 @@
-"""The daemon's ASGI entry: guards first, then the event streams or the Quart app."""
+"""The daemon's ASGI entry: guards first (a CORS preflight is answered there), then the event
+streams or the Quart app; every HTTP answer to an allowed origin carries the CORS headers."""
 
 from __future__ import annotations
 
@@ -38,6 +39,22 @@ async def _send_json(send: Send, status: int, body: dict[str, Any], *,
     await send({"type": "http.response.body", "body": raw, "more_body": False})
 
 
+async def _send_preflight(send: Send, cors: list[tuple[bytes, bytes]]) -> None:
+    await send({"type": "http.response.start", "status": 204, "headers": cors})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _with_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
+    """Add ``extra`` to the response start, whoever answers (guards, streams or the app)."""
+
+    async def send_with_headers(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), *extra]}
+        await send(message)
+
+    return send_with_headers
+
+
 class DaemonASGI:
     def __init__(self, app: QuartTrio, manager: SessionManager, guard: Guard,
                  heartbeat_s: float) -> None:
@@ -55,6 +72,15 @@ class DaemonASGI:
         method = scope.get("method", "GET")
         path: str = scope["path"]
         denial = self.guard.check(method, path, headers)
+        if kind == "http":
+            if denial is None and method == "OPTIONS":
+                preflight = self.guard.preflight_headers(headers)
+                if preflight is not None:
+                    await _send_preflight(send, preflight)
+                    return
+            cors = self.guard.cors_headers(headers)
+            if cors:  # every answer below, the guards' and the SSE stream's included
+                send = _with_headers(send, cors)
         if denial is not None:
             if kind == "http":
                 await _send_json(send, denial.status, denial.body)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import trio
@@ -20,10 +21,11 @@ import trio
 from .compactor import TurnCompactor, stamp_record
 from .envelope import Event, JsonObject, make_event
 from .live_journal import LiveJournals
-from .replay_window import Record, ReplayWindow
-from .ring import EventRing
+from .malloc import trim
+from .replay_window import Record, ReplayWindow, SegmentHandle, SpilledTurn
+from .ring import DEFAULT_RING_BYTES, EventRing
 from .subscriber import Eviction, SubscriberState, Warning
-from .transcript_store import AppendEvent, FinishTurn, TerminalState
+from .transcript_store import AppendEvent, FinishTurn, TerminalState, TranscriptStore
 from .transcript_writer import TranscriptWriter
 
 log = logging.getLogger("daemon.bus")
@@ -41,6 +43,7 @@ class BusLimits:
     max_journal_bytes: int
     compacted_replay_max_bytes: int
     event_ring_size: int
+    event_ring_bytes: int = DEFAULT_RING_BYTES
 
 
 class Subscription:
@@ -74,12 +77,26 @@ class Subscription:
             await self._idle.wait()
 
 
+Spawn = Callable[[Callable[[], Awaitable[None]]], None]
+
+
 @dataclass(frozen=True)
 class LoadSnapshot:
-    compacted: list[bytes]
+    # A SpilledTurn stands for an over-cap turn the window serves from the transcript; the
+    # route replaces it with the records (resolve_compacted) after the snapshot is taken.
+    compacted: list[bytes | SpilledTurn]
     live: list[bytes]
     last_event_id: int
     epoch: str
+    # The compacted list should the transcript not give the spilled turns back: they count as
+    # dropped in the marker (taken with the snapshot, so it matches the cursor).
+    compacted_if_lost: list[bytes] | None = None
+
+
+def _records_by_id(
+    session_id: str, ids: tuple[str, ...], store: TranscriptStore
+) -> list[bytes] | None:
+    return store.records_by_id(session_id, ids)
 
 
 class SessionBus:
@@ -91,11 +108,16 @@ class SessionBus:
         *,
         first_id: int = 1,
         clock_ms: Callable[[], int] = now_ms,
+        spawn: Spawn | None = None,
     ) -> None:
         self.session_id = session_id
         self.limits = limits
         self.epoch = str(uuid.uuid4())
-        self.ring = EventRing(limits.event_ring_size, next_id=first_id)
+        self.ring = EventRing(limits.event_ring_size, next_id=first_id,
+                              max_bytes=limits.event_ring_bytes)
+        # Runs background work of this bus (spilling an over-cap turn once it is committed);
+        # without it over-cap turns stay in memory.
+        self._spawn = spawn
         self.journals = LiveJournals(limits.max_journal_events, limits.max_journal_bytes)
         self.compactor = TurnCompactor()
         self.window = ReplayWindow(limits.compacted_replay_max_bytes)
@@ -196,13 +218,14 @@ class SessionBus:
             return None
         self._persist(event)
         records: list[Record] = []
+        handle: SegmentHandle | None = None
         try:
             for env in self.compactor.finish(event):
                 record_id = str(uuid.uuid4())
                 compacted = Event.from_env(stamp_record(env, record_id))
                 compacted.release()  # the window and the transcript need only the bytes
                 records.append(Record(compacted, record_id))
-            self.window.add_segment(records)
+            handle = self.window.add_segment(records)
             if records:
                 self.latest_record_id = records[-1].record_id
         except Exception:
@@ -215,8 +238,24 @@ class SessionBus:
                 self.session_id, prompt_id, ledger_terminal, stop_reason, self.clock_ms(),
                 [(r.record_id or "", r.event.raw) for r in records],
             ))
+            if handle is not None and self._spawn is not None and self.window.spillable(handle):
+                self._spawn(partial(self._spill_when_committed, handle, self.last_write_seq))
         self.flush()
         return event
+
+    async def _spill_when_committed(self, handle: SegmentHandle, seq: int) -> None:
+        """A turn bigger than the whole replay window leaves memory once the transcript holds
+        it: loads then read it back from there (the writer's queue held the same bytes until
+        the commit, so nothing was held twice meanwhile). A failed commit keeps it here."""
+        writer = self.writer
+        if writer is None or not await writer.wait_committed(seq):
+            return
+        size = self.window.total_bytes
+        if self.window.spill(handle):
+            # The turn's text was freed in many pieces: give the pages back to the OS.
+            released = trim()
+            log.info("event=replay_turn_spilled session=%s bytes=%d trimmed=%s",
+                     self.session_id, size, released)
 
     def _mark_degraded(self, where: str) -> None:
         if not self.degraded:
@@ -288,4 +327,40 @@ class SessionBus:
             full_transcript_available=full,
             record_id=self.latest_record_id,
         )
-        return LoadSnapshot(compacted, live, self.ring.last_id, self.epoch)
+        if_lost: list[bytes] | None = None
+        spilled = [item for item in compacted if isinstance(item, SpilledTurn)]
+        if spilled:
+            if_lost = [item for item in self.window.snapshot(
+                full_transcript_available=False, lost=spilled) if isinstance(item, bytes)]
+        return LoadSnapshot(compacted, live, self.ring.last_id, self.epoch, if_lost)
+
+    async def resolve_compacted(self, snap: LoadSnapshot) -> list[bytes]:
+        """``snap.compacted`` with every spilled turn replaced by its records, read back from
+        the transcript. A turn the transcript cannot give back (the session was deleted
+        meanwhile, or the read failed) is reported by the marker as dropped instead."""
+        spilled = [item for item in snap.compacted if isinstance(item, SpilledTurn)]
+        if not spilled:
+            return [item for item in snap.compacted if isinstance(item, bytes)]
+        writer = self.writer
+        found: dict[tuple[str, ...], list[bytes]] = {}
+        if writer is not None:
+            for turn in spilled:
+                ids = turn.record_ids
+                try:
+                    got = await writer.read(partial(_records_by_id, self.session_id, ids))
+                except Exception as exc:
+                    log.warning("event=spilled_turn_unreadable session=%s error=%r",
+                                self.session_id, exc)
+                    got = None
+                if got is None:
+                    break
+                found[ids] = got
+        if len(found) < len(spilled) and snap.compacted_if_lost is not None:
+            return snap.compacted_if_lost
+        out: list[bytes] = []
+        for item in snap.compacted:
+            if isinstance(item, SpilledTurn):
+                out.extend(found.get(item.record_ids, ()))
+            else:
+                out.append(item)
+        return out

@@ -20,6 +20,9 @@ DEFAULT_MAX_JOURNAL_EVENTS = 10_000
 DEFAULT_MAX_JOURNAL_BYTES = 8 * 1024 * 1024
 DEFAULT_COMPACTED_REPLAY_MAX_BYTES = 4 * 1024 * 1024
 DEFAULT_EVENT_RING_SIZE = 8000
+# Twice the 8 MiB replay budget: every resume a replay can finish is served from the ring.
+DEFAULT_EVENT_RING_BYTES = 16 * 1024 * 1024
+DEFAULT_AGENT_IDLE_MS = 300_000
 DEFAULT_AGENT_INIT_TIMEOUT_MS = 30_000
 APPROVAL_MODES = ("default", "plan", "auto-edit", "auto", "yolo")
 TOKEN_ENV = "QWEN_SERVER_TOKEN"
@@ -41,6 +44,8 @@ class DaemonConfig:
     max_journal_bytes: int = DEFAULT_MAX_JOURNAL_BYTES
     compacted_replay_max_bytes: int = DEFAULT_COMPACTED_REPLAY_MAX_BYTES
     event_ring_size: int = DEFAULT_EVENT_RING_SIZE
+    event_ring_bytes: int = DEFAULT_EVENT_RING_BYTES
+    agent_idle_ms: int = DEFAULT_AGENT_IDLE_MS
     allow_origins: tuple[str, ...] = ()
     workspace: str = field(default_factory=os.getcwd)
     require_auth: bool = False
@@ -112,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-journal-bytes", default=str(DEFAULT_MAX_JOURNAL_BYTES))
     p.add_argument("--compacted-replay-max-bytes", default=str(DEFAULT_COMPACTED_REPLAY_MAX_BYTES))
     p.add_argument("--event-ring-size", default=str(DEFAULT_EVENT_RING_SIZE))
+    p.add_argument("--event-ring-bytes", default=str(DEFAULT_EVENT_RING_BYTES),
+                   help="byte cap of the resume ring (besides --event-ring-size)")
+    p.add_argument("--agent-idle-ms", default=str(DEFAULT_AGENT_IDLE_MS),
+                   help="stop a workspace's agent after this long without a session")
     p.add_argument("--allow-origin", action="append", default=[])
     p.add_argument("--workspace", default=None)
     p.add_argument("--require-auth", action="store_true")
@@ -184,6 +193,8 @@ def parse_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> 
             "--compacted-replay-max-bytes", ns.compacted_replay_max_bytes
         ),
         event_ring_size=_positive_int("--event-ring-size", ns.event_ring_size),
+        event_ring_bytes=_positive_int("--event-ring-bytes", ns.event_ring_bytes),
+        agent_idle_ms=_positive_int("--agent-idle-ms", ns.agent_idle_ms),
         allow_origins=tuple(ns.allow_origin),
         workspace=workspace,
         require_auth=bool(ns.require_auth),

@@ -1,6 +1,9 @@
 """Request guards: Host (DNS rebinding), Origin (CORS) and bearer auth (SPEC §6). Pure.
 
-Checks run in the order Host → Origin → auth; the first failure wins.
+Checks run in the order Host → Origin → auth; the first failure wins. A CORS preflight from
+an allowed origin skips auth (browsers never send credentials on a preflight) and is answered
+here; every other response to an allowed origin carries :meth:`Guard.cors_headers`. Origins
+that are not allowed get a 403 and no CORS header at all.
 """
 
 from __future__ import annotations
@@ -10,6 +13,15 @@ from dataclasses import dataclass
 from typing import Any
 
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
+
+CORS_ALLOW_METHODS = "GET, POST, DELETE, OPTIONS"
+# Request headers a browser client sends beyond the CORS-safelisted ones.
+CORS_ALLOW_HEADERS = "Authorization, Content-Type, Last-Event-ID, X-Qwen-Client-Id, X-Qwen-Event-Epoch"
+# Response headers a browser client reads (the SSE stream's epoch and id, a 429/503's wait).
+CORS_EXPOSE_HEADERS = "X-Qwen-Event-Epoch, X-Qwen-SSE-Stream-Id, Retry-After"
+CORS_MAX_AGE_S = 600
+
+Headers = list[tuple[bytes, bytes]]
 
 
 @dataclass(frozen=True)
@@ -57,7 +69,7 @@ class Guard:
         if origin is not None and origin not in self.allow_origins:
             return Denial(403, {"error": "Request denied by CORS policy",
                                 "code": "origin_not_allowed"})
-        if self.token is None:
+        if self.token is None or is_preflight(method, headers):
             return None
         if path == "/health" and method == "GET" and not self.require_auth:
             return None
@@ -65,3 +77,35 @@ class Guard:
         if given is None or not hmac.compare_digest(given.encode(), self.token.encode()):
             return Denial(401, {"error": "Unauthorized", "code": "unauthorized"})
         return None
+
+    def allowed_origin(self, headers: dict[str, str]) -> str | None:
+        """The request's Origin if it is one of ``--allow-origin``, else ``None``."""
+        origin = headers.get("origin")
+        return origin if origin is not None and origin in self.allow_origins else None
+
+    def cors_headers(self, headers: dict[str, str]) -> Headers:
+        """What every response (errors and the SSE stream included) adds for an allowed origin."""
+        origin = self.allowed_origin(headers)
+        if origin is None:
+            return []
+        return [(b"access-control-allow-origin", origin.encode("latin-1")),
+                (b"access-control-expose-headers", CORS_EXPOSE_HEADERS.encode()),
+                (b"vary", b"Origin")]
+
+    def preflight_headers(self, headers: dict[str, str]) -> Headers | None:
+        """The 204 answer's headers to a preflight from an allowed origin (any route);
+        ``None`` when the request is not such a preflight."""
+        origin = self.allowed_origin(headers)
+        if origin is None or not is_preflight("OPTIONS", headers):
+            return None
+        return [(b"access-control-allow-origin", origin.encode("latin-1")),
+                (b"access-control-allow-methods", CORS_ALLOW_METHODS.encode()),
+                (b"access-control-allow-headers", CORS_ALLOW_HEADERS.encode()),
+                (b"access-control-max-age", str(CORS_MAX_AGE_S).encode()),
+                (b"vary", b"Origin")]
+
+
+def is_preflight(method: str, headers: dict[str, str]) -> bool:
+    """A CORS preflight: ``OPTIONS`` with ``Origin`` and ``Access-Control-Request-Method``."""
+    return (method == "OPTIONS" and "origin" in headers
+            and "access-control-request-method" in headers)

@@ -20,7 +20,7 @@ from werkzeug.exceptions import HTTPException
 from .bus import now_ms
 from .config import DaemonConfig
 from .envelope import RawList, decode_json, encode_json, encode_object
-from .manager import AgentUnavailable, SessionManager
+from .manager import AgentUnavailable, InvalidWorkspace, SessionManager
 from .openapi import build_openapi
 from .session import MAX_PENDING_PROMPTS, PromptQueueFull, Session
 from .transcript_store import InvalidCursor
@@ -200,6 +200,8 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
             },
             "agents": [{"workspaceCwd": cwd, "pid": agent.pid}
                        for cwd, agent in manager.agents.items()],
+            "agentsReaped": manager.agents_reaped,
+            "restoreLocks": manager.restore_lock_count,
             "sessions": manager.status(),
         })
 
@@ -222,6 +224,9 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
                            'sessionScope must be "single" or "thread"')
         try:
             session, attached, client_id = await manager.create(cwd, session_id, scope, hint)
+        except InvalidWorkspace as exc:
+            raise ApiError(400, "invalid_cwd", f"Invalid workspace directory: {exc}",
+                           cwd=cwd) from None
         except AgentUnavailable as exc:
             raise ApiError(502, "agent_start_failed", f"Agent failed to start: {exc}") from None
         return json_response({
@@ -268,7 +273,6 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
             snap = bus.load_snapshot(mode)
             last_event_id, epoch = snap.last_event_id, snap.epoch
             out["hasActivePrompt"] = session.active is not None
-            out["compactedReplay"] = RawList(snap.compacted)
             out["liveJournal"] = RawList(snap.live)
             if bus.window.truncated_events > 0:
                 out["historyHasMore"] = True
@@ -276,6 +280,8 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
             if anchor is not None and (bus.window.truncated_events > 0
                                        or bus.journals.full.truncated_events > 0):
                 out["historyAnchorRecordId"] = anchor
+            # An over-cap turn is read back from the transcript here, after the snapshot.
+            out["compactedReplay"] = RawList(await bus.resolve_compacted(snap))
         out["lastEventId"] = last_event_id
         out["eventEpoch"] = epoch
         if bus.degraded:

@@ -3,6 +3,11 @@
 Agents and sessions run as tasks in the manager's nursery (the daemon's root nursery owns it).
 An agent's death ends its own sessions only; the next request for that workspace starts a new
 agent.
+
+Client input cannot grow the daemon's resources without bound: a workspace is named by its
+canonical path (so spellings of one directory share one agent), an agent whose workspace has had
+no session for ``--agent-idle-ms`` is stopped (stdin EOF) and started again on demand, and the
+per-key locks live only while somebody holds or waits for them.
 """
 
 from __future__ import annotations
@@ -10,7 +15,8 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
@@ -23,7 +29,7 @@ from .bus import BusLimits, SessionBus, now_ms
 from .config import DaemonConfig
 from .restore import close_interrupted, seed_segments
 from .session import Session
-from .transcript_store import MarkClosed, UpsertSession
+from .transcript_store import MarkClosed, SessionRow, UpsertSession
 from .transcript_writer import TranscriptWriter
 
 log = logging.getLogger("daemon.manager")
@@ -42,6 +48,51 @@ class AgentUnavailable(Exception):
     """The workspace's agent could not be started (HTTP 502 ``agent_start_failed``)."""
 
 
+class InvalidWorkspace(ValueError):
+    """A ``cwd`` that is not an existing directory (HTTP 400 ``invalid_cwd``)."""
+
+
+def canonical_workspace(cwd: str) -> str:
+    """The one name of the directory ``cwd``: absolute, ``.``/``..``/``//`` resolved and
+    symlinks followed. Raises :class:`InvalidWorkspace` if it is not an existing directory."""
+    if not os.path.isabs(cwd) or "\x00" in cwd:
+        raise InvalidWorkspace(f"cwd must be an absolute path, got {cwd!r}")
+    path = os.path.realpath(cwd)
+    if not os.path.exists(path):
+        raise InvalidWorkspace(f"cwd {cwd!r} does not exist")
+    if not os.path.isdir(path):
+        raise InvalidWorkspace(f"cwd {cwd!r} is not a directory")
+    return path
+
+
+class _KeyedLocks:
+    """One trio.Lock per key, kept only while somebody holds or waits for it: a request for a
+    key that leads nowhere (an unknown session id) leaves nothing behind."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[trio.Lock, list[int]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = (trio.Lock(), [0])
+        lock, users = entry
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if users[0] == 0 and self._entries.get(key) is entry:
+                del self._entries[key]
+
+
 class SessionManager:
     def __init__(
         self,
@@ -58,15 +109,29 @@ class SessionManager:
         self.sessions: dict[str, Session] = {}
         self.agents: dict[str, AgentChannel] = {}
         self.known_clients: set[str] = set()
-        self._agent_locks: dict[str, trio.Lock] = {}
-        self._restore_locks: dict[str, trio.Lock] = {}
+        self._agent_locks = _KeyedLocks()
+        self._restore_locks = _KeyedLocks()
+        # Requests between "got the workspace's agent" and "its session is registered": the
+        # idle reaper must not stop an agent one of them is about to use.
+        self._agent_users: dict[str, int] = {}
+        self._idle_timers: dict[str, trio.CancelScope] = {}
+        self.agents_reaped = 0
         self.limits = BusLimits(
             max_journal_events=config.max_journal_events,
             max_journal_bytes=config.max_journal_bytes,
             compacted_replay_max_bytes=config.compacted_replay_max_bytes,
             event_ring_size=config.event_ring_size,
+            event_ring_bytes=config.event_ring_bytes,
         )
         self.shutting_down = False
+
+    @property
+    def restore_lock_count(self) -> int:
+        """Restore locks alive now (only while a restore of that id runs or waits)."""
+        return len(self._restore_locks)
+
+    def _spawn(self, fn: Callable[[], Awaitable[None]]) -> None:
+        self.nursery.start_soon(fn)
 
     # -- clients ------------------------------------------------------------------------------
 
@@ -81,9 +146,59 @@ class SessionManager:
 
     # -- agents -------------------------------------------------------------------------------
 
+    @asynccontextmanager
+    async def _using_agent(self, cwd: str) -> AsyncIterator[None]:
+        """Marks ``cwd``'s agent as in use for the block (no idle stop meanwhile)."""
+        self._agent_users[cwd] = self._agent_users.get(cwd, 0) + 1
+        self._cancel_idle_timer(cwd)
+        try:
+            yield
+        finally:
+            left = self._agent_users[cwd] - 1
+            if left:
+                self._agent_users[cwd] = left
+            else:
+                del self._agent_users[cwd]
+            self._maybe_idle(cwd)
+
+    def _in_use(self, cwd: str) -> bool:
+        return cwd in self._agent_users or any(
+            session.workspace_cwd == cwd for session in self.sessions.values())
+
+    def _cancel_idle_timer(self, cwd: str) -> None:
+        scope = self._idle_timers.pop(cwd, None)
+        if scope is not None:
+            scope.cancel()
+
+    def _maybe_idle(self, cwd: str) -> None:
+        """Start the idle timer of ``cwd``'s agent if nothing uses it any more."""
+        agent = self.agents.get(cwd)
+        if agent is None or agent.closed or self.shutting_down or self._in_use(cwd) \
+                or cwd in self._idle_timers:
+            return
+        scope = trio.CancelScope()
+        self._idle_timers[cwd] = scope
+        self.nursery.start_soon(self._stop_when_idle, cwd, agent, scope)
+
+    async def _stop_when_idle(self, cwd: str, agent: AgentChannel, scope: trio.CancelScope) -> None:
+        with scope:
+            await trio.sleep(self.config.agent_idle_ms / 1000)
+            async with self._agent_locks.hold(cwd):
+                if self._idle_timers.get(cwd) is scope:
+                    del self._idle_timers[cwd]
+                if self.agents.get(cwd) is not agent or self._in_use(cwd):
+                    return
+                del self.agents[cwd]
+                self.agents_reaped += 1
+                log.info("event=agent_idle_stop cwd=%s pid=%s idle_ms=%d", cwd, agent.pid,
+                         self.config.agent_idle_ms)
+                with trio.CancelScope(shield=True):
+                    await agent.aclose()  # stdin EOF; the agent ends on its own
+        if self._idle_timers.get(cwd) is scope:
+            del self._idle_timers[cwd]
+
     async def agent_for(self, cwd: str) -> AgentChannel:
-        lock = self._agent_locks.setdefault(cwd, trio.Lock())
-        async with lock:
+        async with self._agent_locks.hold(cwd):
             agent = self.agents.get(cwd)
             if agent is not None and not agent.closed:
                 return agent
@@ -109,6 +224,7 @@ class SessionManager:
         agent = self.agents.get(cwd)
         if agent is not None and agent.closed:
             self.agents.pop(cwd, None)
+            self._cancel_idle_timer(cwd)
         log.info("event=agent_exited cwd=%s exit_code=%s signal=%s", cwd, exit_code, signal_code)
         for session in list(self.sessions.values()):
             if session.workspace_cwd == cwd:
@@ -129,7 +245,9 @@ class SessionManager:
     async def create(
         self, cwd: str, session_id: str | None, scope: str, client_hint: str | None,
     ) -> tuple[Session, bool, str]:
-        """POST /session: returns (session, attached, client id)."""
+        """POST /session: returns (session, attached, client id). ``cwd`` is canonicalised
+        first (:class:`InvalidWorkspace` if it is not a directory)."""
+        cwd = canonical_workspace(cwd)
         if session_id is not None:
             existing = self.get(session_id) or await self.restore(session_id)
             if existing is not None:
@@ -142,12 +260,16 @@ class SessionManager:
         return session, False, self.register_client(session, client_hint)
 
     async def _start_session(self, cwd: str, session_id: str) -> Session:
+        async with self._using_agent(cwd):
+            return await self._start_session_on_agent(cwd, session_id)
+
+    async def _start_session_on_agent(self, cwd: str, session_id: str) -> Session:
         agent = await self.agent_for(cwd)
         try:
             acp_session_id = await agent.new_session(cwd)
         except Exception as exc:
             raise AgentUnavailable(f"session/new failed: {exc}") from exc
-        bus = SessionBus(session_id, self.limits, self.writer)
+        bus = SessionBus(session_id, self.limits, self.writer, spawn=self._spawn)
         session = Session(
             session_id, cwd, iso_now(), agent, acp_session_id, bus,
             approval_mode=self.config.approval_mode,
@@ -171,8 +293,7 @@ class SessionManager:
         live = self.get(session_id)
         if live is not None or self.writer is None:
             return live
-        lock = self._restore_locks.setdefault(session_id, trio.Lock())
-        async with lock:
+        async with self._restore_locks.hold(session_id):
             live = self.get(session_id)
             if live is not None:
                 return live
@@ -182,6 +303,16 @@ class SessionManager:
         row = await writer.read(lambda store: store.get_session(session_id))
         if row is None or row.closed:
             return None
+        try:
+            cwd = canonical_workspace(row.workspace_cwd)
+        except InvalidWorkspace:
+            cwd = row.workspace_cwd  # gone: the agent start below reports it
+        async with self._using_agent(cwd):
+            return await self._restore_row(session_id, writer, row, cwd)
+
+    async def _restore_row(
+        self, session_id: str, writer: TranscriptWriter, row: SessionRow, cwd: str,
+    ) -> Session:
         raw, in_flight = await writer.read(
             lambda store: (store.raw_events(session_id), store.in_flight_prompts(session_id)))
         ops = close_interrupted(session_id, raw, in_flight, now_ms=now_ms(),
@@ -193,7 +324,6 @@ class SessionManager:
             lambda store: store.newest_turns(session_id, cap))
         terminals = await writer.read(lambda store: store.prompt_terminals(session_id, 64))
         segments, next_id = seed_segments(turns, 1)
-        cwd = row.workspace_cwd
         agent = await self.agent_for(cwd)
         acp_session_id, via = None, "session/new"
         if agent.supports_load_session and row.agent_session_id:
@@ -207,11 +337,15 @@ class SessionManager:
                 acp_session_id = await agent.new_session(cwd)
             except Exception as exc:
                 raise AgentUnavailable(f"session/new failed: {exc}") from exc
-        bus = SessionBus(session_id, self.limits, writer, first_id=next_id)
+        bus = SessionBus(session_id, self.limits, writer, first_id=next_id, spawn=self._spawn)
         if segments:
             bus.window.seed(segments, truncated_events=older_records,
                             truncated_turns=older_turns)
             bus.latest_record_id = segments[-1][-1].record_id
+            newest = bus.window.newest_handle()
+            if newest is not None:
+                bus.window.spill(newest)  # read from the transcript: it can be read again
+            del segments, turns
         session = Session(
             session_id, cwd, iso_from_ms(row.created_at_ms), agent, acp_session_id, bus,
             approval_mode=self.config.approval_mode,
@@ -233,6 +367,7 @@ class SessionManager:
             del self.sessions[session.id]
         log.info("event=session_ended session=%s reason=%s", session.id,
                  session.closing or ("agent_exit" if session.agent_exit else "ended"))
+        self._maybe_idle(session.workspace_cwd)
 
     async def close_session(self, session: Session, reason: str) -> None:
         await session.close(reason)
@@ -242,6 +377,8 @@ class SessionManager:
     async def shutdown(self) -> None:
         """Graceful stop: end every running prompt with ``session_closed``, stop agents."""
         self.shutting_down = True
+        for cwd in list(self._idle_timers):
+            self._cancel_idle_timer(cwd)
         async with trio.open_nursery() as nursery:
             for session in list(self.sessions.values()):
                 nursery.start_soon(session.close, "daemon_shutdown")
@@ -262,6 +399,10 @@ class SessionManager:
                 "journalBytes": bus.journals.full.total_bytes,
                 "summaryJournalEntries": bus.journals.summary.entry_count,
                 "replayWindowBytes": bus.window.total_bytes,
+                "replayWindowHeldBytes": bus.window.held_bytes,
+                "replayWindowSpilledTurns": bus.window.spilled_segments,
+                "ringEvents": len(bus.ring),
+                "ringBytes": bus.ring.total_bytes,
                 "subscribers": len(bus.subscribers),
                 "slowClientWarnings": bus.slow_client_warnings,
                 "clientsEvicted": bus.clients_evicted,

@@ -6,6 +6,13 @@ oldest whole segments are dropped, but the newest one always stays. A load snaps
 retained segments, reusing each event's encoded bytes, behind an id-less ``history_truncated``
 marker when anything was dropped. The marker's ``recordId`` is the oldest record id still in the
 window, so that a transcript page before it returns exactly the dropped turns.
+
+Memory is bounded as well as the wire: a turn larger than the whole cap (the newest segment is
+kept even then) can be *spilled* once its records are committed to the transcript
+(:meth:`ReplayWindow.spill`). A spilled segment keeps only its record ids and sizes; it counts
+exactly as before for the cap, the counters and the marker, and a snapshot yields a
+:class:`SpilledTurn` in its place, which the shell replaces with the records read back from the
+transcript. The wire is unchanged: ``load`` still returns the whole compacted turn.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from typing import Final
 
 from daemon.envelope import Event, JsonObject, synthetic
 
-__all__ = ["DEFAULT_MAX_BYTES", "Record", "ReplayWindow"]
+__all__ = ["DEFAULT_MAX_BYTES", "Record", "ReplayWindow", "SegmentHandle", "SpilledTurn"]
 
 DEFAULT_MAX_BYTES: Final = 4 * 1024 * 1024
 
@@ -32,9 +39,30 @@ class Record:
 
 
 @dataclass(frozen=True, slots=True)
-class _Segment:
-    records: tuple[Record, ...]
+class SpilledTurn:
+    """A snapshot's stand-in for a spilled segment: the record ids to read back from the
+    transcript, in order, and the bytes they add up to."""
+
+    record_ids: tuple[str, ...]
     size: int
+
+
+class _Segment:
+    __slots__ = ("record_ids", "records", "size")
+
+    def __init__(self, records: tuple[Record, ...], size: int) -> None:
+        self.records: tuple[Record, ...] | None = records  # None once spilled
+        self.size = size
+        self.record_ids: tuple[str | None, ...] = tuple(r.record_id for r in records)
+
+
+class SegmentHandle:
+    """Names one segment added to a window (for :meth:`ReplayWindow.spill`)."""
+
+    __slots__ = ("_segment",)
+
+    def __init__(self, segment: _Segment) -> None:
+        self._segment = segment
 
 
 class ReplayWindow:
@@ -58,18 +86,52 @@ class ReplayWindow:
         return len(self._segments)
 
     @property
+    def held_bytes(self) -> int:
+        """Bytes of the events held in memory (``total_bytes`` minus spilled segments)."""
+        return sum(seg.size for seg in self._segments if seg.records is not None)
+
+    @property
+    def spilled_segments(self) -> int:
+        return sum(1 for seg in self._segments if seg.records is None)
+
+    @property
     def oldest_record_id(self) -> str | None:
         """The oldest record id still in the window (the marker's ``recordId`` anchor)."""
         for segment in self._segments:
-            for record in segment.records:
-                if record.record_id is not None:
-                    return record.record_id
+            for record_id in segment.record_ids:
+                if record_id is not None:
+                    return record_id
         return None
 
-    def add_segment(self, records: Sequence[Record]) -> None:
+    def add_segment(self, records: Sequence[Record]) -> SegmentHandle:
         """Append one completed turn, then drop the oldest turns while over the cap."""
-        self._push(records)
+        segment = self._push(records)
         self._evict()
+        return SegmentHandle(segment)
+
+    def spillable(self, handle: SegmentHandle) -> bool:
+        """True if the segment is still held in memory, alone is over the cap, and every
+        record has a record id (so the transcript can give it back)."""
+        segment = handle._segment
+        return (
+            segment.records is not None
+            and segment.size > self.max_bytes
+            and all(record_id is not None for record_id in segment.record_ids)
+            and any(seg is segment for seg in self._segments)
+        )
+
+    def spill(self, handle: SegmentHandle) -> bool:
+        """Forget the events of a :meth:`spillable` segment, keeping its ids and sizes; the
+        caller promises its records are committed to the transcript. False (and nothing
+        changes) if it is not spillable any more (e.g. it was evicted meanwhile)."""
+        if not self.spillable(handle):
+            return False
+        handle._segment.records = None
+        return True
+
+    def newest_handle(self) -> SegmentHandle | None:
+        """The newest segment (e.g. to spill a seeded turn read back from the transcript)."""
+        return SegmentHandle(self._segments[-1]) if self._segments else None
 
     def seed(
         self,
@@ -98,52 +160,87 @@ class ReplayWindow:
         self._evict()
 
     def records(self) -> list[Record]:
-        """Every retained record, oldest first."""
-        return [record for segment in self._segments for record in segment.records]
+        """Every retained record held in memory, oldest first (spilled segments excluded)."""
+        return [record for segment in self._segments for record in segment.records or ()]
 
     def marker(self, *, full_transcript_available: bool) -> JsonObject | None:
         """The replay-history marker's ``data``, or None when nothing was dropped."""
-        if self.truncated_events == 0 and self.truncated_turns == 0:
+        return self._marker(self.truncated_events, self.truncated_turns, self.event_count,
+                            self.oldest_record_id, full_transcript_available)
+
+    def _marker(self, truncated_events: int, truncated_turns: int, retained: int,
+                anchor: str | None, full_transcript_available: bool) -> JsonObject | None:
+        if truncated_events == 0 and truncated_turns == 0:
             return None
         data: JsonObject = {
             "reason": "replay_window_exceeded",
-            "truncatedEvents": self.truncated_events,
-            "retainedEvents": self.event_count,
+            "truncatedEvents": truncated_events,
+            "retainedEvents": retained,
             "maxBytes": self.max_bytes,
         }
-        if self.truncated_turns > 0:
-            data["truncatedTurns"] = self.truncated_turns
-        anchor = self.oldest_record_id
+        if truncated_turns > 0:
+            data["truncatedTurns"] = truncated_turns
         if anchor is not None:
             data["recordId"] = anchor
         data["fullTranscriptAvailable"] = full_transcript_available
         return data
 
-    def snapshot(self, *, full_transcript_available: bool) -> list[bytes]:
+    def snapshot(
+        self, *, full_transcript_available: bool, lost: Sequence[SpilledTurn] = ()
+    ) -> list[bytes | SpilledTurn]:
         """The retained events' encodings, oldest first, behind the marker if anything was
-        dropped. The marker has no ``scope``, ``promptId`` or ``_meta`` (SPEC §3.2)."""
-        out: list[bytes] = []
-        data = self.marker(full_transcript_available=full_transcript_available)
+        dropped; a spilled segment appears as one :class:`SpilledTurn`. The marker has no
+        ``scope``, ``promptId`` or ``_meta`` (SPEC §3.2).
+
+        ``lost``: spilled turns the transcript could not give back. They are left out and
+        counted as truncated, as if the window had dropped them, and the anchor moves to the
+        oldest record still served."""
+        lost_ids = {turn.record_ids for turn in lost}
+        truncated_events, truncated_turns = self.truncated_events, self.truncated_turns
+        retained = self.event_count
+        kept: list[tuple[_Segment, SpilledTurn | None]] = []
+        for segment in self._segments:
+            spilled: SpilledTurn | None = None
+            if segment.records is None:
+                ids = tuple(rid for rid in segment.record_ids if rid is not None)
+                if ids in lost_ids:
+                    count = len(segment.record_ids)
+                    truncated_events += count
+                    truncated_turns += 1
+                    retained -= count
+                    continue
+                spilled = SpilledTurn(ids, segment.size)
+            kept.append((segment, spilled))
+        anchor = next((rid for seg, _ in kept for rid in seg.record_ids if rid is not None),
+                      None)
+        out: list[bytes | SpilledTurn] = []
+        data = self._marker(truncated_events, truncated_turns, retained, anchor,
+                            full_transcript_available)
         if data is not None:
             out.append(synthetic("history_truncated", data).raw)
-        for segment in self._segments:
-            out.extend(record.event.raw for record in segment.records)
+        for segment, spilled in kept:
+            if spilled is not None:
+                out.append(spilled)
+            else:
+                out.extend(record.event.raw for record in segment.records or ())
         return out
 
-    def _push(self, records: Sequence[Record]) -> None:
+    def _push(self, records: Sequence[Record]) -> _Segment:
         if not records:
             raise ValueError("a replay window segment needs at least one event (its terminal)")
         frozen = tuple(records)
         size = sum(record.event.size for record in frozen)
-        self._segments.append(_Segment(frozen, size))
+        segment = _Segment(frozen, size)
+        self._segments.append(segment)
         self.total_bytes += size
         self.event_count += len(frozen)
+        return segment
 
     def _evict(self) -> None:
         segments = self._segments
         while self.total_bytes > self.max_bytes and len(segments) > 1:
             dropped = segments.popleft()
             self.total_bytes -= dropped.size
-            self.event_count -= len(dropped.records)
-            self.truncated_events += len(dropped.records)
+            self.event_count -= len(dropped.record_ids)
+            self.truncated_events += len(dropped.record_ids)
             self.truncated_turns += 1

@@ -1,8 +1,12 @@
 """Event ring and the resume decision (SPEC §4.1–§4.2). Pure core: no trio, no clock, no I/O.
 
-The ring holds the last ``capacity`` published events of one bus. Ids are contiguous, so event
-``i`` lives at slot ``i % capacity`` of a fixed array: append, lookup and the byte count of a
-suffix are all O(1). The byte count comes from cumulative offsets (bytes published up to and
+The ring holds the last ``capacity`` published events of one bus, and no more than ``max_bytes``
+of them (the newest event always stays, however large). Ids are contiguous, so event ``i`` lives
+at slot ``i % capacity`` of a fixed array: append, lookup and the byte count of a suffix are all
+O(1) (amortized O(1) when the byte cap drops several old events at once). An event dropped for
+bytes leaves the ring exactly like one dropped for count: its id is below ``first_id``, so a
+cursor before it gets ``ring_evicted`` on resume and a live subscriber still waiting for it is
+evicted. The byte count comes from cumulative offsets (bytes published up to and
 including each event), which is how the bus measures a subscriber's lag in bytes.
 
 :func:`decide_resume` is the whole of the SSE/WS resume algorithm: given the ring and a client's
@@ -19,6 +23,7 @@ from typing import Final
 from daemon.envelope import Event, JsonObject, synthetic
 
 __all__ = [
+    "DEFAULT_RING_BYTES",
     "DEFAULT_RING_SIZE",
     "REPLAY_BUDGET_BYTES",
     "EventRing",
@@ -27,25 +32,37 @@ __all__ = [
 ]
 
 DEFAULT_RING_SIZE: Final = 8000
+# Twice the replay budget: any cursor a replay could serve in full is still in the ring.
+DEFAULT_RING_BYTES: Final = 16 * 1024 * 1024
 REPLAY_BUDGET_BYTES: Final = 8 * 1024 * 1024
 
 
 class EventRing:
-    """The last ``capacity`` events of a bus, by id."""
+    """The last ``capacity`` events of a bus, by id, within ``max_bytes`` (bar the newest)."""
 
-    __slots__ = ("_count", "_ends", "_events", "_total", "capacity", "next_id")
+    __slots__ = ("_count", "_ends", "_events", "_held", "_total", "capacity", "max_bytes",
+                 "next_id")
 
-    def __init__(self, capacity: int = DEFAULT_RING_SIZE, next_id: int = 1) -> None:
+    def __init__(
+        self,
+        capacity: int = DEFAULT_RING_SIZE,
+        next_id: int = 1,
+        max_bytes: int = DEFAULT_RING_BYTES,
+    ) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
             raise ValueError(f"event ring capacity must be a positive int, got {capacity!r}")
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
+            raise ValueError(f"event ring max_bytes must be a positive int, got {max_bytes!r}")
         if isinstance(next_id, bool) or not isinstance(next_id, int) or next_id < 1:
             raise ValueError(f"event ring next_id must be an int >= 1, got {next_id!r}")
         self.capacity = capacity
+        self.max_bytes = max_bytes
         self.next_id = next_id
         self._events: list[Event | None] = [None] * capacity
         # _ends[i % capacity]: bytes appended to this ring up to and including event i.
         self._ends: list[int] = [0] * capacity
         self._total = 0
+        self._held = 0  # bytes of the events held now
         self._count = 0
 
     def __len__(self) -> int:
@@ -64,21 +81,43 @@ class EventRing:
     @property
     def total_bytes(self) -> int:
         """Bytes of the events held now."""
-        return self.bytes_since(self.next_id - self._count - 1)
+        return self._held
 
     def append(self, event: Event) -> None:
-        """Hold ``event`` (whose id must be ``next_id``), dropping the oldest past capacity."""
+        """Hold ``event`` (whose id must be ``next_id``), then drop the oldest events while
+        more than ``capacity`` are held, or more than ``max_bytes`` and more than one."""
         if event.id != self.next_id:
             raise ValueError(
                 f"event ring expects id {self.next_id} next, got {event.id!r} ({event.type})"
             )
         slot = event.id % self.capacity
+        events = self._events
+        if self._count == self.capacity:
+            overwritten = events[slot]  # the oldest event: it leaves for count
+            assert overwritten is not None
+            self._held -= overwritten.size
+            self._count -= 1
         self._total += event.size
-        self._events[slot] = event
+        self._held += event.size
+        events[slot] = event
         self._ends[slot] = self._total
         self.next_id += 1
-        if self._count < self.capacity:
-            self._count += 1
+        self._count += 1
+        if self._held > self.max_bytes:
+            self._drop_for_bytes()
+
+    def _drop_for_bytes(self) -> None:
+        events = self._events
+        capacity = self.capacity
+        while self._held > self.max_bytes and self._count > 1:
+            slot = (self.next_id - self._count) % capacity
+            oldest = events[slot]
+            assert oldest is not None
+            # The slot is freed now (the event's bytes go with it); _ends keeps its offset,
+            # which bytes_since never reads for an id below first_id.
+            events[slot] = None
+            self._held -= oldest.size
+            self._count -= 1
 
     def get(self, event_id: int) -> Event | None:
         if self._count and self.next_id - self._count <= event_id < self.next_id:

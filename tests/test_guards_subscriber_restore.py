@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 
 from daemon.envelope import decode_json, encode_json, make_event
-from daemon.guards import Guard, bearer_token, host_name
+from daemon.guards import Denial, Guard, bearer_token, host_name
 from daemon.restore import close_interrupted, seed_segments
 from daemon.ring import EventRing
 from daemon.subscriber import Eviction, SubscriberState, Warning
@@ -41,6 +41,30 @@ def test_guard_order_host_origin_auth() -> None:
     strict = Guard(token="t", loopback_bind=True, bind_hostname="127.0.0.1",
                    allow_origins=frozenset(), require_auth=True)
     assert strict.check("GET", "/health", {"host": "localhost"}) is not None
+
+
+def test_cors_preflight_skips_auth_only_for_allowed_origins() -> None:
+    guard = Guard(token="t", loopback_bind=True, bind_hostname="127.0.0.1",
+                  allow_origins=frozenset({"http://ok"}), require_auth=True)
+    pre = {"host": "localhost", "origin": "http://ok", "access-control-request-method": "POST"}
+    assert guard.check("OPTIONS", "/session", pre) is None
+    answer = dict(guard.preflight_headers(pre) or [])
+    assert answer[b"access-control-allow-origin"] == b"http://ok"
+    assert b"Authorization" in answer[b"access-control-allow-headers"]
+    assert answer[b"vary"] == b"Origin"
+    # Not a preflight without the request-method header: auth applies.
+    plain = {"host": "localhost", "origin": "http://ok"}
+    assert guard.check("OPTIONS", "/session", plain) == Denial(
+        401, {"error": "Unauthorized", "code": "unauthorized"})
+    assert guard.preflight_headers(plain) is None
+    # A preflight from another origin is refused before auth, and gets no CORS headers.
+    evil = {**pre, "origin": "http://evil"}
+    denied = guard.check("OPTIONS", "/session", evil)
+    assert denied is not None and denied.body["code"] == "origin_not_allowed"
+    assert guard.preflight_headers(evil) is None and guard.cors_headers(evil) == []
+    assert guard.cors_headers({"host": "localhost"}) == []
+    exposed = dict(guard.cors_headers(plain))[b"access-control-expose-headers"]
+    assert b"X-Qwen-Event-Epoch" in exposed and b"Retry-After" in exposed
 
 
 def ring_with(n: int, size: int = 100) -> EventRing:

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from daemon.envelope import Event, make_event
-from daemon.replay_window import DEFAULT_MAX_BYTES, Record, ReplayWindow
+from daemon.replay_window import DEFAULT_MAX_BYTES, Record, ReplayWindow, SpilledTurn
 
 _ids = itertools.count(1)
 
@@ -227,3 +227,115 @@ def test_property_window_accounting(turns: list[tuple[int, int]], cap: int) -> N
     assert body == [r.event.raw for s in kept for r in s]
     if dropped:
         assert json.loads(snap[0])["data"]["retainedEvents"] == len(body)
+
+
+# -- spilled segments: over-cap turns served from the transcript ------------------------------
+
+
+def resolve(snapshot: list[bytes | SpilledTurn], stored: dict[str, bytes]) -> list[bytes]:
+    """What the bus does at load: spilled turns replaced by their stored records."""
+    out: list[bytes] = []
+    for item in snapshot:
+        if isinstance(item, SpilledTurn):
+            out.extend(stored[rid] for rid in item.record_ids)
+        else:
+            out.append(item)
+    return out
+
+
+def test_over_cap_turn_spills_to_ids_and_sizes_only() -> None:
+    window = ReplayWindow(100)
+    big = turn(4, "big", pad=80)
+    handle = window.add_segment(big)
+    assert window.spillable(handle)
+    assert window.spill(handle)
+    assert not window.spill(handle)  # once
+    # The wire-level accounting is unchanged ...
+    assert window.total_bytes == size(big) and window.event_count == 4
+    assert window.marker(full_transcript_available=True) is None
+    assert window.oldest_record_id == "big-rec-0"
+    # ... but nothing of the events is held any more.
+    assert window.held_bytes == 0 and window.spilled_segments == 1
+    assert window.records() == []
+    snap = window.snapshot(full_transcript_available=True)
+    assert snap == [SpilledTurn(tuple(r.record_id or "" for r in big), size(big))]
+    stored = {r.record_id or "": r.event.raw for r in big}
+    assert resolve(snap, stored) == [r.event.raw for r in big]
+
+
+def test_only_over_cap_turns_with_record_ids_can_spill() -> None:
+    window = ReplayWindow(10_000)
+    small = window.add_segment(turn(3, "s"))
+    assert not window.spillable(small) and not window.spill(small)
+    assert window.held_bytes == window.total_bytes
+    window = ReplayWindow(10)
+    no_ids = window.add_segment(turn(3, "n", record_ids=False))
+    assert not window.spillable(no_ids)  # the transcript could not give it back
+    window = ReplayWindow(10)
+    old = window.add_segment(turn(2, "o", pad=40))
+    window.add_segment(turn(2, "p", pad=40))  # evicts the first
+    assert not window.spill(old)
+
+
+def test_spilled_turn_is_evicted_and_counted_like_any_other() -> None:
+    window = ReplayWindow(100)
+    big = turn(5, "big", pad=80)
+    window.spill(window.add_segment(big))
+    nxt = turn(2, "next")
+    window.add_segment(nxt)
+    assert (window.truncated_events, window.truncated_turns) == (5, 1)
+    assert window.spilled_segments == 0 and window.event_count == 2
+    snap = decode(window.snapshot(full_transcript_available=True))  # type: ignore[arg-type]
+    assert snap[0]["data"]["truncatedEvents"] == 5
+    assert snap[0]["data"]["recordId"] == "next-rec-0"
+
+
+def test_lost_spilled_turn_is_reported_as_dropped() -> None:
+    window = ReplayWindow(100)
+    window.add_segment(turn(2, "old"))
+    big = turn(4, "big", pad=80)
+    handle = window.add_segment(big)  # evicts "old"
+    window.spill(handle)
+    spilled = [item for item in window.snapshot(full_transcript_available=True)
+               if isinstance(item, SpilledTurn)]
+    snap = window.snapshot(full_transcript_available=False, lost=spilled)
+    assert len(snap) == 1 and isinstance(snap[0], bytes)
+    data = json.loads(snap[0])["data"]
+    assert data["truncatedEvents"] == 2 + 4 and data["truncatedTurns"] == 2
+    assert data["retainedEvents"] == 0 and data["fullTranscriptAvailable"] is False
+    assert "recordId" not in data
+
+
+def test_seeded_over_cap_turn_can_spill() -> None:
+    window = ReplayWindow(50)
+    window.seed([turn(2, "a"), turn(3, "b", pad=60)], truncated_events=0, truncated_turns=0)
+    newest = window.newest_handle()
+    assert newest is not None and window.spill(newest)
+    assert window.held_bytes == 0 and window.truncated_turns == 1
+
+
+@given(
+    st.lists(st.tuples(st.integers(1, 5), st.integers(0, 200)), min_size=1, max_size=20),
+    st.integers(1, 1500),
+)
+def test_property_spilling_never_changes_what_load_returns(
+    turns: list[tuple[int, int]], cap: int,
+) -> None:
+    """Two windows fed the same turns, one spilling whatever it may: the resolved snapshots
+    are identical after every turn, and the spilling one holds at most ``cap`` bytes."""
+    plain, spilling = ReplayWindow(cap), ReplayWindow(cap)
+    stored: dict[str, bytes] = {}
+    for i, (n, pad) in enumerate(turns):
+        seg = turn(n, f"t{i}", pad=pad)
+        stored.update({r.record_id or "": r.event.raw for r in seg})
+        plain.add_segment(seg)
+        handle = spilling.add_segment(seg)
+        if spilling.spillable(handle):
+            assert size(seg) > cap
+            spilling.spill(handle)
+        for flag in (True, False):
+            assert resolve(spilling.snapshot(full_transcript_available=flag), stored) == \
+                plain.snapshot(full_transcript_available=flag)
+        assert spilling.held_bytes <= cap
+        assert (spilling.total_bytes, spilling.event_count, spilling.truncated_events) == (
+            plain.total_bytes, plain.event_count, plain.truncated_events)

@@ -11,12 +11,14 @@ from hypothesis import strategies as st
 
 from daemon.envelope import Event, make_event
 from daemon.ring import (
+    DEFAULT_RING_BYTES,
     DEFAULT_RING_SIZE,
     REPLAY_BUDGET_BYTES,
     EventRing,
     ResumePlan,
     decide_resume,
 )
+from daemon.subscriber import Eviction, SubscriberState
 
 EPOCH = "4b2d7775-0118-4dc1-96b7-f333ca18ab6e"
 NOW = 1796204640885
@@ -126,6 +128,90 @@ def test_property_bytes_since_and_since(capacity: int, pads: list[int], after: i
     assert ids(ring.since(after)) == ids(expected)
     assert ring.bytes_since(after) == sum(e.size for e in expected)
     assert len(ring) == len(held)
+
+
+# -- EventRing: byte cap ------------------------------------------------------------------------
+
+
+def test_ring_byte_cap_default_and_validation() -> None:
+    assert DEFAULT_RING_BYTES == 16 * 1024 * 1024
+    assert EventRing().max_bytes == DEFAULT_RING_BYTES
+    for bad in (0, -1, True, 2.5):
+        with pytest.raises(ValueError, match="max_bytes"):
+            EventRing(5, max_bytes=bad)  # type: ignore[arg-type]
+
+
+def test_ring_drops_head_past_byte_cap_and_frees_the_slots() -> None:
+    cap = sum(ev(i, 100).size for i in (8, 9, 10))
+    ring = EventRing(100, max_bytes=cap)
+    for i in range(1, 11):
+        ring.append(ev(i, 100))
+    # Count would allow 100; bytes allow 3.
+    assert (ring.first_id, ring.last_id, len(ring)) == (8, 10, 3)
+    assert ring.total_bytes == cap
+    assert ids(ring.since(0)) == [8, 9, 10]
+    assert ring.get(7) is None
+    assert ring.bytes_since(0) == ring.bytes_since(7) == cap
+    assert ring.bytes_since(8) == cap - ev(8, 100).size
+    # The slots of dropped events are empty: the ring no longer references their bytes.
+    held = {id(e) for e in ring.since(0)}
+    assert sum(1 for e in ring._events if e is not None) == 3
+    assert all(id(e) in held for e in ring._events if e is not None)
+
+
+def test_one_event_larger_than_the_byte_cap_stays_alone() -> None:
+    ring = EventRing(10, max_bytes=50)
+    ring.append(ev(1))
+    ring.append(ev(2, 500))
+    assert (ring.first_id, len(ring)) == (2, 1)
+    assert ring.total_bytes == ev(2, 500).size > ring.max_bytes
+    ring.append(ev(3))  # small again: the big one goes
+    assert (ring.first_id, len(ring)) == (3, 1)
+
+
+def test_event_dropped_for_bytes_is_a_ring_eviction_on_resume_and_for_a_subscriber() -> None:
+    ring = EventRing(100, max_bytes=sum(ev(i, 100).size for i in (8, 9, 10)))
+    for i in range(1, 11):
+        ring.append(ev(i, 100))
+    plan = decide_resume(ring, 4, EPOCH, EPOCH)
+    assert synth(plan.before) == [("state_resync_required", {
+        "reason": "ring_evicted", "lastDeliveredId": 4, "earliestAvailableId": 8})]
+    assert ids(plan.replay) == [8, 9, 10]
+    # A live subscriber whose next event (5) left the ring for bytes is evicted, same as
+    # for count, even though its lag is far below the frame and byte caps.
+    verdict = SubscriberState(4, max_queued=1000, max_queued_bytes=10**9).check(ring)
+    assert isinstance(verdict, Eviction) and verdict.data["reason"] == "queue_overflow"
+    assert SubscriberState(7, max_queued=1000, max_queued_bytes=10**9).check(ring) is None
+
+
+@given(
+    capacity=st.integers(1, 30),
+    max_bytes=st.integers(1, 3000),
+    pads=st.lists(st.integers(0, 600), max_size=80),
+)
+def test_property_ring_within_byte_cap_bar_one_event(
+    capacity: int, max_bytes: int, pads: list[int],
+) -> None:
+    ring = EventRing(capacity, max_bytes=max_bytes)
+    published: list[Event] = []
+    for i, pad in enumerate(pads):
+        event = ev(i + 1, pad)
+        ring.append(event)
+        published.append(event)
+        held = ring.since(0)
+        # Held events are the newest ones, contiguous, ending at the newest id.
+        assert ids(held) == ids(published[len(published) - len(held):])
+        assert ring.total_bytes == sum(e.size for e in held)
+        # Within both caps, except one event larger than the byte cap, alone.
+        assert len(held) <= capacity
+        assert ring.total_bytes <= max_bytes or len(held) == 1
+        # Nothing dropped that either cap allowed to keep.
+        if len(held) < min(capacity, len(published)):
+            older = published[len(published) - len(held) - 1]
+            assert ring.total_bytes + older.size > max_bytes
+        for after in (0, i - 3, i, i + 1):
+            assert ring.bytes_since(after) == sum(
+                e.size for e in held if e.id is not None and e.id > after)
 
 
 # -- decide_resume: branches -------------------------------------------------------------------
@@ -336,6 +422,7 @@ _BUDGETS = st.one_of(st.just(REPLAY_BUDGET_BYTES), st.integers(1, 2000))
     epoch=st.sampled_from([None, EPOCH, "other-epoch"]),
     budget=_BUDGETS,
     pads=st.lists(st.integers(0, 200), min_size=1, max_size=8),
+    ring_bytes=st.one_of(st.just(DEFAULT_RING_BYTES), st.integers(1, 3000)),
 )
 def test_property_resume_never_duplicates_and_announces_gaps(
     capacity: int,
@@ -347,9 +434,10 @@ def test_property_resume_never_duplicates_and_announces_gaps(
     epoch: str | None,
     budget: int,
     pads: list[int],
+    ring_bytes: int,
 ) -> None:
     start = seeded + 1
-    ring = EventRing(capacity, next_id=start)
+    ring = EventRing(capacity, next_id=start, max_bytes=ring_bytes)
 
     def pad(i: int) -> int:
         return pads[i % len(pads)]
