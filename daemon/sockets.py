@@ -3,7 +3,8 @@
 Hypercorn shields its socket writes from cancellation, so a response blocked on a peer that
 stopped reading cannot be interrupted from the application. When the slow-client rules evict
 such a subscriber, the daemon shuts the TCP connection down instead: the blocked write then
-fails, Hypercorn sees the connection closed, and the stream's task ends.
+fails, Hypercorn sees the connection closed, and the stream's task ends. The socket is then
+closed with a reset, so the descriptor and the unread buffers are freed at once.
 
 The daemon knows its own transport: :func:`install` makes Hypercorn's per-connection server
 register the connection's socket here when the connection starts, keyed by its (local, peer)
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import struct
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -27,6 +29,8 @@ Key = tuple[Addr, Addr]
 
 class _Shutdownable(Protocol):
     def shutdown(self, how: int, /) -> None: ...
+    def setsockopt(self, level: int, option: int, value: bytes, /) -> None: ...
+    def close(self) -> None: ...
 
 
 class ConnectionRegistry:
@@ -78,8 +82,14 @@ def shutdown_connection(server: Sequence[object] | None, client: Sequence[object
         return False
     try:
         sock.shutdown(socket.SHUT_RDWR)
+        # Reset rather than linger: what the peer left unread is dropped at once, and the
+        # descriptor is released now, not when the server's last task for the connection
+        # ends (a WebSocket's pinger sleeps up to a ping interval first).
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     except OSError:
         return False  # already gone
+    finally:
+        sock.close()  # Trio wakes the tasks waiting on it; Hypercorn then ends the connection
     log.info("event=connection_cut local=%s:%s peer=%s:%s", *local, *peer)
     return True
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -180,6 +180,59 @@ class EventPump:
         return False
 
 
+REPLAY_CHUNK_BYTES = 1024 * 1024
+
+
+def replay_groups(events: Sequence[Event], max_bytes: int = REPLAY_CHUNK_BYTES
+                  ) -> list[Sequence[Event]]:
+    """``events`` cut into consecutive groups of about ``max_bytes`` (one event at least),
+    each written in one go."""
+    groups: list[Sequence[Event]] = []
+    start, size = 0, 0
+    for i, event in enumerate(events):
+        size += event.size
+        if size >= max_bytes:
+            groups.append(events[start:i + 1])
+            start, size = i + 1, 0
+    if start < len(events):
+        groups.append(events[start:])
+    return groups
+
+
+async def replay_events(sub: Subscription, events: Sequence[Event],
+                        write: Callable[[Sequence[Event]], Awaitable[None]]) -> bool:
+    """Replay ``events`` group by group, keeping the subscriber's replay position current so
+    the slow-client rules see a stalled replay (SPEC §4.3). False if it was evicted meanwhile
+    (the rest of the replay is not sent)."""
+    state = sub.state
+    if not events:
+        return state.evicted is None
+    first = events[0].id
+    assert first is not None
+    state.replay_pos = first - 1
+    try:
+        for group in replay_groups(events):
+            if state.evicted is not None:
+                return False
+            await write(group)
+            last = group[-1].id
+            assert last is not None
+            state.replay_pos = last
+    finally:
+        state.replay_pos = None
+    return state.evicted is None
+
+
+async def _sse_group(body: Callable[[bytes], Awaitable[None]], group: Sequence[Event]) -> None:
+    for chunk in sse_chunks(group, max_chunk=2 * REPLAY_CHUNK_BYTES):
+        await body(chunk)
+
+
+async def _ws_group(text: Callable[[Event], Awaitable[None]], group: Sequence[Event]) -> None:
+    for event in group:
+        await text(event)
+
+
 async def send_json_error(send: Send, err: StreamRequestError) -> None:
     body = encode_json(err.body)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
@@ -219,9 +272,14 @@ async def serve_sse(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
             sub.scope = nursery.cancel_scope
             nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope, "http.disconnect")
             nursery.start_soon(watch_eviction, sub)
+            sub.begin_write()
             await body(b"retry: 3000\n\n")
-            for chunk in sse_chunks((*plan.before, *plan.replay, *plan.after)):
+            for chunk in sse_chunks(plan.before):
                 await body(chunk)
+            if await replay_events(sub, plan.replay, partial(_sse_group, body)):
+                for chunk in sse_chunks(plan.after):
+                    await body(chunk)
+            sub.end_write()
             while True:
                 batch = pump.next_batch()
                 if batch is None:
@@ -278,8 +336,13 @@ async def serve_ws(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
             nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope,
                                "websocket.disconnect")
             nursery.start_soon(watch_eviction, sub)
-            for event in (*plan.before, *plan.replay, *plan.after):
+            sub.begin_write()
+            for event in plan.before:
                 await text(event)
+            if await replay_events(sub, plan.replay, partial(_ws_group, text)):
+                for event in plan.after:
+                    await text(event)
+            sub.end_write()
             while True:
                 batch = pump.next_batch()
                 if batch is None:

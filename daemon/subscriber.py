@@ -3,6 +3,11 @@
 Subscribers never hold a copy of events: each has a cursor into the bus's ring, and its *lag*
 is how far that cursor is behind the newest event. Lag in frames is ``last_id - cursor``; lag in
 bytes comes from the ring's cumulative byte offsets, so checking a subscriber is O(1).
+
+While a subscriber replays (SPEC §4.2), its cursor is already where live delivery will resume,
+so the replayed frames do not count against the caps, but what is published meanwhile does;
+and its replay position (the last replayed id handed to the transport) must stay in the ring:
+a replay stalled until its next event left the ring is evicted like a live subscriber would be.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ class Eviction:
 class SubscriberState:
     """Cursor and warning latch of one SSE/WS subscriber."""
 
-    __slots__ = ("cursor", "evicted", "max_queued", "max_queued_bytes", "warned")
+    __slots__ = ("cursor", "evicted", "max_queued", "max_queued_bytes", "replay_pos", "warned")
 
     def __init__(
         self, cursor: int, max_queued: int = MAX_QUEUED_DEFAULT,
@@ -50,17 +55,25 @@ class SubscriberState:
         self.max_queued_bytes = max_queued_bytes
         self.warned = False
         self.evicted: Eviction | None = None
+        # While replaying: the last replayed id handed to the transport (or the id before the
+        # first one); None once the replay is over.
+        self.replay_pos: int | None = None
 
     def check(self, ring: RingView) -> Warning | Eviction | None:
         """Apply the slow-client rules against the ring's current head.
 
         Returns an :class:`Eviction` (sticky) when the lag overflows or the subscriber's next
-        event has already left the ring, a :class:`Warning` once when the lag crosses 75% of a
-        cap (re-armed below 37.5%), else ``None``.
+        event (live, or the next one to replay) has already left the ring, a :class:`Warning`
+        once when the lag crosses 75% of a cap (re-armed below 37.5%), else ``None``.
         """
         if self.evicted is not None:
             return self.evicted
         last = ring.last_id
+        pos = self.replay_pos
+        if pos is not None:
+            first_held = ring.first_id
+            if first_held is not None and first_held > pos + 1:
+                return self._evict("queue_overflow", last - pos, ring.bytes_since(pos))
         frames = last - self.cursor
         if frames <= 0:
             if self.warned:
@@ -101,9 +114,11 @@ class SubscriberState:
         return self._evict(reason, ring.last_id - self.cursor, ring.bytes_since(self.cursor))
 
     def _evict(self, reason: str, frames: int, queued_bytes: int) -> Eviction:
+        # droppedAfter: the last id handed over (mid-replay, the last replayed one).
+        dropped = self.cursor if self.replay_pos is None else self.replay_pos
         self.evicted = Eviction({
             "reason": reason,
-            "droppedAfter": self.cursor,
+            "droppedAfter": dropped,
             "queueSize": frames,
             "maxQueued": self.max_queued,
             "queuedBytes": queued_bytes,

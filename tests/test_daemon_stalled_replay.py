@@ -1,0 +1,92 @@
+"""Subscribers that stall while replaying are evicted like live ones (SPEC §4.3), over SSE and
+WebSocket alike (issue: 64 subscribers replaying a full ring and never reading held every
+subscriber slot for good, and every new subscriber got 429).
+
+A stalled replayer is a raw socket with a small receive buffer that sends ``Last-Event-ID: 0``
+to a ring holding more bytes than the loopback buffers take, then never reads. Once the session
+publishes again, the replayers' lag passes the caps (and their next replay event leaves the
+ring): each is evicted, its stalled write is cut after the grace period, and a new subscriber is
+served again."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from functools import partial
+
+import httpx
+import pytest
+import trio
+
+from daemon.streams import MAX_SUBSCRIBERS
+from tests.harness import RunningDaemon, running_daemon
+from tests.stalls import (
+    holds_connection,
+    host_port,
+    open_stalled_sse,
+    open_stalled_ws,
+    poll,
+    run_turn,
+    status,
+)
+
+RING = 4000
+FILL = f"fill: mock:chunks={RING} mock:bytes=1000 mock:delay_ms=0"  # ~4.8 MB in the ring
+MORE = "more: mock:chunks=600 mock:bytes=100 mock:delay_ms=0"  # past the default 256 frames
+CUT_BOUND_S = 5.0  # generous: the grace period is 1 s
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
+    with running_daemon(tmp_path_factory.mktemp("replay-stall"),
+                        ["--no-persistence", "--event-ring-size", str(RING)]) as d:
+        yield d
+
+
+def _none_held(pid: int, port: int, peers: list[int]) -> bool:
+    return not any(holds_connection(pid, port, peer) for peer in peers)
+
+
+async def _subscribe_status(client: httpx.AsyncClient, path: str) -> int:
+    async with client.stream("GET", path, headers={"Last-Event-ID": "0"}) as resp:
+        return resp.status_code
+
+
+@pytest.mark.parametrize("transport", ["sse", "ws"])
+async def test_stalled_replayers_are_evicted_and_free_their_slots(
+        daemon: RunningDaemon, transport: str) -> None:
+    pid, port = daemon.proc.pid, host_port(daemon.url)[1]
+    stalled: list[socket.socket] = []
+    async with httpx.AsyncClient(base_url=daemon.url, timeout=30) as client:
+        sid = (await client.post("/session", json={})).json()["sessionId"]
+        await run_turn(client, sid, FILL)
+        assert (await status(client, sid))["lastEventId"] > RING  # the ring is full
+        try:
+            for _ in range(MAX_SUBSCRIBERS):
+                if transport == "sse":
+                    stalled.append(open_stalled_sse(daemon.url, sid, query="",
+                                                    headers={"Last-Event-ID": "0"}))
+                else:
+                    stalled.append(open_stalled_ws(daemon.url, sid, query="lastEventId=0"))
+            await poll(partial(_count_is, client, sid, MAX_SUBSCRIBERS), 20, "64 subscribers")
+            events = f"/session/{sid}/events"
+            assert await _subscribe_status(client, events) == 429  # every slot is held
+            evicted_before = (await status(client, sid))["clientsEvicted"]
+
+            await run_turn(client, sid, MORE)
+            started = trio.current_time()
+            await poll(partial(_count_is, client, sid, 0), CUT_BOUND_S, "the evictions")
+            after = await status(client, sid)
+            assert after["clientsEvicted"] - evicted_before == MAX_SUBSCRIBERS
+            # Their writes stayed stalled: every connection is cut within the bound.
+            peers = [sock.getsockname()[1] for sock in stalled]
+            await poll(partial(_none_held, pid, port, peers), CUT_BOUND_S, "the cuts")
+            assert trio.current_time() - started < CUT_BOUND_S
+            assert await _subscribe_status(client, events) == 200
+        finally:
+            for sock in stalled:
+                sock.close()
+
+
+async def _count_is(client: httpx.AsyncClient, sid: str, n: int) -> bool:
+    return bool((await status(client, sid))["subscribers"] == n)
