@@ -3,6 +3,7 @@ streams or the Quart app; every HTTP answer to an allowed origin carries the COR
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import MutableMapping
 from typing import Any
@@ -15,8 +16,12 @@ from .guards import Guard
 from .http_api import MAX_BODY_BYTES
 from .manager import SessionManager
 from .streams import Receive, Scope, Send, deny_ws, serve_sse, serve_ws
+from .throttle import LogThrottle
+
+log = logging.getLogger("daemon.asgi")
 
 STREAM_PATH = re.compile(r"^/session/([^/]+)/(events|ws)$")
+BODY_TIMEOUT_LOG_INTERVAL_S = 60.0  # one line per minute at most, with the count
 
 
 def _headers(scope: Scope) -> dict[str, str]:
@@ -62,6 +67,17 @@ class DaemonASGI:
         self.manager = manager
         self.guard = guard
         self.heartbeat_s = heartbeat_s
+        self.body_timeout_s = manager.config.body_timeout_ms / 1000
+        self.body_timeouts = LogThrottle(BODY_TIMEOUT_LOG_INTERVAL_S)
+
+    def _log_body_timeout(self, scope: Scope) -> None:
+        count = self.body_timeouts.note(trio.current_time())
+        if count is not None:
+            client = scope.get("client") or ("?", 0)
+            log.warning("event=body_timeout count=%d total=%d timeout_ms=%d last_peer=%s:%s "
+                        "method=%s path=%s", count, self.body_timeouts.total,
+                        round(self.body_timeout_s * 1000), client[0], client[1],
+                        scope.get("method"), scope.get("path"))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -115,7 +131,16 @@ class DaemonASGI:
         # Read the whole body before the app runs: a handler that answers without reading it
         # (a 404, a GET with a body) otherwise leaves a keep-alive connection that can stall
         # the next request. It also enforces the body limit before any JSON parsing.
-        request_body = await _read_body(receive, MAX_BODY_BYTES)
+        # A body that does not arrive in time closes the connection (408): a client cannot
+        # hold a connection and its descriptor by sending headers and then nothing.
+        with trio.move_on_after(self.body_timeout_s) as body_deadline:
+            received = await _read_body(receive, MAX_BODY_BYTES)
+        if body_deadline.cancelled_caught:
+            self._log_body_timeout(scope)
+            await _send_json(send, 408, {"error": "Request body not received in time",
+                                         "code": "body_timeout"}, close=True)
+            return
+        request_body = received
         if request_body is None:
             return  # the client went away
         if request_body is _TOO_LARGE:

@@ -24,6 +24,7 @@ DEFAULT_EVENT_RING_SIZE = 8000
 DEFAULT_EVENT_RING_BYTES = 16 * 1024 * 1024
 DEFAULT_AGENT_IDLE_MS = 300_000
 DEFAULT_AGENT_INIT_TIMEOUT_MS = 30_000
+DEFAULT_BODY_TIMEOUT_MS = 10_000
 APPROVAL_MODES = ("default", "plan", "auto-edit", "auto", "yolo")
 TOKEN_ENV = "QWEN_SERVER_TOKEN"
 
@@ -55,6 +56,8 @@ class DaemonConfig:
     heartbeat_ms: int = 15_000
     cancel_grace_ms: int = 10_000
     ws_ping_ms: int = 15_000
+    # A request's body must have arrived this long after its headers, else 408 and close.
+    body_timeout_ms: int = DEFAULT_BODY_TIMEOUT_MS
 
     @property
     def is_loopback(self) -> bool:
@@ -129,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-ms", default="15000", help=argparse.SUPPRESS)
     p.add_argument("--cancel-grace-ms", default="10000", help=argparse.SUPPRESS)
     p.add_argument("--ws-ping-ms", default="15000", help=argparse.SUPPRESS)
+    p.add_argument("--body-timeout-ms", default=str(DEFAULT_BODY_TIMEOUT_MS),
+                   help="close a connection whose request body has not arrived this long after "
+                        "its headers (408)")
     return p
 
 
@@ -203,4 +209,5 @@ def parse_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> 
         heartbeat_ms=_positive_int("--heartbeat-ms", ns.heartbeat_ms),
         cancel_grace_ms=_positive_int("--cancel-grace-ms", ns.cancel_grace_ms),
         ws_ping_ms=_positive_int("--ws-ping-ms", ns.ws_ping_ms),
+        body_timeout_ms=_positive_int("--body-timeout-ms", ns.body_timeout_ms),
     )
