@@ -15,7 +15,8 @@ import os
 import re
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
-from types import TracebackType
+from dataclasses import dataclass
+from types import MappingProxyType, TracebackType
 from typing import Any, Final, Literal, TypeVar
 from urllib.parse import quote
 
@@ -27,8 +28,10 @@ from sdk.events import MAX_EVENT_ID, DaemonEvent, decode_events, normalize_page_
 from sdk.sse import SSEParser
 
 __all__ = [
+    "DEFAULT_MAX_QUEUED",
     "TOKEN_ENV",
     "Capabilities",
+    "ClientStatistics",
     "DaemonClient",
     "DaemonStatus",
     "EventStream",
@@ -44,6 +47,9 @@ __all__ = [
 ]
 
 TOKEN_ENV: Final = "QWEN_SERVER_TOKEN"
+DEFAULT_MAX_QUEUED: Final = 1024
+"""The ``maxQueued`` every event stream asks for unless told otherwise: a queue deep enough that
+ordinary bursts do not evict a consumer that is briefly slow."""
 CLIENT_ID_HEADER: Final = "X-Qwen-Client-Id"
 EPOCH_HEADER: Final = "X-Qwen-Event-Epoch"
 STREAM_ID_HEADER: Final = "X-Qwen-SSE-Stream-Id"
@@ -171,6 +177,76 @@ class SessionStatus(_Result):
 _R = TypeVar("_R", bound=_Result)
 
 
+@dataclass(frozen=True)
+class ClientStatistics:
+    """What :meth:`DaemonClient.statistics` reports: requests sent through one connection pool.
+
+    ``by_route`` counts every request by route name (``create``, ``load``, ``resume``,
+    ``prompt``, ``cancel``, ``permission``, ``transcript``, ``status``, ``close``, ``detach``,
+    ``heartbeat``, ``health``, ``capabilities``, ``daemon_status``, ``events`` for SSE and ``ws``
+    for WebSocket opens); a request counts when it is sent, whatever its answer. ``failures``
+    counts requests answered with a non-2xx status or that failed in transit.
+    """
+
+    requests: int
+    failures: int
+    by_route: Mapping[str, int]
+
+    def count(self, route: str) -> int:
+        return self.by_route.get(route, 0)
+
+    @property
+    def loads(self) -> int:
+        return self.count("load")
+
+    @property
+    def prompts(self) -> int:
+        return self.count("prompt")
+
+    @property
+    def streams(self) -> int:
+        """Event streams opened (SSE and WebSocket), reconnects included."""
+        return self.count("events") + self.count("ws")
+
+
+class _Counters:
+    """The mutable tallies behind :class:`ClientStatistics`, shared by a client and its views."""
+
+    __slots__ = ("by_route", "failures", "requests")
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.failures = 0
+        self.by_route: dict[str, int] = {}
+
+    def sent(self, route: str) -> None:
+        self.requests += 1
+        self.by_route[route] = self.by_route.get(route, 0) + 1
+
+    def snapshot(self) -> ClientStatistics:
+        return ClientStatistics(self.requests, self.failures, MappingProxyType(dict(self.by_route)))
+
+
+_SESSION_ROUTES: Final = frozenset(
+    {"load", "resume", "prompt", "cancel", "permission", "transcript", "status", "detach",
+     "heartbeat", "events", "ws"}
+)
+
+
+def route_name(method: str, path: str) -> str:
+    """The statistics key of a request (see :class:`ClientStatistics`)."""
+    parts = [part for part in path.split("?", 1)[0].split("/") if part]
+    if parts == ["session"]:
+        return "create"
+    if len(parts) == 2 and parts[0] == "session":
+        return "close" if method == "DELETE" else "session"
+    if len(parts) >= 3 and parts[0] == "session" and parts[2] in _SESSION_ROUTES:
+        return parts[2]
+    if parts == ["daemon", "status"]:
+        return "daemon_status"
+    return "/".join(parts) or "root"
+
+
 def _object(body: Any, what: str) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise TransportError(f"{what}: expected a JSON object, got {type(body).__name__}")
@@ -233,6 +309,7 @@ class DaemonClient:
             base_url=self.base_url, timeout=timeout, transport=transport, follow_redirects=False
         )
         self._owns_pool = True
+        self._counters = _Counters()
 
     def with_client_id(self, client_id: str | None) -> DaemonClient:
         """A view on the same connection pool that sends (and adopts) its own client id.
@@ -250,6 +327,7 @@ class DaemonClient:
         view.timeout = self.timeout
         view._http = self._http
         view._owns_pool = False
+        view._counters = self._counters
         return view
 
     async def __aenter__(self) -> DaemonClient:
@@ -266,6 +344,17 @@ class DaemonClient:
     async def aclose(self) -> None:
         if self._owns_pool:
             await self._http.aclose()
+
+    def statistics(self) -> ClientStatistics:
+        """Requests sent so far through this connection pool (views included), by route."""
+        return self._counters.snapshot()
+
+    def _count(self, method: str, path: str) -> None:
+        """Tally one request (also used by the WebSocket variant)."""
+        self._counters.sent(route_name(method, path))
+
+    def _count_failure(self) -> None:
+        self._counters.failures += 1
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -295,15 +384,19 @@ class DaemonClient:
         if body is not None:
             content = _json_encode(body)
             headers["Content-Type"] = "application/json"
+        self._count(method, path)
         try:
             response = await self._http.request(
                 method, path, content=content, params=params, headers=headers
             )
         except httpx.TimeoutException as exc:
+            self._count_failure()
             raise TransportError(f"{method} {path}: timed out: {exc!r}") from exc
         except httpx.TransportError as exc:
+            self._count_failure()
             raise TransportError(f"{method} {path}: {exc!r}") from exc
         if not 200 <= response.status_code < 300:
+            self._count_failure()
             raise error_for_status(response.status_code, response.content, response.headers)
         return response
 
@@ -487,12 +580,13 @@ class DaemonClient:
         last_event_id: int | None = None,
         epoch: str | None = None,
         *,
-        max_queued: int | None = None,
+        max_queued: int | None = DEFAULT_MAX_QUEUED,
     ) -> EventStream:
         """An SSE subscription; use it as ``async with client.events(...) as stream``.
 
         ``epoch`` is sent only together with a cursor (``last_event_id``), as the daemon
-        ignores an epoch without one.
+        ignores an epoch without one. ``max_queued`` is sent as ``maxQueued`` (the same default
+        as :class:`~sdk.session.SessionHandle`); ``None`` leaves it to the daemon.
         """
         return EventStream(self, session_id, last_event_id, epoch, max_queued=max_queued)
 
@@ -509,13 +603,17 @@ class DaemonClient:
             # The body is open-ended: only the connect/write/pool phases may time out.
             timeout=httpx.Timeout(self.timeout, read=None),
         )
+        self._count("GET", path)
         try:
             response = await self._http.send(request, stream=True)
         except httpx.TimeoutException as exc:
+            self._count_failure()
             raise TransportError(f"GET {path}: timed out: {exc!r}") from exc
         except httpx.TransportError as exc:
+            self._count_failure()
             raise TransportError(f"GET {path}: {exc!r}") from exc
         if response.status_code != 200:
+            self._count_failure()
             try:
                 content = await response.aread()
             except httpx.HTTPError:
@@ -525,6 +623,7 @@ class DaemonClient:
             raise error_for_status(response.status_code, content, response.headers)
         ctype = response.headers.get("content-type", "")
         if ctype.split(";", 1)[0].strip().lower() != "text/event-stream":
+            self._count_failure()
             await response.aclose()
             raise TransportError(
                 f"GET {path}: expected text/event-stream, got {ctype!r}",
@@ -557,7 +656,7 @@ class EventStream:
         last_event_id: int | None = None,
         epoch: str | None = None,
         *,
-        max_queued: int | None = None,
+        max_queued: int | None = DEFAULT_MAX_QUEUED,
     ) -> None:
         if last_event_id is not None and (
             isinstance(last_event_id, bool)
@@ -580,6 +679,11 @@ class EventStream:
         self._response: httpx.Response | None = None
         self._chunks: AsyncIterator[bytes] | None = None
         self._opened = False
+
+    @property
+    def retry_ms(self) -> int | None:
+        """The reconnection time the stream's last valid ``retry:`` field asked for, if any."""
+        return self._parser.retry_ms
 
     def request_headers(self) -> dict[str, str]:
         """The headers this stream sends (the cursor pair only together)."""

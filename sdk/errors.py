@@ -46,6 +46,8 @@ class DaemonHTTPError(DaemonError):
         self.body = body
         self.code = code
         self.message = text
+        self.retry_after: float | None = None
+        """Seconds from the ``Retry-After`` header of a 429 or 503 answer, when it had one."""
 
 
 class AuthError(DaemonHTTPError):
@@ -229,6 +231,7 @@ def error_for_status(
             limit=_optional_int(details.get("limit")),
             pending_count=_optional_int(details.get("pendingCount")),
         )
-    if status >= 500:
-        return ServerError(status, body, code)
-    return DaemonHTTPError(status, body, code)
+    error = ServerError(status, body, code) if status >= 500 else DaemonHTTPError(status, body, code)
+    if status in (429, 503) and headers is not None:
+        error.retry_after = _retry_after(headers.get("retry-after"))
+    return error

@@ -16,6 +16,16 @@ On success the old handle is detached and the candidate takes over the subscript
 failure exactly one notice goes to the ``notify`` sink and the old handle resumes (validation,
 network, 5xx) or stays paused (auth → ``AUTH_FAILED``, 404/410 → ``MISSING_SESSION``).
 :meth:`RepairDriver.abort` (or cancelling the driver's nursery) ends an attempt silently.
+
+An attempt's end is one step without a checkpoint: the subscription hand-over (or the resume),
+the end of the episode (``driver.episode`` becomes None, or the next episode of a fresh live
+journal), the notice, ``driver.outcomes`` and ``on_outcome`` all happen together, so a task
+woken by any of them sees all of them. Detaching the replaced handle's registration comes after.
+
+:meth:`RepairDriver.wait_outcome` never waits on something that cannot happen: it returns None
+when there is no episode, when the episode is removed without an attempt (``abort()``, a new
+``begin()``), or when the owner's subscription has ended (stopped or closed) before the episode
+armed.
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ from __future__ import annotations
 import enum
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
@@ -149,6 +159,8 @@ class RepairDriver:
         self._guards = guards
         self._on_outcome = on_outcome
         self._changed = trio.Event()
+        self._running = 0
+        """Attempt tasks started and not yet ended (an aborted one still ends with an outcome)."""
 
     # -- the episode -------------------------------------------------------------------------
 
@@ -170,6 +182,7 @@ class RepairDriver:
         observed = [event.id for event in load.live_journal if event.id is not None]
         episode = self.registry.new_episode(self.session_id, target, observed, load.last_event_id)
         self.episode = episode
+        self._signal()
         return episode
 
     def observe(self, event: DaemonEvent) -> bool:
@@ -197,7 +210,9 @@ class RepairDriver:
         episode.mark_attempted()
         scope = trio.CancelScope()
         episode.attempt_scope = scope
+        self._running += 1
         self._nursery.start_soon(self._attempt, episode, scope)
+        self._signal()
         return True
 
     def abort(self) -> None:
@@ -209,15 +224,44 @@ class RepairDriver:
         if isinstance(scope, trio.CancelScope):
             scope.cancel()
         episode.finish()
+        self._signal()
 
     @property
     def attempting(self) -> bool:
         return self.episode is not None and self.episode.state is RepairState.RELOADING
 
-    async def wait_outcome(self, count: int = 1) -> RepairOutcome:
-        """Wait until ``count`` attempts have ended; returns the latest outcome."""
+    def _signal(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def _outcome_possible(self) -> bool:
+        """Could another attempt end without a new ``begin()``?"""
+        if self._running:
+            return True  # an attempt task runs: it ends with an outcome, ABORTED at worst
+        episode = self.episode
+        if episode is None or episode.attempted:
+            return False
+        # A pending episode arms only on a live terminal: the owner's reader must still run
+        # (or be paused, to be resumed).
+        return self.handle.state not in (SubscriptionState.STOPPED, SubscriptionState.CLOSED)
+
+    async def wait_outcome(self, count: int = 1) -> RepairOutcome | None:
+        """Wait until ``count`` attempts have ended in all and return the latest outcome.
+
+        Returns None instead as soon as that can no longer happen without a new
+        :meth:`begin`: no attempt is running and there is no episode, or its episode was
+        removed without an attempt (:meth:`abort`, a replacing :meth:`begin`), or the owner
+        handle's subscription stopped or closed before the episode armed. An attempt that is
+        already running (even one :meth:`abort` cancelled) is waited for: it always ends with
+        an outcome. Outcomes that already happened count (``count=1`` after a finished repair
+        returns it at once).
+        """
         while len(self.outcomes) < count:
-            await self._changed.wait()
+            if not self._outcome_possible():
+                return None
+            await _first_of(self._changed.wait, lambda: self.handle.wait_state(
+                SubscriptionState.STOPPED, SubscriptionState.CLOSED
+            ))
         return self.outcomes[-1]
 
     # -- the attempt (§3.3) --------------------------------------------------------------------
@@ -227,26 +271,48 @@ class RepairDriver:
         # The candidate may exist when a cancel lands mid-attempt; the cleanup must see it.
         made: list[SessionHandle] = []
         outcome: RepairOutcome | None = None
+        ended = False
         try:
             with scope:
                 previous.pause()
                 outcome = await self._load_validate_commit(episode, previous, made)
             if outcome is None:  # only our own cancel scope leaves it unset
                 outcome = RepairOutcome(RepairOutcomeKind.ABORTED, episode.signature, previous)
-        finally:
-            if outcome is None or outcome.kind is not RepairOutcomeKind.REPAIRED:
+            if outcome.kind is not RepairOutcomeKind.REPAIRED:
                 for candidate in made:
                     await _detach_quietly(candidate)
-            episode.finish()
-            if self.episode is episode:
-                self.episode = None
+            # From here to the end of _end_attempt: no checkpoint.
+            ended = True
+            self._end_attempt(episode, previous, outcome)
+        finally:
+            if not ended:  # cancelled from outside (the driver's nursery): no outcome
+                for candidate in made:
+                    await _detach_quietly(candidate)
+                episode.finish()
+                if self.episode is episode:
+                    self.episode = None
+                self._running -= 1
+                self._signal()
+        if outcome.kind is RepairOutcomeKind.REPAIRED:
+            await self._detach_replaced(previous)
+
+    def _end_attempt(
+        self, episode: RepairEpisode, previous: SessionHandle, outcome: RepairOutcome
+    ) -> None:
+        """Everything an attempt's end changes, in one step (see the module docstring)."""
+        self._running -= 1
+        episode.finish()
+        if self.episode is episode:
+            self.episode = None
         if outcome.kind is RepairOutcomeKind.REPAIRED:
             assert outcome.load is not None
             self.handle = outcome.handle
             # A fresh live journal ending with another prompt's recoverable marker is a separate
             # episode; it exists before the candidate's first live event is observed.
             self.begin(outcome.load)
-            await self._hand_over(previous, outcome.handle)
+            if previous.state is not SubscriptionState.IDLE:
+                outcome.handle.take_over(previous)
+            previous.stop()
         elif (
             outcome.kind is RepairOutcomeKind.FAILED and previous.state is SubscriptionState.PAUSED
         ):
@@ -254,8 +320,7 @@ class RepairDriver:
         if outcome.notice is not None:
             self._notify(outcome.notice)
         self.outcomes.append(outcome)
-        self._changed.set()
-        self._changed = trio.Event()
+        self._signal()
         if self._on_outcome is not None:
             self._on_outcome(outcome)
 
@@ -317,9 +382,7 @@ class RepairDriver:
         notice = repair_failure_notice(signature, text or type(error).__name__)
         return RepairOutcome(kind, signature, previous, notice, error)
 
-    async def _hand_over(self, previous: SessionHandle, candidate: SessionHandle) -> None:
-        if previous.state is not SubscriptionState.IDLE:
-            candidate.take_over(previous)
+    async def _detach_replaced(self, previous: SessionHandle) -> None:
         try:
             await previous.close()
         except DaemonError as exc:
@@ -330,6 +393,18 @@ class RepairDriver:
                 previous.client_id,
                 exc,
             )
+
+
+async def _first_of(*waits: Callable[[], Awaitable[object]]) -> None:
+    """Return as soon as one of ``waits`` returns."""
+    async with trio.open_nursery() as nursery:
+        for wait in waits:
+
+            async def run(wait: Callable[[], Awaitable[object]] = wait) -> None:
+                await wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(run)
 
 
 async def _detach_quietly(handle: SessionHandle) -> None:

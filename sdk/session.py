@@ -10,7 +10,11 @@ session id, its own daemon-side client registration (``client_id``), and the res
 - the reader reconnects on its own: network errors, timeouts, 5xx, a wrong content type, the
   stream ending (``client_evicted``, WebSocket close) resume from the cursor after
   ``min(base · 2^(n−1), cap) × uniform[0.8, 1.2]`` (n = failed attempts since the last frame);
-  401/403, 404/410 and a body saying ``retryable: false`` stop it with that error.
+  ``base`` is the stream's own ``retry:`` field once one arrived (bounded, see
+  :class:`ReconnectPolicy`), and a 429/503 with ``Retry-After`` waits at least that long;
+  401/403, 404/410 and a body saying ``retryable: false`` stop it with that error — except that
+  a handle made with ``restore=True`` answers a 404/410 by restoring the session once (the
+  daemon brings a persisted session back on ``POST /session/{id}/resume``) and retrying.
 
 The reader hands events to an async ``on_event`` callback in stream order; the cursor advances
 (to ``max(previous, id)``, only from frames with an id) as an event is handed over, so pausing
@@ -29,12 +33,19 @@ import math
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Final, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 import msgspec
 import trio
 
-from sdk.client import DaemonClient, EventStream, LoadResult, SessionCreated
+from sdk.client import (
+    DEFAULT_MAX_QUEUED,
+    DaemonClient,
+    EventStream,
+    LoadResult,
+    PromptAccepted,
+    SessionCreated,
+)
 from sdk.errors import (
     AuthError,
     DaemonError,
@@ -47,6 +58,7 @@ from sdk.ws import WebSocketEventStream
 
 __all__ = [
     "DEFAULT_MAX_QUEUED",
+    "AcceptedCallback",
     "EventCallback",
     "HandleClosedError",
     "ReconnectPolicy",
@@ -58,10 +70,10 @@ __all__ = [
 
 log = logging.getLogger("sdk.session")
 
-DEFAULT_MAX_QUEUED: Final = 1024
-
 Transport: TypeAlias = Literal["sse", "ws"]
 EventCallback: TypeAlias = Callable[[DaemonEvent], Awaitable[None]]
+AcceptedCallback: TypeAlias = Callable[[PromptAccepted], object]
+"""Called with the 202 of a prompt before its first event is awaited; sync or async."""
 StopCallback: TypeAlias = Callable[[DaemonError], None]
 SleepFn: TypeAlias = Callable[[float], Awaitable[None]]
 UniformFn: TypeAlias = Callable[[float, float], float]
@@ -72,27 +84,64 @@ class HandleClosedError(DaemonError):
 
 
 class ReconnectPolicy(msgspec.Struct, frozen=True, kw_only=True):
-    """Reconnect delays: ``min(base_s · 2^(attempt−1), cap_s) × uniform[jitter_low, high]``."""
+    """Reconnect delays: ``min(base · 2^(attempt−1), cap_s) × uniform[jitter_low, high]``.
+
+    ``base`` is ``base_s`` until the server says otherwise: with ``honor_server`` (default) the
+    stream's last ``retry:`` field becomes the base, clamped to ``[min_retry_s, cap_s]`` so a
+    server can neither make a client spin (``retry: 0``) nor park it for hours. After a 429 or
+    503 answer carrying ``Retry-After`` the wait is at least that many seconds (× a jitter in
+    ``[1, jitter_high]``, so clients told the same value do not return together), capped at
+    ``max_retry_after_s``.
+    """
 
     base_s: float = 1.0
     cap_s: float = 10.0
     jitter_low: float = 0.8
     jitter_high: float = 1.2
+    honor_server: bool = True
+    min_retry_s: float = 0.1
+    max_retry_after_s: float = 60.0
 
     def __post_init__(self) -> None:
-        if not (self.base_s >= 0 and self.cap_s >= 0):
+        if not (
+            self.base_s >= 0
+            and self.cap_s >= 0
+            and self.min_retry_s >= 0
+            and self.max_retry_after_s >= 0
+        ):
             raise ValueError("ReconnectPolicy delays must be >= 0")
         if not 0 <= self.jitter_low <= self.jitter_high:
             raise ValueError("ReconnectPolicy needs 0 <= jitter_low <= jitter_high")
 
-    def delay(self, attempt: int, uniform: UniformFn) -> float:
-        """The wait before reconnect ``attempt`` (1-based); ``uniform(a, b)`` draws the jitter."""
+    def base(self, server_retry_s: float | None) -> float:
+        """The base delay: the server's ``retry:`` (bounded) when honoured, else ``base_s``."""
+        if server_retry_s is None or not self.honor_server:
+            return self.base_s
+        return min(max(server_retry_s, self.min_retry_s), self.cap_s)
+
+    def delay(
+        self,
+        attempt: int,
+        uniform: UniformFn,
+        *,
+        server_retry_s: float | None = None,
+        retry_after_s: float | None = None,
+    ) -> float:
+        """The wait before reconnect ``attempt`` (1-based); ``uniform(a, b)`` draws the jitter.
+
+        ``server_retry_s`` is the stream's ``retry:`` in seconds, ``retry_after_s`` the
+        ``Retry-After`` of the failure being retried (both None when absent).
+        """
         if attempt < 1:
             raise ValueError(f"attempt is 1-based, got {attempt}")
         # 2.0 ** large would overflow: past the cap the exponent no longer matters.
         exponent = min(attempt - 1, 64)
-        base = min(self.base_s * 2.0**exponent, self.cap_s)
-        return base * uniform(self.jitter_low, self.jitter_high)
+        base = min(self.base(server_retry_s) * 2.0**exponent, self.cap_s)
+        wait = base * uniform(self.jitter_low, self.jitter_high)
+        if retry_after_s is not None and retry_after_s > 0 and self.honor_server:
+            floor = min(retry_after_s, self.max_retry_after_s)
+            wait = max(wait, floor * uniform(1.0, max(1.0, self.jitter_high)))
+        return wait
 
 
 class SubscriptionState(enum.Enum):
@@ -120,8 +169,10 @@ class SessionHandle:
 
     Make one with :meth:`create`, :meth:`load` or :meth:`from_load`, or directly from a cursor
     you kept. ``client`` should be this handle's own view
-    (:meth:`DaemonClient.with_client_id`); the helpers make one. ``sleep`` and ``uniform``
-    replace ``trio.sleep`` and the jitter source (tests).
+    (:meth:`DaemonClient.with_client_id`); the helpers make one. ``restore=True`` brings a
+    session the daemon no longer holds in memory (it restarted) back on the first 404/410 of
+    the stream or of :meth:`prompt`, once per failure (see the module docstring). ``sleep``
+    and ``uniform`` replace ``trio.sleep`` and the jitter source (tests).
     """
 
     def __init__(
@@ -134,6 +185,7 @@ class SessionHandle:
         transport: Transport = "sse",
         max_queued: int | None = DEFAULT_MAX_QUEUED,
         policy: ReconnectPolicy | None = None,
+        restore: bool = False,
         sleep: SleepFn | None = None,
         uniform: UniformFn | None = None,
     ) -> None:
@@ -152,6 +204,7 @@ class SessionHandle:
         self.transport: Transport = transport
         self.max_queued = max_queued
         self.policy = policy if policy is not None else ReconnectPolicy()
+        self.restore = restore
         self._sleep: SleepFn = sleep if sleep is not None else trio.sleep
         self._uniform: UniformFn = uniform if uniform is not None else random.uniform
         self.state = SubscriptionState.IDLE
@@ -163,6 +216,10 @@ class SessionHandle:
         """Streams opened successfully (the first connection and every reconnect)."""
         self.reconnect_attempts = 0
         """Reconnect waits taken, over the handle's life."""
+        self.restores = 0
+        """Sessions brought back after a 404/410 (``restore=True`` only)."""
+        self.server_retry_s: float | None = None
+        """The reconnection time the stream's last ``retry:`` field asked for (seconds)."""
         self.prompts_in_flight = 0
         self._nursery: trio.Nursery | None = None
         self._on_event: EventCallback | None = None
@@ -170,6 +227,7 @@ class SessionHandle:
         self._scope: trio.CancelScope | None = None
         self._taps: set[trio.MemorySendChannel[_TapItem]] = set()
         self._state_changed = trio.Event()
+        self._detached = False
 
     # -- construction ----------------------------------------------------------------------
 
@@ -230,6 +288,7 @@ class SessionHandle:
             "transport": self.transport,
             "max_queued": self.max_queued,
             "policy": self.policy,
+            "restore": self.restore,
             "sleep": self._sleep,
             "uniform": self._uniform,
         }
@@ -347,18 +406,42 @@ class SessionHandle:
             self.client, self.session_id, self.last_event_id, self.epoch, max_queued=self.max_queued
         )
 
+    async def _restore_session(self) -> None:
+        """Ask the daemon to bring the session back (``resume`` restores a persisted session
+        without sending the replay); raises what the daemon answered, a 404 included."""
+        await self.client.resume_session(self.session_id)
+        self.restores += 1
+        log.info(
+            "event=session_restored session=%s client=%s cursor=%s",
+            self.session_id,
+            self.client_id,
+            self.last_event_id,
+        )
+
     async def _read(self, on_event: EventCallback) -> DaemonError:
         """Reconnect loop; returns the final error (it never ends otherwise)."""
         attempt = 0
+        restored = False  # a restore ran since the last frame: the next 404 is final
         while True:
             stream = self._open()
+            retry_after: float | None = None
             try:
                 try:
                     await stream.__aenter__()
                 except DaemonError as exc:
-                    if _is_final(exc):
-                        return exc
-                    self.last_transport_error = exc
+                    failure: DaemonError = exc
+                    if self.restore and not restored and isinstance(exc, SessionNotFoundError):
+                        restored = True
+                        try:
+                            await self._restore_session()
+                        except DaemonError as again:
+                            failure = again  # judged like any failure: a 404 here is final
+                        else:
+                            continue  # reopen at once from the kept cursor
+                    if _is_final(failure):
+                        return failure
+                    self.last_transport_error = failure
+                    retry_after = getattr(failure, "retry_after", None)
                 else:
                     self.connects += 1
                     if stream.epoch:
@@ -377,14 +460,22 @@ class SessionHandle:
                         # (those come back without a checkpoint): the resumed one will.
                         await trio.lowlevel.checkpoint_if_cancelled()
                         attempt = 0
+                        restored = False
                         self._advance(event)
                         self._feed_taps(event)
                         await on_event(event)
             finally:
+                if stream.retry_ms is not None:
+                    self.server_retry_s = stream.retry_ms / 1000
                 await stream.aclose()
             attempt += 1
             self.reconnect_attempts += 1
-            delay = self.policy.delay(attempt, self._uniform)
+            delay = self.policy.delay(
+                attempt,
+                self._uniform,
+                server_retry_s=self.server_retry_s,
+                retry_after_s=retry_after,
+            )
             log.info(
                 "event=subscription_reconnect session=%s transport=%s cursor=%s attempt=%d "
                 "delay_s=%.3f error=%r",
@@ -423,13 +514,17 @@ class SessionHandle:
         *,
         deadline_ms: int | None = None,
         on_update: EventCallback | None = None,
+        on_accepted: AcceptedCallback | None = None,
     ) -> TurnCompleteData:
         """Send a prompt and wait for its terminal (matched on ``data.promptId``).
 
         With an active subscription the terminal is taken from it (other prompts' events may
         interleave); otherwise a temporary stream is opened from the 202's cursor and epoch,
-        with the same reconnect rules. ``on_update`` sees every event of this prompt, the
-        terminal included, in order. Raises :class:`TurnError` on ``turn_error``.
+        with the same reconnect rules. ``on_accepted`` gets the daemon's 202
+        (:class:`~sdk.client.PromptAccepted`: ``prompt_id``, cursor, epoch) as soon as it
+        arrives, before any event is awaited: the way to learn the prompt id early (to cancel,
+        to vote on its permissions, to log it). ``on_update`` sees every event of this prompt,
+        the terminal included, in order. Raises :class:`TurnError` on ``turn_error``.
         """
         send, receive = trio.open_memory_channel[_TapItem](math.inf)
         self.prompts_in_flight += 1
@@ -439,7 +534,11 @@ class SessionHandle:
                 if use_subscription:
                     self._taps.add(send)
                 try:
-                    accepted = await self.client.send_prompt(self.session_id, prompt, deadline_ms)
+                    accepted = await self._send_prompt(prompt, deadline_ms)
+                    if on_accepted is not None:
+                        told = on_accepted(accepted)
+                        if inspect.isawaitable(told):
+                            await told
                     if use_subscription:
                         return await _await_terminal(receive, accepted.prompt_id, on_update)
                     follower = SessionHandle(
@@ -470,6 +569,18 @@ class SessionHandle:
         finally:
             self.prompts_in_flight -= 1
 
+    async def _send_prompt(
+        self, prompt: str | Sequence[Mapping[str, Any]], deadline_ms: int | None
+    ) -> PromptAccepted:
+        try:
+            return await self.client.send_prompt(self.session_id, prompt, deadline_ms)
+        except SessionNotFoundError:
+            if not self.restore:
+                raise
+        # A 404 means nothing was admitted, so sending again cannot run the prompt twice.
+        await self._restore_session()
+        return await self.client.send_prompt(self.session_id, prompt, deadline_ms)
+
     async def _follow_for_tap(self) -> None:
         error = await self._read(_ignore_event)
         self._fail_taps(error)
@@ -480,12 +591,10 @@ class SessionHandle:
 
     # -- closing ---------------------------------------------------------------------------
 
-    async def close(self, *, detach: bool = True) -> None:
-        """Stop the subscription and detach this handle's registration.
-
-        Waiting ``prompt()`` calls fail with :class:`HandleClosedError`. A session that is
-        already gone needs no detach, so a 404 there is not an error.
-        """
+    def stop(self) -> None:
+        """Close the handle now, without a checkpoint: stop the reader, fail waiting
+        ``prompt()`` calls with :class:`HandleClosedError`. The daemon-side registration stays
+        until :meth:`close` detaches it."""
         if self._scope is not None:
             self._scope.cancel()
             self._scope = None
@@ -493,7 +602,15 @@ class SessionHandle:
             return
         self._set_state(SubscriptionState.CLOSED)
         self._fail_taps(HandleClosedError(f"session handle {self.session_id} was closed"))
-        if detach and self.client_id is not None:
+
+    async def close(self, *, detach: bool = True) -> None:
+        """Stop the subscription (:meth:`stop`) and detach this handle's registration (once).
+
+        A session that is already gone needs no detach, so a 404 there is not an error.
+        """
+        self.stop()
+        if detach and not self._detached and self.client_id is not None:
+            self._detached = True
             try:
                 await self.client.detach(self.session_id)
             except SessionNotFoundError:

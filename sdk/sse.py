@@ -3,8 +3,10 @@
 Handed bytes, it returns the complete, valid envelopes they finish (CLIENT-SPEC §1):
 
 - frames end at a blank line; lines end with ``\\n`` or ``\\r\\n`` (mixed is fine);
-- only ``data:`` lines matter (one leading space stripped, several joined with ``\\n``);
-  ``id:``, ``event:``, ``retry:`` and ``:`` comments are ignored because the JSON carries the id;
+- only ``data:`` lines make events (one leading space stripped, several joined with ``\\n``);
+  ``id:``, ``event:`` and ``:`` comments are ignored because the JSON carries the id;
+- ``retry:`` with only ASCII digits sets :attr:`SSEParser.retry_ms`, the stream's reconnection
+  time (any other value is ignored, as the WHATWG rules say);
 - a frame that is not a valid envelope (see :func:`sdk.events.decode_event`) is skipped;
 - bytes of an unfinished frame beyond the cap (16 MiB) raise :class:`SSEBufferOverflow`;
 - a trailing partial frame at EOF is discarded (WHATWG rule).
@@ -31,7 +33,15 @@ _BOM: Final = b"\xef\xbb\xbf"
 class SSEParser:
     """Feed it chunks with :meth:`feed`; call :meth:`close` at EOF."""
 
-    __slots__ = ("_at_start", "_buf", "_closed", "_data", "_data_bytes", "_max_buffer")
+    __slots__ = (
+        "_at_start",
+        "_buf",
+        "_closed",
+        "_data",
+        "_data_bytes",
+        "_max_buffer",
+        "retry_ms",
+    )
 
     def __init__(self, max_buffer: int = MAX_BUFFER_BYTES) -> None:
         if max_buffer < 1:
@@ -43,6 +53,8 @@ class SSEParser:
         self._data_bytes = 0
         self._at_start = True
         self._closed = False
+        self.retry_ms: int | None = None
+        """The last valid ``retry:`` value seen (milliseconds), None until one arrives."""
 
     @property
     def pending_bytes(self) -> int:
@@ -101,6 +113,10 @@ class SSEParser:
             # A field name without a colon has the empty string as its value.
             value = b""
         else:
+            if line.startswith(b"retry:"):
+                raw = line[7:] if line[6:7] == b" " else line[6:]
+                if raw and raw.isdigit() and raw.isascii():
+                    self.retry_ms = int(raw)
             return
         self._data.append(value)
         self._data_bytes += len(value) + 1

@@ -20,7 +20,7 @@ from urllib.parse import quote, urlencode, urlsplit
 import trio
 import trio_websocket
 
-from sdk.client import EPOCH_HEADER, DaemonClient
+from sdk.client import DEFAULT_MAX_QUEUED, EPOCH_HEADER, DaemonClient
 from sdk.errors import TransportError, error_for_status
 from sdk.events import MAX_EVENT_ID, DaemonEvent, decode_event
 from sdk.sse import MAX_BUFFER_BYTES
@@ -81,7 +81,7 @@ class WebSocketEventStream:
         last_event_id: int | None = None,
         epoch: str | None = None,
         *,
-        max_queued: int | None = None,
+        max_queued: int | None = DEFAULT_MAX_QUEUED,
         max_message_bytes: int = MAX_BUFFER_BYTES,
     ) -> None:
         if last_event_id is not None and (
@@ -97,6 +97,8 @@ class WebSocketEventStream:
         self.ended = False
         self.close_code: int | None = None
         """The WebSocket close code once the daemon closed the stream (1000, 1008, …)."""
+        self.retry_ms: int | None = None
+        """Always None: a WebSocket has no ``retry:`` field (the SSE stream's surface)."""
         self.url = ws_url(client.base_url, session_id, last_event_id, epoch, max_queued)
         self._client = client
         self._max_message_bytes = max_message_bytes
@@ -115,6 +117,7 @@ class WebSocketEventStream:
         self._opened = True
         stack = contextlib.AsyncExitStack()
         what = f"GET {self.url}"
+        self._client._count("GET", urlsplit(self.url).path)
         try:
             ws = await stack.enter_async_context(
                 trio_websocket.open_websocket_url(
@@ -126,13 +129,16 @@ class WebSocketEventStream:
                 )
             )
         except trio_websocket.ConnectionRejected as exc:
+            self._client._count_failure()
             await stack.aclose()
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in exc.headers}
             raise error_for_status(exc.status_code, exc.body or b"", headers) from exc
         except trio_websocket.ConnectionTimeout as exc:
+            self._client._count_failure()
             await stack.aclose()
             raise TransportError(f"{what}: timed out opening the WebSocket") from exc
         except (trio_websocket.HandshakeError, OSError, trio.BrokenResourceError) as exc:
+            self._client._count_failure()
             await stack.aclose()
             cause = exc.__cause__ if exc.__cause__ is not None else exc
             raise TransportError(f"{what}: {cause!r}") from exc

@@ -3,21 +3,24 @@ live marker's status text mid-turn), ``--json`` output, ``watch``, errors and ex
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import pty
 import re
 import selectors
+import shlex
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.harness import RunningDaemon, running_daemon
+from tests.harness import RunningDaemon, running_daemon, start_daemon
 
 ROOT = Path(__file__).resolve().parents[1]
 WAIT_S = 30.0
@@ -62,18 +65,21 @@ def cli(
     )
 
 
-def read_until(proc: subprocess.Popen[bytes], needle: bytes) -> bytes:
-    """Read the child's stdout as it streams until ``needle`` shows up (or fail)."""
-    assert proc.stdout is not None
+def read_until(
+    proc: subprocess.Popen[bytes], needle: bytes, stream: str = "stdout"
+) -> bytes:
+    """Read the child's stdout (or stderr) as it streams until ``needle`` shows up (or fail)."""
+    pipe = proc.stdout if stream == "stdout" else proc.stderr
+    assert pipe is not None
     seen = b""
     with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
+        sel.register(pipe, selectors.EVENT_READ)
         deadline = time.monotonic() + WAIT_S
         while needle not in seen:
             remaining = deadline - time.monotonic()
             assert remaining > 0, f"no {needle!r} in the output so far: {seen[-500:]!r}"
             if sel.select(remaining):
-                chunk = os.read(proc.stdout.fileno(), 65536)
+                chunk = os.read(pipe.fileno(), 65536)
                 assert chunk, f"the command exited before printing {needle!r}: {seen[-500:]!r}"
                 seen += chunk
     return seen
@@ -218,3 +224,248 @@ def test_missing_session_and_token_handling(tmp_path: Path) -> None:
         missing = cli(daemon.url, "--token", "cli-secret", "load", "no-such-session")
         assert missing.returncode == 5
         assert missing.stderr.startswith("turnkeeper: no session 'no-such-session' at ")
+
+
+# --- issue 14: help, version, environment ---------------------------------------------------------
+
+
+def test_every_option_has_help_with_its_default() -> None:
+    from sdk.__main__ import build_parser
+
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    checked = []
+    for name, sub in [("turnkeeper", parser), *subparsers.choices.items()]:
+        for action in sub._actions:
+            if not action.option_strings or action.dest in ("help", "version"):
+                continue
+            assert action.help, f"{name} {action.option_strings} has no help"
+            assert "default" in action.help, f"{name} {action.option_strings} shows no default"
+            checked.append(action.option_strings[-1])
+    assert {"--url", "--token", "--json", "--approve", "--timeout", "--from", "--live"} <= set(
+        checked
+    )
+
+
+def test_version_and_url_from_the_environment(daemon: RunningDaemon) -> None:
+    from sdk.__main__ import version
+
+    shown = subprocess.run(
+        [sys.executable, "-m", "sdk", "--version"], cwd=ROOT, env=cli_env(),
+        capture_output=True, text=True, timeout=WAIT_S, check=False,
+    )
+    assert shown.returncode == 0 and shown.stdout == f"turnkeeper {version()}\n"
+    assert version() != "unknown"
+
+    def run(*args: str, url_env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "sdk", *args], cwd=ROOT, env=cli_env({"TURNKEEPER_URL": url_env}),
+            capture_output=True, text=True, timeout=WAIT_S, check=False,
+        )
+
+    by_env = run("create", url_env=daemon.url)
+    assert by_env.returncode == 0 and UUID_RE.match(by_env.stdout.strip()), by_env.stderr
+    dead = f"http://127.0.0.1:{free_port()}"
+    assert run("create", url_env=dead).returncode == 3
+    # --url wins over the environment.
+    assert run("--url", daemon.url, "create", url_env=dead).returncode == 0
+
+
+def test_help_names_the_url_the_environment_gives(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sdk.__main__ import build_parser
+
+    monkeypatch.setenv("TURNKEEPER_URL", "http://127.0.0.1:9999")
+    helped = " ".join(build_parser().format_help().split())
+    assert "now http://127.0.0.1:9999" in helped and "TURNKEEPER_URL" in helped
+
+
+# --- issue 14: watch shows the replay by default ----------------------------------------------
+
+
+def test_watch_starts_with_the_replay_then_follows_live(daemon: RunningDaemon) -> None:
+    session_id = cli(daemon.url, "create").stdout.strip()
+    assert cli(daemon.url, "prompt", session_id, "earlier mock:chunks=2").returncode == 0
+    watcher = subprocess.Popen(
+        argv(daemon.url, "watch", session_id), cwd=ROOT, env=cli_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        head = read_until(watcher, b" --\n")
+        later = cli(daemon.url, "prompt", session_id, "later mock:chunks=1")
+        assert later.returncode == 0
+        head += read_until(watcher, b"stopReason=end_turn\n")
+    finally:
+        watcher.kill()
+        watcher.wait()
+    replay, _, live = head.decode().partition(" replayed; live after #")
+    # The earlier turn, compacted: the echo, the merged answer, the terminal.
+    assert '"earlier mock:chunks=2"' in replay and '"chunk-0chunk-1"' in replay
+    assert re.search(r"turn_complete prompt=[0-9a-f]{8} stopReason=end_turn", replay)
+    assert '"later mock:chunks=1"' in live and '"chunk-0"' in live
+    assert "earlier" not in live
+
+
+# --- issue 14: the CLI restores a session after a daemon restart -------------------------------
+
+
+def test_prompt_and_watch_restore_the_session_after_a_daemon_restart(tmp_path: Path) -> None:
+    port = free_port()
+    data = tmp_path / "data"
+    first = start_daemon(tmp_path, ["--port", str(port)], data_dir=data, tag="first")
+    try:
+        session_id = cli(first.url, "create").stdout.strip()
+        assert cli(first.url, "prompt", session_id, "before mock:chunks=1").returncode == 0
+        watcher = subprocess.Popen(
+            argv(first.url, "watch", session_id, "--live"), cwd=ROOT, env=cli_env(),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        # The watcher is connected once the daemon counts a subscriber for the session.
+        wait_until(lambda: subscribers(first.url, session_id) >= 1)
+    finally:
+        first.stop()
+    try:
+        with running_daemon(tmp_path, ["--port", str(port)], data_dir=data, tag="second") as again:
+            assert again.url == first.url
+            # No `turnkeeper load` first: the prompt restores the session by itself.
+            answered = cli(again.url, "prompt", session_id, "after restart mock:chunks=2")
+            assert answered.returncode == 0, answered.stderr
+            assert answered.stdout.splitlines()[0] == "chunk-0chunk-1"
+            # The watcher reconnected across the restart and shows the new turn.
+            seen = read_until(watcher, b"stopReason=end_turn")
+            assert b"session_closed" in seen  # the first daemon's shutdown
+            assert b'"after restart mock:chunks=2"' in seen
+            assert watcher.poll() is None
+            # A session that never existed is still "no session", after one restore attempt.
+            missing = cli(again.url, "prompt", "no-such-session", "hi")
+            assert missing.returncode == 5
+            assert missing.stderr.startswith("turnkeeper: no session 'no-such-session' at ")
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+        watcher.wait()
+def subscribers(url: str, session_id: str) -> int:
+    body = httpx.get(f"{url}/session/{session_id}/status", timeout=WAIT_S).json()
+    return int(body["subscribers"])
+
+
+def wait_until(predicate: Callable[[], bool]) -> None:
+    """Poll the daemon's own state with a bounded deadline (never a fixed sleep)."""
+    deadline = time.monotonic() + WAIT_S
+    while not predicate():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.02)
+
+
+# --- issue 14: permission requests --------------------------------------------------------------
+
+LIB_AGENT = ROOT / "tests" / "agents" / "acp_lib_agent.py"
+
+
+@pytest.fixture(scope="module")
+def lib_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
+    agent = shlex.join([sys.executable, str(LIB_AGENT)])
+    with running_daemon(tmp_path_factory.mktemp("cli-perm"), ["--agent", agent],
+                        env={"ACP_LIB_AGENT_CHUNKS": "1"}) as d:
+        yield d
+
+
+ASKED = "turnkeeper: permission requested: write a file (tool call call-1)\n"
+
+
+def test_approve_flag_answers_the_permission_request(lib_daemon: RunningDaemon) -> None:
+    session_id = cli(lib_daemon.url, "create").stdout.strip()
+    done = cli(lib_daemon.url, "prompt", session_id, "please ask-permission",
+               "--approve", "allow-once")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "permission:allow-oncelib-chunk-0"
+    assert done.stderr == ASKED + "turnkeeper: answered: Allow [allow_once] (--approve allow-once)\n"
+
+
+def test_without_a_terminal_or_a_flag_the_prompt_is_cancelled_and_exits_7(
+    lib_daemon: RunningDaemon,
+) -> None:
+    session_id = cli(lib_daemon.url, "create").stdout.strip()
+    refused = subprocess.run(
+        argv(lib_daemon.url, "prompt", session_id, "please ask-permission"), cwd=ROOT,
+        env=cli_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=WAIT_S, check=False,
+    )
+    assert refused.returncode == 7, refused.stderr
+    assert refused.stderr.startswith(ASKED)
+    assert "stdin is not a terminal" in refused.stderr and "--approve" in refused.stderr
+    # The agent was told "cancelled", and nothing is left running on the daemon.
+    assert "permission:cancelled" in refused.stdout
+    status = httpx.get(f"{lib_daemon.url}/session/{session_id}/status", timeout=WAIT_S).json()
+    assert status["hasActivePrompt"] is False
+
+
+def test_on_a_terminal_the_user_picks_the_option(lib_daemon: RunningDaemon) -> None:
+    session_id = cli(lib_daemon.url, "create").stdout.strip()
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            argv(lib_daemon.url, "prompt", session_id, "please ask-permission"), cwd=ROOT,
+            env=cli_env(), stdin=follower, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        os.close(follower)
+        question = read_until(proc, b"answer (1-2, c): ", stream="stderr")
+        os.write(leader, b"7\n")  # out of range: asked again
+        question += read_until(proc, b"please answer 1-2, c\nanswer (1-2, c): ", stream="stderr")
+        os.write(leader, b"2\n")
+        out, err = proc.communicate(timeout=WAIT_S)
+    finally:
+        os.close(leader)
+    assert proc.returncode == 0, err
+    assert question.decode().startswith(
+        ASKED + "  1) Allow [allow_once]\n  2) Reject [reject_once]\n  c) cancel the request\n"
+    )
+    assert out.decode().splitlines()[0] == "permission:reject-oncelib-chunk-0"
+    assert err.decode() == "turnkeeper: answered: Reject [reject_once] (your answer)\n"
+
+
+# --- issue 14: prompt --timeout -------------------------------------------------------------------
+
+
+def test_timeout_cancels_the_running_prompt_on_the_daemon(daemon: RunningDaemon) -> None:
+    session_id = cli(daemon.url, "create").stdout.strip()
+    started = time.monotonic()
+    expired = cli(daemon.url, "prompt", session_id, "slow mock:chunks=1 mock:gate=cli-never",
+                  "--timeout", "1.5")
+    elapsed = time.monotonic() - started
+    assert expired.returncode == 124, expired.stderr
+    match = re.fullmatch(
+        r"turnkeeper: timed out after 1\.5 s; prompt (\S+) was cancelled on the daemon\n",
+        expired.stderr,
+    )
+    assert match, expired.stderr
+    assert expired.stdout == "chunk-0\n"
+    assert elapsed < WAIT_S
+    # The daemon ended exactly that prompt, as cancelled.
+    wait_until(lambda: not status_of(daemon.url, session_id)["hasActivePrompt"])
+    body = httpx.post(f"{daemon.url}/session/{session_id}/load", json={}, timeout=WAIT_S).json()
+    (terminal,) = [t for t in body["promptTerminals"] if t["promptId"] == match.group(1)]
+    assert terminal["terminal"] == "cancelled" and terminal["stopReason"] == "cancelled"
+
+
+def test_timeout_leaves_another_clients_running_prompt_alone(daemon: RunningDaemon) -> None:
+    session_id = cli(daemon.url, "create").stdout.strip()
+    held = httpx.post(f"{daemon.url}/session/{session_id}/prompt", timeout=WAIT_S, json={
+        "prompt": [{"type": "text", "text": "held mock:chunks=1 mock:gate=cli-other"}]}).json()
+    try:
+        expired = cli(daemon.url, "prompt", session_id, "queued mock:chunks=1", "--timeout", "1")
+        assert expired.returncode == 124
+        assert "is still queued behind another prompt" in expired.stderr, expired.stderr
+        status = status_of(daemon.url, session_id)
+        assert status["hasActivePrompt"] and status["activePromptId"] == held["promptId"]
+    finally:
+        daemon.open_gate("cli-other")
+    wait_until(lambda: not status_of(daemon.url, session_id)["hasActivePrompt"])
+    body = httpx.post(f"{daemon.url}/session/{session_id}/load", json={}, timeout=WAIT_S).json()
+    stops = {t["promptId"]: t.get("stopReason") for t in body["promptTerminals"]}
+    assert stops[held["promptId"]] == "end_turn"
+
+
+def status_of(url: str, session_id: str) -> dict[str, object]:
+    body: dict[str, object] = httpx.get(f"{url}/session/{session_id}/status",
+                                        timeout=WAIT_S).json()
+    return body

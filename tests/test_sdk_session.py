@@ -248,8 +248,10 @@ async def test_reconnect_rules_and_backoff_reset(autojump_clock: trio.abc.Clock)
     )
     assert isinstance(error, ServerError) and error.status == 500
     assert handle.state is SubscriptionState.STOPPED and handle.error is error
-    # Attempts 1, 2 fail; frames reset the counter; eviction (a frame) resets it again.
-    assert delays == pytest.approx([1.2, 2.4, 1.2, 1.2, 2.4])
+    # Attempts 1, 2 fail (base 1 s); frames reset the counter, and the first stream's
+    # ``retry: 3000`` makes the base 3 s from then on; eviction (a frame) resets it again.
+    assert delays == pytest.approx([1.2, 2.4, 3.6, 3.6, 7.2])
+    assert handle.server_retry_s == 3.0
     assert script.cursors() == [
         ("4", "E1"),
         ("4", "E1"),

@@ -39,6 +39,12 @@ fallback), performs only the side effects of *new* events, and commits with **on
 episode, with the checkpoint the commit computed for it. Each failed attempt adds exactly one
 notice (the driver's).
 
+An attempt ends in one step: ``episode`` (None, or the next episode), ``repair_attempts``,
+``repair_outcomes``, the notice and ``connection`` change together, so a task woken by
+:meth:`wait_for` sees them consistent. ``await provider.wait_repair()`` waits for the current
+episode and returns the attempt's :class:`~sdk.repair_driver.RepairOutcome`, or None when there
+is no episode or it ended without an attempt.
+
 Example::
 
     async with DaemonClient(url) as client, WebUIProvider(client) as provider:
@@ -290,6 +296,23 @@ class WebUIProvider:
         if session is None:
             return RepairGuards(current_session_id=None, navigation_in_flight=self._navigating > 0)
         return self._guards_for(session)
+
+    async def wait_repair(self) -> RepairOutcome | None:
+        """Wait until the current session's repair episode ends; return how its attempt ended.
+
+        The outcome says what happened (``REPAIRED``, ``FAILED``, ``AUTH_FAILED``,
+        ``MISSING_SESSION``, or ``ABORTED`` when navigation or a reload cancelled a running
+        attempt). Returns None at once when no episode is live, and None when the episode ends
+        without an attempt: a configured reload, a resync or navigation removed it, or the
+        event stream stopped before the target's terminal arrived. An attempt that already
+        ended is not waited for again: read :attr:`repair_outcomes` for the history.
+        """
+        session = self._session
+        driver = None if session is None else session.driver
+        if driver is None:
+            return None
+        # The driver answers None at once when nothing could end with an outcome.
+        return await driver.wait_outcome(len(driver.outcomes) + 1)
 
     async def wait_for(self, predicate: Callable[[], bool]) -> None:
         """Wait until ``predicate()`` holds; re-checked after every store or provider change."""
