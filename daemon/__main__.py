@@ -10,7 +10,11 @@ from collections.abc import Sequence
 
 import trio
 
-from .config import ConfigError, parse_config
+import daemon
+
+from .clash import clash_message
+from .config import TOKEN_ENV, ConfigError, parse_config
+from .logs import configure_logging
 from .server import DaemonStartError, run_daemon
 
 M_ARENA_MAX = -8  # glibc mallopt parameter
@@ -29,15 +33,19 @@ def limit_malloc_arenas() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     limit_malloc_arenas()
+    clash = clash_message(daemon)
+    if clash is not None:
+        print(f"daemon: {clash}", file=sys.stderr)
     try:
         config = parse_config(sys.argv[1:] if argv is None else argv)
     except ConfigError as exc:
         print(f"daemon: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr,
-        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
-    )
+    configure_logging(config.log_level, config.log_format)
+    if config.token_source == "--token":
+        logging.getLogger("daemon").warning(
+            "event=token_on_command_line hint=%s",
+            f"other users can read --token in ps; set ${TOKEN_ENV} instead")
     try:
         trio.run(run_daemon, config)
     except DaemonStartError as exc:

@@ -1,6 +1,12 @@
-"""Daemon configuration: the command line, validated into one frozen record.
+"""Daemon configuration: the command line and the environment, validated into one frozen record.
 
-Pure: parsing never touches the network or the file system; a bad value raises
+Every flag ``--some-flag`` can also be set by the environment variable ``TURNKEEPER_SOME_FLAG``
+(the command line wins); the token's variable is ``QWEN_SERVER_TOKEN``, shared with the SDK.
+Switches take ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off``; ``--allow-origin``
+takes a comma-separated list. ``--help`` shows each flag's default and variable.
+
+Pure: parsing never touches the network or the file system (relative agent paths are made
+absolute against the working directory, without looking at the disk); a bad value raises
 :class:`ConfigError` with a one-line reason and the daemon refuses to start.
 """
 
@@ -11,9 +17,12 @@ import ipaddress
 import os
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ._version import __version__
+from .logs import LOG_FORMATS, LOG_LEVELS
 
 DEFAULT_PORT = 4170
 DEFAULT_MAX_JOURNAL_EVENTS = 10_000
@@ -27,6 +36,9 @@ DEFAULT_AGENT_INIT_TIMEOUT_MS = 30_000
 DEFAULT_BODY_TIMEOUT_MS = 10_000
 APPROVAL_MODES = ("default", "plan", "auto-edit", "auto", "yolo")
 TOKEN_ENV = "QWEN_SERVER_TOKEN"
+ENV_PREFIX = "TURNKEEPER_"
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
 
 
 class ConfigError(ValueError):
@@ -52,6 +64,11 @@ class DaemonConfig:
     require_auth: bool = False
     agent_init_timeout_ms: int = DEFAULT_AGENT_INIT_TIMEOUT_MS
     persistence: bool = True
+    # Where the token came from ("--token" or "$QWEN_SERVER_TOKEN"), for the startup hint.
+    token_source: str | None = None
+    log_level: str = "info"
+    log_format: str = "logfmt"
+    access_log: bool = False
     # Timers shrinkable for out-of-process tests (defaults are the spec's values).
     heartbeat_ms: int = 15_000
     cancel_grace_ms: int = 10_000
@@ -93,6 +110,28 @@ def is_header_safe_token(token: str) -> bool:
     return bool(token) and all("!" <= ch <= "~" for ch in token)
 
 
+def env_var(flag: str) -> str:
+    """The environment variable of ``flag`` (``--max-journal-events`` →
+    ``TURNKEEPER_MAX_JOURNAL_EVENTS``; ``--token`` → ``QWEN_SERVER_TOKEN``)."""
+    if flag == "--token":
+        return TOKEN_ENV
+    return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
+
+
+def resolve_agent_argv(argv: Sequence[str], base: str) -> tuple[str, ...]:
+    """Relative paths in an agent command line, made absolute against ``base`` (the daemon's
+    working directory at startup), because every workspace's agent runs with that workspace as
+    its working directory. A path is the program when it contains a ``/`` (``./agent.py``,
+    ``bin/agent``), or a later argument starting with ``./`` or ``../``; a bare program name
+    (``qwen``, ``python``) is left for the ``PATH`` lookup."""
+    out: list[str] = []
+    for index, arg in enumerate(argv):
+        relative = not os.path.isabs(arg) and (
+            ("/" in arg) if index == 0 else arg.startswith(("./", "../")))
+        out.append(os.path.normpath(os.path.join(base, arg)) if relative else arg)
+    return tuple(out)
+
+
 def _positive_int(name: str, raw: str) -> int:
     try:
         value = int(raw, 10)
@@ -108,40 +147,153 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m daemon", description="Serve ACP agent sessions over HTTP/SSE/WS.")
-    p.add_argument("--hostname", default="127.0.0.1")
+def program_name(argv0: str | None = None) -> str:
+    """How the daemon was invoked, for ``--help`` and ``--version``: ``turnkeeper-daemon`` from
+    the console script, ``python -m daemon`` from the module."""
+    name = os.path.basename(argv0 if argv0 is not None else (sys.argv[0] if sys.argv else ""))
+    return "python -m daemon" if name in ("", "__main__.py", "-c") else name
+
+
+EPILOG = f"""\
+Every flag can also be set by an environment variable, shown with it (the command line wins).
+
+Data: the transcript (transcript.sqlite3 and its -wal file) and the lock (daemon.lock) live in
+--data-dir, by default $XDG_STATE_HOME/turnkeeper, else ~/.local/state/turnkeeper. To reset
+everything, stop the daemon and delete that directory.
+
+Agents: --agent is split like a shell command line, e.g. --agent "qwen --acp" or
+--agent "gemini --experimental-acp"; a relative program path (./my_agent.py) resolves against
+the directory the daemon was started in. Without --agent the bundled mock agent runs.
+
+SIGTERM, SIGINT and SIGHUP stop the daemon gracefully. Exit status: 0 after a graceful stop,
+1 when it cannot start (port in use, data directory locked or unusable), 2 for a bad flag.
+Version {__version__}.
+"""
+
+# Shown as the default of flags whose default is computed at startup.
+_DEFAULT_TEXT = {
+    "token": "none",
+    "data_dir": "$XDG_STATE_HOME/turnkeeper, else ~/.local/state/turnkeeper",
+    "agent": "the bundled mock agent",
+    "workspace": "the directory the daemon starts in",
+    "allow_origin": "none",
+}
+
+
+def _document(p: argparse.ArgumentParser) -> None:
+    """Append every flag's default and environment variable to its help text."""
+    for action in p._actions:
+        flags = [s for s in action.option_strings if s.startswith("--")]
+        if not flags or action.help == argparse.SUPPRESS or action.dest in ("help", "version"):
+            continue
+        if isinstance(action, argparse._StoreTrueAction):
+            default = "off"
+        else:
+            default = _DEFAULT_TEXT.get(action.dest, str(action.default))
+        extra = f"default: {default}; env: {env_var(flags[0])}".replace("%", "%%")
+        action.help = f"{action.help} ({extra})" if action.help else extra
+
+
+def _apply_env(p: argparse.ArgumentParser, environ: Mapping[str, str]) -> dict[str, str]:
+    """Take each flag's environment variable as its default; returns ``{flag: variable}`` for
+    the variables used (so an error can name where a bad value came from)."""
+    used: dict[str, str] = {}
+    for action in p._actions:
+        flags = [s for s in action.option_strings if s.startswith("--")]
+        if not flags or action.dest in ("help", "version", "token"):
+            continue
+        name = env_var(flags[0])
+        raw = environ.get(name)
+        if raw is None:
+            continue
+        value: object = raw
+        if isinstance(action, argparse._StoreTrueAction):
+            if raw.strip().lower() not in _TRUE | _FALSE:
+                raise ConfigError(f"${name} must be one of 1/true/yes/on or 0/false/no/off,"
+                                  f" got {raw!r}")
+            value = raw.strip().lower() in _TRUE
+        elif isinstance(action, argparse._AppendAction):
+            value = [part.strip() for part in raw.split(",") if part.strip()]
+        p.set_defaults(**{action.dest: value})
+        used[flags[0]] = name
+    return used
+
+
+def _choices(values: Sequence[str]) -> str:
+    return "{" + ",".join(values) + "}"
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    p = _Parser(prog=prog or program_name(),
+                description="Serve ACP agent sessions over HTTP, SSE and WebSocket.",
+                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    p.add_argument("--hostname", default="127.0.0.1",
+                   help="address to bind; anything but loopback needs a token")
     p.add_argument("--port", default=str(DEFAULT_PORT), help="TCP port (0 picks a free one)")
-    p.add_argument("--token", default=None, help=f"bearer token (else ${TOKEN_ENV})")
-    p.add_argument("--data-dir", default=None)
-    p.add_argument("--agent", default=None, help="agent command line (default: bundled mock agent)")
-    p.add_argument("--approval-mode", default="default")
-    p.add_argument("--max-journal-events", default=str(DEFAULT_MAX_JOURNAL_EVENTS))
-    p.add_argument("--max-journal-bytes", default=str(DEFAULT_MAX_JOURNAL_BYTES))
-    p.add_argument("--compacted-replay-max-bytes", default=str(DEFAULT_COMPACTED_REPLAY_MAX_BYTES))
-    p.add_argument("--event-ring-size", default=str(DEFAULT_EVENT_RING_SIZE))
+    p.add_argument("--token", default=None,
+                   help="bearer token every request must carry (prefer the environment: "
+                        "a command line is visible to other users in ps)")
+    p.add_argument("--data-dir", default=None,
+                   help="directory of the transcript database and the lock file")
+    p.add_argument("--agent", default=None,
+                   help="ACP agent command line, split like a shell would")
+    p.add_argument("--approval-mode", default="default", metavar=_choices(APPROVAL_MODES),
+                   help="yolo answers the agent's permission requests with its first allow "
+                        "option; every other mode waits for a client's vote")
+    p.add_argument("--max-journal-events", default=str(DEFAULT_MAX_JOURNAL_EVENTS),
+                   help="live-journal cap in entries (merged text chunks count once)")
+    p.add_argument("--max-journal-bytes", default=str(DEFAULT_MAX_JOURNAL_BYTES),
+                   help="live-journal cap in bytes")
+    p.add_argument("--compacted-replay-max-bytes", default=str(DEFAULT_COMPACTED_REPLAY_MAX_BYTES),
+                   help="replay-window cap in bytes (completed turns kept in memory)")
+    p.add_argument("--event-ring-size", default=str(DEFAULT_EVENT_RING_SIZE),
+                   help="events kept per session for resume (Last-Event-ID)")
     p.add_argument("--event-ring-bytes", default=str(DEFAULT_EVENT_RING_BYTES),
                    help="byte cap of the resume ring (besides --event-ring-size)")
     p.add_argument("--agent-idle-ms", default=str(DEFAULT_AGENT_IDLE_MS),
                    help="stop a workspace's agent after this long without a session")
-    p.add_argument("--allow-origin", action="append", default=[])
-    p.add_argument("--workspace", default=None)
-    p.add_argument("--require-auth", action="store_true")
-    p.add_argument("--agent-init-timeout-ms", default=str(DEFAULT_AGENT_INIT_TIMEOUT_MS))
-    p.add_argument("--no-persistence", action="store_true", help="run without the transcript")
+    p.add_argument("--allow-origin", action="append", default=[],
+                   help="a browser origin allowed to call the daemon (repeatable)")
+    p.add_argument("--workspace", default=None,
+                   help="absolute workspace directory of sessions created without a cwd")
+    p.add_argument("--require-auth", action="store_true",
+                   help="also require the token on GET /health")
+    p.add_argument("--agent-init-timeout-ms", default=str(DEFAULT_AGENT_INIT_TIMEOUT_MS),
+                   help="how long an agent gets to answer initialize")
+    p.add_argument("--no-persistence", action="store_true",
+                   help="run without the transcript (nothing is written to --data-dir but the "
+                        "lock; markers then say fullTranscriptAvailable: false)")
+    p.add_argument("--log-level", default="info", metavar=_choices(LOG_LEVELS),
+                   help="least severe level logged")
+    p.add_argument("--log-format", default="logfmt", metavar=_choices(LOG_FORMATS),
+                   help="log lines on stderr as logfmt key=value pairs or JSON objects")
+    p.add_argument("--access-log", action="store_true", help="log one line per HTTP request")
     p.add_argument("--heartbeat-ms", default="15000", help=argparse.SUPPRESS)
     p.add_argument("--cancel-grace-ms", default="10000", help=argparse.SUPPRESS)
     p.add_argument("--ws-ping-ms", default="15000", help=argparse.SUPPRESS)
     p.add_argument("--body-timeout-ms", default=str(DEFAULT_BODY_TIMEOUT_MS),
                    help="close a connection whose request body has not arrived this long after "
                         "its headers (408)")
+    _document(p)
     return p
 
 
 def parse_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> DaemonConfig:
     """Validate ``argv`` into a :class:`DaemonConfig` or raise :class:`ConfigError`."""
     env = os.environ if environ is None else environ
-    ns = build_parser().parse_args(list(argv))
+    parser = build_parser()
+    from_env = _apply_env(parser, env)
+    try:
+        return _validate(parser.parse_args(list(argv)), env)
+    except ConfigError as exc:
+        flag = str(exc).split(" ", 1)[0]
+        if flag in from_env and flag not in argv:
+            raise ConfigError(f"{exc} (from ${from_env[flag]})") from None
+        raise
+
+
+def _validate(ns: argparse.Namespace, env: Mapping[str, str]) -> DaemonConfig:
     port_raw: str = ns.port
     try:
         port = int(port_raw, 10)
@@ -168,6 +320,10 @@ def parse_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> 
         )
     if ns.require_auth and token is None:
         raise ConfigError("--require-auth needs a token (--token or $QWEN_SERVER_TOKEN)")
+    for flag, value, choices in (("--log-level", ns.log_level, LOG_LEVELS),
+                                 ("--log-format", ns.log_format, LOG_FORMATS)):
+        if value not in choices:
+            raise ConfigError(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
     if ns.approval_mode not in APPROVAL_MODES:
         raise ConfigError(
             f"--approval-mode must be one of {', '.join(APPROVAL_MODES)}, got {ns.approval_mode!r}"
@@ -180,6 +336,7 @@ def parse_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> 
             raise ConfigError(f"--agent is not a valid command line: {exc}") from None
         if not agent_argv:
             raise ConfigError("--agent must not be empty")
+        agent_argv = resolve_agent_argv(agent_argv, os.getcwd())
     workspace = ns.workspace or os.getcwd()
     if not os.path.isabs(workspace):
         raise ConfigError(f"--workspace must be an absolute path, got {workspace!r}")
@@ -206,6 +363,11 @@ def parse_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> 
         require_auth=bool(ns.require_auth),
         agent_init_timeout_ms=_positive_int("--agent-init-timeout-ms", ns.agent_init_timeout_ms),
         persistence=not ns.no_persistence,
+        token_source=None if token is None else "--token" if ns.token is not None
+        else f"${TOKEN_ENV}",
+        log_level=ns.log_level,
+        log_format=ns.log_format,
+        access_log=bool(ns.access_log),
         heartbeat_ms=_positive_int("--heartbeat-ms", ns.heartbeat_ms),
         cancel_grace_ms=_positive_int("--cancel-grace-ms", ns.cancel_grace_ms),
         ws_ping_ms=_positive_int("--ws-ping-ms", ns.ws_ping_ms),

@@ -21,6 +21,7 @@ from .asgi import DaemonASGI
 from .config import DaemonConfig
 from .guards import Guard
 from .http_api import create_app
+from .logs import ACCESS_LOG_FORMAT
 from .manager import SessionManager
 from .transcript_store import TranscriptSchemaError, TranscriptStore
 from .transcript_writer import TranscriptWriter
@@ -89,7 +90,9 @@ def hypercorn_config(config: DaemonConfig) -> HyperConfig:
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     hconf.bind = [f"{host}:{config.port}"]
-    hconf.accesslog = None
+    # The access log goes through the daemon's formatter (logfmt or JSON, values quoted).
+    hconf.accesslog = logging.getLogger("hypercorn.access") if config.access_log else None
+    hconf.access_log_format = ACCESS_LOG_FORMAT
     hconf.errorlog = logging.getLogger("hypercorn.error")
     hconf.graceful_timeout = 1.0
     hconf.keep_alive_timeout = 30
@@ -97,6 +100,20 @@ def hypercorn_config(config: DaemonConfig) -> HyperConfig:
     ws_keepalive.install()  # two missed pongs close with 1011 (Hypercorn alone ignores pongs)
     sockets.install()  # each connection's socket is known, so a stalled write can be cut
     return hconf
+
+
+def startup_hint(config: DaemonConfig) -> str:
+    """Where the token came from (never the token) and where the data lives."""
+    if config.token_source == "--token":
+        token = ("token: from --token (export it as $QWEN_SERVER_TOKEN for the curl below; "
+                 "prefer the variable, a command line is visible in ps)")
+    elif config.token is not None:
+        token = f"token: from {config.token_source or '$QWEN_SERVER_TOKEN'}"
+    else:
+        token = "token: none (loopback only; set $QWEN_SERVER_TOKEN to require one)"
+    data = (f"data: {config.data_dir}" if config.persistence
+            else f"data: none (--no-persistence; lock in {config.data_dir})")
+    return f"{token}\n{data}"
 
 
 async def run_daemon(
@@ -138,6 +155,7 @@ async def run_daemon(
             url = binds[0] if binds else f"http://{config.hostname}:{config.port}"
             auth = ' -H "Authorization: Bearer $QWEN_SERVER_TOKEN"' if config.token else ""
             print(f"turnkeeper daemon listening on {url}", file=stream, flush=True)
+            print(startup_hint(config), file=stream, flush=True)
             print(f"try: curl -s{auth} -X POST {url}/session -H 'Content-Type: application/json'"
                   " -d '{}'", file=stream, flush=True)
             log.info("event=listening url=%s data_dir=%s persistence=%s", url, config.data_dir,
