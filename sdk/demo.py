@@ -27,7 +27,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Final, TextIO
 
-import httpx
 import trio
 
 from sdk.client import DaemonClient
@@ -54,22 +53,6 @@ CHUNK_RE: Final = re.compile(r"chunk-(\d+)")
 
 class DemoError(RuntimeError):
     """The demo could not run (the message says which step failed)."""
-
-
-class CountingTransport(httpx.AsyncBaseTransport):
-    """The network transport, counting the ``/load`` requests it relays."""
-
-    def __init__(self) -> None:
-        self.inner = httpx.AsyncHTTPTransport()
-        self.loads = 0
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if request.method == "POST" and request.url.path.endswith("/load"):
-            self.loads += 1
-        return await self.inner.handle_async_request(request)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 class Printer:
@@ -266,12 +249,16 @@ async def run_demo(base: Path, say: Printer, *, step: bool = False) -> None:
 
 
 async def scenario(daemon: DaemonProcess, say: Printer, *, step: bool) -> None:
-    counted = CountingTransport()
     async with (
         DaemonClient(daemon.url) as direct,
-        DaemonClient(daemon.url, transport=counted) as ui_client,
+        DaemonClient(daemon.url) as ui_client,
         WebUIProvider(ui_client) as provider,
     ):
+
+        def loads() -> int:
+            """Loads the model's client sent (the SDK counts its requests by route)."""
+            return ui_client.statistics().count("load")
+
         created = await direct.create_session(scope="thread")
         sid = created.session_id
         say("session", f"{sid} created")
@@ -301,7 +288,7 @@ async def scenario(daemon: DaemonProcess, say: Printer, *, step: bool) -> None:
         parsed = parse_truncation(data)
         if parsed is None:
             raise DemoError(f"malformed marker: {data!r}")
-        say("load", f"the WebUI model loads the session mid-turn (load {counted.loads})")
+        say("load", f"the WebUI model loads the session mid-turn (load {loads()})")
         say.more(f"marker: history_truncated {marker_fields(data)}")
         say.more(f"status: {status_text(parsed)}")
         say.more(f"the model shows: {describe_blocks(blocks)}")
@@ -331,10 +318,10 @@ async def scenario(daemon: DaemonProcess, say: Printer, *, step: bool) -> None:
         if outcome.kind is not RepairOutcomeKind.REPAIRED or not whole or marker_left:
             raise DemoError(f"repair did not happen: outcome {outcome.kind.value}, "
                             f"the model shows {describe_blocks(blocks)}")
-        say("repair", f"after the terminal the model loads once more (load {counted.loads}): "
+        say("repair", f"after the terminal the model loads once more (load {loads()}): "
                       f"{outcome.kind.value}")
         say.more(f"the model shows: {describe_blocks(blocks)}: every chunk once, no marker")
-        say("counts", f"agent prompts: {daemon.prompts()}, loads: {counted.loads}")
+        say("counts", f"agent prompts: {daemon.prompts()}, loads: {loads()}")
 
 
 async def amain(base: Path, say: Printer, *, step: bool) -> int:
