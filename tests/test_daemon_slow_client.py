@@ -1,11 +1,20 @@
-"""Slow clients (SPEC §4.3): a subscriber that stops reading — a raw socket with a small
-receive buffer, not a sleep — is warned, then evicted, while another subscriber receives every
-event in order and the publisher publishes all of them."""
+"""Slow clients (SPEC §4.3): a subscriber that stops reading — a raw socket with a small receive
+buffer, never a sleep — is warned, evicted, and its stalled connection cut within the bound,
+while a healthy subscriber on the same session is never evicted and receives every event in
+order.
+
+Deterministic whatever the machine's speed: the session publishes turns of 1,502 events and
+1.77 MB, under the healthy reader's caps (2,048 frames, 2 MiB) even if it read nothing until the
+turn's terminal, and the next turn starts only once the healthy reader has that terminal. So the
+healthy reader cannot be evicted however slowly this process runs, while the stalled socket's
+buffers (about 3 MB on loopback) fill within a few turns, and its lag then passes the caps.
+Every wait is on the daemon's state (its status, its descriptor table) or on received frames."""
 
 from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from functools import partial
 
 import httpx
 import pytest
@@ -14,9 +23,11 @@ import trio
 from sdk.events import DaemonEvent
 from sdk.sse import SSEParser
 from tests.harness import RunningDaemon, running_daemon
-from tests.sse_client import follow_until, is_terminal_for
+from tests.sse_client import Subscriber, is_terminal_for
+from tests.stalls import TURN_TEXT, holds_connection, host_port, open_stalled_sse, poll, status
 
-CHUNKS = 12_000
+MAX_TURNS = 10  # the stalled socket is full after ~2; a turn more evicts it
+CUT_BOUND_S = 5.0  # generous: the grace period is 1 s (measured ~1.0-1.1 s)
 
 
 @pytest.fixture(scope="module")
@@ -25,27 +36,16 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
         yield d
 
 
-def open_stalled_subscriber(url: str, sid: str) -> socket.socket:
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.settimeout(10)
-    sock.connect((host, int(port)))
-    sock.sendall(f"GET /session/{sid}/events?maxQueued=2048 HTTP/1.1\r\n"
-                 "Host: 127.0.0.1\r\n\r\n".encode())
-    head = b""
-    while b"retry: 3000\n\n" not in head:
-        head += sock.recv(1024)
-    assert head.startswith(b"HTTP/1.1 200")
-    return sock  # from here on the test never reads it until the turn is over
-
-
 def drain(sock: socket.socket) -> tuple[bytes, bool]:
-    """Read until the response ends: its last chunk (the connection may stay open for keep-alive)
-    or EOF (the daemon cut a connection whose write stayed stalled). Returns (data, cut)."""
+    """Read what the daemon had written before it cut the connection. Returns (data, cut):
+    cut is True when the connection ended with EOF or a reset rather than the end of the
+    chunked response."""
     data = b""
     while True:
-        chunk = sock.recv(1 << 16)
+        try:
+            chunk = sock.recv(1 << 16)
+        except ConnectionResetError:
+            return data, True
         if not chunk:
             return data, True
         data += chunk
@@ -53,66 +53,89 @@ def drain(sock: socket.socket) -> tuple[bytes, bool]:
             return data, False
 
 
-async def test_stalled_subscriber_is_warned_then_evicted(daemon: RunningDaemon) -> None:
-    async with httpx.AsyncClient(base_url=daemon.url) as client, trio.open_nursery() as nursery:
-        sid = (await client.post("/session", json={"sessionScope": "thread"})).json()["sessionId"]
-        stalled = open_stalled_subscriber(daemon.url, sid)
-        pid_box: list[str] = []
-        result: list[tuple[list[DaemonEvent], int]] = []
-
-        async def healthy() -> None:
-            # A well-behaved reader: if a starved test process ever falls behind the caps it is
-            # evicted too, and resumes from its cursor like any client (never from scratch).
-            result.append(await follow_until(
-                client, sid, lambda e: bool(pid_box) and is_terminal_for(pid_box[0])(e)))
-
-        nursery.start_soon(healthy)
-        pid_box.append((await client.post(f"/session/{sid}/prompt", json={"prompt": [
-            {"type": "text", "text": f"mock:chunks={CHUNKS} mock:bytes=700 mock:delay_ms=0"}]}
-        )).json()["promptId"])
-    async with httpx.AsyncClient(base_url=daemon.url) as client:
-        status = (await client.get(f"/session/{sid}/status")).json()
-    events, reconnects = result[0]
-    terminal = events[-1]
-
-    # The publisher published everything and the healthy subscriber got all of it, in order,
-    # with no gap and no duplicate across its connections.
-    assert terminal.id is not None and terminal.type == "turn_complete"
-    ids = [e.id for e in events if e.id is not None]
-    assert ids == list(range(1, terminal.id + 1))
-    assert terminal.id >= CHUNKS + 2
-    assert not [e for e in events if e.type == "state_resync_required"]
-    # The stalled one was warned, then evicted, and no longer counts as a subscriber.
-    assert status["slowClientWarnings"] >= 1
-    assert status["clientsEvicted"] == 1 + reconnects
-    # (The healthy reader may still be registered while its disconnect is noticed.)
-    assert status["subscribers"] <= 1
-    log = daemon.stderr()
-    assert "event=slow_client_warning" in log and "event=client_evicted" in log
-    assert "reason=queue_" in log
-
-    # Its stream was ended by the daemon: once this reader drains its socket it finds either
-    # the client_evicted frame and the end of the response (its write had completed), or EOF
-    # (its write stayed stalled past the grace period and the connection was cut). What it did
-    # get before that is an in-order prefix of the stream with no gap.
-    stalled.settimeout(15)
-    data, cut = drain(stalled)
-    stalled.close()
+def parse_sse_body(data: bytes) -> list[DaemonEvent]:
+    """SSE events of a chunked response body (framing undone loosely: SSE frames never
+    contain CRLF-delimited hex lines)."""
     parser = SSEParser()
-    got = []
-    # (The response head was read when the stream opened.) Undo HTTP chunked framing loosely:
-    # SSE frames never contain CRLF or CRLF-delimited hex lines.
+    got: list[DaemonEvent] = []
     for line in data.split(b"\r\n"):
         if line and all(c in b"0123456789abcdefABCDEF" for c in line):
             continue
         got.extend(parser.feed(line))
-    ids = [e.id for e in got if e.id is not None]
-    assert ids and ids == list(range(ids[0], ids[0] + len(ids)))
-    assert ids[-1] < terminal.id
-    types = [e.type for e in got]
-    if not cut:
-        assert types[-1] == "client_evicted"
-        evicted = got[-1].data
-        assert evicted["reason"] in ("queue_overflow", "queue_bytes_overflow")
-        assert evicted["droppedAfter"] == ids[-1]
-        assert evicted["maxQueued"] == 2048
+    return got
+
+
+async def _subscribers(client: httpx.AsyncClient, sid: str, n: int) -> bool:
+    return bool((await status(client, sid))["subscribers"] == n)
+
+
+async def test_stalled_subscriber_is_cut_and_the_healthy_one_loses_nothing(
+        daemon: RunningDaemon) -> None:
+    pid, port = daemon.proc.pid, host_port(daemon.url)[1]
+    async with httpx.AsyncClient(base_url=daemon.url, timeout=30) as client, \
+            trio.open_nursery() as nursery:
+        sid = (await client.post("/session", json={})).json()["sessionId"]
+        healthy = Subscriber(client, f"/session/{sid}/events?maxQueued=2048",
+                             {"Last-Event-ID": "0"})
+        await nursery.start(healthy.run)
+        stalled = open_stalled_sse(daemon.url, sid)  # live only, maxQueued=2048
+        stalled_port = stalled.getsockname()[1]
+        await poll(partial(_subscribers, client, sid, 2), 10, "both subscribers")
+        evicted_at: list[float] = []
+
+        async def watch_eviction() -> None:
+            async def evicted() -> bool:
+                return bool((await status(client, sid))["clientsEvicted"] >= 1)
+            await poll(evicted, 120, "the eviction", interval=0.01)
+            evicted_at.append(trio.current_time())
+
+        nursery.start_soon(watch_eviction)
+        prompt_ids: list[str] = []
+        for _ in range(MAX_TURNS):
+            resp = await client.post(f"/session/{sid}/prompt", json={"prompt": [
+                {"type": "text", "text": TURN_TEXT}]})
+            assert resp.status_code == 202, resp.text
+            prompt_ids.append(resp.json()["promptId"])
+            # The next turn only once the healthy reader has this one's terminal.
+            await healthy.wait_for(is_terminal_for(prompt_ids[-1]), timeout=60)
+            if evicted_at:
+                break
+        assert evicted_at, f"the stalled subscriber was not evicted in {MAX_TURNS} turns"
+        # Its write stays stalled, so its connection is cut: the daemon closes its descriptor.
+        await poll(lambda: not holds_connection(pid, port, stalled_port), CUT_BOUND_S,
+                   "the stalled connection to be cut")
+        cut_after = trio.current_time() - evicted_at[0]
+        # One more turn after the eviction: the healthy reader is unaffected.
+        resp = await client.post(f"/session/{sid}/prompt", json={"prompt": [
+            {"type": "text", "text": TURN_TEXT}]})
+        prompt_ids.append(resp.json()["promptId"])
+        terminal = await healthy.wait_for(is_terminal_for(prompt_ids[-1]), timeout=60)
+        final = await status(client, sid)
+        nursery.cancel_scope.cancel()
+
+    assert cut_after < CUT_BOUND_S, f"cut {cut_after:.2f} s after the eviction"
+    # The healthy reader: one connection, never evicted, every event in order, no gap, no
+    # duplicate, ending with the last turn's terminal.
+    types = [e.type for e in healthy.events]
+    assert "client_evicted" not in types and "state_resync_required" not in types
+    assert terminal.id is not None and terminal.type == "turn_complete"
+    assert healthy.ids() == list(range(1, terminal.id + 1))
+    assert [e for e in healthy.events if e.id is not None][-1] is terminal
+    assert len(prompt_ids) >= 2 and terminal.id >= 1500 * len(prompt_ids)
+    # The daemon evicted exactly one subscriber (the stalled one), after warning it.
+    assert final["clientsEvicted"] == 1
+    assert final["slowClientWarnings"] >= 1
+    assert final["subscribers"] == 1
+    log = daemon.stderr()
+    assert "event=client_evicted" in log and "reason=queue_" in log
+    assert f"event=connection_cut local=127.0.0.1:{port} peer=127.0.0.1:{stalled_port}" in log
+
+    # What the stalled reader did get before the cut is an in-order prefix with no gap, and the
+    # connection ended without the response's end: it was cut, not closed politely.
+    stalled.settimeout(15)
+    data, cut = drain(stalled)
+    stalled.close()
+    assert cut
+    ids = [e.id for e in parse_sse_body(data) if e.id is not None]
+    assert ids == list(range(ids[0], ids[0] + len(ids))) if ids else True
+    assert not ids or ids[-1] < terminal.id
