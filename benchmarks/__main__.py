@@ -20,7 +20,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks import e2e, load_latency, memory, repair_cost, resume, transcript_cost
+from benchmarks import (
+    crash_loss,
+    e2e,
+    load_latency,
+    memory,
+    repair_cost,
+    resume,
+    transcript_cost,
+)
 from benchmarks.harness import (
     Context,
     CpuUse,
@@ -76,6 +84,12 @@ def journal_rows(raw_rows: Sequence[dict[str, Any]], cpu: CpuUse, quick: bool) -
                       None)
     rows: list[Row] = []
     for raw in raw_rows:
+        if raw.get("error"):
+            rows.append(Row(benchmark="journal", name=str(raw["benchmark"]),
+                            params={"events": int(raw["events"])}, unit="events/s", samples=[],
+                            cpu=cpu, cpu_note="whole journal benchmark, in-process",
+                            error=str(raw["error"]), quick=quick))
+            continue
         rate = float(raw["events_per_s"])
         targets = raw.get("targets") or []
         row = Row(benchmark="journal", name=str(raw["benchmark"]),
@@ -109,6 +123,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark(transcript_cost.NAME, transcript_cost.TITLE, transcript_cost.add_arguments,
               transcript_cost.run),
     Benchmark(repair_cost.NAME, repair_cost.TITLE, repair_cost.add_arguments, repair_cost.run),
+    Benchmark(crash_loss.NAME, crash_loss.TITLE, crash_loss.add_arguments, crash_loss.run),
 )
 
 
