@@ -74,9 +74,9 @@ class DaemonASGI:
         count = self.body_timeouts.note(trio.current_time())
         if count is not None:
             client = scope.get("client") or ("?", 0)
-            log.warning("event=body_timeout count=%d total=%d timeout_ms=%d last_peer=%s:%s "
+            log.warning("event=body_timeout count=%d total=%d timeout_ms=%d last_peer=%s "
                         "method=%s path=%s", count, self.body_timeouts.total,
-                        round(self.body_timeout_s * 1000), client[0], client[1],
+                        round(self.body_timeout_s * 1000), f"{client[0]}:{client[1]}",
                         scope.get("method"), scope.get("path"))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -78,7 +78,8 @@ def shutdown_connection(server: Sequence[object] | None, client: Sequence[object
         return False
     sock = registry.get((local, peer))
     if sock is None:
-        log.info("event=connection_not_found local=%s peer=%s", local, peer)
+        log.info("event=connection_not_found local=%s peer=%s", f"{local[0]}:{local[1]}",
+                 f"{peer[0]}:{peer[1]}")
         return False
     try:
         sock.shutdown(socket.SHUT_RDWR)
@@ -90,7 +91,8 @@ def shutdown_connection(server: Sequence[object] | None, client: Sequence[object
         return False  # already gone
     finally:
         sock.close()  # Trio wakes the tasks waiting on it; Hypercorn then ends the connection
-    log.info("event=connection_cut local=%s:%s peer=%s:%s", *local, *peer)
+    log.info("event=connection_cut local=%s peer=%s", f"{local[0]}:{local[1]}",
+             f"{peer[0]}:{peer[1]}")
     return True
 
 

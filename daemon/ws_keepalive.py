@@ -3,8 +3,11 @@
 Hypercorn sends pings when ``websocket_ping_interval`` is set but ignores the pongs, and ASGI
 gives an application no access to either. This module adds the missing half to Hypercorn's
 WebSocket stream: pongs are noted as the connection's events are read, and the pinger closes a
-connection whose peer let two pings in a row go unanswered. It checks the stream class has the
-shape it expects before touching it; otherwise it logs and leaves Hypercorn's plain pinging.
+connection whose peer let two pings in a row go unanswered. A peer that stopped reading
+altogether cannot even be sent its ping (the write ahead of it is stalled): the count goes on
+regardless, and such a connection is cut (``daemon.sockets``), since no close frame would get
+through either. It checks the stream class has the shape it expects before touching it;
+otherwise it logs and leaves Hypercorn's plain pinging.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from typing import Any
+
+from . import sockets
 
 log = logging.getLogger("daemon.ws_keepalive")
 
@@ -66,22 +71,37 @@ def install() -> bool:
         if connection is not None:
             self.connection = _PongWatch(connection, self)
 
+    async def _send_ping(self: Any) -> None:
+        try:
+            await self._send_wsproto_event(Ping())
+        finally:
+            self._tk_ping_pending = False
+
     async def _send_pings(self: Any) -> None:
         missed = 0
         while not self.closed:
             self._tk_pong_seen = False
-            await self._send_wsproto_event(Ping())
+            # Sent from a task of its own: a ping stuck behind a stalled write (a peer that
+            # stopped reading) must not stop the count of missed pongs.
+            if not getattr(self, "_tk_ping_pending", False):
+                self._tk_ping_pending = True
+                self.task_group.spawn(self._tk_send_ping)
             await self.context.sleep(self.config.websocket_ping_interval)
             if self.closed:
                 return
             missed = 0 if self._tk_pong_seen else missed + 1
             if missed >= MISSED_PONGS_LIMIT:
-                log.info("event=ws_keepalive_failed missed_pongs=%d", missed)
+                stalled = bool(getattr(self, "_tk_ping_pending", False))
+                log.info("event=ws_keepalive_failed missed_pongs=%d stalled=%s", missed, stalled)
+                if stalled:  # no close frame can get through: cut the connection
+                    sockets.shutdown_connection(self.server, self.client)
+                    return
                 await self._send_wsproto_event(CloseConnection(code=CLOSE_KEEPALIVE_FAILED))
                 await self.send(stream_closed(stream_id=self.stream_id))
                 return
 
     setattr(stream_cls, "_accept", _accept)  # noqa: B010 - patching a library class
     setattr(stream_cls, "_send_pings", _send_pings)  # noqa: B010
+    setattr(stream_cls, "_tk_send_ping", _send_ping)  # noqa: B010
     _installed = True
     return True

@@ -8,6 +8,7 @@ still ends it within 5 s with its agent exiting on stdin EOF (not killed)."""
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import time
@@ -120,7 +121,7 @@ async def test_ten_cuts_leak_no_descriptor_and_shutdown_stays_graceful(tmp_path:
     # The agent ended on its own when its stdin closed (no duplicate kept the pipe open).
     assert "event=agent_kill" not in log
     assert "event=shutdown_budget_exceeded" not in log
-    assert "event=agent_exited" in log and "exit_code=0 signal=None" in log
+    assert re.search(r"event=agent_exited .*exit_code=0", log), log[-3000:]
 
 
 @pytest.mark.parametrize("value", [None, (), ("x",), (1, 2), ("h", "p")])

@@ -12,6 +12,7 @@ Every wait is on the daemon's state (its status, its descriptor table) or on rec
 
 from __future__ import annotations
 
+import re
 import socket
 from collections.abc import Iterator
 from functools import partial
@@ -128,7 +129,7 @@ async def test_stalled_subscriber_is_cut_and_the_healthy_one_loses_nothing(
     assert final["subscribers"] == 1
     log = daemon.stderr()
     assert "event=client_evicted" in log and "reason=queue_" in log
-    assert f"event=connection_cut local=127.0.0.1:{port} peer=127.0.0.1:{stalled_port}" in log
+    assert re.search(rf"event=connection_cut .*peer=127\.0\.0\.1:{stalled_port}\b", log)
 
     # What the stalled reader did get before the cut is an in-order prefix with no gap, and the
     # connection ended without the response's end: it was cut, not closed politely.

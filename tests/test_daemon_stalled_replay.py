@@ -90,3 +90,46 @@ async def test_stalled_replayers_are_evicted_and_free_their_slots(
 
 async def _count_is(client: httpx.AsyncClient, sid: str, n: int) -> bool:
     return bool((await status(client, sid))["subscribers"] == n)
+
+
+PING_MS = 2000
+
+
+@pytest.fixture(scope="module")
+def pinging(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
+    with running_daemon(tmp_path_factory.mktemp("replay-stall-ping"),
+                        ["--no-persistence", "--event-ring-size", str(RING),
+                         "--ws-ping-ms", str(PING_MS)]) as d:
+        yield d
+
+
+async def test_stalled_ws_replayers_in_a_quiet_session_fail_keepalive_and_are_cut(
+        pinging: RunningDaemon) -> None:
+    """Nothing is published, so no lag builds up: the WebSocket keepalive cuts them instead.
+    Their pings cannot even be written (the replay write ahead of them is stalled), and two
+    intervals without a pong end the connection."""
+    pid, port = pinging.proc.pid, host_port(pinging.url)[1]
+    stalled: list[socket.socket] = []
+    async with httpx.AsyncClient(base_url=pinging.url, timeout=30) as client:
+        sid = (await client.post("/session", json={})).json()["sessionId"]
+        await run_turn(client, sid, FILL)
+        failures_before = pinging.stderr().count("event=ws_keepalive_failed")
+        failures_stalled_before = pinging.stderr().lower().count("stalled=true")
+        try:
+            for _ in range(MAX_SUBSCRIBERS):
+                stalled.append(open_stalled_ws(pinging.url, sid, query="lastEventId=0"))
+            await poll(partial(_count_is, client, sid, MAX_SUBSCRIBERS), 20, "64 subscribers")
+            assert await _subscribe_status(client, f"/session/{sid}/events") == 429
+            last_id = (await status(client, sid))["lastEventId"]
+            # Two missed pongs take 4-6 s here; the bound is generous.
+            await poll(partial(_count_is, client, sid, 0), 20, "the keepalive cuts")
+            peers = [sock.getsockname()[1] for sock in stalled]
+            await poll(partial(_none_held, pid, port, peers), CUT_BOUND_S, "the cuts")
+            assert await _subscribe_status(client, f"/session/{sid}/events") == 200
+            assert (await status(client, sid))["lastEventId"] == last_id  # nothing published
+        finally:
+            for sock in stalled:
+                sock.close()
+    log = pinging.stderr()
+    assert log.count("event=ws_keepalive_failed") - failures_before == MAX_SUBSCRIBERS
+    assert log.lower().count("stalled=true") - failures_stalled_before == MAX_SUBSCRIBERS
