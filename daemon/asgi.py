@@ -12,11 +12,12 @@ import trio
 from quart_trio import QuartTrio
 
 from .envelope import encode_json
-from .guards import Guard
+from .guards import Guard, is_ui_asset
 from .http_api import MAX_BODY_BYTES
 from .manager import SessionManager
 from .streams import Receive, Scope, Send, deny_ws, serve_sse, serve_ws
 from .throttle import LogThrottle
+from .ui_files import UiFiles
 
 log = logging.getLogger("daemon.asgi")
 
@@ -69,6 +70,7 @@ class DaemonASGI:
         self.heartbeat_s = heartbeat_s
         self.body_timeout_s = manager.config.body_timeout_ms / 1000
         self.body_timeouts = LogThrottle(BODY_TIMEOUT_LOG_INTERVAL_S)
+        self.ui = UiFiles()
 
     def _log_body_timeout(self, scope: Scope) -> None:
         count = self.body_timeouts.note(trio.current_time())
@@ -78,6 +80,15 @@ class DaemonASGI:
                         "method=%s path=%s", count, self.body_timeouts.total,
                         round(self.body_timeout_s * 1000), f"{client[0]}:{client[1]}",
                         scope.get("method"), scope.get("path"))
+
+    async def _serve_ui(self, send: Send, method: str, path: str) -> None:
+        answer = self.ui.answer(method, path)
+        if answer is None:
+            await _send_json(send, 404, {"error": "Route not found", "code": "route_not_found"})
+            return
+        await send({"type": "http.response.start", "status": answer.status,
+                    "headers": answer.headers})
+        await send({"type": "http.response.body", "body": answer.body, "more_body": False})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -102,6 +113,9 @@ class DaemonASGI:
                 await _send_json(send, denial.status, denial.body)
             else:
                 await deny_ws(send, denial.status, denial.body)
+            return
+        if kind == "http" and is_ui_asset(method, path):
+            await self._serve_ui(send, method, path)
             return
         match = STREAM_PATH.match(path)
         if match is not None:

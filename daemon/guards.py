@@ -66,10 +66,15 @@ class Guard:
             if host is None or host_name(host) not in allowed:
                 return Denial(403, {"error": "Invalid Host header", "code": "invalid_host"})
         origin = headers.get("origin")
-        if origin is not None and origin not in self.allow_origins:
+        if origin is not None and origin not in self.allow_origins \
+                and not is_same_origin(origin, headers.get("host")):
             return Denial(403, {"error": "Request denied by CORS policy",
                                 "code": "origin_not_allowed"})
         if self.token is None or is_preflight(method, headers):
+            return None
+        if is_ui_asset(method, path):
+            # The viewer's static files carry no data; the page must load to ask for the token.
+            # Every API call the page makes still needs it.
             return None
         if path == "/health" and method == "GET" and not self.require_auth:
             return None
@@ -103,6 +108,25 @@ class Guard:
                 (b"access-control-allow-headers", CORS_ALLOW_HEADERS.encode()),
                 (b"access-control-max-age", str(CORS_MAX_AGE_S).encode()),
                 (b"vary", b"Origin")]
+
+
+UI_PREFIX = "/ui"
+
+
+def is_ui_asset(method: str, path: str) -> bool:
+    """A GET/HEAD for the web viewer's static files (``/ui``, ``/ui/``, ``/ui/<file>``)."""
+    return method in ("GET", "HEAD") and (path == UI_PREFIX or path.startswith(UI_PREFIX + "/"))
+
+
+def is_same_origin(origin: str, host_header: str | None) -> bool:
+    """``Origin`` names the daemon itself (scheme + the request's own Host): the viewer page
+    the daemon serves. Browsers send ``Origin`` on a same-origin POST, so without this the
+    daemon's own page could not prompt. The Host guard has already vetted the Host."""
+    if host_header is None:
+        return False
+    value = origin.strip().lower()
+    host = host_header.strip().lower()
+    return value in (f"http://{host}", f"https://{host}")
 
 
 def is_preflight(method: str, headers: dict[str, str]) -> bool:

@@ -15,7 +15,10 @@ prompt's text:
 
 Prompt tokens (override the variables for that prompt): ``mock:mode=<m>``,
 ``mock:chunks=<n>``, ``mock:delay_ms=<n>``, ``mock:bytes=<n>`` (pad each chunk's text to n bytes
-with ``.``), ``mock:gate=<name>`` (default ``open``).
+with ``.``), ``mock:gate=<name>`` (default ``open``), ``mock:permission=ask`` (after the chunks,
+ask the client with ``session/request_permission`` — options ``allow-once`` / ``reject-once`` —
+wait for the answer, and report it as one more chunk ``permission:<optionId>`` or
+``permission:cancelled``).
 
 Every mode first streams its chunks, then: ``echo`` waits (delay or gate) and answers
 ``{stopReason: "end_turn"}``; ``reject`` answers JSON-RPC error -32603 ``injected error``;
@@ -44,7 +47,7 @@ GATE_POLL_SECONDS: Final = 0.01
 BATCH_BYTES: Final = 1 << 20
 AGENT_NAME: Final = "turnkeeper-mock-agent"
 
-_TOKEN = re.compile(r"mock:(mode|chunks|delay_ms|bytes|gate)=(\S+)")
+_TOKEN = re.compile(r"mock:(mode|chunks|delay_ms|bytes|gate|permission)=(\S+)")
 
 
 class ConfigError(ValueError):
@@ -60,6 +63,7 @@ class PromptPlan:
     delay_ms: int = 100
     pad_bytes: int = 0
     gate: str = "open"
+    ask_permission: bool = False
 
 
 def _non_negative(name: str, raw: str) -> int:
@@ -101,6 +105,10 @@ def plan_for_prompt(base: PromptPlan, text: str) -> PromptPlan:
             fields["delay_ms"] = _non_negative(token, value)
         elif key == "bytes":
             fields["pad_bytes"] = _non_negative(token, value)
+        elif key == "permission":
+            if value != "ask":
+                raise ConfigError(f"{token} must be 'ask', got {value!r}")
+            fields["ask_permission"] = True
         else:
             if "/" in value or value in (".", ".."):
                 raise ConfigError(f"{token} must be a plain file name, got {value!r}")
@@ -153,6 +161,8 @@ class MockAgent:
         self._write_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._sessions: dict[str, _Session] = {}
+        # Our own requests to the client (permission asks): id -> (answered, answer).
+        self._asks: dict[str, tuple[threading.Event, list[Any]]] = {}
 
     # -- output ---------------------------------------------------------------------------
 
@@ -198,7 +208,8 @@ class MockAgent:
             return
         method = message.get("method")
         if not isinstance(method, str):
-            return  # a reply to a request we never send, or noise
+            self.take_answer(message)
+            return
         params = message.get("params")
         if not isinstance(params, dict):
             params = {}
@@ -308,6 +319,8 @@ class MockAgent:
     ) -> None:
         try:
             finished = self.stream_chunks(session_id, plan, cancelled)
+            if finished and plan.ask_permission:
+                self.ask_permission(session_id, cancelled)
             if plan.mode == "crash-on-prompt":
                 os._exit(CRASH_EXIT_CODE)
             if plan.mode == "reject":
@@ -330,6 +343,43 @@ class MockAgent:
         finally:
             with self._state_lock:
                 session.running.discard(cancelled)
+
+    def take_answer(self, message: dict[str, Any]) -> None:
+        """A reply to one of our requests (anything else without a method is noise)."""
+        with self._state_lock:
+            ask = self._asks.pop(str(message.get("id")), None)
+        if ask is not None:
+            ask[1].append(message.get("result"))
+            ask[0].set()
+
+    def ask_permission(self, session_id: str, cancelled: threading.Event) -> None:
+        """``session/request_permission``, wait for the answer, report it as one chunk."""
+        request_id = f"perm-{uuid.uuid4()}"
+        answered: threading.Event = threading.Event()
+        answer: list[Any] = []
+        with self._state_lock:
+            self._asks[request_id] = (answered, answer)
+        self.send({"jsonrpc": "2.0", "id": request_id, "method": "session/request_permission",
+                   "params": {"sessionId": session_id,
+                              "toolCall": {"toolCallId": "mock-edit", "title": "Edit a file",
+                                           "kind": "edit", "status": "pending"},
+                              "options": [{"optionId": "allow-once", "name": "Allow",
+                                           "kind": "allow_once"},
+                                          {"optionId": "reject-once", "name": "Reject",
+                                           "kind": "reject_once"}]}})
+        while not answered.wait(GATE_POLL_SECONDS * 10):
+            if cancelled.is_set():
+                break
+        result = answer[0] if answer else None
+        outcome = result.get("outcome") if isinstance(result, dict) else None
+        verdict = "cancelled"
+        if isinstance(outcome, dict) and outcome.get("outcome") == "selected":
+            verdict = str(outcome.get("optionId"))
+        self.send({"jsonrpc": "2.0", "method": "session/update",
+                   "params": {"sessionId": session_id,
+                              "update": {"sessionUpdate": "agent_message_chunk",
+                                         "content": {"type": "text",
+                                                     "text": f"permission:{verdict}"}}}})
 
     def cancel(self, session_id: Any) -> None:
         if not isinstance(session_id, str):
