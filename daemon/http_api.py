@@ -166,6 +166,8 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
             "maxJournalBytes": config.max_journal_bytes,
             "compactedReplayMaxBytes": config.compacted_replay_max_bytes,
             "eventRingSize": config.event_ring_size,
+            "eventRingBytes": config.event_ring_bytes,
+            "agentIdleMs": config.agent_idle_ms,
             "sessionRestoreTimeoutMs": config.agent_init_timeout_ms,
             "maxPendingPrompts": MAX_PENDING_PROMPTS,
             "maxSubscribersPerSession": 64,

@@ -318,7 +318,9 @@ def test_huge_turn_leaves_memory_bounded_and_load_returns_it_whole(tmp_path: Pat
               f" ring {status['ringEvents']} events / {status['ringBytes']} B")
         assert status["replayWindowBytes"] > chunks * size  # the wire-level window is the same
         assert status["replayWindowHeldBytes"] == 0
-        assert status["ringBytes"] <= 16 * 1024 * 1024 + 2 * size
+        limits = client.get("/capabilities").json()["limits"]
+        assert limits["eventRingBytes"] == 16 * 1024 * 1024
+        assert status["ringBytes"] <= limits["eventRingBytes"]
         assert after < 200, f"daemon RSS {after:.0f} MB after the terminal"
 
         load = client.post(f"/session/{sid}/load", json={}).json()
