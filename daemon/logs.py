@@ -67,7 +67,7 @@ def _pairs(template: str) -> list[tuple[str, str | None, str | None, str | None]
 
 def _convert(value: Any, conv: str) -> Any:
     if conv == "r":
-        return value if isinstance(value, str) else repr(value)  # the quoting is the format's
+        return repr(value)
     if conv in "di" and isinstance(value, int | float) and not isinstance(value, bool):
         return int(value)
     if conv in "fgex" and isinstance(value, int | float) and not isinstance(value, bool):
@@ -126,11 +126,8 @@ class LogfmtFormatter(logging.Formatter):
 
 
 def _logfmt(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
+    # None and bools print as Python writes them (``None``, ``True``), as ``%s`` always did.
+    if value is None or isinstance(value, bool | int | float):
         return str(value)
     return logfmt_value(str(value))
 
