@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CORES := daemon sdk webui_model
 STAMP := $(VENV)/.installed
 
-.PHONY: serve demo test check unit bench bench-quick mutation clean
+.PHONY: serve demo test test-stress check unit bench bench-quick mutation clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ unit: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 test: check unit
+
+# The whole suite three times in a row while another process keeps one CPU busy (tests/stress.sh):
+# proves no test depends on how fast or idle the machine is. Not part of `make test`.
+test-stress: $(STAMP)
+	PY=$(PY) tests/stress.sh
 
 bench: $(STAMP)
 	$(PY) -m benchmarks $(ARGS)

@@ -129,19 +129,27 @@ async def test_no_cursor_is_live_only(daemon: RunningDaemon) -> None:
 
 async def test_resume_while_events_flow_has_no_gap_and_no_duplicate(
         daemon: RunningDaemon) -> None:
+    # No reader here may be evicted, however slow this machine is: each turn is 1,500 chunks,
+    # the first held at a gate until the live reader has all of it, so neither reader can ever
+    # be more than ~1,505 events (about 0.5 MB) behind the head, under the 2,048-frame queue
+    # (and the 2 MiB byte cap) they ask for. The second turn is published at full speed while
+    # the late reader resumes from a cursor well inside the ring.
+    chunks = 1500
     async with httpx.AsyncClient(base_url=daemon.url) as client, trio.open_nursery() as nursery:
         sid = (await client.post("/session", json={"sessionScope": "thread"})).json()["sessionId"]
-        # This test is about resume, not the slow-client rules: a test process parsing two
-        # full-speed streams in Python may lag more than the default 256 frames, so it asks
-        # for the largest queue the daemon allows.
         live = Subscriber(client, f"/session/{sid}/events?maxQueued=2048",
                           {"Last-Event-ID": "0"})
         await nursery.start(live.run)
-        resp = await client.post(f"/session/{sid}/prompt", json={"prompt": [
-            {"type": "text", "text": "mock:chunks=6000 mock:delay_ms=0"}]})
-        pid = resp.json()["promptId"]
-        epoch = resp.json()["eventEpoch"]
-        await live.wait_for(lambda e: (e.id or 0) >= 300)
+        first = (await client.post(f"/session/{sid}/prompt", json={"prompt": [
+            {"type": "text", "text": f"mock:chunks={chunks} mock:gate=resume-flow"}]})).json()
+        second = (await client.post(f"/session/{sid}/prompt", json={"prompt": [
+            {"type": "text", "text": f"mock:chunks={chunks} mock:delay_ms=0"}]})).json()
+        pid, epoch = second["promptId"], first["eventEpoch"]
+        last_chunk = f"chunk-{chunks - 1}"
+        await live.wait_for(lambda e: e.prompt_id == first["promptId"]
+                            and text_of(e) == last_chunk)
+        daemon.open_gate("resume-flow")
+        await live.wait_for(lambda e: e.prompt_id == pid and text_of(e) == "chunk-0")
         late = Subscriber(client, f"/session/{sid}/events?maxQueued=2048",
                           {"Last-Event-ID": "150", "X-Qwen-Event-Epoch": epoch})
         await nursery.start(late.run)
@@ -149,12 +157,22 @@ async def test_resume_while_events_flow_has_no_gap_and_no_duplicate(
         await live.wait_for(is_terminal_for(pid), timeout=60)
         nursery.cancel_scope.cancel()
     assert terminal.id is not None
-    assert late.ids() == list(range(151, terminal.id + 1))
+    evicted = [e for e in (*live.events, *late.events) if e.type == "client_evicted"]
+    assert evicted == []
+    # Each stream's ids are contiguous (no gap, no duplicate), and both reach the terminal.
+    late_ids, live_ids = late.ids(), live.ids()
+    assert late_ids == list(range(151, 151 + len(late_ids))) and terminal.id in late_ids
+    assert live_ids == list(range(1, 1 + len(live_ids))) and terminal.id in live_ids
     assert [e.type for e in late.events].count("replay_complete") == 1
     assert "state_resync_required" not in [e.type for e in late.events]
-    assert live.ids() == list(range(1, terminal.id + 1))
-    chunks = [text_of(e) for e in live.events if text_of(e).startswith("chunk-")]
-    assert chunks == [f"chunk-{i}" for i in range(6000)]
+    for prompt_id in (first["promptId"], pid):
+        texts = [text_of(e) for e in live.events
+                 if e.prompt_id == prompt_id and text_of(e).startswith("chunk-")]
+        assert texts == [f"chunk-{i}" for i in range(chunks)]
+    # From its cursor to the terminal, the late reader got exactly the live reader's frames.
+    assert [(e.id, e.type, text_of(e)) for e in late.events
+            if e.id is not None and e.id <= terminal.id] == \
+        [(e.id, e.type, text_of(e)) for e in live.events if 150 < (e.id or 0) <= terminal.id]
 
 
 async def test_replay_past_the_byte_budget_is_cut_and_announced(daemon: RunningDaemon) -> None:

@@ -110,8 +110,13 @@ async def test_bad_upgrades_get_plain_http_answers(daemon: RunningDaemon) -> Non
 
 @pytest.fixture(scope="module")
 def pinging(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
-    with running_daemon(tmp_path_factory.mktemp("wsping"), ["--ws-ping-ms", "150"]) as d:
+    # Short enough for fast tests, long enough that a peer answering every ping is never two
+    # intervals (1 s) late on a busy machine.
+    with running_daemon(tmp_path_factory.mktemp("wsping"), ["--ws-ping-ms", str(PING_MS)]) as d:
         yield d
+
+
+PING_MS = 500
 
 
 def read_frame(sock: socket.socket) -> tuple[int, bytes]:
@@ -159,19 +164,58 @@ def test_two_missed_pongs_close_with_1011(pinging: RunningDaemon) -> None:
     assert "event=ws_keepalive_failed" in pinging.stderr()
 
 
-async def test_a_peer_that_answers_pings_stays_connected(pinging: RunningDaemon) -> None:
-    async with httpx.AsyncClient(base_url=pinging.url) as client:
-        sid = (await client.post("/session", json={"sessionScope": "thread"})).json()["sessionId"]
-        # trio-websocket answers pings; hold the socket open across many ping intervals by
-        # waiting on a turn that only starts after them (the gate is opened by the test).
-        async with open_websocket_url(ws_url(pinging, sid, "?lastEventId=0")) as ws:
-            pid = (await client.post(f"/session/{sid}/prompt", json={"prompt": [
-                {"type": "text", "text": "mock:chunks=1 mock:gate=late"}]})).json()["promptId"]
-            await read_until(ws, lambda f: f.get("type") == "session_update"
-                             and f["data"]["update"].get("sessionUpdate")  # type: ignore[index]
-                             == "agent_message_chunk")
-            for _ in range(6):  # six ping intervals of 150 ms pass with the socket idle
-                await trio.sleep(0.15)
-            pinging.open_gate("late")
-            frames = await read_until(ws, lambda f: f.get("type") == "turn_complete")
-        assert frames[-1]["data"]["promptId"] == pid  # type: ignore[index]
+def write_frame(sock: socket.socket, opcode: int, payload: bytes) -> None:
+    """One client frame (clients always mask), FIN set; payloads under 126 bytes."""
+    mask = os.urandom(4)
+    masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    sock.sendall(bytes([0x80 | opcode, 0x80 | len(payload)]) + mask + masked)
+
+
+def test_a_peer_that_answers_pings_stays_connected(pinging: RunningDaemon) -> None:
+    with httpx.Client(base_url=pinging.url) as client:
+        sid = client.post("/session", json={"sessionScope": "thread"}).json()["sessionId"]
+        failures_before = pinging.stderr().count("event=ws_keepalive_failed")
+        host, port = pinging.url.removeprefix("http://").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=20) as sock:
+            key = base64.b64encode(os.urandom(16)).decode()
+            sock.sendall((f"GET /session/{sid}/ws?lastEventId=0 HTTP/1.1\r\n"
+                          "Host: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                          f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+                          ).encode())
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += sock.recv(1)
+            assert head.startswith(b"HTTP/1.1 101")
+
+            def next_message() -> tuple[int, bytes]:
+                """The next non-ping frame; every ping is answered at once with its pong."""
+                nonlocal pings
+                while True:
+                    opcode, payload = read_frame(sock)
+                    if opcode != 0x9:
+                        return opcode, payload
+                    pings += 1
+                    write_frame(sock, 0xA, payload)
+
+            # The socket sits idle (nothing to stream) until this peer has answered four pings:
+            # counted, not slept for, so the daemon's keepalive really ran four times.
+            pings = 0
+            opcode, payload = next_message()
+            assert opcode == 0x1 and msgspec.json.decode(payload)["type"] == "replay_complete"
+            while pings < 4:
+                opcode, payload = read_frame(sock)
+                assert opcode == 0x9, (opcode, payload)  # a ping, never a close
+                pings += 1
+                write_frame(sock, 0xA, payload)
+            # Still connected: a turn streams to it, down to its terminal.
+            pid = client.post(f"/session/{sid}/prompt", json={"prompt": [
+                {"type": "text", "text": "mock:chunks=1 mock:delay_ms=0"}]}).json()["promptId"]
+            types: list[str] = []
+            while "turn_complete" not in types:
+                opcode, payload = next_message()
+                assert opcode == 0x1, (opcode, payload)
+                frame = msgspec.json.decode(payload)
+                types.append(frame["type"])
+            assert frame["data"]["promptId"] == pid
+            assert types.count("session_update") == 2  # the prompt's echo and its one chunk
+    assert pinging.stderr().count("event=ws_keepalive_failed") == failures_before
