@@ -3,7 +3,10 @@
 The mock agent emits one turn of ``--chunks`` ``agent_message_chunk`` updates as fast as it can
 (pre-built lines, written in 1 MiB batches); the daemon publishes them (ring, both live journals,
 compactor, transcript) and streams them to 1, 8 and 64 subscribers held by the load generator
-(one separate process, ``maxQueued=2048``). A trial runs from the prompt request to the moment
+(one separate process, ``maxQueued=2048``; an evicted subscriber resumes from its last id, and
+the row notes the eviction). Every subscriber's ids are checked against what the bus published
+(contiguous, first to last, the terminal last); a turn not delivered whole makes the benchmark an
+ERROR row instead of a figure. A trial runs from the prompt request to the moment
 the last subscriber has read the turn's terminal, so it includes the transcript commit the
 daemon waits for before publishing the terminal.
 
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 
 from benchmarks.harness import Context, CpuMeter, CpuUse, Row, own_cpu_seconds, process_cpu_seconds
 from benchmarks.launcher import Daemon, start_daemon
-from benchmarks.loadgen import LoadGen
+from benchmarks.loadgen import LoadGen, check_delivery
 
 NAME = "e2e"
 TITLE = "end-to-end turn throughput (agent -> daemon -> SSE subscribers)"
@@ -42,7 +45,7 @@ class TurnRun:
 
     subscribers: int
     published: int  # events the bus published for the turn (echo + chunks + terminal)
-    delivered: int  # frames handed to all subscribers, the retry preamble excluded
+    delivered: int  # events (frames with an id) received, summed over the subscribers
     seconds: float
     evicted: int
     cpu: CpuUse
@@ -60,14 +63,21 @@ class TurnRun:
 
 def measure_turn(daemon: Daemon, chunks: int, subscribers: int, max_queued: int = 2048,
                  timeout: float = 600.0) -> TurnRun:
-    """Run one turn of ``chunks`` chunks to ``subscribers`` SSE readers and time it."""
+    """Run one turn of ``chunks`` chunks to ``subscribers`` SSE readers and time it.
+
+    Every subscriber must have received every event published for the turn, ids contiguous,
+    the terminal last (:func:`benchmarks.loadgen.check_delivery`), or this raises: a figure
+    for a turn that was not delivered whole is no figure. An evicted subscriber resumes from
+    its last id (it is counted in ``evicted``), so eviction costs time, never events.
+    """
     session_id, client_id = daemon.create_session()
     host, port = daemon.host_port
     meter = CpuMeter(daemon.pid, daemon.agent_pids())
     loadgen = LoadGen(host, port, session_id, subscribers=subscribers, max_queued=max_queued,
-                      until="turn_complete", timeout=timeout)
+                      until="turn_complete", timeout=timeout, reconnect=True)
     try:
         loadgen.wait_ready()
+        before = int(daemon.status(session_id)["lastEventId"])
         meter.start()
         t0 = time.monotonic()
         daemon.prompt(session_id, f"mock:chunks={chunks} mock:delay_ms=0", client_id)
@@ -77,12 +87,13 @@ def measure_turn(daemon: Daemon, chunks: int, subscribers: int, max_queued: int 
     finally:
         loadgen.close()
     subs = result["rounds"][0]
+    published = int(daemon.status(session_id)["lastEventId"])
+    check_delivery(subs, before + 1, published)
     t_end = max(float(sub["t_done"]) for sub in subs)
     evicted = sum(1 for sub in subs if sub["evicted"])
-    delivered = sum(int(sub["frames"]) - 1 for sub in subs)
-    published = int(daemon.status(session_id)["lastEventId"])
+    delivered = sum(int(sub["ids"]) for sub in subs)
     daemon.http.delete(f"/session/{session_id}")
-    return TurnRun(subscribers, published, delivered, t_end - t0, evicted, cpu)
+    return TurnRun(subscribers, published - before, delivered, t_end - t0, evicted, cpu)
 
 
 @dataclass

@@ -8,15 +8,21 @@ Targets (SPEC §2.2 cost rule, DESIGN "Speed"):
 
 * ``LiveJournal.append`` at the caps (10,000 entries / 8 MiB prefilled) >= 300,000 events/s;
 * at-cap cost within 1.3x of the cost on an empty journal;
-* the whole pure publish pipeline (make_event + ring + both journals + compactor)
-  >= 100,000 events/s.
+* the publish pipeline, the daemon's own ``SessionBus.publish`` (make_event + event ring + both
+  live journals + compactor, no transcript writer, no subscriber) >= 100,000 events/s.
 
 "Empty" appends go into fresh journals in batches of at most ``maxEvents`` events, so nothing is
 ever evicted; "at caps" starts from a journal holding 10,000 unmergeable entries that add up to
 just under 8 MiB, so every append pays for eviction. "cost vs deque" is the time per event over
 that of ``collections.deque(maxlen=10000).append`` of the same pre-encoded events. The pipeline
-passes a precomputed ``now_ms`` (reading the clock is the Trio shell's business) and ends each
-trial's turn with its terminal: ``TurnCompactor.finish`` and a journal reset.
+rows build a ``SessionBus`` with the daemon's default limits and a fixed clock, publish the turn
+as the agent reader does and end it with ``publish_terminal`` (compaction into the replay window,
+journal reset); afterwards each trial's bus is checked to have gone through the whole turn. The
+transcript's cost is measured out of process by ``transcript_cost``.
+
+Nothing is ever replaced by a stand-in: if the daemon's code cannot be imported the benchmark
+fails, and a pipeline that cannot run or fails its check is an ERROR row (``error`` set, no
+figure), so no row can pass under the name of code that did not run.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from daemon.bus import BusLimits, SessionBus
 from daemon.envelope import Event, JsonObject, encode_json, make_event
 from daemon.live_journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, LiveJournal, LiveJournals
 
@@ -204,86 +211,59 @@ def _at_cap_trial(events: Sequence[Event], prefill: Sequence[Event], pair: bool 
 # --- the publish pipeline ----------------------------------------------------------------------
 
 
-def _ring_factory() -> tuple[Callable[[], _Appender], str]:
-    """daemon.ring.EventRing when it imports and works, else a deque stand-in."""
-    try:
-        from daemon.ring import EventRing
-
-        ring = EventRing(8000, next_id=1)
-        probe = _event(1, "session_update", _chunk_data("user_message_chunk", "probe"))
-        ring.append(probe)
-        if len(ring) != 1 or ring.get(1) is not probe:
-            raise RuntimeError("EventRing smoke test failed")
-    except Exception as exc:
-        return (lambda: deque(maxlen=8000)), f"ring: deque stand-in ({type(exc).__name__})"
-    return (lambda: EventRing(8000, next_id=1)), "ring: EventRing"
+def _bus_limits() -> BusLimits:
+    """The daemon's default limits (SPEC §2.2, §4.1)."""
+    return BusLimits(DEFAULT_MAX_EVENTS, DEFAULT_MAX_BYTES, 4 * 1024 * 1024, 8000)
 
 
-class _Compactor(Protocol):
-    def add(self, event: Event, /) -> None: ...
-    def finish(self, terminal: Event, /) -> list[JsonObject]: ...
-
-
-def _compactor_factory() -> tuple[Callable[[], _Compactor] | None, str]:
-    try:
-        from daemon.compactor import TurnCompactor
-
-        compactor = TurnCompactor()
-        compactor.add(_event(1, "session_update", _chunk_data("agent_message_chunk", "a")))
-        terminal = _event(
-            2, "turn_complete", {"sessionId": SESSION, "stopReason": "end_turn", "promptId": PROMPT}
-        )
-        if not compactor.finish(terminal):
-            raise RuntimeError("TurnCompactor.finish returned nothing")
-    except Exception as exc:
-        return None, f"compactor MISSING ({type(exc).__name__}: {exc})"
-    return TurnCompactor, "compactor: TurnCompactor"
-
-
-def _pipeline_trial(
-    items: Sequence[tuple[str, JsonObject]],
-    ring_factory: Callable[[], _Appender],
-    compactor_factory: Callable[[], _Compactor] | None,
-) -> Trial:
-    """One turn through the pure publish path, ending with its terminal (compact + reset)."""
-    terminal_data = {"sessionId": SESSION, "stopReason": "end_turn", "promptId": PROMPT}
+def _pipeline_trial(items: Sequence[tuple[str, JsonObject]],
+                    buses: list[SessionBus] | None = None) -> Trial:
+    """One turn through the daemon's own ``SessionBus.publish`` (make_event, the event ring,
+    both live journals, the compactor; no transcript writer and no subscriber), ending with
+    ``publish_terminal`` (compaction into the replay window, journal reset). Updates are
+    published as the agent reader does (``flush=False``, one flush per batch of 256)."""
+    terminal_data: JsonObject = {"sessionId": SESSION, "stopReason": "end_turn",
+                                 "promptId": PROMPT}
 
     def setup() -> Callable[[], None]:
-        ring = ring_factory()
-        journals = LiveJournals()
-        compactor = compactor_factory() if compactor_factory is not None else None
+        bus = SessionBus(SESSION, _bus_limits(), None, clock_ms=lambda: NOW_MS)
+        if buses is not None:
+            buses.append(bus)
 
         def loop() -> None:
-            ring_append = ring.append
-            journals_append = journals.append
-            add = compactor.add if compactor is not None else None
-            event_id = 0
-            for event_type, data in items:
-                event_id += 1
-                event = make_event(
-                    event_id, event_type, data, now_ms=NOW_MS + event_id,
-                    prompt_id=PROMPT, originator_client_id=CLIENT,
-                )
-                if event is None:  # pragma: no cover - plain JSON
-                    continue
-                ring_append(event)
-                journals_append(event)
-                if add is not None:
-                    add(event)
-            terminal = make_event(
-                event_id + 1, "turn_complete", terminal_data, now_ms=NOW_MS,
-                prompt_id=PROMPT, originator_client_id=CLIENT,
-            )
-            assert terminal is not None
-            ring_append(terminal)
-            journals_append(terminal)
-            if compactor is not None:
-                compactor.finish(terminal)
-            journals.reset()
+            publish = bus.publish
+            flush = bus.flush
+            for index, (event_type, data) in enumerate(items, 1):
+                publish(event_type, data, prompt_id=PROMPT, originator_client_id=CLIENT,
+                        flush=False)
+                if not index & 255:
+                    flush()
+            flush()
+            bus.publish_terminal("turn_complete", terminal_data, prompt_id=PROMPT,
+                                 originator_client_id=CLIENT, ledger_terminal="completed",
+                                 stop_reason="end_turn")
 
         return loop
 
     return setup
+
+
+def check_pipeline_ran(bus: SessionBus, published: int) -> None:
+    """Raise unless ``bus`` went through a whole turn of ``published`` events (terminal
+    included) with the real components: every id in order, the live journals reset by the
+    terminal, one compacted segment in the replay window. A benchmark of a pipeline that did
+    not run is an error, never a figure."""
+    problems: list[str] = []
+    if bus.ring.last_id != published:
+        problems.append(f"ring last id {bus.ring.last_id}, {published} events published")
+    if bus.degraded:
+        problems.append("the compactor failed (replay degraded)")
+    if bus.journals.full.entry_count != 0:
+        problems.append("the terminal did not reset the live journal")
+    if not bus.window.snapshot(full_transcript_available=False):
+        problems.append("the replay window holds no compacted turn")
+    if problems:
+        raise RuntimeError("publish pipeline check failed: " + "; ".join(problems))
 
 
 # --- report ------------------------------------------------------------------------------------
@@ -306,7 +286,14 @@ def _row(
         "cap_vs_empty": seconds / empty_seconds if empty_seconds else None,
         "targets": [{"target": t, "ok": ok} for t, ok in targets],
         "note": note,
+        "error": None,
     }
+
+
+def _error_row(name: str, n: int, exc: BaseException) -> Row:
+    return {"benchmark": name, "events": n, "events_per_s": None, "cost_vs_deque": None,
+            "cap_vs_empty": None, "targets": [], "note": "",
+            "error": f"{type(exc).__name__}: {exc}"}
 
 
 def run(quick: bool) -> list[Row]:
@@ -314,7 +301,8 @@ def run(quick: bool) -> list[Row]:
 
     Row keys: ``benchmark`` (name), ``events`` (per trial), ``events_per_s`` (median trial),
     ``cost_vs_deque`` and ``cap_vs_empty`` (time ratios, ``None`` where not applicable),
-    ``targets`` (list of ``{"target": str, "ok": bool}``) and ``note``.
+    ``targets`` (list of ``{"target": str, "ok": bool}``), ``note`` and ``error`` (``None``, or
+    why the row's real code could not run; ``events_per_s`` is then ``None``).
     """
     n = 10_000 if quick else 100_000
     trials = 3 if quick else 5
@@ -393,19 +381,20 @@ def _measure(
     rows.append(_row("LiveJournals.append (full+summary) at caps, merged", n, at_cap, base,
                      empty))
 
-    ring_factory, ring_note = _ring_factory()
-    compactor_factory, compactor_note = _compactor_factory()
-    note = f"{ring_note}; {compactor_note}"
     for label, items in (("chunk stream", chunk_items), ("mixed turn", mixed_items)):
-        seconds = _median_seconds(
-            _pipeline_trial(items, ring_factory, compactor_factory), trials
-        )
+        name = f"pipeline: SessionBus.publish (ring+journals+compactor), {label}"
+        buses: list[SessionBus] = []
+        try:
+            seconds = _median_seconds(_pipeline_trial(items, buses), trials)
+            for bus in buses:
+                check_pipeline_ran(bus, n + 1)
+        except Exception as exc:  # the real pipeline did not run: an ERROR row, no figure
+            rows.append(_error_row(name, n + 1, exc))
+            continue
         rows.append(_row(
-            f"pipeline: make_event+ring+journals+compactor, {label}", n + 1, seconds, base,
-            targets=[(">= 100,000/s pipeline", (n + 1) / seconds >= PIPELINE_TARGET)]
-            if compactor_factory is not None
-            else [(">= 100,000/s pipeline (compactor missing)", False)],
-            note=note,
+            name, n + 1, seconds, base,
+            targets=[(">= 100,000/s pipeline", (n + 1) / seconds >= PIPELINE_TARGET)],
+            note="daemon.bus.SessionBus, default limits, no transcript writer, no subscriber",
         ))
     return rows
 
@@ -415,6 +404,9 @@ def format_table(rows: Sequence[Row]) -> str:
     header = ("benchmark", "events/s", "cost vs deque", "cap/empty", "targets")
     lines: list[tuple[str, ...]] = [header]
     for row in rows:
+        if row["error"] is not None:
+            lines.append((row["benchmark"], "-", "", "", f"ERROR: {row['error']}"))
+            continue
         cost = row["cost_vs_deque"]
         cap = row["cap_vs_empty"]
         targets = "; ".join(
@@ -450,7 +442,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = run(args.quick)
     print(format_table(rows))
     missed = [t for row in rows for t in row["targets"] if not t["ok"]]
-    return 1 if missed else 0
+    errors = [row for row in rows if row["error"] is not None]
+    return 1 if missed or errors else 0
 
 
 if __name__ == "__main__":

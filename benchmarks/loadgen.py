@@ -2,17 +2,21 @@
 
 Run as ``python -m benchmarks.loadgen`` (a benchmark starts it through :class:`LoadGen`). It
 opens ``--subscribers`` raw HTTP/1.1 connections to ``GET /session/{id}/events``, decodes the
-chunked transfer encoding and counts frames by scanning for the blank-line separator ``\\n\\n``;
-it never decodes JSON, so one process keeps up with many subscribers and its own CPU stays
-small beside the daemon's. A subscriber is done when it sees ``event: <until>``, is evicted
-(``event: client_evicted``) or its stream ends.
+chunked transfer encoding, counts frames by the blank-line separator ``\\n\\n`` and reads
+every frame's ``id:`` line; it never decodes JSON, so one process keeps up with many subscribers
+and its own CPU stays small beside the daemon's. A subscriber is done when it sees
+``event: <until>``, is evicted (``event: client_evicted``; with ``--reconnect`` it resumes from
+its last id instead) or its stream ends. What each subscriber received is checked against what
+was published with :func:`check_delivery`: contiguous ids, the expected first and last id, and
+the finishing frame (the terminal) carrying the last id.
 
 Protocol on stdout, one JSON object per line:
 
 * ``{"ready": true, "t": <monotonic>}`` once every subscriber has its response headers (only
   with ``--announce-ready``; the benchmark sends its prompt after this line);
 * ``{"rounds": [[<subscriber>, ...], ...], "cpu_s": <float>}`` at the end, where a subscriber is
-  ``{"status", "frames", "bytes", "t_start", "t_headers", "t_done", "done", "evicted", "error"}``
+  ``{"status", "frames", "bytes", "t_start", "t_headers", "t_done", "done", "evicted", "error",
+  "first_id", "last_id", "ids", "id_error", "terminal_id", "reconnects"}``
   and times are ``time.monotonic()`` values (CLOCK_MONOTONIC is system-wide, so the benchmark
   compares them with its own clock).
 
@@ -24,19 +28,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import selectors
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 from urllib.parse import quote
 
 RECV_BYTES = 1 << 20
+MAX_RECONNECTS = 100
 EVICTED = b"event: client_evicted\n"
-MARKER_WINDOW = 16 * 1024
+# An id line, found by its literal prefix (fast); ``(?=\n)``: only a complete one.
+ID_LINE = re.compile(rb"\nid: (\d+)(?=\n)")
 
 
 def _cpu_seconds() -> float:
@@ -45,15 +52,33 @@ def _cpu_seconds() -> float:
 
 
 class SSECounter:
-    """Counts SSE frames in an HTTP/1.1 response, fed raw socket bytes. Pure."""
+    """Counts and checks SSE frames in an HTTP/1.1 response, fed raw socket bytes. Pure.
+
+    Besides frames and bytes it reads every ``id:`` line (the lines of a frame are split by
+    raw newlines, and JSON data never holds one, so a line starting with ``id: `` is always an
+    id field): it keeps the first and the last id, how many ids arrived, the id of the frame
+    that finished the subscriber, and the first place where an id was not the one after the
+    previous id (a gap, a duplicate or a reordering). Only whole frames are scanned: the bytes
+    after the last blank line of a read wait for the next one. :meth:`restart` begins the next
+    response of a subscriber that reconnected, keeping the id checks running across both.
+    """
 
     def __init__(self, until: bytes) -> None:
-        self.markers = (until, EVICTED)
-        self._seam = max(len(m) for m in self.markers) - 1
-        self.status: int | None = None
-        self.error: str | None = None
+        self.until = until
+        self.first_id: int | None = None
+        self.last_id: int | None = None
+        self.ids = 0
+        self.id_error: str | None = None
+        self.terminal_id: int | None = None
+        self.reconnects = 0
+        self.epoch: str | None = None
         self.frames = 0
         self.bytes = 0
+        self._reset_response()
+
+    def _reset_response(self) -> None:
+        self.status: int | None = None
+        self.error: str | None = None
         self.done = False
         self.evicted = False
         self.ended = False
@@ -62,8 +87,14 @@ class SSECounter:
         self._left = 0  # data bytes left in the current chunk
         self._skip = 0  # CRLF after a chunk's data still to skip
         self._partial = b""  # an incomplete chunk-size line
-        self._last_newline = False
-        self._tail = b""
+        # The unscanned rest of the body (an incomplete frame); the body is scanned as if it
+        # began with a newline, so an id line at its very start is found like any other.
+        self._carry = b"\n"
+
+    def restart(self) -> None:
+        """The subscriber reconnected: parse a new response, continue the id checks."""
+        self.reconnects += 1
+        self._reset_response()
 
     @property
     def has_headers(self) -> bool:
@@ -131,30 +162,50 @@ class SSECounter:
         self.status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
         for line in lines[1:]:
             name, _, value = line.partition(b":")
-            if name.strip().lower() == b"transfer-encoding" and b"chunked" in value.lower():
+            key = name.strip().lower()
+            if key == b"transfer-encoding" and b"chunked" in value.lower():
                 self._chunked = True
+            elif key == b"x-qwen-event-epoch" and self.epoch is None:
+                self.epoch = value.strip().decode(errors="replace")
 
     def _body(self, data: bytes | bytearray, start: int, end: int) -> None:
         if start >= end:
             return
         self.bytes += end - start
-        count = data.count(b"\n\n", start, end)
-        if self._last_newline and data[start] == 0x0A:
-            count += 1  # a separator split across two reads
-        self.frames += count
-        self._last_newline = data[end - 1] == 0x0A
-        # The frames that finish a subscriber are the last ones the daemon sends it (the turn's
-        # terminal, replay_complete, client_evicted), so only the tail of each read is searched:
-        # scanning every byte for them would double this process's CPU at 64 subscribers.
-        seam = self._tail + data[start:min(end, start + self._seam)]
-        tail_start = max(start, end - MARKER_WINDOW)
-        for index, marker in enumerate(self.markers):
-            if data.find(marker, tail_start, end) >= 0 or marker in seam:
-                if index == 0:
-                    self.done = True
-                else:
-                    self.evicted = True
-        self._tail = bytes(self._tail + data[max(start, end - self._seam):end])[-self._seam:]
+        text = self._carry + data[start:end]
+        cut = text.rfind(b"\n\n")
+        if cut < 0:
+            self._carry = text
+            return
+        # Only whole frames are scanned; the newline ending the last separator stays in front
+        # of the rest (it is the newline before the next frame's first line).
+        frames = text[:cut + 2]
+        self._carry = text[cut + 1:]
+        self.frames += frames.count(b"\n\n")
+        found = ID_LINE.findall(frames)
+        if found:
+            self._check_ids(list(map(int, found)))
+        at = frames.find(self.until)
+        if at >= 0:
+            self.done = True
+            id_at = frames.rfind(b"\nid: ", 0, at)
+            if id_at > frames.rfind(b"\n\n", 0, at):  # the id line of the finishing frame
+                self.terminal_id = int(frames[id_at + 5:frames.index(b"\n", id_at + 1)])
+        if frames.find(EVICTED) >= 0:
+            self.evicted = True
+
+    def _check_ids(self, ids: list[int]) -> None:
+        first = ids[0]
+        if self.id_error is None:
+            if self.last_id is not None and first != self.last_id + 1:
+                self.id_error = f"id {first} after id {self.last_id}"
+            elif ids != list(range(first, first + len(ids))):
+                previous = next(i for i in range(1, len(ids)) if ids[i] != ids[i - 1] + 1)
+                self.id_error = f"id {ids[previous]} after id {ids[previous - 1]}"
+        if self.first_id is None:
+            self.first_id = first
+        self.last_id = ids[-1]
+        self.ids += len(ids)
 
 
 @dataclass
@@ -170,7 +221,10 @@ class Subscriber:
         c = self.counter
         return {"status": c.status, "frames": c.frames, "bytes": c.bytes,
                 "t_start": self.t_start, "t_headers": self.t_headers, "t_done": self.t_done,
-                "done": c.done, "evicted": c.evicted, "error": c.error}
+                "done": c.done, "evicted": c.evicted or c.reconnects > 0, "error": c.error,
+                "first_id": c.first_id, "last_id": c.last_id, "ids": c.ids,
+                "id_error": c.id_error, "terminal_id": c.terminal_id,
+                "reconnects": c.reconnects}
 
 
 def _request(host: str, port: int, session: str, max_queued: int, last_event_id: int | None,
@@ -188,9 +242,22 @@ def _request(host: str, port: int, session: str, max_queued: int, last_event_id:
     return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
 
 
+def _connect(args: argparse.Namespace, request: bytes) -> socket.socket:
+    sock = socket.create_connection((args.host, args.port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.sendall(request)
+    sock.setblocking(False)
+    return sock
+
+
 def run_round(args: argparse.Namespace, out: IO[str], announce: bool, deadline: float
               ) -> list[dict[str, Any]]:
-    """Open every subscriber, read until each is finished, return their reports."""
+    """Open every subscriber, read until each is finished, return their reports.
+
+    With ``--reconnect``, a subscriber that is evicted resumes from its last id with the
+    stream's epoch, as a client must (SPEC §4.2), and is finished only by ``--until`` or the
+    end of a stream; its report then says ``evicted`` and how many times it reconnected.
+    """
     request = _request(args.host, args.port, args.session, args.max_queued, args.last_event_id,
                        args.epoch)
     until = f"event: {args.until}\n".encode()
@@ -201,13 +268,9 @@ def run_round(args: argparse.Namespace, out: IO[str], announce: bool, deadline: 
     with selectors.DefaultSelector() as sel:
         for _ in range(args.subscribers):
             t_start = time.monotonic()
-            sock = socket.create_connection((args.host, args.port))
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.sendall(request)
-            sock.setblocking(False)
-            sub = Subscriber(sock, SSECounter(until), t_start)
+            sub = Subscriber(_connect(args, request), SSECounter(until), t_start)
             subs.append(sub)
-            sel.register(sock, selectors.EVENT_READ, sub)
+            sel.register(sub.sock, selectors.EVENT_READ, sub)
         open_count = len(subs)
         announced = not announce
         try:
@@ -229,18 +292,34 @@ def run_round(args: argparse.Namespace, out: IO[str], announce: bool, deadline: 
                     except BlockingIOError:
                         continue
                     now = time.monotonic()
+                    counter = sub.counter
                     if length:
-                        had_headers = sub.counter.has_headers
-                        sub.counter.feed(buf, length)
-                        if not had_headers and sub.counter.has_headers:
+                        had_headers = counter.has_headers
+                        counter.feed(buf, length)
+                        if not had_headers and counter.has_headers:
                             sub.t_headers = now
                     else:
-                        sub.counter.eof()
-                    if sub.counter.finished:
-                        sub.t_done = now
-                        sel.unregister(sub.sock)
-                        sub.sock.close()
-                        open_count -= 1
+                        counter.eof()
+                    if not counter.finished:
+                        continue
+                    sel.unregister(sub.sock)
+                    sub.sock.close()
+                    if (args.reconnect and counter.evicted and not counter.done
+                            and counter.error is None):
+                        if counter.reconnects >= MAX_RECONNECTS:
+                            counter.error = f"evicted {counter.reconnects + 1} times"
+                        else:
+                            cursor = counter.last_id if counter.last_id is not None \
+                                else args.last_event_id
+                            counter.restart()
+                            sub.sock = _connect(args, _request(
+                                args.host, args.port, args.session, args.max_queued,
+                                cursor if cursor is not None else 0,
+                                counter.epoch or args.epoch))
+                            sel.register(sub.sock, selectors.EVENT_READ, sub)
+                            continue
+                    sub.t_done = now
+                    open_count -= 1
         finally:
             for s in subs:
                 if s.sock.fileno() >= 0:
@@ -263,6 +342,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1,
                         help="connect this many times in sequence (each round measured alone)")
     parser.add_argument("--announce-ready", action="store_true")
+    parser.add_argument("--reconnect", action="store_true",
+                        help="resume an evicted subscriber from its last id")
     parser.add_argument("--timeout", type=float, default=300.0)
     args = parser.parse_args(argv)
     deadline = time.monotonic() + args.timeout
@@ -280,13 +361,55 @@ class LoadGenError(RuntimeError):
     """The load generator failed or a subscriber could not be served."""
 
 
+def delivery_problems(sub: Mapping[str, Any], first: int, last: int, *,
+                      terminal: bool = True, complete: bool = True) -> list[str]:
+    """What is wrong with what one subscriber received, expecting ids ``first`` to ``last``.
+
+    Always: the ids it received were each the one after the previous (no gap, no duplicate,
+    in order, across its reconnects). With ``complete``: they are exactly ``first``..``last``.
+    With ``terminal`` (and ``complete``): the frame that finished it is the one with id ``last``.
+    """
+    problems: list[str] = []
+    if sub.get("id_error"):
+        problems.append(f"ids not contiguous: {sub['id_error']}")
+    if complete:
+        expected = max(0, last - first + 1)
+        if sub.get("ids") != expected:
+            problems.append(f"{sub.get('ids')} ids delivered, {expected} published")
+        if expected and (sub.get("first_id"), sub.get("last_id")) != (first, last):
+            problems.append(f"ids {sub.get('first_id')}..{sub.get('last_id')} delivered, "
+                            f"{first}..{last} published")
+        if terminal and not sub.get("done"):
+            problems.append("the terminal never arrived")
+        elif terminal and sub.get("terminal_id") != last:
+            problems.append(f"the terminal has id {sub.get('terminal_id')}, the last published "
+                            f"id is {last}")
+    return problems
+
+
+def check_delivery(subs: Sequence[Mapping[str, Any]], first: int, last: int, *,
+                   terminal: bool = True, allow_evicted: bool = False) -> None:
+    """Raise :class:`LoadGenError` unless every subscriber received exactly ids ``first`` to
+    ``last`` (see :func:`delivery_problems`); with ``allow_evicted``, an evicted subscriber is
+    only checked for contiguity (the benchmark reports the eviction itself)."""
+    problems = [f"subscriber {index}: {problem}"
+                for index, sub in enumerate(subs)
+                for problem in delivery_problems(
+                    sub, first, last, terminal=terminal,
+                    complete=not (allow_evicted and sub.get("evicted")))]
+    if problems:
+        more = f" (+{len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise LoadGenError("delivered != published: " + "; ".join(problems[:5]) + more)
+
+
 class LoadGen:
     """Runs ``python -m benchmarks.loadgen`` and reads its JSON lines."""
 
     def __init__(self, host: str, port: int, session: str, *, subscribers: int = 1,
                  max_queued: int = 2048, until: str = "turn_complete",
                  last_event_id: int | None = None, epoch: str | None = None,
-                 rounds: int = 1, announce_ready: bool = True, timeout: float = 300.0) -> None:
+                 rounds: int = 1, announce_ready: bool = True, timeout: float = 300.0,
+                 reconnect: bool = False) -> None:
         argv = [sys.executable, "-m", "benchmarks.loadgen", "--host", host, "--port", str(port),
                 "--session", session, "--subscribers", str(subscribers),
                 "--max-queued", str(max_queued), "--until", until, "--rounds", str(rounds),
@@ -297,6 +420,8 @@ class LoadGen:
             argv += ["--epoch", epoch]
         if announce_ready:
             argv.append("--announce-ready")
+        if reconnect:
+            argv.append("--reconnect")
         self.timeout = timeout + 30.0
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self._buf = b""

@@ -20,7 +20,7 @@ from typing import Any
 
 from benchmarks.harness import Context, CpuMeter, CpuUse, Row
 from benchmarks.launcher import Daemon, gate_name, start_daemon
-from benchmarks.loadgen import LoadGen
+from benchmarks.loadgen import LoadGen, check_delivery
 
 NAME = "resume"
 TITLE = "resume cost: reconnect with a cursor a full ring (8,000 events) back"
@@ -75,10 +75,14 @@ def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
                          f"then {per_block} at the head")
             subs, cpu = _reconnects(daemon, session_id, newest - back, epoch, per_block,
                                     args.max_queued, meter)
+            # Each reconnect must have replayed exactly the ids after its cursor, in order (an
+            # evicted one only in order: the row reports the eviction).
+            check_delivery(subs, newest - back + 1, newest, terminal=False, allow_evicted=True)
             replays += subs
             cpu_replay = cpu_replay + cpu
             subs, cpu = _reconnects(daemon, session_id, newest, epoch, per_block,
                                     args.max_queued, meter)
+            check_delivery(subs, newest + 1, newest, terminal=False, allow_evicted=True)
             heads += subs
             cpu_head = cpu_head + cpu
         daemon.open_gate(gate)
@@ -86,8 +90,7 @@ def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
     head_times = [(s["t_done"] - s["t_start"]) * 1000 for s in heads]
     evicted = sum(1 for s in replays if s["evicted"])
     unfinished = sum(1 for s in replays if not s["done"])
-    # Frames: the retry preamble, the replayed events, replay_complete.
-    replayed = sorted({int(s["frames"]) - 2 for s in replays})
+    replayed = sorted({int(s["ids"]) for s in replays})
     row = Row(benchmark=NAME, name=f"time to replay_complete, cursor {back:,} back",
               params={"replayed": "/".join(str(r) for r in replayed),
                       "replay_MB": round(max(s["bytes"] for s in replays) / 1e6, 2),

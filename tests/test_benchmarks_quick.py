@@ -1,10 +1,13 @@
 """The benchmark smoke run: ``python -m benchmarks --quick`` must keep working.
 
 It runs every benchmark end to end against real daemons at small sizes. Only the harness is
-checked here (every row present, numeric, well-formed JSON, a readable table); the figures
-themselves are never asserted, because timing belongs to the benchmarks, not to the test suite.
-The load generator's frame counter, which every throughput figure rests on, is checked on its
-own against HTTP/1.1 chunked SSE streams cut at arbitrary points.
+checked here (every row present, numeric, no ERROR row, well-formed JSON, a readable table); the
+figures themselves are never asserted, because timing belongs to the benchmarks, not to the test
+suite. An ERROR row is a benchmark that could not run the real code, or whose subscribers did not
+receive what was published: it fails the run. The load generator's frame counter and delivery
+check, which every throughput figure rests on, are checked on their own against HTTP/1.1 chunked
+SSE streams cut at arbitrary points, and the journal benchmark's pipeline check against a bus
+that did not run the turn.
 """
 
 from __future__ import annotations
@@ -21,7 +24,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.loadgen import SSECounter
+from benchmarks.__main__ import journal_rows
+from benchmarks.harness import CpuUse
+from benchmarks.journal import check_pipeline_ran
+from benchmarks.loadgen import LoadGenError, SSECounter, check_delivery, delivery_problems
+from daemon.bus import BusLimits, SessionBus
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,6 +44,7 @@ EXPECTED_ROWS: dict[str, list[str]] = {
     "transcript_cost": ["transcript on", "transcript off"],
     "repair_cost": ["terminal -> committed repair", "model: replay history",
                     "model: repair commit"],
+    "crash_loss": ["ms of output lost at SIGKILL", "events lost at SIGKILL"],
 }
 TABLE_HEADER = ("benchmark", "parameters", "value", "spread", "baseline", "ratio", "target",
                 "result", "cpu ms d/a/c")
@@ -48,7 +56,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Comp
     out = tmp_path_factory.mktemp("bench") / "quick.json"
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--quick", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=180,
+        cwd=ROOT, capture_output=True, text=True, timeout=300,  # a hang guard, not a bound
     )
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-6000:]}"
     return proc, json.loads(out.read_text())
@@ -67,6 +75,13 @@ def test_every_expected_row_is_present(quick_run: tuple[Any, dict[str, Any]]) ->
         for fragment in fragments:
             assert any(fragment in name for name in names), (benchmark, fragment, names)
     assert {row["benchmark"] for row in rows} == set(EXPECTED_ROWS)
+
+
+def test_no_row_is_an_error(quick_run: tuple[Any, dict[str, Any]]) -> None:
+    _, results = quick_run
+    errors = [f"{row['benchmark']}: {row['name']}: {row['error']}"
+              for row in results["rows"] if row["verdict"] == "ERROR" or row["error"]]
+    assert errors == []
 
 
 def test_every_row_has_numbers(quick_run: tuple[Any, dict[str, Any]]) -> None:
@@ -129,7 +144,7 @@ HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
 FRAMES = [b"retry: 3000\n\n"] + [
     b'id: %d\nevent: session_update\ndata: {"id":%d,"v":1,"type":"session_update"}\n\n' % (i, i)
     for i in range(1, 40)
-] + [b'event: turn_complete\ndata: {"v":1,"type":"turn_complete"}\n\n']
+] + [b'id: 40\nevent: turn_complete\ndata: {"id":40,"v":1,"type":"turn_complete"}\n\n']
 PAYLOAD = b"".join(FRAMES)
 
 
@@ -166,6 +181,8 @@ def test_counter_counts_frames_however_the_stream_is_cut(chunk_cuts: list[int],
     assert counter.bytes == len(PAYLOAD)
     assert counter.done and not counter.evicted
     assert counter.ended  # the zero-length last chunk
+    assert (counter.first_id, counter.last_id, counter.ids) == (1, 40, 40)
+    assert counter.id_error is None and counter.terminal_id == 40
 
 
 def test_counter_flags_eviction_and_waits_for_its_event() -> None:
@@ -187,3 +204,76 @@ def test_counter_reports_an_error_status() -> None:
     assert counter.status == 429
     assert counter.error is not None and "429" in counter.error
     assert counter.finished
+
+
+# --- the delivery check: what a subscriber received against what was published -----------------
+
+
+def _report(payload: bytes, cuts: list[int] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+    counter = SSECounter(b"event: turn_complete\n")
+    _feed(counter, HEAD + _chunked(payload, list(cuts)), list(cuts))
+    return {"ids": counter.ids, "first_id": counter.first_id, "last_id": counter.last_id,
+            "id_error": counter.id_error, "terminal_id": counter.terminal_id,
+            "done": counter.done, "evicted": counter.evicted}
+
+
+@given(cuts=st.lists(st.integers(1, len(PAYLOAD) - 1), max_size=8),
+       drop=st.integers(1, 39), duplicate=st.booleans())
+def test_a_dropped_or_repeated_frame_is_a_delivery_error(cuts: list[int], drop: int,
+                                                          duplicate: bool) -> None:
+    assert delivery_problems(_report(PAYLOAD, cuts), 1, 40) == []
+    frames = list(FRAMES)
+    if duplicate:
+        frames.insert(drop + 1, frames[drop])
+    else:
+        del frames[drop]
+    report = _report(b"".join(frames), [c for c in cuts if c < sum(map(len, frames))])
+    # Dropping id 1 leaves 2..40, contiguous but short; anything else breaks the sequence.
+    assert (report["id_error"] is None) == (drop == 1 and not duplicate)
+    with pytest.raises(LoadGenError, match="subscriber 1: "):
+        check_delivery([_report(PAYLOAD), report], 1, 40)
+
+
+def test_a_missing_terminal_or_a_short_stream_is_a_delivery_error() -> None:
+    no_terminal = _report(b"".join(FRAMES[:-1]))
+    assert no_terminal["id_error"] is None and not no_terminal["done"]
+    assert "the terminal never arrived" in delivery_problems(no_terminal, 1, 39)
+    # Everything it got was in order, but the bus published one more event than it received.
+    assert any("published" in p for p in delivery_problems(_report(PAYLOAD), 1, 41))
+    # An evicted subscriber may stop early when the caller allows it, but never skip an id.
+    evicted = dict(no_terminal, evicted=True)
+    check_delivery([evicted], 1, 40, allow_evicted=True)
+    with pytest.raises(LoadGenError):
+        check_delivery([evicted], 1, 40)
+
+
+def test_ids_are_checked_across_a_reconnect() -> None:
+    counter = SSECounter(b"event: turn_complete\n")
+    first, rest = b"".join(FRAMES[:21]), b"".join(FRAMES[21:])
+    counter.feed(HEAD + _chunked(first + b'event: client_evicted\ndata: {"v":1}\n\n', []))
+    assert counter.evicted and counter.last_id == 20
+    counter.restart()
+    counter.feed(HEAD + _chunked(b"retry: 3000\n\n" + rest, []))
+    assert counter.reconnects == 1 and counter.done
+    assert (counter.first_id, counter.last_id, counter.ids, counter.id_error) == (1, 40, 40, None)
+    again = SSECounter(b"event: turn_complete\n")
+    again.feed(HEAD + _chunked(first, []))
+    again.restart()
+    again.feed(HEAD + _chunked(b"".join(FRAMES[20:]), []))  # id 20 replayed twice
+    assert again.id_error == "id 20 after id 20"
+
+
+# --- the journal benchmark's pipeline check and its ERROR rows ------------------------------------
+
+
+def test_a_pipeline_that_did_not_run_is_an_error() -> None:
+    bus = SessionBus("s", BusLimits(10_000, 8 * 1024 * 1024, 4 * 1024 * 1024, 8000), None)
+    bus.publish("session_update", {"sessionId": "s", "update": {
+        "sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "x"}}})
+    with pytest.raises(RuntimeError, match="ring last id 1, 3 events published"):
+        check_pipeline_ran(bus, 3)
+    with pytest.raises(RuntimeError, match="did not reset the live journal"):
+        check_pipeline_ran(bus, 1)
+    (row,) = journal_rows([{"benchmark": "pipeline: x", "events": 3, "events_per_s": None,
+                            "targets": [], "error": "RuntimeError: boom"}], CpuUse(), True)
+    assert row.verdict == "ERROR" and row.error == "RuntimeError: boom"
