@@ -69,6 +69,7 @@ class DaemonASGI:
         self.guard = guard
         self.heartbeat_s = heartbeat_s
         self.body_timeout_s = manager.config.body_timeout_ms / 1000
+        self.stalled_write_s = manager.config.stalled_write_ms / 1000
         self.body_timeouts = LogThrottle(BODY_TIMEOUT_LOG_INTERVAL_S)
         self.ui = UiFiles()
 
@@ -135,7 +136,8 @@ class DaemonASGI:
                         await deny_ws(send, 404, body)
                     return
                 if kind == "http":
-                    await serve_sse(scope, receive, send, session.bus, headers, self.heartbeat_s)
+                    await serve_sse(scope, receive, send, session.bus, headers, self.heartbeat_s,
+                                    self.stalled_write_s)
                 else:
                     await serve_ws(scope, receive, send, session.bus, headers, self.heartbeat_s)
                 return

@@ -49,7 +49,8 @@ class BusLimits:
 class Subscription:
     """One SSE/WS reader of the bus: its ring cursor, warning latch and the scope that stops it."""
 
-    __slots__ = ("_idle", "abort", "evicted", "pending_warning", "scope", "sending", "state")
+    __slots__ = ("_idle", "abort", "evicted", "pending_warning", "scope", "sending", "state",
+                 "writes_done")
 
     def __init__(self, state: SubscriberState) -> None:
         self.state = state
@@ -60,6 +61,9 @@ class Subscription:
         # True while a write is in flight. Only then can lag build up: an idle subscriber
         # takes every new event the moment it runs (they are handed over in one write).
         self.sending = False
+        # Writes completed so far: one that stays in flight with this count unchanged is
+        # stalled (see streams.watch_stalled_writes).
+        self.writes_done = 0
         self._idle = trio.Event()
         self.evicted = trio.Event()
 

@@ -34,6 +34,7 @@ DEFAULT_EVENT_RING_BYTES = 16 * 1024 * 1024
 DEFAULT_AGENT_IDLE_MS = 300_000
 DEFAULT_AGENT_INIT_TIMEOUT_MS = 30_000
 DEFAULT_BODY_TIMEOUT_MS = 10_000
+DEFAULT_STALLED_WRITE_MS = 30_000  # two heartbeat intervals
 APPROVAL_MODES = ("default", "plan", "auto-edit", "auto", "yolo")
 TOKEN_ENV = "QWEN_SERVER_TOKEN"
 ENV_PREFIX = "TURNKEEPER_"
@@ -75,6 +76,8 @@ class DaemonConfig:
     ws_ping_ms: int = 15_000
     # A request's body must have arrived this long after its headers, else 408 and close.
     body_timeout_ms: int = DEFAULT_BODY_TIMEOUT_MS
+    # An SSE write that makes no progress this long is cut (the peer stopped reading).
+    stalled_write_ms: int = DEFAULT_STALLED_WRITE_MS
 
     @property
     def is_loopback(self) -> bool:
@@ -275,6 +278,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--body-timeout-ms", default=str(DEFAULT_BODY_TIMEOUT_MS),
                    help="close a connection whose request body has not arrived this long after "
                         "its headers (408)")
+    p.add_argument("--stalled-write-ms", default=str(DEFAULT_STALLED_WRITE_MS),
+                   help="cut an event stream whose write has made no progress this long")
     _document(p)
     return p
 
@@ -372,4 +377,5 @@ def _validate(ns: argparse.Namespace, env: Mapping[str, str]) -> DaemonConfig:
         cancel_grace_ms=_positive_int("--cancel-grace-ms", ns.cancel_grace_ms),
         ws_ping_ms=_positive_int("--ws-ping-ms", ns.ws_ping_ms),
         body_timeout_ms=_positive_int("--body-timeout-ms", ns.body_timeout_ms),
+        stalled_write_ms=_positive_int("--stalled-write-ms", ns.stalled_write_ms),
     )

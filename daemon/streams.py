@@ -111,6 +111,31 @@ async def watch_eviction(sub: Subscription) -> None:
         sub.abort()
 
 
+async def watch_stalled_writes(sub: Subscription, limit_s: float) -> None:
+    """Cut a connection whose write has made no progress for ``limit_s``: its peer stopped
+    reading. The slow-client rules evict a stalled subscriber once the session publishes past
+    its caps; this also frees its slot while nothing is published (a stalled replay of a
+    quiet session would otherwise hold it for as long as the peer keeps the socket open)."""
+    period = limit_s / 4
+    mark: tuple[int, float] | None = None  # (writes_done, first seen stuck at)
+    while True:
+        await trio.sleep(period)
+        if not sub.sending:
+            mark = None
+            continue
+        now = trio.current_time()
+        if mark is None or mark[0] != sub.writes_done:
+            mark = (sub.writes_done, now)
+            continue
+        if now - mark[1] >= limit_s:
+            log.info("event=stalled_write_cut stalled_ms=%d", round((now - mark[1]) * 1000))
+            if sub.scope is not None:
+                sub.scope.cancel()
+            if sub.abort is not None:
+                sub.abort()
+            return
+
+
 async def final_send(sub: Subscription, send: Send, messages: list[MutableMapping[str, Any]],
                      timeout: float) -> None:
     """Best-effort closing messages. The server's writes cannot be cancelled, so a peer that
@@ -242,7 +267,8 @@ async def send_json_error(send: Send, err: StreamRequestError) -> None:
 
 
 async def serve_sse(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
-                    headers: dict[str, str], heartbeat_s: float) -> None:
+                    headers: dict[str, str], heartbeat_s: float,
+                    stalled_write_s: float | None = None) -> None:
     try:
         req = parse_stream_request(headers, scope.get("query_string", b""))
         check_capacity(bus)
@@ -266,12 +292,15 @@ async def serve_sse(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
 
     async def body(data: bytes) -> None:
         await send({"type": "http.response.body", "body": data, "more_body": True})
+        sub.writes_done += 1
 
     try:
         async with trio.open_nursery() as nursery:
             sub.scope = nursery.cancel_scope
             nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope, "http.disconnect")
             nursery.start_soon(watch_eviction, sub)
+            if stalled_write_s is not None:
+                nursery.start_soon(watch_stalled_writes, sub, stalled_write_s)
             sub.begin_write()
             await body(b"retry: 3000\n\n")
             for chunk in sse_chunks(plan.before):
@@ -293,7 +322,9 @@ async def serve_sse(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
                 if bus.closed:
                     break
                 if not await pump.wait():
+                    sub.begin_write()  # a stalled heartbeat is a stalled write like any other
                     await body(b": heartbeat\n\n")
+                    sub.end_write()
             nursery.cancel_scope.cancel()
     finally:
         bus.remove_subscriber(sub)

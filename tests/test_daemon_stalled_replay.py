@@ -93,31 +93,63 @@ async def _count_is(client: httpx.AsyncClient, sid: str, n: int) -> bool:
 
 
 PING_MS = 2000
+STALLED_WRITE_MS = 2000
 
 
 @pytest.fixture(scope="module")
-def pinging(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
-    with running_daemon(tmp_path_factory.mktemp("replay-stall-ping"),
+def quiet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
+    """Short keepalive and stalled-write timers, for sessions that publish nothing."""
+    with running_daemon(tmp_path_factory.mktemp("replay-stall-quiet"),
                         ["--no-persistence", "--event-ring-size", str(RING),
-                         "--ws-ping-ms", str(PING_MS)]) as d:
+                         "--ws-ping-ms", str(PING_MS),
+                         "--stalled-write-ms", str(STALLED_WRITE_MS)]) as d:
         yield d
 
 
+async def test_stalled_sse_replayers_in_a_quiet_session_are_cut(quiet: RunningDaemon) -> None:
+    """Nothing is published, so no lag builds up: a write that makes no progress for
+    --stalled-write-ms is cut instead, and the slots are free again."""
+    pid, port = quiet.proc.pid, host_port(quiet.url)[1]
+    stalled: list[socket.socket] = []
+    async with httpx.AsyncClient(base_url=quiet.url, timeout=30) as client:
+        sid = (await client.post("/session", json={})).json()["sessionId"]
+        await run_turn(client, sid, FILL)
+        cuts_before = quiet.stderr().count("event=stalled_write_cut")
+        try:
+            for _ in range(MAX_SUBSCRIBERS):
+                stalled.append(open_stalled_sse(quiet.url, sid, query="",
+                                                headers={"Last-Event-ID": "0"}))
+            await poll(partial(_count_is, client, sid, MAX_SUBSCRIBERS), 20, "64 subscribers")
+            events = f"/session/{sid}/events"
+            assert await _subscribe_status(client, events) == 429
+            last_id = (await status(client, sid))["lastEventId"]
+            # Cut 2-2.5 s after their writes stalled; the bound is generous.
+            await poll(partial(_count_is, client, sid, 0), 15, "the stalled-write cuts")
+            peers = [sock.getsockname()[1] for sock in stalled]
+            await poll(partial(_none_held, pid, port, peers), CUT_BOUND_S, "the cuts")
+            assert await _subscribe_status(client, events) == 200
+            assert (await status(client, sid))["lastEventId"] == last_id  # nothing published
+        finally:
+            for sock in stalled:
+                sock.close()
+    assert quiet.stderr().count("event=stalled_write_cut") - cuts_before == MAX_SUBSCRIBERS
+
+
 async def test_stalled_ws_replayers_in_a_quiet_session_fail_keepalive_and_are_cut(
-        pinging: RunningDaemon) -> None:
+        quiet: RunningDaemon) -> None:
     """Nothing is published, so no lag builds up: the WebSocket keepalive cuts them instead.
     Their pings cannot even be written (the replay write ahead of them is stalled), and two
     intervals without a pong end the connection."""
-    pid, port = pinging.proc.pid, host_port(pinging.url)[1]
+    pid, port = quiet.proc.pid, host_port(quiet.url)[1]
     stalled: list[socket.socket] = []
-    async with httpx.AsyncClient(base_url=pinging.url, timeout=30) as client:
+    async with httpx.AsyncClient(base_url=quiet.url, timeout=30) as client:
         sid = (await client.post("/session", json={})).json()["sessionId"]
         await run_turn(client, sid, FILL)
-        failures_before = pinging.stderr().count("event=ws_keepalive_failed")
-        failures_stalled_before = pinging.stderr().lower().count("stalled=true")
+        failures_before = quiet.stderr().count("event=ws_keepalive_failed")
+        failures_stalled_before = quiet.stderr().lower().count("stalled=true")
         try:
             for _ in range(MAX_SUBSCRIBERS):
-                stalled.append(open_stalled_ws(pinging.url, sid, query="lastEventId=0"))
+                stalled.append(open_stalled_ws(quiet.url, sid, query="lastEventId=0"))
             await poll(partial(_count_is, client, sid, MAX_SUBSCRIBERS), 20, "64 subscribers")
             assert await _subscribe_status(client, f"/session/{sid}/events") == 429
             last_id = (await status(client, sid))["lastEventId"]
@@ -130,6 +162,6 @@ async def test_stalled_ws_replayers_in_a_quiet_session_fail_keepalive_and_are_cu
         finally:
             for sock in stalled:
                 sock.close()
-    log = pinging.stderr()
+    log = quiet.stderr()
     assert log.count("event=ws_keepalive_failed") - failures_before == MAX_SUBSCRIBERS
     assert log.lower().count("stalled=true") - failures_stalled_before == MAX_SUBSCRIBERS

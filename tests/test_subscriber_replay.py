@@ -5,11 +5,12 @@ ring is evicted. Pure cores: ``SubscriberState`` and the replay grouping of ``st
 from __future__ import annotations
 
 import trio
+import trio.testing
 
 from daemon.bus import Subscription
 from daemon.envelope import Event, make_event
 from daemon.ring import EventRing
-from daemon.streams import replay_events, replay_groups
+from daemon.streams import replay_events, replay_groups, watch_stalled_writes
 from daemon.subscriber import Eviction, SubscriberState
 
 
@@ -96,3 +97,30 @@ async def test_replay_events_tracks_the_position_and_stops_once_evicted() -> Non
     many = [event(i, size=600_000) for i in range(1, 6)]
     assert not await replay_events(Subscription(state2), many, write_then_evict)
     assert seen == [1, 2] and state2.replay_pos is None  # nothing after the eviction
+
+
+async def test_watch_stalled_writes_cuts_only_a_write_without_progress(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """Virtual time: a write that keeps progressing and an idle stream are left alone; a write
+    with no progress is cut between ``limit`` and ``limit + limit / 4`` after it stalled."""
+    sub = Subscription(SubscriberState(0))
+    cuts: list[float] = []
+    sub.abort = lambda: cuts.append(trio.current_time())
+    limit = 2.0
+    async with trio.open_nursery() as nursery:
+        sub.scope = trio.CancelScope()  # (the stream's scope; cancelled along with the cut)
+        nursery.start_soon(watch_stalled_writes, sub, limit)
+        sub.begin_write()
+        for _ in range(20):  # 15 s of a slow write that progresses every 0.75 s
+            await trio.sleep(0.75)
+            sub.writes_done += 1
+        sub.end_write()
+        await trio.sleep(10 * limit)  # idle is not stalled
+        assert cuts == []
+        sub.begin_write()
+        stalled_at = trio.current_time()
+        await trio.sleep(3 * limit)
+        assert len(cuts) == 1
+        assert limit <= cuts[0] - stalled_at <= limit + limit / 4 + 1e-9
+        assert sub.scope.cancel_called
+        nursery.cancel_scope.cancel()
