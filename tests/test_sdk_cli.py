@@ -379,6 +379,16 @@ def test_approve_flag_answers_the_permission_request(lib_daemon: RunningDaemon) 
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == "permission:allow-oncelib-chunk-0"
     assert done.stderr == ASKED + "turnkeeper: answered: Allow [allow_once] (--approve allow-once)\n"
+    rejected = cli(lib_daemon.url, "prompt", session_id, "please ask-permission",
+                   "--approve", "reject-once")
+    assert rejected.returncode == 0, rejected.stderr
+    assert rejected.stdout.splitlines()[0] == "permission:reject-oncelib-chunk-0"
+    # The agent offers no allow_always option: the request is cancelled, never widened.
+    widest = cli(lib_daemon.url, "prompt", session_id, "please ask-permission",
+                 "--approve", "allow-always")
+    assert widest.returncode == 0, widest.stderr
+    assert widest.stdout.splitlines()[0] == "permission:cancelledlib-chunk-0"
+    assert "no option of that kind, cancelled" in widest.stderr
 
 
 def test_without_a_terminal_or_a_flag_the_prompt_is_cancelled_and_exits_7(

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from sdk.client import DaemonClient, LoadResult
 from sdk.errors import DaemonHTTPError
@@ -367,4 +368,45 @@ async def test_a_local_prompt_in_flight_delays_the_repair_until_it_settles(
         assert proxy.loads == loads_before + 1
         assert "".join(agent_texts(candidates[0].suffix)) == "".join(TWENTY)
         await driver.handle.close()
+        nursery.cancel_scope.cancel()
+
+
+async def test_wait_outcome_returns_none_when_no_attempt_can_come(
+    daemon: RunningDaemon, proxy: FaultProxy
+) -> None:
+    async with (
+        DaemonClient(daemon.url) as direct,
+        DaemonClient(proxy.url) as ui_client,
+        trio.open_nursery() as nursery,
+    ):
+        sc = await start_scenario(daemon, proxy, nursery, direct, ui_client, "never-arms")
+        results: list[RepairOutcome | None] = []
+        woke = trio.Event()
+
+        async def waiter() -> None:
+            results.append(await sc.driver.wait_outcome())
+            woke.set()
+
+        nursery.start_soon(waiter)
+        await trio.testing.wait_all_tasks_blocked()
+        assert results == [], "the episode is pending: the waiter must wait"
+        sc.driver.abort()  # e.g. a configured reload: the episode is gone without an attempt
+        with trio.fail_after(WAIT_S):
+            await woke.wait()
+        assert results == [None]
+        assert await sc.driver.wait_outcome() is None  # no episode at all: at once
+
+        # An episode whose subscription ends before the terminal can never arm.
+        mid = await sc.ui.client.load_session(sc.session_id)
+        assert sc.driver.begin(mid) is not None
+        woke = trio.Event()
+        nursery.start_soon(waiter)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(results) == 1
+        await sc.ui.close()
+        with trio.fail_after(WAIT_S):
+            await woke.wait()
+        assert results == [None, None] and sc.driver.outcomes == []
+        assert proxy.loads == 2, "no repair load was made"
+        sc.daemon.open_gate(sc.token)
         nursery.cancel_scope.cancel()

@@ -15,7 +15,7 @@ import msgspec
 import pytest
 import trio
 
-from sdk.client import DaemonClient
+from sdk.client import DaemonClient, PromptAccepted
 from sdk.errors import (
     AuthError,
     DaemonError,
@@ -500,3 +500,31 @@ async def test_prompt_raises_turn_error_on_reject(daemon: RunningDaemon, subscri
         assert info.value.code == "-32603" and "injected error" in info.value.message
         assert info.value.prompt_id
         await handle.close()
+
+
+async def test_prompt_reports_its_id_before_the_terminal(daemon: RunningDaemon) -> None:
+    async with DaemonClient(daemon.url) as client, trio.open_nursery() as nursery:
+        handle = await SessionHandle.create(client)
+        told: list[str] = []
+        accepted = trio.Event()
+        results: list[str] = []
+
+        def on_accepted(answer: PromptAccepted) -> None:
+            told.append(answer.prompt_id)
+            accepted.set()
+
+        async def run() -> None:
+            done = await handle.prompt(
+                "early id mock:chunks=1 mock:gate=early-id", on_accepted=on_accepted
+            )
+            results.append(done.prompt_id)
+
+        nursery.start_soon(run)
+        with trio.fail_after(WAIT_S):
+            await accepted.wait()
+        # The turn is held open by the gate: the id is known while it runs.
+        assert results == [] and len(told) == 1
+        status = await client.session_status(handle.session_id)
+        assert status.raw["activePromptId"] == told[0]
+        daemon.open_gate("early-id")
+    assert results == told

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
+import trio.testing
 
 from sdk.client import DaemonClient
 from sdk.repair import RepairState
@@ -189,3 +190,78 @@ async def test_a_local_prompt_through_the_model_holds_the_repair_until_it_settle
             if isinstance(b, MessageBlock) and b.text == "Commands are temporarily unavailable."
         ]
         assert len(shown) == 1 and provider.notices == ()
+
+
+async def test_wait_repair_and_the_state_an_observer_sees_when_the_episode_ends(
+    daemon: RunningDaemon,
+) -> None:
+    token = "webui-wait"
+    async with (
+        DaemonClient(daemon.url) as direct,
+        DaemonClient(daemon.url) as ui_client,
+        WebUIProvider(ui_client) as provider,
+        trio.open_nursery() as nursery,
+    ):
+        assert await provider.wait_repair() is None  # nothing open: nothing to wait for
+        sid = (await direct.create_session(scope="thread")).session_id
+        await direct.send_prompt(sid, f"{token} mock:chunks=20 mock:gate={token}")
+        await wait_for_chunk_19(direct, sid)
+        await provider.open_session(sid)
+        assert provider.episode is not None
+        seen: list[tuple[int, list[RepairOutcomeKind], int]] = []
+        observed = trio.Event()
+
+        async def observer() -> None:
+            await provider.wait_for(lambda: provider.episode is None)
+            seen.append(
+                (
+                    provider.repair_attempts,
+                    [o.kind for o in provider.repair_outcomes],
+                    ui_client.statistics().loads,
+                )
+            )
+            observed.set()
+
+        nursery.start_soon(observer)
+        await trio.testing.wait_all_tasks_blocked()
+        daemon.open_gate(token)
+        with trio.fail_after(WAIT_S):
+            outcome = await provider.wait_repair()
+        assert outcome is not None and outcome.kind is RepairOutcomeKind.REPAIRED
+        assert chunk_counts(provider) == TWENTY
+        with trio.fail_after(WAIT_S):
+            await observed.wait()
+        # Woken by the episode's end, the observer saw the outcome and the counters with it.
+        assert seen == [(1, [RepairOutcomeKind.REPAIRED], 2)]
+        assert await provider.wait_repair() is None  # that episode is over
+
+        # A waiter on an episode that navigation removes gets None, not a hang.
+        other = "webui-wait-2"
+        sid2 = (await direct.create_session(scope="thread")).session_id
+        await direct.send_prompt(sid2, f"{other} mock:chunks=20 mock:gate={other}")
+        await wait_for_chunk_19(direct, sid2)
+        await provider.open_session(sid2)
+        assert provider.episode is not None
+        results: list[object] = []
+        done = trio.Event()
+
+        async def waiter() -> None:
+            results.append(await provider.wait_repair())
+            done.set()
+
+        nursery.start_soon(waiter)
+        await trio.testing.wait_all_tasks_blocked()
+        assert results == []
+        await provider.clear()
+        with trio.fail_after(WAIT_S):
+            await done.wait()
+        assert results == [None] and provider.repair_attempts == 1
+        daemon.open_gate(other)
+
+
+async def wait_for_chunk_19(direct: DaemonClient, sid: str) -> None:
+    with trio.fail_after(WAIT_S):
+        async with direct.events(sid, 0) as stream:
+            async for event in stream:
+                if text_of(event) == "chunk-19":
+                    return
