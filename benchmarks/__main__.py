@@ -27,6 +27,7 @@ from benchmarks import (
     memory,
     repair_cost,
     resume,
+    stall_cut,
     transcript_cost,
 )
 from benchmarks.harness import (
@@ -124,6 +125,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               transcript_cost.run),
     Benchmark(repair_cost.NAME, repair_cost.TITLE, repair_cost.add_arguments, repair_cost.run),
     Benchmark(crash_loss.NAME, crash_loss.TITLE, crash_loss.add_arguments, crash_loss.run),
+    Benchmark(stall_cut.NAME, stall_cut.TITLE, stall_cut.add_arguments, stall_cut.run),
 )
 
 

@@ -45,6 +45,7 @@ EXPECTED_ROWS: dict[str, list[str]] = {
     "repair_cost": ["terminal -> committed repair", "model: replay history",
                     "model: repair commit"],
     "crash_loss": ["ms of output lost at SIGKILL", "events lost at SIGKILL"],
+    "stall_cut": ["eviction -> connection closed", "408 and EOF"],
 }
 TABLE_HEADER = ("benchmark", "parameters", "value", "spread", "baseline", "ratio", "target",
                 "result", "cpu ms d/a/c")
