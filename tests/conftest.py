@@ -14,4 +14,12 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile("dev", deadline=None, max_examples=100)
+# `make mutation` runs the property tests once per mutant: fewer, still derandomized examples.
+settings.register_profile(
+    "mutation",
+    deadline=None,
+    derandomize=True,
+    max_examples=30,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
