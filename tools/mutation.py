@@ -79,6 +79,9 @@ EQUIVALENT: dict[str, list[tuple[str, str]]] = {
         (r'return "<missing>"$', "repr of the internal sentinel, a debugging aid never output"),
         (r"^\s+merged = False$", "_push's `merged` flag is only tested for truth"),
     ],
+    "daemon/acp_codec.py": [
+        (r"^\s+self\._discarding = False$", "the splitter's `_discarding` flag is only tested for truth"),
+    ],
 }
 
 # mutmut exit code -> verdict (the tool's own mapping, grouped for the table).
