@@ -26,7 +26,18 @@ check: $(STAMP)
 	$(VENV)/bin/ruff check daemon sdk webui_model tests benchmarks tools
 	$(VENV)/bin/mypy --strict $(CORES)
 
-unit: $(STAMP)
+# The viewer's browser tests drive Debian's chromium through Playwright (its pip wheel brings the
+# driver; no browser download). Installed here when missing and run as root; otherwise those
+# tests are skipped with the reason. The stamp is only written once chromium is there.
+BROWSER_STAMP := $(VENV)/.chromium
+$(BROWSER_STAMP): $(STAMP)
+	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } || \
+		echo "note: apt-get install chromium failed"
+	@if command -v chromium >/dev/null; then touch $@; else \
+		echo "note: chromium is not installed, the browser tests will be skipped (apt-get install chromium)"; fi
+
+unit: $(STAMP) $(BROWSER_STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 test: check unit

@@ -98,12 +98,13 @@ class SessionView {
     this.repairController = null;
     this.resyncScheduled = false;
     this.backoff = 0;
+    this.pageSize = viewer.pageSize();
   }
 
   // -- lifecycle --
 
   async open() {
-    await this.load(HISTORY_PAGE_SIZE);
+    await this.load(this.pageSize);
   }
 
   close() {
@@ -156,7 +157,7 @@ class SessionView {
       paginationEnabled: this.viewer.paginationEnabled,
       historyHasMore: result.historyHasMore === true,
       historyAnchorRecordId: typeof result.historyAnchorRecordId === "string" ? result.historyAnchorRecordId : null,
-      pageSize: HISTORY_PAGE_SIZE,
+      pageSize: this.pageSize,
     });
     this.clientId = result.clientId || this.clientId;
     this.cursor = Number.isInteger(result.lastEventId) ? result.lastEventId : null;
@@ -276,13 +277,14 @@ class SessionView {
     this.viewer.stats.eventsReceived += 1;
     this.viewer.perform(this.store.dispatch(event));
     this.noteTerminal(event);
+    if (TERMINAL_TYPES.has(event.type)) this.viewer.refreshList().catch(() => {});
     if (event.type === "state_resync_required") {
       // The stream lost continuity: reload the session (a configured load; aborts a repair).
       if (!this.resyncScheduled) {
         this.resyncScheduled = true;
         this.viewer.stats.resyncs += 1;
         queueMicrotask(() => {
-          this.load(HISTORY_PAGE_SIZE).catch((error) => {
+          this.load(this.pageSize).catch((error) => {
             this.viewer.addNotice({ id: "daemon.session_reload.failed", message:
               "Could not reload the session after the event stream lost continuity.", debug_message: String(error) });
           }).finally(() => { this.resyncScheduled = false; });
@@ -563,9 +565,14 @@ class Viewer {
     $("refresh").addEventListener("click", () => this.refreshList());
     $("new-session").addEventListener("click", () => this.newSession());
     $("load-older").addEventListener("click", () => this.view && this.view.loadMore(true));
+    // Scrolling up to the top loads the next older page (a wheel counts too: a short
+    // transcript that does not scroll yet still asks for more when the user scrolls up).
     $("transcript").addEventListener("scroll", () => {
       if ($("transcript").scrollTop < TOP_THRESHOLD_PX && this.view) this.view.loadMore();
     });
+    $("transcript").addEventListener("wheel", (e) => {
+      if (e.deltaY < 0 && $("transcript").scrollTop < TOP_THRESHOLD_PX && this.view) this.view.loadMore();
+    }, { passive: true });
     $("prompt-form").addEventListener("submit", (e) => { e.preventDefault(); this.sendPrompt(); });
     $("prompt-input").addEventListener("keydown", (e) => {
       if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); this.sendPrompt(); }
@@ -611,6 +618,13 @@ class Viewer {
     const created = await this.api.request("POST", "/session", { body: { sessionScope: "thread" } });
     await this.refreshList();
     location.hash = `session=${created.sessionId}`;
+  }
+
+  // History page size: 100, or the hash's page=N (1..500), e.g. #session=<id>&page=20.
+  pageSize() {
+    const match = /(?:^#|&)page=([0-9]{1,3})(?:&|$)/.exec(location.hash);
+    const size = match ? Number(match[1]) : HISTORY_PAGE_SIZE;
+    return size >= 1 && size <= 500 ? size : HISTORY_PAGE_SIZE;
   }
 
   async openFromHash() {
