@@ -156,6 +156,7 @@ async def run_daemon(
             auth = ' -H "Authorization: Bearer $QWEN_SERVER_TOKEN"' if config.token else ""
             print(f"turnkeeper daemon listening on {url}", file=stream, flush=True)
             print(startup_hint(config), file=stream, flush=True)
+            print(f"viewer: {url}/ui/", file=stream, flush=True)
             print(f"try: curl -s{auth} -X POST {url}/session -H 'Content-Type: application/json'"
                   " -d '{}'", file=stream, flush=True)
             log.info("event=listening url=%s data_dir=%s persistence=%s", url, config.data_dir,

@@ -294,3 +294,25 @@ def test_startup_prints_one_line_when_python_daemon_is_installed(tmp_path: Path)
 def test_config_defaults_record_logging_choices() -> None:
     config = DaemonConfig()
     assert (config.log_level, config.log_format, config.access_log) == ("info", "logfmt", False)
+
+
+def test_startup_prints_the_viewer_url_and_it_serves_the_page(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "daemon", "--port", "0", "--data-dir", str(tmp_path / "data")]
+    env = {k: v for k, v in os.environ.items() if k != "QWEN_SERVER_TOKEN"}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            cwd=str(tmp_path), env=env)
+    try:
+        assert proc.stdout is not None
+        lines: list[str] = []
+        while not any(line.startswith("try:") for line in lines):
+            line = proc.stdout.readline()
+            assert line, f"daemon stopped before its startup hint: {lines}"
+            lines.append(line.rstrip("\n"))
+        url = re.search(r"listening on (\S+)", lines[0])
+        assert url is not None
+        assert f"viewer: {url.group(1)}/ui/" in lines
+        page = httpx.get(f"{url.group(1)}/ui/", timeout=WAIT_S)
+        assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    finally:
+        proc.terminate()
+        proc.wait(10)
