@@ -74,10 +74,23 @@ EQUIVALENT: dict[str, list[tuple[str, str]]] = {
     "daemon/live_journal.py": [
         (r'_push\(event, None, ""\)$',
          "the text argument is read only to merge, and a None key never merges"),
-        (r"^\s+self\._last_key = None$",
+        (r"^\s+self\._last_key(: MergeKey \| None)? = None$",
          "reset/init with no entries: any non-tuple sentinel equals no chunk's merge key"),
         (r'return "<missing>"$', "repr of the internal sentinel, a debugging aid never output"),
         (r"^\s+merged = False$", "_push's `merged` flag is only tested for truth"),
+    ],
+    "daemon/compactor.py": [
+        (r'^\s+self\.(event_id|prompt_id|originator): Any = env\.get\("(id|promptId|originatorClientId)"\)$',
+         "a tool slot's first id/promptId/originator: emit() starts from a copy of that same "
+         "first envelope and only overrides with later non-null values, so None is the same"),
+        (r"^\s+self\.last_env: JsonObject = \{\}$",
+         "a text slot is created only to absorb a chunk at once, which sets last_env"),
+    ],
+    "sdk/sse.py": [
+        (r"^\s+pos = len\(buf\)$",
+         "where feed() resumes its newline search is an optimisation: the buffered part holds "
+         "no newline, so searching from the start finds the same one"),
+        (r"^\s+self\._closed = False$", "the parser's `_closed` flag is only tested for truth"),
     ],
     "daemon/acp_codec.py": [
         (r"^\s+self\._discarding = False$", "the splitter's `_discarding` flag is only tested for truth"),
