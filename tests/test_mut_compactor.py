@@ -113,3 +113,16 @@ def test_text_pieces_are_joined_every_256_and_the_groups_every_256_again() -> No
     assert compactor.held_text_pieces == 1
     out = compactor.finish(Event.from_env({"v": 1, "type": "turn_complete", "data": {}}))
     assert text_of(out[0]) == "x" * 65_536
+
+
+def test_a_second_turn_starts_from_nothing() -> None:
+    feed = Feed()
+    feed.chunk("a", meta={"parentToolCallId": "task"})
+    feed.update({"sessionUpdate": "tool_call", "toolCallId": "t", "title": "x"})
+    feed.finish()
+    feed.chunk("b", meta={"parentToolCallId": "task"})
+    feed.update({"sessionUpdate": "tool_call_update", "toolCallId": "t", "status": "done"})
+    out = feed.finish()
+    assert [text_of(out[0])] == ["b"]
+    assert upd(out[1]) == {"sessionUpdate": "tool_call", "toolCallId": "t", "status": "done"}
+    assert len(out) == 3
