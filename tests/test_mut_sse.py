@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from sdk.errors import SSEBufferOverflow
 from sdk.sse import SSEParser, parse_sse
 
 BOM = b"\xef\xbb\xbf"
@@ -95,3 +96,21 @@ def test_the_last_valid_retry_wins_and_an_invalid_one_keeps_it() -> None:
     parser = SSEParser()
     parser.feed(b"retry: 100\n\nretry: 200\nretry: nope\n")
     assert parser.retry_ms == 200
+
+
+def test_a_chunk_starting_with_the_blank_line_ends_the_frame_even_if_it_ends_in_cr() -> None:
+    parser = SSEParser()
+    assert parser.feed(b"data: " + ONE + b"\n") == []
+    # The blank line is the chunk's first byte; the chunk happens to end in a bare CR.
+    assert [e.id for e in parser.feed(b"\ndata: " + TWO + b"\r")] == [1]
+    assert [e.id for e in parser.feed(b"\n\n")] == [2]
+
+
+def test_an_overflow_reports_the_pending_size_and_closes_the_parser() -> None:
+    parser = SSEParser(max_buffer=10)
+    parser.feed(b"data: 1234\n")  # 5 held
+    with pytest.raises(SSEBufferOverflow, match=r"^SSE frame exceeds the 10-byte buffer "
+                       r"without ending \(12 bytes pending\)$"):
+        parser.feed(b"data: 1")  # + 7 unfinished bytes
+    with pytest.raises(RuntimeError):
+        parser.feed(b"\n\n")
