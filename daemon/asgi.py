@@ -35,10 +35,10 @@ def _headers(scope: Scope) -> dict[str, str]:
 
 
 async def _send_json(send: Send, status: int, body: dict[str, Any], *,
-                     close: bool = False) -> None:
+                     close: bool = False, extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
     raw = encode_json(body)
     headers = [(b"content-type", b"application/json"),
-               (b"content-length", str(len(raw)).encode())]
+               (b"content-length", str(len(raw)).encode()), *extra]
     if close:
         headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -121,9 +121,16 @@ class DaemonASGI:
         match = STREAM_PATH.match(path)
         if match is not None:
             session_id, which = match.groups()
-            if kind == "http" and which == "events" and method != "GET":
+            if kind == "http" and method != "GET":
                 await _send_json(send, 405, {"error": "Method not allowed",
-                                             "code": "method_not_allowed"})
+                                             "code": "method_not_allowed"},
+                                 extra=((b"allow", b"GET"),))
+                return
+            if kind == "http" and which == "ws":
+                # The WebSocket route without an upgrade: say which protocol it speaks.
+                await _send_json(send, 426, {"error": "This route needs a WebSocket upgrade",
+                                             "code": "upgrade_required"},
+                                 extra=((b"upgrade", b"websocket"),))
                 return
             if (kind == "http") == (which == "events"):
                 session = self.manager.get(session_id)

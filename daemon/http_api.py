@@ -1,7 +1,9 @@
 """The JSON routes of SPEC §6.1 as a Quart-Trio app (the SSE and WebSocket routes live in
 ``streams``; Host/Origin/auth run before either, in ``asgi``).
 
-Every error the application produces is ``{error, code, ...details}``.
+Every error the application produces is ``{error, code, ...details}``. Request bodies are
+checked by converting them to their ``sdk.protocol.http`` types (the same types
+``/openapi.json`` is generated from); a field that fails its type answers that field's 400.
 """
 
 from __future__ import annotations
@@ -9,14 +11,17 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import trio
 from quart import Response, request
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
+from sdk.protocol import http as wire
+
+from . import server_patches
 from .bus import now_ms
 from .config import DaemonConfig
 from .envelope import RawList, decode_json, encode_json, encode_object
@@ -28,7 +33,7 @@ from .transcript_store import InvalidCursor
 log = logging.getLogger("daemon.http")
 
 MAX_BODY_BYTES = 10 * 1024 * 1024
-CLIENT_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+CLIENT_ID_RE = re.compile(wire.CLIENT_ID_PATTERN)
 FEATURES = [
     "session_create", "session_load", "session_resume", "session_prompt", "session_cancel",
     "session_events_sse", "session_events_ws", "session_transcript_pagination",
@@ -87,6 +92,29 @@ async def read_json_object() -> dict[str, Any]:
     return body
 
 
+# The ``error`` text of each 400 a request body's type can fail with.
+REQUEST_ERROR_TEXT = {
+    "invalid_cwd": "cwd must be an absolute path",
+    "invalid_session_id": "sessionId must be a UUID",
+    "invalid_session_scope": 'sessionScope must be "single" or "thread"',
+    "invalid_transcript_limit": "historyPageSize must be an integer between 1 and 500",
+    "invalid_live_replay_mode": 'liveReplayMode must be "full" or "summary"',
+    "invalid_prompt": "prompt must be a non-empty array of content blocks",
+    "invalid_deadline_ms": "deadlineMs must be an integer between 1 and 86400000",
+    "invalid_permission_vote": 'Body must be {"optionId": string} or {"outcome": "cancelled"}',
+}
+BodyT = TypeVar("BodyT", bound=msgspec.Struct)
+
+
+def parse_body(body: dict[str, Any], kind: type[BodyT]) -> BodyT:
+    """``body`` as its protocol type; a field that fails its type answers that field's 400."""
+    try:
+        return wire.convert_request(body, kind)
+    except msgspec.ValidationError as exc:
+        code = wire.request_error_code(exc) or "invalid_json"
+        raise ApiError(400, code, REQUEST_ERROR_TEXT.get(code, "Invalid request body")) from None
+
+
 def header_client_id() -> str | None:
     value = request.headers.get("X-Qwen-Client-Id")
     if value is None:
@@ -94,19 +122,6 @@ def header_client_id() -> str | None:
     if not CLIENT_ID_RE.fullmatch(value):
         raise ApiError(400, "invalid_client_id", "Invalid X-Qwen-Client-Id header")
     return value
-
-
-def check_cwd(body: dict[str, Any], default: str) -> str:
-    cwd = body.get("cwd")
-    if cwd is None:
-        return default
-    if not isinstance(cwd, str) or not cwd.startswith("/") or "\x00" in cwd:
-        raise ApiError(400, "invalid_cwd", "cwd must be an absolute path")
-    return cwd
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
@@ -146,7 +161,9 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         if status == 404:
             return json_response(error_body(404, "route_not_found", "Route not found"), 404)
         if status == 405:
-            return json_response(error_body(405, "method_not_allowed", "Method not allowed"), 405)
+            allowed = exc.valid_methods if isinstance(exc, MethodNotAllowed) else None
+            return json_response(error_body(405, "method_not_allowed", "Method not allowed"), 405,
+                                 {"Allow": ", ".join(sorted(allowed or ()))})
         if status == 413:
             return json_response(
                 error_body(413, "body_too_large", "Request body too large (max 10 MB)"), 413)
@@ -160,23 +177,23 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
 
     openapi_document = encode_json(build_openapi())
 
-    def limits() -> dict[str, Any]:
-        return {
-            "maxJournalEvents": config.max_journal_events,
-            "maxJournalBytes": config.max_journal_bytes,
-            "compactedReplayMaxBytes": config.compacted_replay_max_bytes,
-            "eventRingSize": config.event_ring_size,
-            "eventRingBytes": config.event_ring_bytes,
-            "agentIdleMs": config.agent_idle_ms,
-            "sessionRestoreTimeoutMs": config.agent_init_timeout_ms,
-            "maxPendingPrompts": MAX_PENDING_PROMPTS,
-            "maxSubscribersPerSession": 64,
-            "maxRequestBodyBytes": MAX_BODY_BYTES,
-        }
+    limits = wire.Limits(
+        max_journal_events=config.max_journal_events,
+        max_journal_bytes=config.max_journal_bytes,
+        compacted_replay_max_bytes=config.compacted_replay_max_bytes,
+        event_ring_size=config.event_ring_size,
+        event_ring_bytes=config.event_ring_bytes,
+        agent_idle_ms=config.agent_idle_ms,
+        session_restore_timeout_ms=config.agent_init_timeout_ms,
+        max_pending_prompts=MAX_PENDING_PROMPTS,
+        max_subscribers_per_session=64,
+        max_request_body_bytes=MAX_BODY_BYTES,
+    )
+    health_body = encode_json(wire.HealthResponse(status="ok"))
 
     @app.get("/health")
     async def health() -> Response:
-        return json_response({"status": "ok"})
+        return json_response(health_body)
 
     @app.get("/openapi.json")
     async def openapi() -> Response:
@@ -184,58 +201,51 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
 
     @app.get("/capabilities")
     async def capabilities() -> Response:
-        return json_response({"v": 1, "mode": "http-bridge", "features": FEATURES,
-                              "limits": limits()})
+        return json_response(wire.CapabilitiesResponse(v=1, mode="http-bridge", features=FEATURES,
+                                                       limits=limits))
 
     @app.get("/daemon/status")
     async def daemon_status() -> Response:
         writer = manager.writer
-        return json_response({
-            "v": 1,
-            "limits": limits(),
-            "persistence": writer is not None,
-            "transcript": {
-                "enabled": writer is not None,
-                "degraded": bool(writer is not None and writer.degraded),
-                "failedSessions": sorted(writer.failed_sessions) if writer is not None else [],
-                "lastError": writer.last_error if writer is not None else None,
-            },
-            "agents": [{"workspaceCwd": cwd, "pid": agent.pid}
-                       for cwd, agent in manager.agents.items()],
-            "agentsReaped": manager.agents_reaped,
-            "restoreLocks": manager.restore_lock_count,
-            "sessions": manager.status(),
-        })
+        patches = server_patches.status()
+        return json_response(wire.DaemonStatusResponse(
+            v=1,
+            limits=limits,
+            persistence=writer is not None,
+            transcript=wire.TranscriptHealth(
+                enabled=writer is not None,
+                degraded=bool(writer is not None and writer.degraded),
+                failed_sessions=sorted(writer.failed_sessions) if writer is not None else [],
+                last_error=writer.last_error if writer is not None else None,
+            ),
+            agents=[wire.AgentInfo(workspace_cwd=cwd, pid=agent.pid)
+                    for cwd, agent in manager.agents.items()],
+            agents_reaped=manager.agents_reaped,
+            restore_locks=manager.restore_lock_count,
+            server=wire.ServerPatches(ws_keepalive=patches.ws_keepalive,
+                                      connection_registry=patches.connection_registry,
+                                      hypercorn_version=patches.hypercorn_version),
+            sessions=manager.status(),
+        ))
 
     @app.post("/session")
     async def create_session() -> Response:
         hint = header_client_id()
-        body = await read_json_object()
-        cwd = check_cwd(body, config.workspace)
-        session_id = body.get("sessionId")
-        if session_id is not None:
-            if not isinstance(session_id, str):
-                raise ApiError(400, "invalid_session_id", "sessionId must be a UUID string")
-            try:
-                session_id = str(uuid.UUID(session_id))
-            except ValueError:
-                raise ApiError(400, "invalid_session_id", "sessionId must be a UUID") from None
-        scope = body.get("sessionScope", "single")
-        if scope not in ("single", "thread"):
-            raise ApiError(400, "invalid_session_scope",
-                           'sessionScope must be "single" or "thread"')
+        req = parse_body(await read_json_object(), wire.CreateSessionRequest)
+        cwd = req.cwd if req.cwd is not None else config.workspace
+        # The type's pattern admits exactly the hyphenated form; the id is kept lower-case.
+        session_id = str(uuid.UUID(req.session_id)) if req.session_id is not None else None
         try:
-            session, attached, client_id = await manager.create(cwd, session_id, scope, hint)
+            session, attached, client_id = await manager.create(cwd, session_id,
+                                                                req.session_scope, hint)
         except InvalidWorkspace as exc:
             raise ApiError(400, "invalid_cwd", f"Invalid workspace directory: {exc}",
                            cwd=cwd) from None
         except AgentUnavailable as exc:
             raise ApiError(502, "agent_start_failed", f"Agent failed to start: {exc}") from None
-        return json_response({
-            "sessionId": session.id, "workspaceCwd": session.workspace_cwd,
-            "attached": attached, "clientId": client_id, "createdAt": session.created_at,
-            "eventEpoch": session.bus.epoch,
-        })
+        return json_response(wire.CreateSessionResponse(
+            session_id=session.id, workspace_cwd=session.workspace_cwd, attached=attached,
+            client_id=client_id, created_at=session.created_at, event_epoch=session.bus.epoch))
 
     def base_body(session: Session, client_id: str, attached: bool = True) -> dict[str, Any]:
         return {
@@ -250,15 +260,8 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         hint = header_client_id()
         body = await read_json_object()
         session = await live_or_restored(session_id)
-        check_cwd(body, session.workspace_cwd)
-        page_size = body.get("historyPageSize")
-        if page_size is not None and (not _is_int(page_size) or not 1 <= page_size <= 500):
-            raise ApiError(400, "invalid_transcript_limit",
-                           "historyPageSize must be an integer between 1 and 500")
-        mode = body.get("liveReplayMode", "full")
-        if mode not in ("full", "summary"):
-            raise ApiError(400, "invalid_live_replay_mode",
-                           'liveReplayMode must be "full" or "summary"')
+        req = parse_body(body, wire.LoadSessionRequest)
+        page_size, mode = req.history_page_size, req.live_replay_mode
         client_id = manager.register_client(session, hint)
         terminals = list(session.terminals)
         bus = session.bus
@@ -267,7 +270,8 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         if page_size is not None and session.active is None and writer is not None \
                 and not bus.transcript_degraded:
             last_event_id, epoch = bus.ring.last_id, bus.epoch
-            page = await writer.read(lambda store: store.page(session_id, limit=page_size))
+            size = page_size
+            page = await writer.read(lambda store: store.page(session_id, limit=size))
             out["compactedReplay"] = RawList(page.events)
             out["liveJournal"] = []
             out["historyHasMore"] = page.has_more
@@ -290,6 +294,8 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
             out["replayDegraded"] = True
         if terminals:
             out["promptTerminals"] = terminals
+        # The frames are spliced in as published (one join); wire.LoadSessionResponse is what
+        # this body decodes as.
         return json_response(out)
 
     @app.post("/session/<session_id>/resume")
@@ -297,12 +303,14 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         hint = header_client_id()
         body = await read_json_object()
         session = await live_or_restored(session_id)
-        check_cwd(body, session.workspace_cwd)
+        parse_body(body, wire.ResumeSessionRequest)
         client_id = manager.register_client(session, hint)
-        out = base_body(session, client_id)
-        out["lastEventId"] = session.bus.ring.last_id
-        out["eventEpoch"] = session.bus.epoch
-        return json_response(out)
+        return json_response(wire.ResumeSessionResponse(
+            session_id=session.id, workspace_cwd=session.workspace_cwd, attached=True,
+            client_id=client_id, created_at=session.created_at, state={},
+            has_active_prompt=session.active is not None,
+            has_running_background_tasks=False,
+            last_event_id=session.bus.ring.last_id, event_epoch=session.bus.epoch))
 
     def registered_client(session: Session) -> str | None:
         client_id = header_client_id()
@@ -316,23 +324,18 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         body = await read_json_object()
         session = live_session(session_id)
         client_id = registered_client(session)
-        blocks = body.get("prompt")
-        if not isinstance(blocks, list) or not blocks or not all(
-            isinstance(b, dict) and isinstance(b.get("type"), str) for b in blocks
-        ):
-            raise ApiError(400, "invalid_prompt",
-                           "prompt must be a non-empty array of content blocks")
-        deadline = body.get("deadlineMs")
-        if deadline is not None and (not _is_int(deadline) or not 1 <= deadline <= 86_400_000):
-            raise ApiError(400, "invalid_deadline_ms",
-                           "deadlineMs must be an integer between 1 and 86400000")
+        req = parse_body(body, wire.PromptRequest)
+        # Checked by the type; forwarded to the agent as sent (every field of every block).
+        blocks: list[dict[str, Any]] = body["prompt"]
         try:
-            accepted = session.admit(blocks, client_id, deadline)
+            accepted = session.admit(blocks, client_id, req.deadline_ms)
         except PromptQueueFull as exc:
             raise ApiError(503, "prompt_queue_full", "Prompt queue is full",
                            {"Retry-After": "5"}, limit=MAX_PENDING_PROMPTS,
                            pendingCount=exc.pending) from None
-        return json_response(accepted, 202)
+        return json_response(wire.PromptAccepted(
+            prompt_id=accepted["promptId"], last_event_id=accepted["lastEventId"],
+            event_epoch=accepted["eventEpoch"]), 202)
 
     @app.post("/session/<session_id>/cancel")
     async def cancel(session_id: str) -> Response:
@@ -345,44 +348,44 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
     async def vote(session_id: str, request_id: str) -> Response:
         body = await read_json_object()
         session = live_session(session_id)
-        option_id = body.get("optionId")
-        outcome: dict[str, Any]
-        if isinstance(option_id, str) and option_id:
-            outcome = {"outcome": "selected", "optionId": option_id}
-        elif body.get("outcome") == "cancelled":
-            outcome = {"outcome": "cancelled"}
-        else:
+        outcome = wire.vote_outcome(parse_body(body, wire.PermissionVoteRequest))
+        if outcome is None:
             raise ApiError(400, "invalid_permission_vote",
-                           'Body must be {"optionId": string} or {"outcome": "cancelled"}')
-        if not session.vote(request_id, outcome):
+                           REQUEST_ERROR_TEXT["invalid_permission_vote"])
+        if not session.vote(request_id, msgspec.to_builtins(outcome)):
             raise ApiError(404, "permission_not_found",
                            f'No pending permission request "{request_id}"',
                            requestId=request_id)
-        return json_response({"requestId": request_id, "outcome": outcome})
+        return json_response(wire.PermissionVoteResponse(request_id=request_id, outcome=outcome))
 
     @app.get("/session/<session_id>/transcript")
     async def transcript(session_id: str) -> Response:
         session = live_session(session_id)
         args = request.args
         limit_raw = args.get("limit")
-        limit = 100
+        limit = wire.DEFAULT_TRANSCRIPT_LIMIT
         if limit_raw is not None:
             # isascii: str.isdigit() also accepts digits int() refuses ("²"); the length
             # bound keeps int() clear of its 4300-digit limit.
             if not (limit_raw.isascii() and limit_raw.isdigit() and len(limit_raw) <= 64) \
-                    or not 1 <= int(limit_raw) <= 500:
+                    or not 1 <= int(limit_raw) <= wire.MAX_PAGE_SIZE:
                 raise ApiError(400, "invalid_transcript_limit",
                                "limit must be an integer between 1 and 500")
             limit = int(limit_raw)
-        cursor = args.get("cursor")
-        before = args.get("beforeRecordId")
-        if cursor is not None and before is not None:
+        try:
+            given = {name: args[name] for name in ("cursor", "beforeRecordId") if name in args}
+            query = msgspec.convert({"limit": limit, **given}, wire.TranscriptQuery)
+        except msgspec.ValidationError as exc:
+            both = wire.request_error_code(exc) is None  # the type's rule, not one field
             raise ApiError(400, "invalid_transcript_cursor",
-                           "Pass either cursor or beforeRecordId, not both")
+                           "Pass either cursor or beforeRecordId, not both" if both
+                           else "Unknown transcript cursor or record id") from None
+        cursor = query.cursor if isinstance(query.cursor, str) else None
+        before = query.before_record_id if isinstance(query.before_record_id, str) else None
         writer = manager.writer
         if writer is None:
-            return json_response({"v": 1, "sessionId": session.id, "events": [],
-                                  "hasMore": False})
+            return json_response(wire.TranscriptPage(v=1, session_id=session.id, events=[],
+                                                     has_more=False))
         try:
             page = await writer.read(lambda store: store.page(
                 session.id, limit=limit, cursor=cursor, before_record_id=before))
@@ -400,29 +403,27 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
     async def status(session_id: str) -> Response:
         session = live_session(session_id)
         bus = session.bus
-        return json_response({
-            "sessionId": session.id,
-            "workspaceCwd": session.workspace_cwd,
-            "hasActivePrompt": session.active is not None,
-            "activePromptId": session.active.prompt_id if session.active else None,
-            "pendingPrompts": len(session.queue),
-            "lastEventId": bus.ring.last_id,
-            "durableEventId": bus.durable_event_id(),
-            "eventEpoch": bus.epoch,
-            "transcriptDegraded": bus.transcript_degraded,
-            "fullTranscriptAvailable": bus.full_transcript_available,
-            "replayDegraded": bus.degraded,
-            "subscribers": len(bus.subscribers),
-            "slowClientWarnings": bus.slow_client_warnings,
-            "clientsEvicted": bus.clients_evicted,
-            "journal": {
-                "entries": bus.journals.full.entry_count,
-                "bytes": bus.journals.full.total_bytes,
-                "truncatedEvents": bus.journals.full.truncated_events,
-                "retainedEvents": bus.journals.full.retained_events,
-            },
-            "serverTime": now_ms(),
-        })
+        journal = bus.journals.full
+        return json_response(wire.SessionStatusResponse(
+            session_id=session.id,
+            workspace_cwd=session.workspace_cwd,
+            has_active_prompt=session.active is not None,
+            active_prompt_id=session.active.prompt_id if session.active else None,
+            pending_prompts=len(session.queue),
+            last_event_id=bus.ring.last_id,
+            durable_event_id=bus.durable_event_id(),
+            event_epoch=bus.epoch,
+            transcript_degraded=bus.transcript_degraded,
+            full_transcript_available=bus.full_transcript_available,
+            replay_degraded=bus.degraded,
+            subscribers=len(bus.subscribers),
+            slow_client_warnings=bus.slow_client_warnings,
+            clients_evicted=bus.clients_evicted,
+            journal=wire.JournalStatus(entries=journal.entry_count, bytes=journal.total_bytes,
+                                       truncated_events=journal.truncated_events,
+                                       retained_events=journal.retained_events),
+            server_time=now_ms(),
+        ))
 
     @app.post("/session/<session_id>/detach")
     async def detach(session_id: str) -> Response:
@@ -435,7 +436,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
     @app.post("/session/<session_id>/heartbeat")
     async def heartbeat(session_id: str) -> Response:
         session = live_session(session_id)
-        return json_response({"sessionId": session.id, "serverTime": now_ms()})
+        return json_response(wire.HeartbeatResponse(session_id=session.id, server_time=now_ms()))
 
     @app.delete("/session/<session_id>")
     async def delete_session(session_id: str) -> Response:

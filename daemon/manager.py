@@ -19,9 +19,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any
 
 import trio
+
+from sdk.protocol.http import SessionCounts
 
 from ._version import __version__
 from .agent import AgentChannel, AgentStartError
@@ -386,27 +387,27 @@ class SessionManager:
             with trio.move_on_after(2):
                 await agent.aclose()
 
-    def status(self) -> list[dict[str, Any]]:
+    def status(self) -> list[SessionCounts]:
         out = []
         for session in self.sessions.values():
             bus = session.bus
-            out.append({
-                "sessionId": session.id,
-                "workspaceCwd": session.workspace_cwd,
-                "hasActivePrompt": session.active is not None,
-                "pendingPrompts": len(session.queue),
-                "journalEntries": bus.journals.full.entry_count,
-                "journalBytes": bus.journals.full.total_bytes,
-                "summaryJournalEntries": bus.journals.summary.entry_count,
-                "replayWindowBytes": bus.window.total_bytes,
-                "replayWindowHeldBytes": bus.window.held_bytes,
-                "replayWindowSpilledTurns": bus.window.spilled_segments,
-                "ringEvents": len(bus.ring),
-                "ringBytes": bus.ring.total_bytes,
-                "subscribers": len(bus.subscribers),
-                "slowClientWarnings": bus.slow_client_warnings,
-                "clientsEvicted": bus.clients_evicted,
-                "lastEventId": bus.ring.last_id,
-                "transcriptDegraded": bus.transcript_degraded,
-            })
+            out.append(SessionCounts(
+                session_id=session.id,
+                workspace_cwd=session.workspace_cwd,
+                has_active_prompt=session.active is not None,
+                pending_prompts=len(session.queue),
+                journal_entries=bus.journals.full.entry_count,
+                journal_bytes=bus.journals.full.total_bytes,
+                summary_journal_entries=bus.journals.summary.entry_count,
+                replay_window_bytes=bus.window.total_bytes,
+                replay_window_held_bytes=bus.window.held_bytes,
+                replay_window_spilled_turns=bus.window.spilled_segments,
+                ring_events=len(bus.ring),
+                ring_bytes=bus.ring.total_bytes,
+                subscribers=len(bus.subscribers),
+                slow_client_warnings=bus.slow_client_warnings,
+                clients_evicted=bus.clients_evicted,
+                last_event_id=bus.ring.last_id,
+                transcript_degraded=bus.transcript_degraded,
+            ))
         return out

@@ -1,9 +1,12 @@
 """The OpenAPI 3.1 description of the daemon's HTTP API (SPEC §4.2, §4.4, §6), built from one
-table of routes. Pure: no trio, no I/O.
+table of routes and the protocol's body types. Pure: no trio, no I/O.
 
-``ROUTES`` is the single source: the document served at ``GET /openapi.json`` is generated from
-it, and the tests hold it against the routes the daemon really serves (the Quart app's URL map
-plus the two ASGI-level stream routes), so the table cannot drift from the code silently.
+``ROUTES`` is the single source of the paths: the document served at ``GET /openapi.json`` is
+generated from it, and the tests hold it against the routes the daemon really serves (the Quart
+app's URL map plus the two ASGI-level stream routes). The request and response bodies are not
+described here at all: each route names its ``sdk.protocol.http`` Struct, the components are
+generated from those classes (``msgspec.json.schema_components``), and the daemon validates
+request bodies by converting them to the same classes, so the schema and the checks cannot drift.
 
 Every error body is ``{error, code, ...details}``; each documented error response lists the
 machine ``code`` values it can carry in the ``x-error-codes`` extension, and the ``Error`` schema
@@ -15,7 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+import msgspec
+
 from daemon._version import __version__
+from sdk.protocol import http as wire
 
 __all__ = [
     "OPENAPI_VERSION",
@@ -31,6 +37,21 @@ API_VERSION: Final = __version__
 
 JsonSchema = dict[str, Any]
 ErrorSpec = tuple[int, tuple[str, ...]]
+_REF: Final = "#/components/schemas/{name}"
+_TYPES: Final = (*wire.REQUEST_TYPES, *wire.RESPONSE_TYPES)
+_, _GENERATED = msgspec.json.schema_components(_TYPES, ref_template=_REF)
+
+
+#: The generated component schemas, by name (``ErrorBody`` is served as ``Error``).
+COMPONENTS: Final[dict[str, JsonSchema]] = {name: dict(schema)
+                                            for name, schema in _GENERATED.items()}
+# A vote names an option or refuses: at least one of optionId / outcome.
+COMPONENTS["PermissionVoteRequest"].update(wire.PERMISSION_VOTE_RULE)
+COMPONENTS["TranscriptQuery"].update(wire.TRANSCRIPT_QUERY_RULE)
+
+
+def _ref(kind: type) -> JsonSchema:
+    return {"$ref": _REF.format(name="Error" if kind is wire.ErrorBody else kind.__name__)}
 
 
 @dataclass(frozen=True)
@@ -40,6 +61,7 @@ class Param:
     schema: JsonSchema
     description: str
     required: bool = False
+    style: Literal["form"] | None = None  # "form": an object exploded into its fields
 
 
 @dataclass(frozen=True)
@@ -49,115 +71,96 @@ class Route:
     operation_id: str
     summary: str
     status: int  # the success status
-    response: JsonSchema | None  # None: no body
+    response_type: type | None  # the sdk.protocol.http Struct of the success body; None: none
     media_type: str = "application/json"
-    body: JsonSchema | None = None  # request body schema (always optional: {} is the default)
+    body_type: type | None = None  # the request body's Struct
+    body_required: bool = False  # False: no body (or an empty one) means {}
     params: tuple[Param, ...] = ()
     errors: tuple[ErrorSpec, ...] = ()
     auth: bool = True  # False: answered without a token (unless --require-auth)
     uses_client_id: bool = False  # reads X-Qwen-Client-Id
+    response_schema: JsonSchema | None = None  # a success body that is no Struct (stream, doc)
+
+    @property
+    def response(self) -> JsonSchema | None:
+        """The success body's schema (a generated component, resolved), if it has one."""
+        if self.response_type is not None:
+            return COMPONENTS[self.response_type.__name__]
+        return self.response_schema
+
+    @property
+    def body(self) -> JsonSchema | None:
+        """The request body's schema (a generated component, resolved), if it reads one."""
+        return COMPONENTS[self.body_type.__name__] if self.body_type is not None else None
 
 
-# --- schema fragments ------------------------------------------------------------------------
+# --- parameters ------------------------------------------------------------------------------
 
 _STR: Final[JsonSchema] = {"type": "string"}
-_INT: Final[JsonSchema] = {"type": "integer"}
-_BOOL: Final[JsonSchema] = {"type": "boolean"}
-_OBJ: Final[JsonSchema] = {"type": "object"}
-_ENVELOPES: Final[JsonSchema] = {"type": "array", "items": {"$ref": "#/components/schemas/Envelope"}}
-_CWD: Final[JsonSchema] = {"type": "string", "description": "absolute path of the workspace"}
-
-
-def _object(required: tuple[str, ...], **props: JsonSchema) -> JsonSchema:
-    out: JsonSchema = {"type": "object", "properties": dict(props)}
-    if required:
-        out["required"] = list(required)
-    return out
-
-
 _SESSION_ID: Final = Param("sessionId", "path", _STR, "the daemon's session id")
 _SESSION_GONE: Final[ErrorSpec] = (404, ("session_not_found",))
-_LOAD_BODY: Final = _object(
-    ("sessionId", "workspaceCwd", "attached", "clientId", "createdAt", "state",
-     "hasActivePrompt", "hasRunningBackgroundTasks", "lastEventId", "eventEpoch"),
-    sessionId=_STR, workspaceCwd=_STR, attached=_BOOL, clientId=_STR, createdAt=_STR,
-    state=_OBJ, hasActivePrompt=_BOOL, hasRunningBackgroundTasks=_BOOL,
-    compactedReplay=_ENVELOPES, liveJournal=_ENVELOPES, lastEventId=_INT, eventEpoch=_STR,
-    replayDegraded=_BOOL, historyHasMore=_BOOL, historyAnchorRecordId=_STR,
-    promptTerminals={"type": "array", "items": _OBJ},
-)
 _STREAM_PARAMS: Final = (
     Param("maxQueued", "query", {"type": "integer", "minimum": 16, "maximum": 2048},
           "live queue cap in frames (default 256)"),
     Param("lastEventId", "query", _STR, "cursor when the Last-Event-ID header is absent"),
     Param("epoch", "query", _STR, "epoch when the X-Qwen-Event-Epoch header is absent"),
 )
+_SSE_SCHEMA: Final[JsonSchema] = {
+    "type": "string",
+    "description": "Server-Sent Events: `retry: 3000`, then one frame per event (`id:` line "
+                   "when the event has an id, `event: <type>`, one `data:` line holding the "
+                   "envelope), `: heartbeat` comments when quiet. The stream does not end "
+                   "while the session lives.",
+    "x-event-schema": {"$ref": _REF.format(name="EventFrame")},
+}
 
 ROUTES: Final[tuple[Route, ...]] = (
-    Route("GET", "/health", "health", "Liveness probe", 200,
-          _object(("status",), status={"const": "ok"}), auth=False),
+    Route("GET", "/health", "health", "Liveness probe", 200, wire.HealthResponse, auth=False),
     Route("GET", "/capabilities", "capabilities", "Features and effective limits", 200,
-          _object(("v", "mode", "features", "limits"), v=_INT, mode=_STR,
-                  features={"type": "array", "items": _STR}, limits=_OBJ)),
+          wire.CapabilitiesResponse),
     Route("GET", "/daemon/status", "daemonStatus",
-          "Limits, transcript health, agents and per-session counts", 200,
-          _object(("v", "limits", "persistence", "transcript", "sessions"), v=_INT,
-                  limits=_OBJ, persistence=_BOOL,
-                  transcript=_object(("enabled", "degraded", "failedSessions", "lastError"),
-                                     enabled=_BOOL, degraded=_BOOL,
-                                     failedSessions={"type": "array", "items": _STR},
-                                     lastError={"type": ["string", "null"]}),
-                  agents={"type": "array", "items": _OBJ},
-                  sessions={"type": "array", "items": _OBJ})),
-    Route("GET", "/openapi.json", "openapi", "This document", 200, _OBJ),
+          "Limits, transcript health, agents, server patches and per-session counts", 200,
+          wire.DaemonStatusResponse),
+    Route("GET", "/openapi.json", "openapi", "This document", 200, None,
+          response_schema={"type": "object"}),
     Route("POST", "/session", "createSession",
           "Create a session, or attach to the workspace's live one", 200,
-          _object(("sessionId", "workspaceCwd", "attached", "clientId", "createdAt",
-                   "eventEpoch"), sessionId=_STR, workspaceCwd=_STR, attached=_BOOL,
-                  clientId=_STR, createdAt=_STR, eventEpoch=_STR),
-          body=_object((), cwd=_CWD, sessionId={"type": "string", "format": "uuid"},
-                       sessionScope={"enum": ["single", "thread"]}),
+          wire.CreateSessionResponse, body_type=wire.CreateSessionRequest,
           errors=((400, ("invalid_cwd", "invalid_session_id", "invalid_session_scope")),
                   (502, ("agent_start_failed",))),
           uses_client_id=True),
     Route("POST", "/session/{sessionId}/load", "loadSession",
           "Snapshot: replay window and live journal (or a transcript page), plus the cursor",
-          200, _LOAD_BODY, params=(_SESSION_ID,),
-          body=_object((), cwd=_CWD,
-                       historyPageSize={"type": "integer", "minimum": 1, "maximum": 500},
-                       liveReplayMode={"enum": ["full", "summary"]}),
+          200, wire.LoadSessionResponse, params=(_SESSION_ID,),
+          body_type=wire.LoadSessionRequest,
           errors=((400, ("invalid_cwd", "invalid_transcript_limit",
-                         "invalid_live_replay_mode")), _SESSION_GONE),
+                         "invalid_live_replay_mode")), _SESSION_GONE,
+                  (502, ("agent_start_failed",))),
           uses_client_id=True),
     Route("POST", "/session/{sessionId}/resume", "resumeSession",
-          "Re-register the client; the cursor without the snapshot", 200, _LOAD_BODY,
-          params=(_SESSION_ID,), body=_object((), cwd=_CWD),
-          errors=((400, ("invalid_cwd",)), _SESSION_GONE), uses_client_id=True),
+          "Re-register the client; the cursor without the snapshot", 200,
+          wire.ResumeSessionResponse, params=(_SESSION_ID,),
+          body_type=wire.ResumeSessionRequest,
+          errors=((400, ("invalid_cwd",)), _SESSION_GONE, (502, ("agent_start_failed",))),
+          uses_client_id=True),
     Route("POST", "/session/{sessionId}/prompt", "prompt",
           "Admit a prompt (it runs FIFO; the outcome is a terminal event)", 202,
-          _object(("promptId", "lastEventId", "eventEpoch"), promptId=_STR, lastEventId=_INT,
-                  eventEpoch=_STR),
-          params=(_SESSION_ID,),
-          body=_object(("prompt",), prompt={"type": "array", "minItems": 1, "items": _object(
-              ("type",), type=_STR)},
-              deadlineMs={"type": "integer", "minimum": 1, "maximum": 86_400_000}),
+          wire.PromptAccepted, params=(_SESSION_ID,), body_type=wire.PromptRequest,
+          body_required=True,
           errors=((400, ("invalid_prompt", "invalid_deadline_ms")), _SESSION_GONE,
                   (503, ("prompt_queue_full",))),
           uses_client_id=True),
     Route("POST", "/session/{sessionId}/cancel", "cancel", "Cancel the running prompt", 204,
           None, params=(_SESSION_ID,), errors=(_SESSION_GONE,), uses_client_id=True),
     Route("POST", "/session/{sessionId}/permission/{requestId}", "votePermission",
-          "Answer a pending permission request", 200,
-          _object(("requestId", "outcome"), requestId=_STR, outcome=_OBJ),
+          "Answer a pending permission request", 200, wire.PermissionVoteResponse,
           params=(_SESSION_ID, Param("requestId", "path", _STR, "the permission request id")),
-          body={"oneOf": [_object(("optionId",), optionId=_STR),
-                          _object(("outcome",), outcome={"const": "cancelled"})]},
+          body_type=wire.PermissionVoteRequest, body_required=True,
           errors=((400, ("invalid_permission_vote",)),
                   (404, ("session_not_found", "permission_not_found")))),
     Route("GET", "/session/{sessionId}/events", "events",
-          "Server-Sent Events: resume from a cursor, then live frames", 200,
-          {"type": "string", "description": "SSE frames carrying envelopes"},
-          media_type="text/event-stream",
+          "Server-Sent Events: resume from a cursor, then live frames", 200, None,
+          media_type="text/event-stream", response_schema=_SSE_SCHEMA,
           params=(_SESSION_ID,
                   Param("Last-Event-ID", "header", _STR, "resume cursor (decimal, >= 0)"),
                   Param("X-Qwen-Event-Epoch", "header", _STR, "the epoch the cursor belongs to"),
@@ -171,31 +174,25 @@ ROUTES: Final[tuple[Route, ...]] = (
           "WebSocket upgrade carrying the same envelopes as JSON text messages", 101, None,
           params=(_SESSION_ID, *_STREAM_PARAMS),
           errors=((400, ("invalid_max_queued",)), _SESSION_GONE,
-                  (429, ("subscriber_limit_exceeded",)))),
+                  (426, ("upgrade_required",)), (429, ("subscriber_limit_exceeded",)))),
     Route("GET", "/session/{sessionId}/transcript", "transcript",
-          "One page of the durable transcript, newest first page", 200,
-          _object(("v", "sessionId", "events", "hasMore"), v=_INT, sessionId=_STR,
-                  events=_ENVELOPES, nextCursor=_STR, hasMore=_BOOL),
+          "One page of the durable transcript, newest first page", 200, wire.TranscriptPage,
           params=(_SESSION_ID,
-                  Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 500},
-                        "records per page (default 100)"),
-                  Param("cursor", "query", _STR, "nextCursor of the previous page"),
-                  Param("beforeRecordId", "query", _STR, "page of records older than this")),
+                  # One exploded object (limit=..&cursor=..): the schema can then say that
+                  # cursor and beforeRecordId exclude each other.
+                  Param("page", "query", _ref(wire.TranscriptQuery),
+                        "limit (records per page), and at most one of cursor (nextCursor of "
+                        "the previous page) and beforeRecordId (records older than this one); "
+                        "both → 400 invalid_transcript_cursor", style="form")),
           errors=((400, ("invalid_transcript_limit", "invalid_transcript_cursor")),
                   _SESSION_GONE)),
     Route("GET", "/session/{sessionId}/status", "sessionStatus",
           "Prompt, cursor, durability and journal state of one session", 200,
-          _object(("sessionId", "hasActivePrompt", "pendingPrompts", "lastEventId",
-                   "durableEventId", "eventEpoch", "transcriptDegraded"),
-                  sessionId=_STR, hasActivePrompt=_BOOL, pendingPrompts=_INT, lastEventId=_INT,
-                  durableEventId=_INT, eventEpoch=_STR, transcriptDegraded=_BOOL,
-                  fullTranscriptAvailable=_BOOL, replayDegraded=_BOOL),
-          params=(_SESSION_ID,), errors=(_SESSION_GONE,)),
+          wire.SessionStatusResponse, params=(_SESSION_ID,), errors=(_SESSION_GONE,)),
     Route("POST", "/session/{sessionId}/detach", "detach", "Unregister the client", 204, None,
           params=(_SESSION_ID,), errors=(_SESSION_GONE,), uses_client_id=True),
     Route("POST", "/session/{sessionId}/heartbeat", "heartbeat", "Keep-alive", 200,
-          _object(("sessionId", "serverTime"), sessionId=_STR, serverTime=_INT),
-          params=(_SESSION_ID,), errors=(_SESSION_GONE,)),
+          wire.HeartbeatResponse, params=(_SESSION_ID,), errors=(_SESSION_GONE,)),
     Route("DELETE", "/session/{sessionId}", "deleteSession",
           "Close the session (a running prompt ends with turn_error session_closed)", 204, None,
           params=(_SESSION_ID,), errors=(_SESSION_GONE,)),
@@ -204,11 +201,15 @@ ROUTES: Final[tuple[Route, ...]] = (
 # Answers any route can give, from the guards and the request plumbing (SPEC §6).
 _GUARD_ERRORS: Final[tuple[ErrorSpec, ...]] = ((403, ("invalid_host", "origin_not_allowed")),)
 _AUTH_ERRORS: Final[tuple[ErrorSpec, ...]] = ((401, ("unauthorized",)),)
-_BODY_ERRORS: Final[tuple[ErrorSpec, ...]] = (
-    (400, ("invalid_json",)), (413, ("body_too_large",)),
+_JSON_ERRORS: Final[tuple[ErrorSpec, ...]] = ((400, ("invalid_json",)),)
+# Every non-stream request body is read in full before the app runs, even one nobody reads:
+# over 10 MB is 413, and one that does not arrive within --body-timeout-ms is 408 (the
+# connection then closes).
+_BUFFERED_BODY_ERRORS: Final[tuple[ErrorSpec, ...]] = (
+    (408, ("body_timeout",)), (413, ("body_too_large",)),
 )
 _CLIENT_ID_ERRORS: Final[tuple[ErrorSpec, ...]] = ((400, ("invalid_client_id",)),)
-# Not per-route: an unknown path or method never reaches an operation.
+# Not per-route: an unknown path or method never reaches an operation (a 405 carries Allow).
 _ROUTING_ERRORS: Final[tuple[ErrorSpec, ...]] = (
     (404, ("route_not_found",)), (405, ("method_not_allowed",)),
 )
@@ -216,9 +217,20 @@ _ROUTING_ERRORS: Final[tuple[ErrorSpec, ...]] = (
 _STATUS_TEXT: Final = {
     400: "Bad request", 401: "Missing or wrong bearer token",
     403: "Host or Origin refused", 404: "Not found", 405: "Method not allowed",
-    413: "Body over 10 MB", 429: "Too many subscribers (Retry-After: 5)",
+    408: "Request body not received within --body-timeout-ms (the connection closes)",
+    413: "Body over 10 MB", 426: "Not a WebSocket upgrade (Upgrade: websocket)",
+    429: "Too many subscribers (Retry-After: 5)",
     502: "The workspace's agent could not be started",
     503: "Prompt queue full (Retry-After: 5)",
+}
+# Headers an answer carries that a client acts on.
+_RETRY_AFTER: Final = {"Retry-After": {"description": "seconds to wait before retrying",
+                                       "schema": {"type": "integer"}}}
+_STATUS_HEADERS: Final[dict[int, dict[str, Any]]] = {
+    426: {"Upgrade": {"description": "the protocol to upgrade to",
+                      "schema": {"const": "websocket"}}},
+    429: _RETRY_AFTER,
+    503: _RETRY_AFTER,
 }
 
 
@@ -230,11 +242,10 @@ def _route_errors(route: Route) -> dict[int, list[str]]:
     specs: list[ErrorSpec] = [*_GUARD_ERRORS, *route.errors]
     if route.auth:
         specs += _AUTH_ERRORS
-    if route.body is not None:
-        specs += _BODY_ERRORS
-    elif not _is_stream(route):
-        # Every non-stream request body is buffered under the limit, even one nobody reads.
-        specs.append((413, ("body_too_large",)))
+    if route.body_type is not None:
+        specs += _JSON_ERRORS
+    if not _is_stream(route):
+        specs += _BUFFERED_BODY_ERRORS
     if route.uses_client_id:
         specs += _CLIENT_ID_ERRORS
     merged: dict[int, list[str]] = {}
@@ -255,37 +266,56 @@ def documented_error_codes() -> frozenset[str]:
 
 
 def _parameter(param: Param) -> dict[str, Any]:
-    return {"name": param.name, "in": param.location, "required": param.location == "path"
-            or param.required, "description": param.description, "schema": param.schema}
+    out = {"name": param.name, "in": param.location, "required": param.location == "path"
+           or param.required, "description": param.description, "schema": param.schema}
+    if param.style is not None:
+        out.update(style=param.style, explode=True)
+    return out
 
 
 def _operation(route: Route) -> dict[str, Any]:
     success: dict[str, Any] = {"description": route.summary}
-    if route.response is not None:
-        success["content"] = {route.media_type: {"schema": route.response}}
+    if route.response_type is not None:
+        success["content"] = {route.media_type: {"schema": _ref(route.response_type)}}
+    elif route.response_schema is not None:
+        success["content"] = {route.media_type: {"schema": route.response_schema}}
     responses: dict[str, Any] = {str(route.status): success}
     for status, codes in _route_errors(route).items():
-        responses[str(status)] = {
+        answer: dict[str, Any] = {
             "description": _STATUS_TEXT.get(status, "Error"),
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+            "content": {"application/json": {"schema": _ref(wire.ErrorBody)}},
             "x-error-codes": codes,
         }
+        if status in _STATUS_HEADERS:
+            answer["headers"] = _STATUS_HEADERS[status]
+        responses[str(status)] = answer
     responses["default"] = {"$ref": "#/components/responses/InternalError"}
     op: dict[str, Any] = {"operationId": route.operation_id, "summary": route.summary,
                           "responses": responses}
+    if route.media_type == "text/event-stream":
+        op["x-stream"] = "text/event-stream"  # never ends by itself: bound any reader
     params = [_parameter(p) for p in route.params]
     if route.uses_client_id:
         params.append(_parameter(Param("X-Qwen-Client-Id", "header",
-                                       {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"},
+                                       {"type": "string", "pattern": wire.CLIENT_ID_PATTERN},
                                        "client identity")))
     if params:
         op["parameters"] = params
-    if route.body is not None:
-        op["requestBody"] = {"required": False,
-                             "content": {"application/json": {"schema": route.body}}}
+    if route.body_type is not None:
+        op["requestBody"] = {"required": route.body_required,
+                             "content": {"application/json": {"schema": _ref(route.body_type)}}}
     if not route.auth:
         op["security"] = [{}, {"bearer": []}]  # optional unless --require-auth
     return op
+
+
+def _schemas() -> dict[str, JsonSchema]:
+    schemas = {name: dict(schema) for name, schema in COMPONENTS.items()}
+    error = schemas.pop("ErrorBody")
+    error["properties"] = {**error["properties"],
+                           "code": {"enum": sorted(documented_error_codes())}}
+    schemas["Error"] = error
+    return dict(sorted(schemas.items()))
 
 
 def build_openapi(server_url: str | None = None) -> dict[str, Any]:
@@ -301,29 +331,19 @@ def build_openapi(server_url: str | None = None) -> dict[str, Any]:
             "description": (
                 "ACP agent sessions over HTTP, SSE and WebSocket. Every error body is "
                 "{error, code, ...details}; unknown paths answer 404 route_not_found and "
-                "unknown methods 405 method_not_allowed. Every route needs the bearer token "
-                "when the daemon has one, except GET /health (unless --require-auth)."
+                "unknown methods 405 method_not_allowed with an Allow header. Every route "
+                "needs the bearer token when the daemon has one, except GET /health (unless "
+                "--require-auth). Body fields not described here are ignored."
             ),
         },
         "paths": paths,
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": {
-                "Error": {
-                    "type": "object",
-                    "required": ["error", "code"],
-                    "properties": {"error": _STR,
-                                   "code": {"enum": sorted(documented_error_codes())}},
-                },
-                "Envelope": _object(("v", "type"), id={"type": "integer", "minimum": 1},
-                                    v={"const": 1}, type=_STR, data={}, promptId=_STR,
-                                    originatorClientId=_STR, _meta=_OBJ),
-            },
+            "schemas": _schemas(),
             "responses": {
                 "InternalError": {
                     "description": "Unexpected failure (logged); code internal_error",
-                    "content": {"application/json": {
-                        "schema": {"$ref": "#/components/schemas/Error"}}},
+                    "content": {"application/json": {"schema": _ref(wire.ErrorBody)}},
                     "x-error-codes": ["internal_error"],
                 },
             },
@@ -333,4 +353,5 @@ def build_openapi(server_url: str | None = None) -> dict[str, Any]:
     }
     if server_url is not None:
         doc["servers"] = [{"url": server_url}]
-    return doc
+    fresh: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(doc))  # a deep copy
+    return fresh

@@ -16,7 +16,7 @@ import trio
 from hypercorn.config import Config as HyperConfig
 from hypercorn.trio import serve
 
-from . import sockets, ws_keepalive
+from . import server_patches
 from .asgi import DaemonASGI
 from .config import DaemonConfig
 from .guards import Guard
@@ -97,8 +97,6 @@ def hypercorn_config(config: DaemonConfig) -> HyperConfig:
     hconf.graceful_timeout = 1.0
     hconf.keep_alive_timeout = 30
     hconf.websocket_ping_interval = config.ws_ping_ms / 1000
-    ws_keepalive.install()  # two missed pongs close with 1011 (Hypercorn alone ignores pongs)
-    sockets.install()  # each connection's socket is known, so a stalled write can be cut
     return hconf
 
 
@@ -125,6 +123,9 @@ async def run_daemon(
 ) -> None:
     prepare_data_dir(config.data_dir)
     lock = acquire_lock(config.data_dir)
+    # Hypercorn gets the daemon's keepalive and connection registry before it serves anything
+    # (the one call site; GET /daemon/status reports what is active).
+    server_patches.install()
     store = open_store(config)
     stream = out if out is not None else sys.stdout
     try:

@@ -1,0 +1,470 @@
+"""Request and response bodies of the daemon's HTTP routes, as msgspec Structs.
+
+Pure: no trio, no I/O. One definition per body: the daemon validates request bodies by
+converting them to these types (the constraints live in the types, as ``msgspec.Meta``), builds
+its answers from the response types, and ``/openapi.json`` is generated from the same classes
+(``msgspec.json.schema_components``), so the description and the checks cannot drift.
+
+Wire names are camelCase (``rename="camel"``). Every field a response always carries is
+required (no defaults), so the generated schema says so. Request types never forbid unknown fields: body
+fields the protocol does not name are ignored, never rejected. Optional request fields accept
+``null`` as "omitted". Optional response fields are ``UNSET`` when absent (left out of the JSON,
+not ``null``).
+
+Which 400 a failed request conversion answers is :func:`request_error_code`: the first key of
+the failing location names the field, and each field has its machine code (``REQUEST_ERRORS``).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Annotated, Any, Final, Literal, TypeVar
+
+import msgspec
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+__all__ = [
+    "ABSOLUTE_PATH_PATTERN",
+    "CLIENT_ID_PATTERN",
+    "DEFAULT_TRANSCRIPT_LIMIT",
+    "MAX_DEADLINE_MS",
+    "MAX_PAGE_SIZE",
+    "PERMISSION_VOTE_RULE",
+    "REQUEST_ERRORS",
+    "REQUEST_TYPES",
+    "RESPONSE_TYPES",
+    "TRANSCRIPT_QUERY_RULE",
+    "UUID_PATTERN",
+    "AgentInfo",
+    "CapabilitiesResponse",
+    "ContentBlock",
+    "CreateSessionRequest",
+    "CreateSessionResponse",
+    "DaemonStatusResponse",
+    "ErrorBody",
+    "EventFrame",
+    "HealthResponse",
+    "HeartbeatResponse",
+    "JournalStatus",
+    "Limits",
+    "LoadSessionRequest",
+    "LoadSessionResponse",
+    "PermissionOutcome",
+    "PermissionVoteRequest",
+    "PermissionVoteResponse",
+    "PromptAccepted",
+    "PromptRequest",
+    "PromptTerminal",
+    "ResumeSessionRequest",
+    "ResumeSessionResponse",
+    "ServerPatches",
+    "SessionCounts",
+    "SessionStatusResponse",
+    "TranscriptHealth",
+    "TranscriptPage",
+    "TranscriptQuery",
+    "convert_request",
+    "request_error_code",
+    "vote_outcome",
+]
+
+# --- constraints -------------------------------------------------------------------------------
+
+#: Page sizes: ``historyPageSize`` of a load, ``limit`` of a transcript page.
+MAX_PAGE_SIZE: Final = 500
+DEFAULT_TRANSCRIPT_LIMIT: Final = 100
+#: ``deadlineMs`` of a prompt: 1 ms .. 24 h.
+MAX_DEADLINE_MS: Final = 86_400_000
+#: ``X-Qwen-Client-Id``.
+CLIENT_ID_PATTERN: Final = "^[A-Za-z0-9._:-]{1,128}$"
+#: An absolute path without NUL (``""`` and relative paths are refused: ``invalid_cwd``).
+ABSOLUTE_PATH_PATTERN: Final = "^/[^\\x00]*$"
+#: A session id a client may choose: a hyphenated UUID (any case; the daemon lower-cases it).
+UUID_PATTERN: Final = (
+    "^[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}$"
+)
+
+AbsolutePath = Annotated[str, Meta(
+    min_length=1, pattern=ABSOLUTE_PATH_PATTERN,
+    description="absolute path of an existing directory (the workspace)")]
+PageSize = Annotated[int, Meta(ge=1, le=MAX_PAGE_SIZE)]
+DeadlineMs = Annotated[int, Meta(ge=1, le=MAX_DEADLINE_MS)]
+SessionIdChoice = Annotated[str, Meta(pattern=UUID_PATTERN, extra_json_schema={"format": "uuid"})]
+OptionId = Annotated[str, Meta(min_length=1)]
+EventId = Annotated[int, Meta(ge=0)]
+
+
+class _Body(Struct, rename="camel", kw_only=True):
+    """Base of every body: camelCase on the wire, keyword-only construction."""
+
+
+# --- the event frame (the envelope, as load answers and transcript pages carry it) -------------
+
+
+class EventFrame(_Body, kw_only=True):
+    """One envelope as it appears inside ``compactedReplay``, ``liveJournal`` and transcript
+    pages: the daemon splices the published bytes in unchanged; this type describes them."""
+
+    id: Annotated[int, Meta(ge=1)] | UnsetType = UNSET
+    v: Literal[1]
+    type: str
+    data: Any = UNSET
+    prompt_id: str | UnsetType = UNSET
+    originator_client_id: str | UnsetType = UNSET
+    meta: dict[str, Any] | UnsetType = msgspec.field(default=UNSET, name="_meta")
+
+
+# --- requests ----------------------------------------------------------------------------------
+
+
+class CreateSessionRequest(_Body, kw_only=True):
+    """``POST /session``."""
+
+    cwd: AbsolutePath | None = None
+    session_id: SessionIdChoice | None = None
+    session_scope: Literal["single", "thread"] = "single"
+
+
+class LoadSessionRequest(_Body, kw_only=True):
+    """``POST /session/{id}/load``; with ``historyPageSize`` (and no prompt running) the replay
+    comes from the transcript."""
+
+    cwd: AbsolutePath | None = None
+    history_page_size: PageSize | None = None
+    live_replay_mode: Literal["full", "summary"] = "full"
+
+
+class ResumeSessionRequest(_Body, kw_only=True):
+    """``POST /session/{id}/resume``."""
+
+    cwd: AbsolutePath | None = None
+
+
+class ContentBlock(Struct):
+    """An ACP content block: an object with a string ``type``. Its other fields are the
+    agent's business: the daemon forwards the block as it was sent."""
+
+    type: str
+
+
+class PromptRequest(_Body, kw_only=True):
+    """``POST /session/{id}/prompt``."""
+
+    prompt: Annotated[list[ContentBlock], Meta(min_length=1)]
+    deadline_ms: DeadlineMs | None = None
+
+
+#: A vote names an option or refuses: at least one of the two fields (``optionId`` wins).
+PERMISSION_VOTE_RULE: Final[dict[str, Any]] = {"anyOf": [
+    {"required": ["optionId"], "properties": {"optionId": {"type": "string"}}},
+    {"required": ["outcome"], "properties": {"outcome": {"const": "cancelled"}}},
+]}
+
+
+class PermissionVoteRequest(_Body, kw_only=True):
+    """``POST /session/{id}/permission/{requestId}``: ``{optionId}`` or
+    ``{outcome: "cancelled"}`` (see :data:`PERMISSION_VOTE_RULE`)."""
+
+    option_id: OptionId | None = None
+    outcome: Literal["cancelled"] | None = None
+
+
+class PermissionOutcome(_Body, kw_only=True):
+    outcome: Literal["selected", "cancelled"]
+    option_id: str | UnsetType = UNSET
+
+
+def vote_outcome(vote: PermissionVoteRequest) -> PermissionOutcome | None:
+    """The outcome a vote asks for; None when it names neither (400)."""
+    if vote.option_id is not None:
+        return PermissionOutcome(outcome="selected", option_id=vote.option_id)
+    if vote.outcome == "cancelled":
+        return PermissionOutcome(outcome="cancelled")
+    return None
+
+
+class TranscriptQuery(_Body, kw_only=True):
+    """The query of ``GET /session/{id}/transcript``. ``cursor`` (a page's ``nextCursor``) and
+    ``beforeRecordId`` page back from different places: at most one of them
+    (:data:`TRANSCRIPT_QUERY_RULE`; both → 400 ``invalid_transcript_cursor``)."""
+
+    limit: PageSize = DEFAULT_TRANSCRIPT_LIMIT
+    cursor: Annotated[str, Meta(min_length=1)] | UnsetType = UNSET
+    before_record_id: Annotated[str, Meta(min_length=1)] | UnsetType = UNSET
+
+    def __post_init__(self) -> None:
+        if self.cursor is not UNSET and self.before_record_id is not UNSET:
+            raise ValueError("Pass either cursor or beforeRecordId, not both")
+
+
+#: What :meth:`TranscriptQuery.__post_init__` enforces, as JSON Schema.
+TRANSCRIPT_QUERY_RULE: Final[dict[str, Any]] = {"not": {"required": ["cursor", "beforeRecordId"]}}
+
+
+BodyT = TypeVar("BodyT", bound=Struct)
+
+
+@functools.cache
+def _integer_fields(kind: type[Struct]) -> frozenset[str]:
+    """Wire names of ``kind``'s fields that hold an integer (alone or in a union)."""
+    info = msgspec.inspect.type_info(kind)
+    assert isinstance(info, msgspec.inspect.StructType)
+    out = set()
+    for field in info.fields:
+        options = field.type.types if isinstance(field.type, msgspec.inspect.UnionType) \
+            else (field.type,)
+        if any(isinstance(option, msgspec.inspect.IntType) for option in options):
+            out.add(field.encode_name)
+    return frozenset(out)
+
+
+def convert_request(body: dict[str, Any], kind: type[BodyT]) -> BodyT:
+    """A decoded JSON body as its request type (raises ``msgspec.ValidationError``).
+
+    JSON Schema's ``integer`` is any number with a zero fractional part, so ``220.0`` is as
+    much an integer as ``220``: such numbers are read as the integer for integer fields.
+    """
+    ints = _integer_fields(kind)
+    if ints:
+        body = {key: int(value) if key in ints and isinstance(value, float)
+                and value.is_integer() else value for key, value in body.items()}
+    return msgspec.convert(body, kind)
+
+
+#: The machine code of a request body field that fails its type.
+REQUEST_ERRORS: Final[dict[str, str]] = {
+    "cwd": "invalid_cwd",
+    "sessionId": "invalid_session_id",
+    "sessionScope": "invalid_session_scope",
+    "historyPageSize": "invalid_transcript_limit",
+    "liveReplayMode": "invalid_live_replay_mode",
+    "prompt": "invalid_prompt",
+    "deadlineMs": "invalid_deadline_ms",
+    "optionId": "invalid_permission_vote",
+    "outcome": "invalid_permission_vote",
+    "limit": "invalid_transcript_limit",
+    "cursor": "invalid_transcript_cursor",
+    "beforeRecordId": "invalid_transcript_cursor",
+}
+_LOCATION = re.compile(r" - at `\$\.([A-Za-z_][A-Za-z0-9_]*)")
+_MISSING = re.compile(r"^Object missing required field `([^`]+)`$")
+
+
+def request_error_code(error: msgspec.ValidationError) -> str | None:
+    """The code for a failed request conversion: by the first key of its location (or the
+    missing top-level field); None when the body itself is not an object."""
+    text = str(error)
+    field = _LOCATION.search(text)
+    if field is not None:
+        return REQUEST_ERRORS.get(field.group(1))
+    missing = _MISSING.match(text)
+    if missing is not None:
+        return REQUEST_ERRORS.get(missing.group(1))
+    return None
+
+
+# --- responses ---------------------------------------------------------------------------------
+
+
+class HealthResponse(_Body, kw_only=True):
+    status: Literal["ok"]
+
+
+class Limits(_Body, kw_only=True):
+    """The effective limits (``/capabilities`` and ``/daemon/status``)."""
+
+    max_journal_events: int
+    max_journal_bytes: int
+    compacted_replay_max_bytes: int
+    event_ring_size: int
+    event_ring_bytes: int
+    agent_idle_ms: int
+    session_restore_timeout_ms: int
+    max_pending_prompts: int
+    max_subscribers_per_session: int
+    max_request_body_bytes: int
+
+
+class CapabilitiesResponse(_Body, kw_only=True):
+    v: Literal[1]
+    mode: str
+    features: list[str]
+    limits: Limits
+
+
+class TranscriptHealth(_Body, kw_only=True):
+    enabled: bool
+    degraded: bool
+    failed_sessions: list[str]
+    last_error: str | None
+
+
+class AgentInfo(_Body, kw_only=True):
+    workspace_cwd: str
+    pid: int | None
+
+
+class SessionCounts(_Body, kw_only=True):
+    """One live session in ``/daemon/status``."""
+
+    session_id: str
+    workspace_cwd: str
+    has_active_prompt: bool
+    pending_prompts: int
+    journal_entries: int
+    journal_bytes: int
+    summary_journal_entries: int
+    replay_window_bytes: int
+    replay_window_held_bytes: int
+    replay_window_spilled_turns: int
+    ring_events: int
+    ring_bytes: int
+    subscribers: int
+    slow_client_warnings: int
+    clients_evicted: int
+    last_event_id: int
+    transcript_degraded: bool
+
+
+class ServerPatches(_Body, kw_only=True):
+    """Whether the daemon's additions to its HTTP server are active (they check the server's
+    shape when installed, and stay off on a version they do not know)."""
+
+    ws_keepalive: bool
+    connection_registry: bool
+    hypercorn_version: str
+
+
+class DaemonStatusResponse(_Body, kw_only=True):
+    v: Literal[1]
+    limits: Limits
+    persistence: bool
+    transcript: TranscriptHealth
+    agents: list[AgentInfo]
+    agents_reaped: int
+    restore_locks: int
+    server: ServerPatches
+    sessions: list[SessionCounts]
+
+
+class CreateSessionResponse(_Body, kw_only=True):
+    session_id: str
+    workspace_cwd: str
+    attached: bool
+    client_id: str
+    created_at: str
+    event_epoch: str
+
+
+class PromptTerminal(_Body, kw_only=True):
+    """A ledger terminal as load answers carry them (``promptTerminals``)."""
+
+    v: Literal[1]
+    prompt_id: str
+    terminal: Literal["completed", "cancelled", "error"]
+    stop_reason: str | UnsetType = UNSET
+    at: int
+
+
+class ResumeSessionResponse(_Body, kw_only=True):
+    """``POST /session/{id}/resume``: who and where, and the cursor to subscribe from."""
+
+    session_id: str
+    workspace_cwd: str
+    attached: bool
+    client_id: str
+    created_at: str
+    state: dict[str, Any]
+    has_active_prompt: bool
+    has_running_background_tasks: bool
+    last_event_id: EventId
+    event_epoch: str
+
+
+class LoadSessionResponse(ResumeSessionResponse, kw_only=True):
+    """``POST /session/{id}/load``: the resume fields plus the snapshot. The daemon splices
+    the pre-encoded frames of ``compactedReplay`` and ``liveJournal`` into its answer; this
+    type is what that answer decodes as."""
+
+    compacted_replay: list[EventFrame]
+    live_journal: list[EventFrame]
+    replay_degraded: bool | UnsetType = UNSET
+    history_has_more: bool | UnsetType = UNSET
+    history_anchor_record_id: str | UnsetType = UNSET
+    prompt_terminals: list[PromptTerminal] | UnsetType = UNSET
+
+
+class PromptAccepted(_Body, kw_only=True):
+    """The 202 of a prompt: its id, and the cursor read before admission."""
+
+    prompt_id: str
+    last_event_id: EventId
+    event_epoch: str
+
+
+class PermissionVoteResponse(_Body, kw_only=True):
+    request_id: str
+    outcome: PermissionOutcome
+
+
+class TranscriptPage(_Body, kw_only=True):
+    """``GET /session/{id}/transcript`` (the events are spliced in as stored)."""
+
+    v: Literal[1]
+    session_id: str
+    events: list[EventFrame]
+    next_cursor: str | UnsetType = UNSET
+    has_more: bool
+
+
+class JournalStatus(_Body, kw_only=True):
+    entries: int
+    bytes: int
+    truncated_events: int
+    retained_events: int
+
+
+class SessionStatusResponse(_Body, kw_only=True):
+    session_id: str
+    workspace_cwd: str
+    has_active_prompt: bool
+    active_prompt_id: str | None
+    pending_prompts: int
+    last_event_id: EventId
+    durable_event_id: EventId
+    event_epoch: str
+    transcript_degraded: bool
+    full_transcript_available: bool
+    replay_degraded: bool
+    subscribers: int
+    slow_client_warnings: int
+    clients_evicted: int
+    journal: JournalStatus
+    server_time: int
+
+
+class HeartbeatResponse(_Body, kw_only=True):
+    session_id: str
+    server_time: int
+
+
+class ErrorBody(_Body, kw_only=True):
+    """Every error the daemon makes: ``{error, code, ...details}``; the details a code carries
+    are named here."""
+
+    error: str
+    code: str
+    session_id: str | UnsetType = UNSET
+    request_id: str | UnsetType = UNSET
+    cwd: str | UnsetType = UNSET
+    limit: int | UnsetType = UNSET
+    pending_count: int | UnsetType = UNSET
+
+
+REQUEST_TYPES: Final = (CreateSessionRequest, LoadSessionRequest, ResumeSessionRequest,
+                        PromptRequest, PermissionVoteRequest, TranscriptQuery)
+RESPONSE_TYPES: Final = (HealthResponse, CapabilitiesResponse, DaemonStatusResponse,
+                         CreateSessionResponse, LoadSessionResponse, ResumeSessionResponse,
+                         PromptAccepted, PermissionVoteResponse, TranscriptPage,
+                         SessionStatusResponse, HeartbeatResponse, ErrorBody)
