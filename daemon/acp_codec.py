@@ -40,6 +40,7 @@ __all__ = [
     "encode_request",
     "encode_result",
     "parse_message",
+    "parse_update",
 ]
 
 MAX_LINE_BYTES: Final = 16 * 1024 * 1024
@@ -234,6 +235,52 @@ def parse_message(line: bytes) -> Message:
     if wire.id is None:
         return _malformed("success reply must have a non-null id", line)
     return Response(id=wire.id, result=wire.result)
+
+
+class _UpdateParams(msgspec.Struct):
+    sessionId: str
+    # Kept as the agent's bytes: the daemon splices them into the envelope (daemon.splice).
+    update: msgspec.Raw
+
+
+class _UpdateWire(msgspec.Struct):
+    """A ``session/update`` notification, its ``update`` left undecoded."""
+
+    method: str
+    params: _UpdateParams
+    jsonrpc: str | UnsetType = UNSET
+    id: Any = UNSET
+    result: Any = UNSET
+    error: Any = UNSET
+
+
+_decode_update_wire = msgspec.json.Decoder(_UpdateWire).decode
+
+
+def parse_update(line: bytes) -> tuple[str, bytes] | None:
+    """The hot path's first try: ``(sessionId, update bytes)`` of a well-formed
+    ``session/update`` notification whose ``update`` is a JSON object, else ``None`` (the
+    caller then classifies the line with :func:`parse_message`, which also reports what is
+    wrong with it). The update's bytes are the agent's own, not re-encoded; the whole line is
+    still parsed, so a line with invalid JSON anywhere is never accepted here.
+    """
+    try:
+        wire = _decode_update_wire(line)
+    except (msgspec.DecodeError, RecursionError):  # ValidationError is a DecodeError
+        return None
+    if (
+        wire.method != "session/update"
+        or wire.id is not UNSET
+        or wire.result is not UNSET
+        or wire.error is not UNSET
+        or (wire.jsonrpc is not UNSET and wire.jsonrpc != "2.0")
+    ):
+        return None
+    update = bytes(wire.params.update)
+    # A Raw starts at the value's first byte: "{" is an object (else: parse_message path).
+    if update[0] != 123:
+        return None
+    return wire.params.sessionId, update
 
 
 # --------------------------------------------------------------------------------------------

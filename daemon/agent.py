@@ -33,7 +33,9 @@ from daemon.acp_codec import (
     encode_request,
     encode_result,
     parse_message,
+    parse_update,
 )
+from daemon.envelope import encode_json
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -88,8 +90,9 @@ class ChannelClosed(Exception):
 class SessionSink(Protocol):
     """Where one ACP session's traffic goes (the daemon session implements it)."""
 
-    def on_update(self, update: dict[str, Any]) -> None:
-        """One ``session/update`` ``update`` object, in stdout order, from the reader task."""
+    def on_update(self, update: bytes) -> None:
+        """One ``session/update`` ``update`` object, in stdout order, from the reader task: the
+        agent's own JSON bytes of that object (never re-encoded; it may hold whitespace)."""
 
     def flush(self) -> None:
         """End of one stdout read batch in which this sink received updates."""
@@ -500,6 +503,24 @@ class AgentChannel:
         sinks = self._sinks
         loading = self._loading
         for line in lines:
+            fast = parse_update(line)
+            if fast is not None:
+                # The common line: an update, its bytes handed on undecoded.
+                routed_id, raw = fast
+                if routed_id in loading:
+                    continue  # session/load replay: the daemon already has this history.
+                sink = sinks.get(routed_id)
+                if sink is None:
+                    log.debug("event=agent_update_unrouted pid=%s acp_session_id=%s",
+                              self.pid, routed_id)
+                    continue
+                try:
+                    sink.on_update(raw)
+                except Exception:
+                    log.exception("event=sink_update_failed pid=%s acp_session_id=%s",
+                                  self.pid, routed_id)
+                touched[routed_id] = sink
+                continue
             msg = parse_message(line)
             if isinstance(msg, Notification):
                 if msg.method != "session/update":
@@ -525,7 +546,7 @@ class AgentChannel:
                     )
                 else:
                     try:
-                        sink.on_update(update)
+                        sink.on_update(encode_json(update))
                     except Exception:
                         log.exception(
                             "event=sink_update_failed pid=%s acp_session_id=%s",

@@ -16,14 +16,16 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import msgspec
 import trio
 
 from .compactor import TurnCompactor, stamp_record
-from .envelope import Event, JsonObject, make_event
-from .live_journal import LiveJournals
+from .envelope import Event, JsonObject, decode_json, make_event
+from .live_journal import LiveJournals, plain_chunk_key
 from .malloc import trim
 from .replay_window import Record, ReplayWindow, SegmentHandle, SpilledTurn
 from .ring import DEFAULT_RING_BYTES, EventRing
+from .splice import EnvelopeSplicer, compact, plain_chunk
 from .subscriber import Eviction, SubscriberState, Warning
 from .transcript_store import AppendEvent, FinishTurn, TerminalState, TranscriptStore
 from .transcript_writer import TranscriptWriter
@@ -179,6 +181,92 @@ class SessionBus:
         if flush:
             self.flush()
         return event
+
+    def publish_updates(
+        self,
+        updates: list[bytes],
+        *,
+        prompt_id: str | None,
+        originator_client_id: str | None,
+    ) -> None:
+        """Publish agent ``session/update`` updates, given as the agent's JSON bytes of each
+        ``update`` object, in order, as ``session_update`` events (``data = {sessionId,
+        update}``); the caller flushes.
+
+        Plain text chunks (``daemon.splice``) are spliced, not re-encoded, and handled a run at
+        a time: one envelope template, one transcript op per run, the journals and the
+        compactor fed without classifying each event again. Every other update is decoded and
+        published like :meth:`publish`; one that is not a JSON object is dropped.
+        """
+        if self.closed:
+            return
+        ring = self.ring
+        splicer: EnvelopeSplicer | None = None
+        run_kind: str | None = None
+        run_events: list[Event] = []
+        run_texts: list[str] = []
+        for update in updates:
+            update = compact(update)
+            chunk = plain_chunk(update)
+            if chunk is None:
+                if run_events:
+                    self._publish_chunk_run(run_kind or "", run_events, run_texts, prompt_id,
+                                            originator_client_id)
+                    run_events, run_texts, run_kind = [], [], None
+                self._publish_decoded_update(update, prompt_id, originator_client_id)
+                continue
+            kind, text = chunk
+            if kind != run_kind:
+                if run_events:
+                    self._publish_chunk_run(run_kind or "", run_events, run_texts, prompt_id,
+                                            originator_client_id)
+                    run_events, run_texts = [], []
+                run_kind = kind
+            if splicer is None:
+                splicer = EnvelopeSplicer(self.session_id, prompt_id, originator_client_id,
+                                          self.clock_ms())
+            event_id = ring.next_id
+            event = Event.spliced(splicer.envelope(event_id, update), event_id,
+                                  "session_update", prompt_id)
+            ring.append(event)
+            run_events.append(event)
+            run_texts.append(text)
+        if run_events:
+            self._publish_chunk_run(run_kind or "", run_events, run_texts, prompt_id,
+                                    originator_client_id)
+
+    def _publish_chunk_run(self, kind: str, events: list[Event], texts: list[str],
+                           prompt_id: str | None, originator_client_id: str | None) -> None:
+        """The journals, the compactor and the transcript for a run of spliced chunks that are
+        already in the ring."""
+        self.journals.append_chunks(
+            events, texts,
+            plain_chunk_key(kind, prompt_id, originator_client_id, self.session_id))
+        try:
+            self.compactor.add_plain_chunks(kind, events, texts, prompt_id, originator_client_id)
+        except Exception:
+            self._mark_degraded("compactor.add")
+        if self.writer is not None:
+            # One op for the run: the store keeps a run of a session's events as one row of
+            # their encodings joined by newlines, which is exactly this.
+            self.last_write_seq = self.writer.submit(AppendEvent(
+                self.session_id, events[-1].id or 0, prompt_id,
+                b"\n".join([event.raw for event in events])))
+        self._dirty = True
+
+    def _publish_decoded_update(self, update: bytes, prompt_id: str | None,
+                                originator_client_id: str | None) -> None:
+        try:
+            decoded = decode_json(update)
+        except (msgspec.DecodeError, RecursionError):
+            decoded = None
+        if type(decoded) is not dict:
+            log.warning("event=agent_bad_update session=%s excerpt=%r", self.session_id,
+                        update[:200])
+            return
+        self.publish("session_update", {"sessionId": self.session_id, "update": decoded},
+                     prompt_id=prompt_id, originator_client_id=originator_client_id,
+                     flush=False)
 
     def _append(
         self, event_type: str, data: Any, prompt_id: str | None,

@@ -63,7 +63,7 @@ class _KeptSlot:
 class _TextSlot:
     """Merged text chunks of one kind (and one subagent, for subagent chunks)."""
 
-    __slots__ = ("blocks", "kind", "last_env", "meta", "originator", "parent", "pieces",
+    __slots__ = ("blocks", "kind", "last_event", "meta", "originator", "parent", "pieces",
                  "prompt_id", "sources")
 
     def __init__(self, kind: str, parent: str | None, sources: _SourcesKey) -> None:
@@ -73,19 +73,24 @@ class _TextSlot:
         self.pieces: list[str] = []
         self.blocks: list[str] = []
         self.meta: JsonObject = {}
-        self.last_env: JsonObject = {}
+        # The last chunk, as its event: its bytes are shared with the ring, and its envelope
+        # is decoded again only when the turn is rendered (a dict per slot is never held).
+        self.last_event: Event | None = None
         self.prompt_id: Any = None
         self.originator: Any = None
 
-    def absorb(self, env: JsonObject, text: str, meta: JsonObject | None) -> None:
+    def _join(self) -> None:
+        blocks = self.blocks
+        blocks.append("".join(self.pieces))
+        self.pieces = []
+        if len(blocks) >= _JOIN_EVERY:
+            self.blocks = ["".join(blocks)]
+
+    def absorb(self, event: Event, env: JsonObject, text: str, meta: JsonObject | None) -> None:
         pieces = self.pieces
         pieces.append(text)
         if len(pieces) >= _JOIN_EVERY:
-            blocks = self.blocks
-            blocks.append("".join(pieces))
-            self.pieces = []
-            if len(blocks) >= _JOIN_EVERY:
-                self.blocks = ["".join(blocks)]
+            self._join()
         if meta:
             self.meta.update(meta)
         prompt_id = env.get("promptId")
@@ -94,7 +99,19 @@ class _TextSlot:
         originator = env.get("originatorClientId")
         if originator is not None:
             self.originator = originator
-        self.last_env = env
+        self.last_event = event
+
+    def absorb_run(self, events: list[Event], texts: list[str], prompt_id: str | None,
+                   originator: str | None) -> None:
+        """:meth:`absorb` of each plain chunk of a run (no ``_meta``; shared ids)."""
+        self.pieces.extend(texts)
+        if len(self.pieces) >= _JOIN_EVERY:
+            self._join()
+        if prompt_id is not None:
+            self.prompt_id = prompt_id
+        if originator is not None:
+            self.originator = originator
+        self.last_event = events[-1]
 
     @property
     def held_pieces(self) -> int:
@@ -105,7 +122,8 @@ class _TextSlot:
 
     def emit(self) -> JsonObject:
         # id, envelope _meta, data.sessionId and the other update keys are the last chunk's.
-        env = dict(self.last_env)
+        assert self.last_event is not None  # a slot is made to absorb a chunk at once
+        env = dict(self.last_event.env)
         data = dict(env["data"])
         update = dict(data["update"])
         content = dict(update["content"])
@@ -217,7 +235,7 @@ class TurnCompactor:
                     kind = update.get("sessionUpdate")
                     if isinstance(kind, str):
                         if kind in _TEXT_KINDS:
-                            if self._add_text(env, update, kind):
+                            if self._add_text(event, env, update, kind):
                                 return
                         elif kind in _TOOL_KINDS:
                             if self._add_tool(env, update):
@@ -227,7 +245,27 @@ class TurnCompactor:
                             return
         self._slots.append(_KeptSlot(env))
 
-    def _add_text(self, env: JsonObject, update: JsonObject, kind: str) -> bool:
+    def add_plain_chunks(self, kind: str, events: list[Event], texts: list[str],
+                         prompt_id: str | None, originator: str | None) -> None:
+        """:meth:`add` of each event of a run of plain top-level text chunks of one ``kind``
+        (``daemon.splice``: no ``_meta``, so no parent and no source records), whose texts
+        are ``texts`` and whose envelopes carry ``prompt_id`` and ``originator``."""
+        self.pending_events += len(events)
+        slots = self._slots
+        last = slots[-1] if slots else None
+        if (
+            isinstance(last, _TextSlot)
+            and last.parent is None
+            and last.kind == kind
+            and last.sources is None
+        ):
+            slot = last
+        else:
+            slot = _TextSlot(kind, None, None)
+            slots.append(slot)
+        slot.absorb_run(events, texts, prompt_id, originator)
+
+    def _add_text(self, event: Event, env: JsonObject, update: JsonObject, kind: str) -> bool:
         content = update.get("content")
         if not isinstance(content, dict) or content.get("type") != "text":
             return False
@@ -267,7 +305,7 @@ class TurnCompactor:
                 slot = _TextSlot(kind, parent, sources)
                 self._subagent[key] = slot
                 self._slots.append(slot)
-        slot.absorb(env, text, meta)
+        slot.absorb(event, env, text, meta)
         return True
 
     def _add_tool(self, env: JsonObject, update: JsonObject) -> bool:

@@ -62,6 +62,21 @@ class Event:
         """Encode ``env`` (raises ``msgspec.EncodeError``/``TypeError`` if it cannot be)."""
         return cls(env, encode_json(env))
 
+    @classmethod
+    def spliced(cls, raw: bytes, event_id: int, event_type: str, prompt_id: str | None) -> Event:
+        """An event whose encoding was built without a dict (``daemon.splice``): ``raw`` must
+        be a valid compact envelope carrying these id, type and prompt id. ``env`` decodes it
+        when someone asks."""
+        event = cls.__new__(cls)
+        event._env = None
+        event.raw = raw
+        event.size = len(raw)
+        event.id = event_id
+        event.type = event_type
+        event.prompt_id = prompt_id
+        event._sse_head = None
+        return event
+
     @property
     def env(self) -> JsonObject:
         env = self._env

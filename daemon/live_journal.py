@@ -33,6 +33,7 @@ __all__ = [
     "LiveReplayMode",
     "in_summary",
     "merge_key",
+    "plain_chunk_key",
 ]
 
 DEFAULT_MAX_EVENTS: Final = 10_000
@@ -152,6 +153,22 @@ def _classify(env: JsonObject) -> tuple[MergeKey, str] | None:
         sources,
     )
     return key, text
+
+
+def plain_chunk_key(
+    kind: str, prompt_id: str | None, originator_client_id: str | None, session_id: str
+) -> MergeKey:
+    """The merge key :func:`merge_key` gives a spliced plain text chunk (``daemon.splice``):
+    an envelope with ``_meta`` = ``{serverTimestamp}`` only, ``data`` = ``{sessionId, update}``
+    and an update without ``_meta``, so without parent tool call or source records."""
+    return (
+        kind,
+        _MISSING if prompt_id is None else prompt_id,
+        _MISSING if originator_client_id is None else originator_client_id,
+        session_id,
+        _MISSING,
+        _MISSING,
+    )
 
 
 def _chunk_text(event: Event) -> str:
@@ -337,6 +354,64 @@ class LiveJournal:
             self._retained += 1
         self._total_bytes = total
 
+    def _push_run(self, events: list[Event], texts: list[str], key: MergeKey) -> None:
+        """:meth:`_push` of each event of a run sharing the merge key ``key`` (not None), with
+        one eviction pass at the end. Same result: whether an event merges never depends on
+        evictions (only on the last entry, which is never evicted), and evicting the oldest
+        entries while over a cap, once after all appends, removes the same entries as doing
+        it after each (the totals only grow meanwhile)."""
+        entries = self._entries
+        max_bytes = self.max_bytes
+        total = self._total_bytes
+        count = len(events)
+        i = 0
+        while i < count:
+            event = events[i]
+            if key == self._last_key:
+                last = entries[-1]
+                if isinstance(last, _MergedEntry):
+                    pieces = last.pieces
+                    nbytes = last.nbytes
+                    end = i
+                    room = MAX_EVENTS_PER_ENTRY - len(pieces)
+                    while end < count and room > 0:
+                        size = events[end].size
+                        if nbytes + size > max_bytes:
+                            break
+                        nbytes += size
+                        end += 1
+                        room -= 1
+                    if end > i:
+                        pieces.extend(texts[i:end])
+                        last.last = events[end - 1]
+                        total += nbytes - last.nbytes
+                        last.nbytes = nbytes
+                        last.rendered = None
+                        i = end
+                        continue
+                elif last.size + event.size <= max_bytes:
+                    entries[-1] = _MergedEntry(last, event, texts[i])
+                    total += event.size
+                    i += 1
+                    continue
+            entries.append(event)
+            self._last_key = key
+            total += event.size
+            i += 1
+        dropped = 0
+        max_events = self.max_events
+        while len(entries) > max_events or (total > max_bytes and len(entries) > 1):
+            oldest = entries.popleft()
+            if isinstance(oldest, Event):
+                total -= oldest.size
+                dropped += 1
+            else:
+                total -= oldest.nbytes
+                dropped += len(oldest.pieces)
+        self._retained += count - dropped
+        self._truncated += dropped
+        self._total_bytes = total
+
     def reset(self) -> None:
         """Turn boundary: forget every entry and zero the counters."""
         self._entries.clear()
@@ -422,6 +497,14 @@ class LiveJournals:
         parent = key[4]
         if not isinstance(parent, str) or not parent:
             self.summary._push(event, key, text)
+
+    def append_chunks(self, events: list[Event], texts: list[str], key: MergeKey) -> None:
+        """Append a run of plain text chunks sharing merge key ``key``
+        (:func:`plain_chunk_key`), ``texts[i]`` being the text of ``events[i]``: the same as
+        :meth:`append` of each, without classifying them again. Top-level chunks belong in
+        both journals."""
+        self.full._push_run(events, texts, key)
+        self.summary._push_run(events, texts, key)
 
     def reset(self) -> None:
         self.full.reset()

@@ -103,6 +103,8 @@ class Session:
         self.agent_exit: tuple[int | None, str | None] | None = None
         self.ended = trio.Event()
         self._wake = trio.Event()
+        # Agent updates of the current stdout batch, published at its flush.
+        self._updates: list[bytes] = []
 
     # -- admission ----------------------------------------------------------------------------
 
@@ -356,16 +358,20 @@ class Session:
 
     # -- SessionSink (the agent channel calls these) -------------------------------------------
 
-    def on_update(self, update: dict[str, Any]) -> None:
-        prompt = self.active
-        self.bus.publish(
-            "session_update", {"sessionId": self.id, "update": update},
-            prompt_id=prompt.prompt_id if prompt is not None else None,
-            originator_client_id=prompt.client_id if prompt is not None else None,
-            flush=False,
-        )
+    def on_update(self, update: bytes) -> None:
+        # Gathered for the end of the read batch: the bus publishes them as one batch.
+        self._updates.append(update)
 
     def flush(self) -> None:
+        updates = self._updates
+        if updates:
+            self._updates = []
+            prompt = self.active
+            self.bus.publish_updates(
+                updates,
+                prompt_id=prompt.prompt_id if prompt is not None else None,
+                originator_client_id=prompt.client_id if prompt is not None else None,
+            )
         self.bus.flush()
 
     async def on_permission_request(self, params: dict[str, Any]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import trio
 
@@ -46,6 +47,7 @@ class RecordingSink:
 
     def __init__(self, permission_result: dict[str, Any] | None = None) -> None:
         self.updates: list[dict[str, Any]] = []
+        self.raw_updates: list[bytes] = []
         self.flushed_at: list[int] = []  # len(updates) at each flush
         self.permission_requests: list[dict[str, Any]] = []
         self.permission_result = permission_result or {
@@ -53,8 +55,11 @@ class RecordingSink:
         }
         self._changed = trio.Event()
 
-    def on_update(self, update: dict[str, Any]) -> None:
-        self.updates.append(update)
+    def on_update(self, update: bytes) -> None:
+        # The channel hands on the agent's bytes of the update object, undecoded.
+        assert type(update) is bytes
+        self.raw_updates.append(update)
+        self.updates.append(msgspec.json.decode(update))
 
     def flush(self) -> None:
         self.flushed_at.append(len(self.updates))
@@ -172,6 +177,9 @@ async def test_prompt_streams_chunks_in_order_then_end_turn(tmp_path: Path) -> N
             "sessionUpdate": "agent_message_chunk",
             "content": {"type": "text", "text": "chunk-0"},
         }
+        # The agent's own bytes of the update object, not a re-encoding of a decoded dict.
+        assert sink.raw_updates[0] == (
+            b'{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"chunk-0"}}')
         assert sink.flushed_at[-1] == 2000
         assert sink.flushed_at == sorted(set(sink.flushed_at))  # once per batch, never empty
         assert len(sink.flushed_at) < 2000  # batched, not per line

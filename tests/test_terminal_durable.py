@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import trio
 import trio.testing
 
@@ -67,8 +68,10 @@ class StreamingAgent:
 
     async def prompt(self, acp_session_id: str, blocks: list[Any]) -> dict[str, Any]:
         for i in range(CHUNKS):
-            self.sink.on_update({"sessionUpdate": "agent_message_chunk",
-                                 "content": {"type": "text", "text": f"chunk-{i}"}})
+            # The channel hands its sink the agent's bytes of each update object.
+            self.sink.on_update(msgspec.json.encode({
+                "sessionUpdate": "agent_message_chunk",
+                "content": {"type": "text", "text": f"chunk-{i}"}}))
             if i % 50 == 49:
                 self.sink.flush()
                 await trio.lowlevel.checkpoint()

@@ -1,0 +1,255 @@
+"""Spliced agent updates: the bus's batch path for agent updates publishes exactly what the
+general path (decode, publish the dict, encode) publishes, byte for byte, for updates in compact
+form; the agent's spelling is kept otherwise, always compact and valid."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import uuid
+from typing import Any
+from unittest import mock
+
+import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from daemon.bus import BusLimits, SessionBus
+from daemon.envelope import decode_json, encode_json, make_event
+from daemon.live_journal import LiveJournal, merge_key, plain_chunk_key
+from daemon.splice import EnvelopeSplicer, compact, plain_chunk
+from daemon.transcript_store import AppendEvent
+
+SID = "6f1c2a9e-0000-4000-8000-000000000001"
+PROMPT = "70ed4f91-1eaf-4a5f-947b-012de441327f"
+CLIENT = "client_e9d029a4"
+
+
+class RecordingWriter:
+    """The transcript writer's submit side: records every op."""
+
+    def __init__(self) -> None:
+        self.ops: list[object] = []
+        self.failed_sessions: set[str] = set()
+
+    def submit(self, op: object) -> int:
+        self.ops.append(op)
+        return len(self.ops)
+
+    def reset_durable(self, session_id: str) -> None:
+        pass
+
+    def stored_events(self) -> list[tuple[int, bytes]]:
+        """(id, raw) of every event the AppendEvent ops carry, a run's row split back."""
+        out: list[tuple[int, bytes]] = []
+        for op in self.ops:
+            if isinstance(op, AppendEvent):
+                raws = op.raw.split(b"\n")
+                first = op.event_id - len(raws) + 1
+                out.extend(zip(itertools.count(first), raws, strict=False))
+        return out
+
+
+def new_bus(max_events: int, max_bytes: int) -> tuple[SessionBus, RecordingWriter]:
+    writer = RecordingWriter()
+    bus = SessionBus(SID, BusLimits(max_events, max_bytes, 4 * 1024 * 1024, 64),
+                     writer,  # type: ignore[arg-type]
+                     clock_ms=lambda: 1_796_204_622_451)
+    return bus, writer
+
+
+def text_chunk(kind: str, text: str) -> dict[str, Any]:
+    return {"sessionUpdate": kind, "content": {"type": "text", "text": text}}
+
+
+texts = st.text(max_size=30)
+plain = st.builds(text_chunk, st.sampled_from(["agent_message_chunk", "agent_thought_chunk"]),
+                  texts)
+# Updates the batch path must hand to the general path: not plain text chunks.
+others = st.one_of(
+    st.builds(lambda t: {**text_chunk("agent_message_chunk", t),
+                         "_meta": {"timestamp": 42, "parentToolCallId": "tc"}}, texts),
+    st.builds(lambda t: {**text_chunk("agent_message_chunk", t),
+                         "_meta": {"usage": {"inputTokens": 3}}}, texts),
+    st.builds(lambda n: {"sessionUpdate": "tool_call", "toolCallId": f"t{n}",
+                         "status": "pending"}, st.integers(0, 3)),
+    st.just({"sessionUpdate": "agent_message_chunk",
+             "content": {"type": "image", "data": "AA==", "mimeType": "image/png"}}),
+    st.just({"sessionUpdate": "user_message_chunk", "content": {"type": "text", "text": "u"}}),
+    st.just({"sessionUpdate": "agent_message_chunk",
+             "content": {"type": "text", "text": "x", "annotations": None}}),
+    st.just({"sessionUpdate": "plan", "entries": []}),
+)
+
+
+def publish_both(updates: list[dict[str, Any]], max_events: int, max_bytes: int,
+                 prompt_id: str | None, client_id: str | None, batch: int
+                 ) -> tuple[tuple[SessionBus, RecordingWriter], tuple[SessionBus, RecordingWriter]]:
+    """The same updates through the batch path (``publish_updates`` in batches of ``batch``)
+    and through the general path (``publish`` of each decoded update), record ids made
+    deterministic so the compacted turns compare too."""
+    results = []
+    for batch_path in (True, False):
+        ids = (uuid.UUID(int=n) for n in itertools.count(1))
+        with mock.patch("daemon.bus.uuid.uuid4", ids.__next__):
+            bus, writer = new_bus(max_events, max_bytes)
+            raws = [encode_json(u) for u in updates]
+            if batch_path:
+                for start in range(0, len(raws), batch):
+                    bus.publish_updates(raws[start:start + batch], prompt_id=prompt_id,
+                                        originator_client_id=client_id)
+            else:
+                for update in updates:
+                    bus.publish("session_update", {"sessionId": SID, "update": update},
+                                prompt_id=prompt_id, originator_client_id=client_id,
+                                flush=False)
+            bus.publish_terminal("turn_complete", {"sessionId": SID, "stopReason": "end_turn"},
+                                 prompt_id=prompt_id, originator_client_id=client_id,
+                                 ledger_terminal="completed", stop_reason="end_turn")
+        results.append((bus, writer))
+    return results[0], results[1]
+
+
+def journal_state(journal: LiveJournal) -> tuple[object, ...]:
+    return (journal.snapshot(active_prompt_id=PROMPT, full_transcript_available=True),
+            journal.entry_count, journal.total_bytes, journal.retained_events,
+            journal.truncated_events)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    updates=st.lists(st.one_of(plain, plain, plain, others), min_size=1, max_size=80),
+    max_events=st.integers(1, 8),
+    max_bytes=st.integers(300, 6000),
+    ids=st.sampled_from([(PROMPT, CLIENT), (PROMPT, None), (None, None)]),
+    batch=st.integers(1, 70),
+)
+def test_batch_path_publishes_what_the_general_path_publishes(
+        updates: list[dict[str, Any]], max_events: int, max_bytes: int,
+        ids: tuple[str | None, str | None], batch: int) -> None:
+    prompt_id, client_id = ids
+    (fast, fast_writer), (ref, ref_writer) = publish_both(
+        updates, max_events, max_bytes, prompt_id, client_id, batch)
+    # Same ids, same bytes in the ring and in the transcript.
+    assert [e.raw for e in fast.ring.since(0)] == [e.raw for e in ref.ring.since(0)]
+    assert [(e.id, e.type, e.prompt_id, e.size) for e in fast.ring.since(0)] == [
+        (e.id, e.type, e.prompt_id, e.size) for e in ref.ring.since(0)]
+    assert fast_writer.stored_events() == ref_writer.stored_events()
+    # The compacted turn (window segment and transcript records) is the same.
+    assert fast.window.snapshot(full_transcript_available=True) == ref.window.snapshot(
+        full_transcript_available=True)
+    assert [op for op in fast_writer.ops if not isinstance(op, AppendEvent)] == [
+        op for op in ref_writer.ops if not isinstance(op, AppendEvent)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    updates=st.lists(st.one_of(plain, plain, plain, others), min_size=1, max_size=80),
+    max_events=st.integers(1, 8),
+    max_bytes=st.integers(300, 6000),
+    batch=st.integers(1, 70),
+)
+def test_batch_path_journals_match_the_general_path_mid_turn(
+        updates: list[dict[str, Any]], max_events: int, max_bytes: int, batch: int) -> None:
+    fast, _ = new_bus(max_events, max_bytes)
+    ref, _ = new_bus(max_events, max_bytes)
+    raws = [encode_json(u) for u in updates]
+    for start in range(0, len(raws), batch):
+        fast.publish_updates(raws[start:start + batch], prompt_id=PROMPT,
+                             originator_client_id=CLIENT)
+        for update in updates[start:start + batch]:
+            ref.publish("session_update", {"sessionId": SID, "update": update},
+                        prompt_id=PROMPT, originator_client_id=CLIENT, flush=False)
+        # Merged entries, evictions and both counters agree after every batch.
+        assert journal_state(fast.journals.full) == journal_state(ref.journals.full)
+        assert journal_state(fast.journals.summary) == journal_state(ref.journals.summary)
+
+
+def test_splicer_matches_make_event_byte_for_byte() -> None:
+    update = text_chunk("agent_message_chunk", 'hé "quoted" \\ \n tab\t')
+    for prompt_id, client_id in ((PROMPT, CLIENT), (PROMPT, None), (None, CLIENT), (None, None)):
+        expected = make_event(7, "session_update", {"sessionId": SID, "update": update},
+                              now_ms=123, prompt_id=prompt_id, originator_client_id=client_id)
+        assert expected is not None
+        splicer = EnvelopeSplicer(SID, prompt_id, client_id, 123)
+        assert splicer.envelope(7, encode_json(update)) == expected.raw
+
+
+def test_plain_chunk_takes_only_exact_text_chunks() -> None:
+    assert plain_chunk(b'{"content":{"text":"a","type":"text"},"sessionUpdate":'
+                       b'"agent_thought_chunk"}') == ("agent_thought_chunk", "a")
+    for update in (
+        {**text_chunk("agent_message_chunk", "a"), "_meta": {}},
+        {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "a", "x": 1}},
+        {"sessionUpdate": "agent_message_chunk", "content": {"type": "image", "text": "a"}},
+        {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": 5}},
+        text_chunk("user_message_chunk", "a"),
+        {"sessionUpdate": "tool_call", "toolCallId": "t"},
+    ):
+        assert plain_chunk(encode_json(update)) is None, update
+    assert plain_chunk(b'{"sessionUpdate":"agent_message_chunk","content":{"type":"text",'
+                       b'"text":"\xff"}}') is None  # invalid UTF-8 is refused, never spliced
+    assert plain_chunk(b"[1]") is None
+
+
+def test_agent_whitespace_is_removed_and_its_spelling_kept() -> None:
+    update = text_chunk("agent_message_chunk", "a, b: c  é")
+    spaced = json.dumps(update, ensure_ascii=False).encode()
+    assert b", " in spaced and b": " in spaced
+    # Outside strings only: the result is msgspec's compact encoding here.
+    assert compact(spaced) == encode_json(update)
+    assert compact(b'{"a":1}') == b'{"a":1}'
+    escaped = json.dumps(update).encode()  # "\u00e9": the agent's spelling stays
+    bus, writer = new_bus(100, 1 << 20)
+    bus.publish_updates([spaced, escaped, b'{"sessionUpdate": "plan", "entries": [ ]}'],
+                        prompt_id=PROMPT, originator_client_id=CLIENT)
+    events = bus.ring.since(0)
+    assert len(events) == 3
+    for event in events:
+        assert msgspec.json.format(event.raw, indent=-1) == event.raw  # compact
+        assert event.size == len(event.raw)
+        assert msgspec.json.decode(event.raw)["id"] == event.id
+    assert decode_json(events[0].raw)["data"]["update"] == update
+    assert b"\\u00e9" in events[1].raw
+    assert decode_json(events[1].raw)["data"]["update"] == update
+    assert decode_json(events[2].raw)["data"]["update"] == {"sessionUpdate": "plan",
+                                                            "entries": []}
+    assert [raw for _, raw in writer.stored_events()] == [e.raw for e in events]
+
+
+def test_an_update_that_is_not_an_object_is_dropped_without_an_id() -> None:
+    bus, _ = new_bus(100, 1 << 20)
+    bus.publish_updates([b"[1,2]", b'"x"', b"{bad", encode_json(text_chunk(
+        "agent_message_chunk", "ok"))], prompt_id=None, originator_client_id=None)
+    events = bus.ring.since(0)
+    assert [e.id for e in events] == [1]
+    assert decode_json(events[0].raw)["data"]["update"]["content"]["text"] == "ok"
+
+
+def test_plain_chunk_key_is_the_merge_key_of_a_spliced_chunk() -> None:
+    for prompt_id, client_id in ((PROMPT, CLIENT), (None, None)):
+        bus, _ = new_bus(100, 1 << 20)
+        bus.publish_updates([encode_json(text_chunk("agent_thought_chunk", "t"))],
+                            prompt_id=prompt_id, originator_client_id=client_id)
+        event = bus.ring.since(0)[0]
+        assert merge_key(decode_json(event.raw)) == plain_chunk_key(
+            "agent_thought_chunk", prompt_id, client_id, SID)
+
+
+def test_long_runs_fill_merged_entries_to_their_event_limit_like_the_general_path() -> None:
+    # 256 source events per merged entry at most: runs crossing that limit split where the
+    # general path splits (and at the byte cap, for the second pair of caps).
+    for max_events, max_bytes in ((10_000, 8 * 1024 * 1024), (3, 60_000)):
+        fast, _ = new_bus(max_events, max_bytes)
+        ref, _ = new_bus(max_events, max_bytes)
+        updates = [text_chunk("agent_message_chunk", f"chunk-{i}") for i in range(1500)]
+        raws = [encode_json(u) for u in updates]
+        for start in range(0, len(raws), 100):
+            fast.publish_updates(raws[start:start + 100], prompt_id=PROMPT,
+                                 originator_client_id=CLIENT)
+        for update in updates:
+            ref.publish("session_update", {"sessionId": SID, "update": update},
+                        prompt_id=PROMPT, originator_client_id=CLIENT, flush=False)
+        assert journal_state(fast.journals.full) == journal_state(ref.journals.full)
+        assert journal_state(fast.journals.summary) == journal_state(ref.journals.summary)
+    assert fast.journals.full.truncated_events > 0
