@@ -46,8 +46,19 @@ TESTS: dict[str, tuple[str, ...]] = {
     "sdk/truncation.py": ("test_sdk_truncation.py", "test_sdk_events.py"),
     "sdk/sse.py": ("test_sdk_sse.py",),
     "sdk/repair.py": ("test_sdk_repair.py",),
-    "webui_model/store.py": ("test_webui_store.py", "test_webui_reducer.py"),
-    "webui_model/reducer.py": ("test_webui_reducer.py", "test_webui_store.py"),
+    "webui_model/store.py": (
+        "test_webui_store.py", "test_webui_reducer.py", "test_webui_replay.py",
+        "test_webui_repair_commit.py",
+    ),
+    # The store's state value and draft (split out of store.py).
+    "webui_model/draft.py": (
+        "test_webui_store.py", "test_webui_reducer.py", "test_webui_replay.py",
+        "test_webui_repair_commit.py",
+    ),
+    "webui_model/reducer.py": (
+        "test_webui_reducer.py", "test_webui_store.py", "test_webui_replay.py",
+        "test_webui_repair_commit.py",
+    ),
     "webui_model/replay.py": ("test_webui_replay.py",),
     "webui_model/pagination.py": ("test_webui_replay.py",),
     "webui_model/repair_commit.py": ("test_webui_repair_commit.py",),
@@ -124,7 +135,7 @@ def test_files(module: str, *, baseline: bool = False) -> list[str]:
     files = [f"tests/{name}" for name in TESTS[module]]
     if baseline:
         return files
-    stem = Path(module).stem
+    stem = {"draft": "store"}.get(Path(module).stem, Path(module).stem)
     files += sorted(f"tests/{p.name}" for p in (ROOT / "tests").glob(f"test_mut_{stem}*.py"))
     return files
 
