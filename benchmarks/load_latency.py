@@ -83,13 +83,6 @@ def chunks_for(mib: float) -> int:
     return math.ceil(mib * MIB / (PAD_BYTES + EVENT_OVERHEAD))
 
 
-def fill_window(daemon: Daemon, session_id: str, client_id: str, turns: int) -> None:
-    for _ in range(turns):
-        daemon.prompt(session_id, f"mock:chunks={WINDOW_TURN_CHUNKS} mock:bytes={WINDOW_TURN_PAD} "
-                                  "mock:delay_ms=0", client_id)
-        daemon.wait_idle(session_id)
-
-
 def open_turn(daemon: Daemon, session_id: str, client_id: str, chunks: int, pad: int) -> str:
     """Start a gated turn and wait until the daemon has published every chunk; returns the
     gate name (touch it to let the turn end)."""

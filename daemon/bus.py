@@ -32,8 +32,6 @@ from .transcript_writer import TranscriptWriter
 
 log = logging.getLogger("daemon.bus")
 
-TERMINAL_TYPES = frozenset({"turn_complete", "turn_error"})
-
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000

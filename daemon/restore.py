@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from sdk.protocol.constants import TERMINAL_TYPES
+
 from .compactor import TurnCompactor, stamp_record
 from .envelope import Event, JsonObject, decode_json, encode_json
 from .replay_window import Record
@@ -44,9 +46,6 @@ def _records(envs: Sequence[JsonObject], new_record_id: Callable[[], str]
         record_id = new_record_id()
         out.append((record_id, encode_json(stamp_record(env, record_id))))
     return out
-
-
-TERMINAL_TYPES = frozenset({"turn_complete", "turn_error"})
 
 
 def _ledger_state(event: Event) -> tuple[TerminalState, str | None]:

@@ -13,9 +13,11 @@ it does not know), and ``tests/test_server_patches.py`` fails when that shape ch
 
 from __future__ import annotations
 
+import inspect
 import logging
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from . import sockets, ws_keepalive
 
@@ -43,9 +45,80 @@ _status = PatchStatus(ws_keepalive=False, connection_registry=False,
                       hypercorn_version=hypercorn_version())
 
 
+# What the patches rely on: method -> its parameters, and names its code must use.
+WS_STREAM_SHAPE: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
+    "__init__": (("self", "app", "config", "context", "task_group", "ssl", "client", "server",
+                  "send", "stream_id"),
+                 frozenset({"closed", "config", "context", "task_group", "send", "server",
+                            "client", "stream_id"})),
+    "_accept": (("self", "message"), frozenset({"connection", "task_group", "_send_pings"})),
+    "_send_pings": (("self",), frozenset({"closed", "context", "sleep", "config",
+                                          "websocket_ping_interval"})),
+    "_send_wsproto_event": (("self", "event"), frozenset({"connection", "send", "stream_id"})),
+    "_handle_events": (("self",), frozenset({"connection", "events"})),
+}
+TCP_SERVER_SHAPE: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
+    "__init__": (("self", "app", "config", "context", "state", "stream"), frozenset({"stream"})),
+    "run": (("self",), frozenset({"stream"})),
+}
+
+
+def _method_problems(cls: type, shape: dict[str, tuple[tuple[str, ...], frozenset[str]]]
+                     ) -> list[str]:
+    problems = []
+    for name, (params, uses) in shape.items():
+        func = cls.__dict__.get(name)
+        if not inspect.isfunction(func):
+            problems.append(f"{cls.__name__}.{name} is missing")
+            continue
+        got = tuple(inspect.signature(func).parameters)
+        if got != params:
+            problems.append(f"{cls.__name__}.{name}{got} is not {params}")
+        if name != "__init__" and not inspect.iscoroutinefunction(func):
+            problems.append(f"{cls.__name__}.{name} is no longer a coroutine function")
+        missing = uses - set(func.__code__.co_names)
+        if missing:
+            problems.append(f"{cls.__name__}.{name} no longer uses {sorted(missing)}")
+    return problems
+
+
+def shape_problems(ws_stream_cls: type, stream_closed: Any, tcp_server_cls: type,
+                   worker_serve: Any) -> list[str]:
+    """How the given Hypercorn classes differ from the shape the patches were written for
+    (empty: they match). Pure inspection; call it before patching."""
+    problems = _method_problems(ws_stream_cls, WS_STREAM_SHAPE)
+    problems += _method_problems(tcp_server_cls, TCP_SERVER_SHAPE)
+    if not hasattr(tcp_server_cls, "__await__"):
+        problems.append("TCPServer is no longer awaitable")
+    fields = getattr(stream_closed, "__dataclass_fields__", {})
+    if "stream_id" not in fields:
+        problems.append("StreamClosed has no stream_id field")
+    code = getattr(worker_serve, "__code__", None)
+    if code is None or "TCPServer" not in code.co_names:
+        problems.append("worker_serve no longer builds TCPServer through its module")
+    return problems
+
+
+def hypercorn_shape_problems() -> list[str]:
+    """:func:`shape_problems` of the installed Hypercorn (before the patches replace anything:
+    the classes are read from the modules that define them)."""
+    from hypercorn.protocol import ws_stream
+    from hypercorn.trio import run, tcp_server
+
+    return shape_problems(ws_stream.WSStream, getattr(ws_stream, "StreamClosed", None),
+                          tcp_server.TCPServer, run.worker_serve)
+
+
 def install() -> PatchStatus:
-    """Install both patches (idempotent); returns which are active."""
+    """Install both patches (idempotent); returns which are active. A Hypercorn whose shape
+    differs from the one they were written for is left alone (logged)."""
     global _status
+    if not (_status.ws_keepalive or _status.connection_registry):
+        problems = hypercorn_shape_problems()
+        if problems:
+            log.warning("event=server_patches_unavailable hypercorn=%s tested=%s problems=%s",
+                        hypercorn_version(), TESTED_HYPERCORN, "; ".join(problems))
+            return _status
     _status = PatchStatus(ws_keepalive=ws_keepalive.install(),
                           connection_registry=sockets.install(),
                           hypercorn_version=hypercorn_version())

@@ -18,6 +18,8 @@ from urllib.parse import parse_qs
 
 import trio
 
+from sdk.protocol.constants import MAX_EVENT_ID
+
 from .bus import SessionBus, Subscription, now_ms
 from .envelope import Event, encode_json, sse_chunks, synthetic
 from .ring import decide_resume
@@ -31,7 +33,6 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 MAX_SUBSCRIBERS = 64
-MAX_SAFE_INTEGER = 2**53 - 1
 EPOCH_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 EVICTED_FRAME_TIMEOUT_S = 0.5
 
@@ -61,7 +62,7 @@ def parse_cursor(raw: str | None) -> int | None:
     if raw is None or not _is_decimal(raw, 64):
         return None
     value = int(raw)
-    return value if value <= MAX_SAFE_INTEGER else None
+    return value if value <= MAX_EVENT_ID else None
 
 
 def parse_epoch(raw: str | None) -> str | None:

@@ -228,3 +228,21 @@ def test_openapi_needs_the_token_like_every_route_but_health(secured: RunningDae
     assert doc["security"] == [{"bearer": []}]
     assert "security" not in doc["paths"]["/openapi.json"]["get"]  # inherits: token needed
     assert {} in doc["paths"]["/health"]["get"]["security"]  # anonymous allowed
+
+
+def test_405_names_the_allowed_methods_and_ws_needs_an_upgrade(served: RunningDaemon) -> None:
+    """Every 405 carries ``Allow`` (the documented methods of that path); a plain GET of the
+    WebSocket route is 426 with ``Upgrade: websocket``, not 404."""
+    doc = build_openapi()
+    with httpx.Client(base_url=served.url, timeout=10) as client:
+        sid = client.post("/session", json={"sessionScope": "thread"}).json()["sessionId"]
+        for template, item in doc["paths"].items():
+            path = template.replace("{sessionId}", sid).replace("{requestId}", "r")
+            resp = client.request("PUT", path)
+            assert resp.status_code == 405, (path, resp.text)
+            allowed = {m.strip() for m in resp.headers["allow"].split(",")}
+            assert allowed - {"HEAD"} == {m.upper() for m in item}, (path, allowed)
+        plain = client.get(f"/session/{sid}/ws")
+    assert plain.status_code == 426, plain.text
+    assert plain.headers["upgrade"] == "websocket"
+    assert plain.json()["code"] == "upgrade_required"
