@@ -8,8 +8,9 @@ Targets (SPEC §2.2 cost rule, DESIGN "Speed"):
 
 * ``LiveJournal.append`` at the caps (10,000 entries / 8 MiB prefilled) >= 300,000 events/s;
 * at-cap cost within 1.3x of the cost on an empty journal;
-* the publish pipeline, the daemon's own ``SessionBus.publish`` (make_event + event ring + both
-  live journals + compactor, no transcript writer, no subscriber) >= 100,000 events/s.
+* the publish pipeline, the daemon's own ``SessionBus.publish_updates`` (the path of agent
+  updates: envelope + event ring + both live journals + compactor, no transcript writer, no
+  subscriber) >= 100,000 events/s.
 
 "Empty" appends go into fresh journals in batches of at most ``maxEvents`` events, so nothing is
 ever evicted; "at caps" starts from a journal holding 10,000 unmergeable entries that add up to
@@ -218,12 +219,19 @@ def _bus_limits() -> BusLimits:
 
 def _pipeline_trial(items: Sequence[tuple[str, JsonObject]],
                     buses: list[SessionBus] | None = None) -> Trial:
-    """One turn through the daemon's own ``SessionBus.publish`` (make_event, the event ring,
-    both live journals, the compactor; no transcript writer and no subscriber), ending with
-    ``publish_terminal`` (compaction into the replay window, journal reset). Updates are
-    published as the agent reader does (``flush=False``, one flush per batch of 256)."""
+    """One turn through the daemon's own publish path for agent updates,
+    ``SessionBus.publish_updates`` (plain text chunks spliced into an envelope template, every
+    other update decoded and published like ``SessionBus.publish``; the event ring, both live
+    journals, the compactor; no transcript writer and no subscriber), ending with
+    ``publish_terminal`` (compaction into the replay window, journal reset). The updates are
+    handed over as the agent channel does, as the agent's JSON bytes in batches (of 256 here),
+    each batch followed by a flush."""
     terminal_data: JsonObject = {"sessionId": SESSION, "stopReason": "end_turn",
                                  "promptId": PROMPT}
+    # The agent's bytes of each update, encoded once outside the timed loop (the agent wrote
+    # them; the daemon receives them).
+    updates = [encode_json(data["update"]) for _, data in items]
+    batches = [updates[i:i + 256] for i in range(0, len(updates), 256)]
 
     def setup() -> Callable[[], None]:
         bus = SessionBus(SESSION, _bus_limits(), None, clock_ms=lambda: NOW_MS)
@@ -231,14 +239,11 @@ def _pipeline_trial(items: Sequence[tuple[str, JsonObject]],
             buses.append(bus)
 
         def loop() -> None:
-            publish = bus.publish
+            publish_updates = bus.publish_updates
             flush = bus.flush
-            for index, (event_type, data) in enumerate(items, 1):
-                publish(event_type, data, prompt_id=PROMPT, originator_client_id=CLIENT,
-                        flush=False)
-                if not index & 255:
-                    flush()
-            flush()
+            for batch in batches:
+                publish_updates(batch, prompt_id=PROMPT, originator_client_id=CLIENT)
+                flush()
             bus.publish_terminal("turn_complete", terminal_data, prompt_id=PROMPT,
                                  originator_client_id=CLIENT, ledger_terminal="completed",
                                  stop_reason="end_turn")
@@ -382,7 +387,7 @@ def _measure(
                      empty))
 
     for label, items in (("chunk stream", chunk_items), ("mixed turn", mixed_items)):
-        name = f"pipeline: SessionBus.publish (ring+journals+compactor), {label}"
+        name = f"pipeline: SessionBus.publish_updates (ring+journals+compactor), {label}"
         buses: list[SessionBus] = []
         try:
             seconds = _median_seconds(_pipeline_trial(items, buses), trials)
