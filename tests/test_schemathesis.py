@@ -29,8 +29,6 @@ import pytest
 from tests.harness import RunningDaemon, running_daemon
 from tests.schemathesis_hooks import state_dependent_refusal
 
-pytest.importorskip("schemathesis")
-
 TOKEN = "schemathesis-token"
 ROOT = Path(__file__).resolve().parent.parent
 MAX_EXAMPLES = 8
