@@ -1,0 +1,115 @@
+"""Reducer details pinned down by mutation testing (CLIENT-SPEC §4.1, §4.3): the exact block
+and notice each connection/lifecycle event produces, including the fallbacks for payloads that
+lack their optional fields."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sdk.events import DaemonEvent
+from webui_model import TranscriptStore
+from webui_model.effects import ConnectionMetadata, Notice
+
+# (event type, data) -> the one block it appends: (kind, text, code, source), or None.
+BLOCKS: list[tuple[str, Any, tuple[str, str, str | None, str] | None]] = [
+    ("slow_client_warning", {"queueSize": 3, "maxQueued": 10},
+     ("status", "This client is falling behind the event stream (3 of 10 events queued).",
+      "slow_client_warning", "slow_client_warning")),
+    ("slow_client_warning", {"bogus": 1},
+     ("status", "This client is falling behind the event stream (? of ? events queued).",
+      "slow_client_warning", "slow_client_warning")),
+    ("state_resync_required", {"reason": "ring_gap"},
+     ("error", "The event stream lost continuity (ring_gap); the session will be reloaded.",
+      "state_resync_required", "state_resync_required")),
+    ("state_resync_required", {},
+     ("error", "The event stream lost continuity; the session will be reloaded.",
+      "state_resync_required", "state_resync_required")),
+    ("session_closed", {"sessionId": "s", "reason": "deleted"},
+     ("status", "Session closed (deleted).", "session_closed", "session_closed")),
+    ("session_closed", {"sessionId": "s"},
+     ("status", "Session closed.", "session_closed", "session_closed")),
+    ("prompt_cancelled", {"promptId": "p", "reason": "user"},
+     ("prompt_cancelled", "Cancellation requested (user).", None, "prompt_cancelled")),
+    ("prompt_cancelled", {"promptId": "p"},
+     ("prompt_cancelled", "Cancellation requested.", None, "prompt_cancelled")),
+    ("turn_error", {"sessionId": "s", "promptId": "p", "message": "boom", "code": "-1"},
+     ("error", "boom", "-1", "turn_error")),
+    ("turn_error", {"sessionId": "s", "promptId": "p"},
+     ("error", "The turn failed.", None, "turn_error")),
+    ("permission_request", {"sessionId": "s", "requestId": "", "options": []},
+     ("debug", "permission_request: missing requestId", "malformed_payload",
+      "permission_request")),
+    ("permission_request", 5,
+     ("debug", "permission_request: malformed payload", "malformed_payload",
+      "permission_request")),
+    ("no_such_event", {"a": 1},
+     ("debug", "unknown event type: no_such_event", "unknown_event_type", "no_such_event")),
+    ("client_evicted", {"reason": "slow"}, None),
+    ("session_died", {"sessionId": "s"}, None),
+    ("stream_error", {"message": "x"}, None),
+]
+
+
+@pytest.mark.parametrize(("event_type", "data", "expected"), BLOCKS)
+def test_event_appends_its_exact_block(
+    event_type: str, data: Any, expected: tuple[str, str, str | None, str] | None
+) -> None:
+    store = TranscriptStore()
+    store.dispatch(DaemonEvent(type=event_type, id=7, prompt_id="p", data=data))
+    got = [(b.kind, getattr(b, "text", None), getattr(b, "code", None),
+            getattr(b, "source", None)) for b in store.blocks]
+    assert got == ([] if expected is None else [expected])
+    if expected is not None:
+        block = store.blocks[0]
+        assert block.prompt_id == "p" and block.event_id == 7
+
+
+# (event type) -> its notice: (message, severity, category, operation, recoverable).
+NOTICES: list[tuple[str, Any, tuple[str, str, str, str | None, bool]]] = [
+    ("slow_client_warning", {"queueSize": 3, "maxQueued": 10},
+     ("This client is falling behind the event stream; updates may be delayed.",
+      "warning", "connection", "subscribe", True)),
+    ("client_evicted", {"reason": "slow"},
+     ("The daemon closed this client's event stream because it fell too far behind.",
+      "warning", "connection", "subscribe", True)),
+    ("session_died", {"sessionId": "s", "exitCode": 1},
+     ("The agent process of this session exited.", "error", "session", None, False)),
+    ("stream_error", {"message": "x"},
+     ("The event stream failed.", "error", "connection", "subscribe", True)),
+]
+
+
+@pytest.mark.parametrize(("event_type", "data", "expected"), NOTICES)
+def test_event_raises_its_exact_notice(
+    event_type: str, data: Any, expected: tuple[str, str, str, str | None, bool]
+) -> None:
+    effects = TranscriptStore().dispatch(DaemonEvent(type=event_type, id=7, data=data))
+    assert len(effects) == 1
+    notice = effects[0]
+    assert isinstance(notice, Notice)
+    assert (notice.message, notice.severity, notice.category, notice.operation,
+            notice.recoverable) == expected
+    assert notice.id == notice.code == f"daemon.{event_type}"
+    assert (notice.event_id, notice.data) == (7, data)
+
+
+def test_a_resync_is_reported_as_connection_metadata() -> None:
+    effects = TranscriptStore().dispatch(
+        DaemonEvent(type="state_resync_required", id=7, data={"reason": "ring_gap"}))
+    assert effects == [ConnectionMetadata(type="state_resync_required",
+                                          data={"reason": "ring_gap"}, event_id=7)]
+
+
+def test_a_permission_request_becomes_a_permission_block() -> None:
+    store = TranscriptStore()
+    options = [{"optionId": "allow_once", "name": "Allow", "kind": "allow_once"}]
+    store.dispatch(DaemonEvent(type="permission_request", id=4, prompt_id="p", data={
+        "requestId": "r1", "sessionId": "s", "toolCall": {"toolCallId": "t1"},
+        "options": options}))
+    block = store.permission_block("r1")
+    assert block is not None and block.kind == "permission"
+    assert block.id == "permission-1" and block.prompt_id == "p" and block.event_id == 4
+    assert (block.request_id, block.tool_call) == ("r1", {"toolCallId": "t1"})
+    assert len(block.options) == 1
