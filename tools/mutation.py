@@ -36,8 +36,8 @@ OUT = ROOT / ".mutation"
 # The packages copied into each workspace (importable from mutmut's `mutants/` tree).
 PACKAGES = ("daemon", "sdk", "webui_model", "benchmarks")
 
-# Core module -> the fast unit-test files that exercise it. Any `tests/test_mut_<stem>*.py`
-# file is added automatically.
+# Core module -> the fast unit-test files that exercise it. `tests/test_mut_<stem>.py`, if any,
+# is added automatically.
 TESTS: dict[str, tuple[str, ...]] = {
     "daemon/envelope.py": ("test_envelope.py",),
     "daemon/live_journal.py": ("test_live_journal.py", "test_live_journal_props.py"),
@@ -136,7 +136,7 @@ def test_files(module: str, *, baseline: bool = False) -> list[str]:
     if baseline:
         return files
     stem = {"draft": "store"}.get(Path(module).stem, Path(module).stem)
-    files += sorted(f"tests/{p.name}" for p in (ROOT / "tests").glob(f"test_mut_{stem}*.py"))
+    files += sorted(f"tests/{p.name}" for p in (ROOT / "tests").glob(f"test_mut_{stem}.py"))
     return files
 
 
