@@ -18,6 +18,9 @@ from tests.harness import RunningDaemon, running_daemon
 from tests.sse_client import Subscriber, chunk_kind, is_terminal_for, text_of
 
 AGENT = Path(__file__).parent / "agents" / "acp_lib_agent.py"
+# Creating a session starts this agent, which imports the ACP library: seconds on a busy
+# machine, past httpx's 5 s default. A guard against hangs, not a bound on the start-up.
+CLIENT_TIMEOUT_S = 60.0
 AGENT_CMD = shlex.join([sys.executable, str(AGENT)])
 
 
@@ -36,7 +39,8 @@ def yolo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
 
 
 async def test_create_prompt_stream_terminal_load(daemon: RunningDaemon) -> None:
-    async with httpx.AsyncClient(base_url=daemon.url) as client, trio.open_nursery() as nursery:
+    async with httpx.AsyncClient(base_url=daemon.url, timeout=CLIENT_TIMEOUT_S) as client, \
+            trio.open_nursery() as nursery:
         sid = (await client.post("/session", json={})).json()["sessionId"]
         sub = Subscriber(client, f"/session/{sid}/events", {"Last-Event-ID": "0"})
         await nursery.start(sub.run)
@@ -56,7 +60,8 @@ async def test_create_prompt_stream_terminal_load(daemon: RunningDaemon) -> None
 
 async def run_permission_turn(daemon: RunningDaemon, vote: dict[str, str] | None
                               ) -> tuple[Subscriber, str]:
-    async with httpx.AsyncClient(base_url=daemon.url) as client, trio.open_nursery() as nursery:
+    async with httpx.AsyncClient(base_url=daemon.url, timeout=CLIENT_TIMEOUT_S) as client, \
+            trio.open_nursery() as nursery:
         sid = (await client.post("/session", json={"sessionScope": "thread"})).json()["sessionId"]
         sub = Subscriber(client, f"/session/{sid}/events", {"Last-Event-ID": "0"})
         await nursery.start(sub.run)
