@@ -24,8 +24,9 @@ import httpx
 import msgspec
 
 from sdk.errors import InvalidTokenError, SSEBufferOverflow, TransportError, error_for_status
-from sdk.events import MAX_EVENT_ID, DaemonEvent, decode_events, normalize_page_event
-from sdk.sse import SSEParser
+from sdk.events import DaemonEvent, decode_events, normalize_page_event
+from sdk.protocol.cursor import ResumeCursor
+from sdk.protocol.sse import SSEParser
 
 __all__ = [
     "DEFAULT_MAX_QUEUED",
@@ -641,9 +642,10 @@ def _session_path(session_id: str) -> str:
 class EventStream:
     """One SSE response read as typed events.
 
-    ``last_event_id`` starts at the requested cursor and advances only from frames that carry
-    an id, to ``max(previous, id)``, as each event is handed to the caller. ``epoch`` is the
-    ``X-Qwen-Event-Epoch`` the daemon answered with (the requested one until then).
+    ``last_event_id`` starts at the requested cursor and follows :class:`ResumeCursor`'s rules
+    as each event is handed to the caller (advance to ``max(previous, id)`` from frames with an
+    id, back to 0 on an ``epoch_reset``). ``epoch`` is the ``X-Qwen-Event-Epoch`` the daemon
+    answered with (the requested one until then).
     Errors before the first event (401/403, 404/410, other statuses, a non-SSE answer) are
     raised by ``__aenter__``; network failures while reading raise :class:`TransportError`;
     a clean end of the body ends the iteration (``ended`` becomes True).
@@ -658,15 +660,9 @@ class EventStream:
         *,
         max_queued: int | None = DEFAULT_MAX_QUEUED,
     ) -> None:
-        if last_event_id is not None and (
-            isinstance(last_event_id, bool)
-            or not isinstance(last_event_id, int)
-            or not 0 <= last_event_id <= MAX_EVENT_ID
-        ):
-            raise ValueError(f"last_event_id must be an int in 0..2^53-1, got {last_event_id!r}")
+        self.cursor = ResumeCursor(last_event_id, epoch)
+        """The resume cursor and epoch (:mod:`sdk.protocol.cursor`'s rules)."""
         self.session_id = session_id
-        self.last_event_id = last_event_id
-        self.epoch = epoch
         self.stream_id: str | None = None
         self.events_received = 0
         self.ended = False
@@ -679,6 +675,14 @@ class EventStream:
         self._response: httpx.Response | None = None
         self._chunks: AsyncIterator[bytes] | None = None
         self._opened = False
+
+    @property
+    def last_event_id(self) -> int | None:
+        return self.cursor.last_event_id
+
+    @property
+    def epoch(self) -> str | None:
+        return self.cursor.epoch
 
     @property
     def retry_ms(self) -> int | None:
@@ -706,7 +710,7 @@ class EventStream:
             f"{_session_path(self.session_id)}/events", self.request_headers(), params
         )
         self._response = response
-        self.epoch = response.headers.get(EPOCH_HEADER) or self.epoch
+        self.cursor.answered(response.headers.get(EPOCH_HEADER))
         self.stream_id = response.headers.get(STREAM_ID_HEADER)
         self._chunks = response.aiter_bytes()
         return self
@@ -758,6 +762,5 @@ class EventStream:
                 raise
         event = self._pending.popleft()
         self.events_received += 1
-        if event.id is not None and (self.last_event_id is None or event.id > self.last_event_id):
-            self.last_event_id = event.id
+        self.cursor.observe(event)
         return event

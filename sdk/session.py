@@ -50,10 +50,12 @@ from sdk.errors import (
     AuthError,
     DaemonError,
     SessionNotFoundError,
-    TurnError,
     is_retriable,
 )
-from sdk.events import MAX_EVENT_ID, DaemonEvent, TurnCompleteData, TurnErrorData, typed_data
+from sdk.protocol.cursor import ResumeCursor
+from sdk.protocol.envelope import DaemonEvent, names_prompt
+from sdk.protocol.events import TurnCompleteData
+from sdk.protocol.terminals import terminal_for
 from sdk.ws import WebSocketEventStream
 
 __all__ = [
@@ -193,14 +195,10 @@ class SessionHandle:
             raise ValueError("session_id must be a non-empty string")
         if transport not in ("sse", "ws"):
             raise ValueError(f"transport must be 'sse' or 'ws', got {transport!r}")
-        if last_event_id is not None and (
-            isinstance(last_event_id, bool) or not 0 <= last_event_id <= MAX_EVENT_ID
-        ):
-            raise ValueError(f"last_event_id must be an int in 0..2^53-1, got {last_event_id!r}")
+        self.cursor = ResumeCursor(last_event_id, epoch)
+        """The resume cursor and epoch, kept across pauses and reconnects."""
         self.client = client
         self.session_id = session_id
-        self.last_event_id = last_event_id
-        self.epoch = epoch
         self.transport: Transport = transport
         self.max_queued = max_queued
         self.policy = policy if policy is not None else ReconnectPolicy()
@@ -292,6 +290,16 @@ class SessionHandle:
             "sleep": self._sleep,
             "uniform": self._uniform,
         }
+
+    @property
+    def last_event_id(self) -> int | None:
+        """The cursor: the newest event id handed to ``on_event`` (0 after an epoch reset)."""
+        return self.cursor.last_event_id
+
+    @property
+    def epoch(self) -> str | None:
+        """The bus epoch the cursor belongs to (the daemon's latest answer)."""
+        return self.cursor.epoch
 
     @property
     def client_id(self) -> str | None:
@@ -444,8 +452,7 @@ class SessionHandle:
                     retry_after = getattr(failure, "retry_after", None)
                 else:
                     self.connects += 1
-                    if stream.epoch:
-                        self.epoch = stream.epoch
+                    self.cursor.answered(stream.epoch)
                     while True:
                         try:
                             event = await stream.__anext__()
@@ -461,7 +468,7 @@ class SessionHandle:
                         await trio.lowlevel.checkpoint_if_cancelled()
                         attempt = 0
                         restored = False
-                        self._advance(event)
+                        self.cursor.observe(event)
                         self._feed_taps(event)
                         await on_event(event)
             finally:
@@ -487,16 +494,6 @@ class SessionHandle:
                 self.last_transport_error,
             )
             await self._sleep(delay)
-
-    def _advance(self, event: DaemonEvent) -> None:
-        if event.type == "state_resync_required":
-            data = event.data if isinstance(event.data, dict) else {}
-            if data.get("reason") == "epoch_reset":
-                # A new bus numbers from 1 again: ids of the old epoch are not comparable, and
-                # the daemon now replays the new bus's whole ring.
-                self.last_event_id = 0
-        if event.id is not None and (self.last_event_id is None or event.id > self.last_event_id):
-            self.last_event_id = event.id
 
     # -- prompts ---------------------------------------------------------------------------
 
@@ -647,33 +644,6 @@ async def _ignore_event(event: DaemonEvent) -> None:
     return None
 
 
-def _is_terminal_for(event: DaemonEvent, prompt_id: str) -> bool:
-    return (
-        event.type in ("turn_complete", "turn_error")
-        and isinstance(event.data, dict)
-        and event.data.get("promptId") == prompt_id
-    )
-
-
-def _terminal_result(event: DaemonEvent, prompt_id: str) -> TurnCompleteData:
-    typed = typed_data(event)
-    if event.type == "turn_error":
-        if isinstance(typed, TurnErrorData):
-            raise TurnError(typed.code, typed.message, typed.prompt_id)
-        data = event.data if isinstance(event.data, dict) else {}
-        code = data.get("code")
-        message = data.get("message")
-        raise TurnError(
-            str(code) if code is not None else None,
-            message if isinstance(message, str) else "turn failed",
-            prompt_id,
-        )
-    if isinstance(typed, TurnCompleteData):
-        return typed
-    # A terminal whose other fields do not fit still ends the turn; keep what is certain.
-    return TurnCompleteData(prompt_id=prompt_id)
-
-
 async def _await_terminal(
     receive: trio.MemoryReceiveChannel[_TapItem],
     prompt_id: str,
@@ -682,17 +652,14 @@ async def _await_terminal(
     async for item in receive:
         if isinstance(item, _Stopped):
             raise item.error
-        if on_update is not None and _belongs_to(item, prompt_id):
+        if on_update is not None and names_prompt(item, prompt_id):
             result = on_update(item)
             if inspect.isawaitable(result):
                 await result
-        if _is_terminal_for(item, prompt_id):
-            return _terminal_result(item, prompt_id)
+        outcome = terminal_for(item, prompt_id)
+        if outcome is not None:
+            return outcome.result()
     raise HandleClosedError(f"the stream for prompt {prompt_id} closed before its terminal")
 
 
-def _belongs_to(event: DaemonEvent, prompt_id: str) -> bool:
-    if event.prompt_id == prompt_id:
-        return True
-    data = event.data
-    return isinstance(data, dict) and data.get("promptId") == prompt_id
+

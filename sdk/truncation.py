@@ -1,6 +1,9 @@
-"""``history_truncated`` markers: validation, status text and the normalized status item.
+"""``history_truncated`` markers: status text and the normalized status item.
 
-CLIENT-SPEC §1.1 (validation) and §1.2 (exact status text). Pure: no I/O, no clock.
+The payload type and its validation (:class:`DaemonHistoryTruncatedData`,
+:func:`parse_truncation`) are the wire's, in :mod:`sdk.protocol.events`, and re-exported here;
+this module adds the exact status text and the status/debug item a UI shows. Pure: no I/O, no
+clock.
 
 A malformed payload is never an exception here: :func:`parse_truncation` answers ``None`` and
 :func:`normalize_status_item` turns the event into a debug item, so one bad frame from a newer
@@ -9,136 +12,31 @@ or broken daemon cannot take a client down.
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeGuard
+from typing import Any, Final, Literal
 
 import msgspec
 
-if TYPE_CHECKING:
-    from sdk.events import DaemonEvent
+from sdk.protocol.constants import LIVE_JOURNAL_SCOPE, REPLAY_WINDOW_EXCEEDED
+from sdk.protocol.envelope import DaemonEvent
+from sdk.protocol.events import DaemonHistoryTruncatedData, parse_truncation
 
-REPLAY_WINDOW_EXCEEDED: Final = "replay_window_exceeded"
-LIVE_JOURNAL_SCOPE: Final = "live_journal"
+__all__ = [
+    "HISTORY_TRUNCATED",
+    "LIVE_JOURNAL_SCOPE",
+    "MALFORMED_REASON",
+    "MALFORMED_TEXT",
+    "REPLAY_WINDOW_EXCEEDED",
+    "DaemonHistoryTruncatedData",
+    "TruncationDebugItem",
+    "TruncationStatusItem",
+    "normalize_status_item",
+    "parse_truncation",
+    "status_text",
+]
+
 HISTORY_TRUNCATED: Final = "history_truncated"
 MALFORMED_REASON: Final = "malformed_payload"
 MALFORMED_TEXT: Final = "history_truncated: malformed history_truncated payload"
-
-_KNOWN_KEYS: Final = frozenset(
-    {
-        "reason",
-        "scope",
-        "truncatedEvents",
-        "retainedEvents",
-        "maxBytes",
-        "maxEvents",
-        "truncatedTurns",
-        "recordId",
-        "fullTranscriptAvailable",
-    }
-)
-
-
-def _is_count(value: object) -> TypeGuard[int | float]:
-    # JSON has one number type, so 3.0 is the integer 3; booleans are not numbers here.
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, int):
-        return value >= 0
-    if isinstance(value, float):
-        return math.isfinite(value) and value.is_integer() and value >= 0
-    return False
-
-
-class DaemonHistoryTruncatedData(msgspec.Struct, frozen=True, kw_only=True):
-    """A validated ``history_truncated`` payload (counts are plain ``int``).
-
-    Construct it with :func:`parse_truncation`; direct construction enforces the same
-    invariants and raises ``ValueError`` on a violation.
-    """
-
-    reason: Literal["replay_window_exceeded"]
-    truncated_events: int
-    retained_events: int
-    max_bytes: int
-    full_transcript_available: bool
-    scope: str | None = None
-    max_events: int | None = None
-    truncated_turns: int | None = None
-    record_id: str | None = None
-    extra: dict[str, Any] = msgspec.field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.reason != REPLAY_WINDOW_EXCEEDED:
-            raise ValueError(f"history_truncated reason must be {REPLAY_WINDOW_EXCEEDED!r}")
-        if self.scope is not None and (not isinstance(self.scope, str) or not self.scope):
-            raise ValueError("history_truncated scope must be a non-empty string when present")
-        for name in ("truncated_events", "retained_events", "max_bytes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"history_truncated {name} must be an integer >= 0")
-        for name in ("max_events", "truncated_turns"):
-            value = getattr(self, name)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 0
-            ):
-                raise ValueError(f"history_truncated {name} must be an integer >= 0 when present")
-        if not isinstance(self.full_transcript_available, bool):
-            raise ValueError("history_truncated fullTranscriptAvailable must be a boolean")
-
-    @property
-    def is_live(self) -> bool:
-        """True for the live-turn marker (``scope == "live_journal"``)."""
-        return self.scope == LIVE_JOURNAL_SCOPE
-
-    @property
-    def is_recoverable_live(self) -> bool:
-        """A live-turn marker whose complete turn the transcript promises to hold."""
-        return self.is_live and self.full_transcript_available
-
-
-def parse_truncation(data: Any) -> DaemonHistoryTruncatedData | None:
-    """Validate a ``history_truncated`` payload per CLIENT-SPEC §1.1; ``None`` when malformed."""
-    if not isinstance(data, dict):
-        return None
-    if data.get("reason") != REPLAY_WINDOW_EXCEEDED:
-        return None
-    scope: str | None = None
-    if "scope" in data:
-        raw_scope = data["scope"]
-        if not isinstance(raw_scope, str) or not raw_scope:
-            return None
-        scope = raw_scope
-    counts: dict[str, int] = {}
-    for key in ("truncatedEvents", "retainedEvents", "maxBytes"):
-        value = data.get(key)
-        if not _is_count(value):
-            return None
-        counts[key] = int(value)
-    optional: dict[str, int | None] = {}
-    for key in ("maxEvents", "truncatedTurns"):
-        if key not in data:
-            optional[key] = None
-            continue
-        value = data[key]
-        if not _is_count(value):
-            return None
-        optional[key] = int(value)
-    full = data.get("fullTranscriptAvailable")
-    if not isinstance(full, bool):
-        return None
-    record_id = data.get("recordId")
-    return DaemonHistoryTruncatedData(
-        reason=REPLAY_WINDOW_EXCEEDED,
-        scope=scope,
-        truncated_events=counts["truncatedEvents"],
-        retained_events=counts["retainedEvents"],
-        max_bytes=counts["maxBytes"],
-        max_events=optional["maxEvents"],
-        truncated_turns=optional["truncatedTurns"],
-        record_id=record_id if isinstance(record_id, str) else None,
-        full_transcript_available=full,
-        extra={k: v for k, v in data.items() if k not in _KNOWN_KEYS},
-    )
 
 
 def status_text(marker: DaemonHistoryTruncatedData) -> str:
@@ -212,7 +110,8 @@ class TruncationDebugItem(msgspec.Struct, frozen=True, kw_only=True):
 def normalize_status_item(event: DaemonEvent) -> TruncationStatusItem | TruncationDebugItem:
     """Turn a ``history_truncated`` event into its status item, or a debug item if malformed."""
     prompt_id = event.prompt_id if isinstance(event.prompt_id, str) and event.prompt_id else None
-    marker = parse_truncation(event.data)
+    typed = event.payload if event.type == HISTORY_TRUNCATED else parse_truncation(event.data)
+    marker = typed if isinstance(typed, DaemonHistoryTruncatedData) else None
     if marker is None:
         return TruncationDebugItem(data=event.data, prompt_id=prompt_id, event_id=event.id)
     payload: dict[str, Any] = event.data

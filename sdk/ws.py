@@ -22,8 +22,9 @@ import trio_websocket
 
 from sdk.client import DEFAULT_MAX_QUEUED, EPOCH_HEADER, DaemonClient
 from sdk.errors import TransportError, error_for_status
-from sdk.events import MAX_EVENT_ID, DaemonEvent, decode_event
-from sdk.sse import MAX_BUFFER_BYTES
+from sdk.protocol.cursor import ResumeCursor
+from sdk.protocol.envelope import DaemonEvent, decode_event
+from sdk.protocol.sse import MAX_BUFFER_BYTES
 
 __all__ = ["CLEAN_CLOSE_CODES", "WebSocketEventStream", "ws_url"]
 
@@ -66,8 +67,8 @@ def ws_url(
 class WebSocketEventStream:
     """One WebSocket connection read as typed events; the same surface as ``EventStream``.
 
-    ``last_event_id`` advances only from frames with an id, to ``max(previous, id)``;
-    ``epoch`` is the ``X-Qwen-Event-Epoch`` of the accept (the requested one until then);
+    ``last_event_id`` follows :class:`ResumeCursor`'s rules (``max(previous, id)`` from
+    frames with an id, 0 on an ``epoch_reset``); ``epoch`` is the ``X-Qwen-Event-Epoch`` of the accept (the requested one until then);
     ``close_code`` is the code the connection ended with. Use it as
     ``async with WebSocketEventStream(client, sid, ...) as stream: async for event in stream``:
     the connection runs trio-websocket's reader in a nursery, so it must be opened and closed
@@ -84,15 +85,9 @@ class WebSocketEventStream:
         max_queued: int | None = DEFAULT_MAX_QUEUED,
         max_message_bytes: int = MAX_BUFFER_BYTES,
     ) -> None:
-        if last_event_id is not None and (
-            isinstance(last_event_id, bool)
-            or not isinstance(last_event_id, int)
-            or not 0 <= last_event_id <= MAX_EVENT_ID
-        ):
-            raise ValueError(f"last_event_id must be an int in 0..2^53-1, got {last_event_id!r}")
+        self.cursor = ResumeCursor(last_event_id, epoch)
+        """The resume cursor and epoch (:mod:`sdk.protocol.cursor`'s rules)."""
         self.session_id = session_id
-        self.last_event_id = last_event_id
-        self.epoch = epoch
         self.events_received = 0
         self.ended = False
         self.close_code: int | None = None
@@ -105,6 +100,14 @@ class WebSocketEventStream:
         self._stack: contextlib.AsyncExitStack | None = None
         self._ws: trio_websocket.WebSocketConnection | None = None
         self._opened = False
+
+    @property
+    def last_event_id(self) -> int | None:
+        return self.cursor.last_event_id
+
+    @property
+    def epoch(self) -> str | None:
+        return self.cursor.epoch
 
     def request_headers(self) -> list[tuple[bytes, bytes]]:
         headers = self._client.headers()
@@ -146,7 +149,7 @@ class WebSocketEventStream:
         self._ws = ws
         for key, value in ws.handshake_headers:
             if key.decode("latin-1").lower() == EPOCH_HEADER.lower():
-                self.epoch = value.decode("latin-1")
+                self.cursor.answered(value.decode("latin-1"))
         return self
 
     async def __aexit__(
@@ -201,8 +204,5 @@ class WebSocketEventStream:
             if event is None:
                 continue  # the same rule as SSE: invalid frames are skipped silently
             self.events_received += 1
-            if event.id is not None and (
-                self.last_event_id is None or event.id > self.last_event_id
-            ):
-                self.last_event_id = event.id
+            self.cursor.observe(event)
             return event

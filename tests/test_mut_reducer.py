@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from sdk.events import DaemonEvent
-from webui_model import TranscriptStore
+from webui_model import MessageBlock, ToolBlock, TranscriptStore
 from webui_model.effects import ConnectionMetadata, Notice
 
 # (event type, data) -> the one block it appends: (kind, text, code, source), or None.
@@ -113,3 +113,56 @@ def test_a_permission_request_becomes_a_permission_block() -> None:
     assert block.id == "permission-1" and block.prompt_id == "p" and block.event_id == 4
     assert (block.request_id, block.tool_call) == ("r1", {"toolCallId": "t1"})
     assert len(block.options) == 1
+
+
+def _plan(entries: list[dict[str, Any]], event_id: int) -> DaemonEvent:
+    return DaemonEvent(type="session_update", id=event_id, prompt_id="p", data={
+        "sessionId": "s", "update": {"sessionUpdate": "plan", "entries": entries}})
+
+
+def test_a_plan_is_one_tool_block_updated_in_place_until_completed() -> None:
+    store = TranscriptStore()
+    store.dispatch(_plan([{"content": "a", "status": "pending"}], 1))
+    (block,) = store.blocks
+    assert isinstance(block, ToolBlock)
+    assert block.kind == "tool" and block.title == "Plan"
+    assert block.status == "in_progress"
+    assert block.data == {"entries": [{"content": "a", "status": "pending"}]}
+    assert (block.prompt_id, block.event_id) == ("p", 1)
+    done = [{"content": "a", "status": "completed"}]
+    store.dispatch(_plan(done, 2))
+    (block,) = store.blocks
+    assert isinstance(block, ToolBlock)
+    assert block.status == "completed"
+    assert block.data == {"entries": done}
+    assert (block.event_id, block.last_event_id) == (1, 2)
+
+
+@pytest.mark.parametrize("event_type", ["replay_complete", "session_snapshot"])
+def test_stream_metadata_is_passed_on_whole(event_type: str) -> None:
+    data = {"replayedCount": 0} if event_type == "replay_complete" else {"sessionId": "s"}
+    effects = TranscriptStore().dispatch(DaemonEvent(type=event_type, id=3, data=data))
+    assert effects == [ConnectionMetadata(type=event_type, data=data, event_id=3)]
+
+
+def test_a_truncation_marker_is_a_status_block_of_its_prompt() -> None:
+    store = TranscriptStore()
+    data = {"reason": "replay_window_exceeded", "scope": "live_journal", "truncatedEvents": 3,
+            "retainedEvents": 2, "maxBytes": 100, "fullTranscriptAvailable": True}
+    store.dispatch(DaemonEvent(type="history_truncated", prompt_id="p", data=data))
+    (block,) = store.blocks
+    assert isinstance(block, MessageBlock)
+    assert (block.kind, block.code, block.source, block.prompt_id) == (
+        "status", "replay_window_exceeded", "history_truncated", "p")
+    assert block.data == data
+    store.dispatch(DaemonEvent(type="history_truncated", prompt_id="q", data={"reason": 1}))
+    block = store.blocks[-1]
+    assert isinstance(block, MessageBlock)
+    assert (block.kind, block.code, block.source, block.prompt_id) == (
+        "debug", "malformed_payload", "history_truncated", "q")
+
+
+def test_a_malformed_permission_resolution_changes_nothing() -> None:
+    store = TranscriptStore()
+    store.dispatch(DaemonEvent(type="permission_resolved", id=5, data=7))
+    assert all(b.kind == "debug" for b in store.blocks)

@@ -1,11 +1,78 @@
 """The turnkeeper wire protocol: one sans-IO definition shared by the daemon, the SDK and the
-WebUI model.
+WebUI model (the h11/wsproto shape: handed bytes, it answers typed records; handed records, it
+answers bytes).
 
-Pure: no trio, no sockets, no clock. Modules:
+Pure: no trio, no sockets, no clock. Modules, lowest first:
 
-- ``constants``: shared numbers and names (max event id, terminal types).
+- ``constants``: shared numbers and names (max event id, envelope version, terminal types,
+  resync reasons, marker names).
+- ``envelope``: :class:`DaemonEvent`, the frame validity rules, :func:`decode_event` (one pass,
+  payload kept raw for its typed decoder), :func:`encode_envelope`, :func:`event_prompt_id`.
+- ``events``: every event payload as a frozen Struct (wire camelCase), the ACP update kinds of
+  ``session_update`` as a tagged union, ``history_truncated`` validation,
+  :class:`UnknownEventCounter` for frames a client cannot interpret.
+- ``sse``: the SSE frame encoder and the incremental :class:`SSEParser`.
+- ``cursor``: the client's resume cursor and epoch (:class:`ResumeCursor`).
+- ``terminals``: the terminal builders, the daemon's error codes, and
+  :class:`TerminalOutcome` / :func:`terminal_for` for reading a prompt's end.
+- ``http``: request and response bodies of the HTTP routes.
 """
 
+from sdk.protocol import http
 from sdk.protocol.constants import ENVELOPE_VERSION, MAX_EVENT_ID, TERMINAL_TYPES
+from sdk.protocol.cursor import ResumeCursor, check_cursor, is_epoch_reset
+from sdk.protocol.envelope import (
+    DaemonEvent,
+    decode_event,
+    decode_events,
+    encode_envelope,
+    event_from_mapping,
+    event_prompt_id,
+)
+from sdk.protocol.events import (
+    KNOWN_EVENT_TYPES,
+    AcpUpdate,
+    DaemonHistoryTruncatedData,
+    EventPayload,
+    RawUpdate,
+    SessionUpdateData,
+    TurnCompleteData,
+    TurnErrorData,
+    UnknownEventCounter,
+    parse_truncation,
+)
+from sdk.protocol.sse import SSEParser, encode_sse_frame, parse_sse, sse_head
+from sdk.protocol.terminals import TerminalOutcome, terminal_for, terminal_of
 
-__all__ = ["ENVELOPE_VERSION", "MAX_EVENT_ID", "TERMINAL_TYPES"]
+__all__ = [
+    "ENVELOPE_VERSION",
+    "KNOWN_EVENT_TYPES",
+    "MAX_EVENT_ID",
+    "TERMINAL_TYPES",
+    "AcpUpdate",
+    "DaemonEvent",
+    "DaemonHistoryTruncatedData",
+    "EventPayload",
+    "RawUpdate",
+    "ResumeCursor",
+    "SSEParser",
+    "SessionUpdateData",
+    "TerminalOutcome",
+    "TurnCompleteData",
+    "TurnErrorData",
+    "UnknownEventCounter",
+    "check_cursor",
+    "decode_event",
+    "decode_events",
+    "encode_envelope",
+    "encode_sse_frame",
+    "event_from_mapping",
+    "event_prompt_id",
+    "http",
+    "is_epoch_reset",
+    "parse_sse",
+    "parse_truncation",
+    "sse_head",
+    "terminal_for",
+    "terminal_of",
+]

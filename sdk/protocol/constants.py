@@ -13,4 +13,32 @@ ENVELOPE_VERSION: Final = 1
 #: The two event types that end a prompt; every admitted prompt gets exactly one.
 TERMINAL_TYPES: Final = frozenset({"turn_complete", "turn_error"})
 
-__all__ = ["ENVELOPE_VERSION", "MAX_EVENT_ID", "TERMINAL_TYPES"]
+#: ``state_resync_required.reason`` values. ``epoch_reset`` means a new bus numbers from 1 again.
+RESYNC_EPOCH_RESET: Final = "epoch_reset"
+RESYNC_RING_EVICTED: Final = "ring_evicted"
+RESYNC_SEEDED_REPLAY_NOT_IN_RING: Final = "seeded_replay_not_in_ring"
+RESYNC_REPLAY_BUDGET_EXCEEDED: Final = "replay_budget_exceeded"
+
+#: ``history_truncated``: its one ``reason`` and the scope of the live-turn marker.
+REPLAY_WINDOW_EXCEEDED: Final = "replay_window_exceeded"
+LIVE_JOURNAL_SCOPE: Final = "live_journal"
+
+#: The ``_meta.source`` of the user echo the daemon publishes when a prompt starts running.
+BRIDGE_ECHO: Final = "bridge-echo"
+
+#: Where compacted turns carry their transcript record id (``update._meta[...]``).
+RECORD_ID_META_KEY: Final = "qwen.session.recordId"
+
+__all__ = [
+    "BRIDGE_ECHO",
+    "ENVELOPE_VERSION",
+    "LIVE_JOURNAL_SCOPE",
+    "MAX_EVENT_ID",
+    "RECORD_ID_META_KEY",
+    "REPLAY_WINDOW_EXCEEDED",
+    "RESYNC_EPOCH_RESET",
+    "RESYNC_REPLAY_BUDGET_EXCEEDED",
+    "RESYNC_RING_EVICTED",
+    "RESYNC_SEEDED_REPLAY_NOT_IN_RING",
+    "TERMINAL_TYPES",
+]

@@ -1,13 +1,25 @@
-"""An incremental, sans-IO Server-Sent Events parser for the daemon's event stream.
+"""The SSE frame codec of the daemon's event stream: the frame encoder and the parser.
 
-Handed bytes, it returns the complete, valid envelopes they finish (CLIENT-SPEC §1):
+Encoding (the daemon's side): one frame per event, ``id:`` only when the event has an id::
+
+    id: 3
+    event: session_update
+    data: {"id":3,"v":1,"type":"session_update",...}
+
+:func:`sse_head` is everything before the envelope's bytes, so a writer can send
+``head + raw + b"\n\n"`` without copying the envelope; :func:`encode_sse_frame` is the whole
+frame. The stream opens with :func:`sse_retry` and idles with :data:`SSE_HEARTBEAT`.
+
+Parsing (the client's side): :class:`SSEParser` is incremental and sans-IO. Handed bytes, it
+returns the complete, valid envelopes they finish:
 
 - frames end at a blank line; lines end with ``\\n`` or ``\\r\\n`` (mixed is fine);
 - only ``data:`` lines make events (one leading space stripped, several joined with ``\\n``);
   ``id:``, ``event:`` and ``:`` comments are ignored because the JSON carries the id;
 - ``retry:`` with only ASCII digits sets :attr:`SSEParser.retry_ms`, the stream's reconnection
   time (any other value is ignored, as the WHATWG rules say);
-- a frame that is not a valid envelope (see :func:`sdk.events.decode_event`) is skipped;
+- a frame that is not a valid envelope (see :func:`sdk.protocol.envelope.decode_event`) is
+  skipped;
 - bytes of an unfinished frame beyond the cap (16 MiB) raise :class:`SSEBufferOverflow`;
 - a trailing partial frame at EOF is discarded (WHATWG rule).
 
@@ -21,11 +33,45 @@ from collections.abc import Iterable
 from typing import Final
 
 from sdk.errors import SSEBufferOverflow
-from sdk.events import DaemonEvent, decode_event
+from sdk.protocol.envelope import DaemonEvent, decode_event
 
-__all__ = ["MAX_BUFFER_BYTES", "SSEBufferOverflow", "SSEParser", "parse_sse"]
+__all__ = [
+    "DEFAULT_RETRY_MS",
+    "MAX_BUFFER_BYTES",
+    "SSE_HEARTBEAT",
+    "SSEBufferOverflow",
+    "SSEParser",
+    "encode_sse_frame",
+    "parse_sse",
+    "sse_head",
+    "sse_retry",
+]
 
 MAX_BUFFER_BYTES: Final = 16 * 1024 * 1024
+
+#: The reconnection time the daemon announces at the start of every stream.
+DEFAULT_RETRY_MS: Final = 3000
+#: The comment frame the daemon sends after a quiet interval (parsers ignore it).
+SSE_HEARTBEAT: Final = b": heartbeat\n\n"
+
+
+def sse_head(event_type: str, event_id: int | None) -> bytes:
+    """The frame's lines before the envelope: ``id:`` (when there is one), ``event:`` and the
+    ``data: `` prefix. The frame is ``sse_head(...) + envelope + b"\n\n"``."""
+    id_line = b"id: %d\n" % event_id if event_id is not None else b""
+    return b"%sevent: %s\ndata: " % (id_line, event_type.encode())
+
+
+def encode_sse_frame(envelope: bytes, event_type: str, event_id: int | None) -> bytes:
+    """One whole SSE frame for an encoded envelope (compact JSON: it is always one line)."""
+    return sse_head(event_type, event_id) + envelope + b"\n\n"
+
+
+def sse_retry(retry_ms: int = DEFAULT_RETRY_MS) -> bytes:
+    """The ``retry:`` frame that opens a stream."""
+    if retry_ms < 0:
+        raise ValueError(f"retry_ms must be >= 0, got {retry_ms}")
+    return b"retry: %d\n\n" % retry_ms
 
 _BOM: Final = b"\xef\xbb\xbf"
 

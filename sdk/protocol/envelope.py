@@ -1,0 +1,236 @@
+"""The event envelope: its Struct, the frame validity rules, and its one encoding.
+
+Every frame — SSE, WebSocket, load answers, transcript pages — is one JSON object::
+
+    {"id": 3, "v": 1, "type": "session_update", "data": {...}, "promptId": "...",
+     "originatorClientId": "...", "_meta": {"serverTimestamp": 1796204622728}}
+
+Decoding is one pass over the frame's bytes: one :class:`msgspec.json.Decoder` reads the
+envelope with ``data`` kept as :class:`msgspec.Raw`; the typed payload
+(:attr:`DaemonEvent.payload`) is decoded from those same raw bytes by the decoder of the
+frame's ``type`` (see :mod:`sdk.protocol.events`), never converted from an already-built dict.
+``data`` itself stays the payload as plain JSON values, unknown keys included, because a client
+must keep frames it does not understand whole (forward compatibility).
+
+Validity (both sides apply the same rules): a JSON object, ``v == 1`` (``true`` is not 1), a
+string ``type``, and, when the ``id`` key is present, an integer in 1..2^53−1 (``7.0`` is 7).
+Other envelope fields of the wrong JSON type are treated as absent. A frame failing the rules is
+not an event: decoders answer ``None`` and the caller skips it.
+
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Final
+
+import msgspec
+
+from sdk.protocol.constants import ENVELOPE_VERSION, MAX_EVENT_ID
+
+if TYPE_CHECKING:
+    from sdk.protocol.events import EventPayload
+
+__all__ = [
+    "DaemonEvent",
+    "decode_event",
+    "decode_events",
+    "encode_envelope",
+    "event_from_mapping",
+    "event_prompt_id",
+    "names_prompt",
+    "valid_event_id",
+]
+
+
+class DaemonEvent(msgspec.Struct, omit_defaults=True, dict=True):
+    """One frame from the daemon: SSE, WebSocket, load snapshot or transcript page.
+
+    ``data`` is the payload as plain JSON values (the complete daemon payload, unknown keys
+    included); :attr:`payload` is the same payload as its typed Struct.
+    """
+
+    type: str
+    v: int = ENVELOPE_VERSION
+    id: int | None = None
+    data: Any = None
+    prompt_id: str | None = msgspec.field(default=None, name="promptId")
+    originator_client_id: str | None = msgspec.field(default=None, name="originatorClientId")
+    meta: dict[str, Any] | None = msgspec.field(default=None, name="_meta")
+
+    @functools.cached_property
+    def payload(self) -> EventPayload | None:
+        """The payload as its typed Struct (:mod:`sdk.protocol.events`); ``None`` for an
+        unknown type or a payload that does not fit. Never raises.
+
+        A decoded frame decodes it from the frame's raw bytes (once, on first use); a frame
+        built in code converts ``data``.
+        """
+        from sdk.protocol.events import decode_payload, payload_from_data
+
+        raw = self.__dict__.pop("_raw_data", None)
+        if isinstance(raw, msgspec.Raw):
+            return decode_payload(self.type, raw, self.data)
+        return payload_from_data(self.type, self.data)
+
+
+def event_prompt_id(event: DaemonEvent) -> str | None:
+    """The prompt an event belongs to: the envelope ``promptId``, else ``data.promptId``."""
+    if isinstance(event.prompt_id, str) and event.prompt_id:
+        return event.prompt_id
+    data = event.data
+    if isinstance(data, dict):
+        pid = data.get("promptId")
+        if isinstance(pid, str) and pid:
+            return pid
+    return None
+
+
+def names_prompt(event: DaemonEvent, prompt_id: str) -> bool:
+    """The event names ``prompt_id`` in its envelope ``promptId`` or in ``data.promptId``."""
+    if event.prompt_id == prompt_id:
+        return True
+    data = event.data
+    return isinstance(data, dict) and data.get("promptId") == prompt_id
+
+
+def valid_event_id(value: object) -> int | None:
+    """``value`` as an event id (an integer in 1..2^53−1, ``7.0`` counting as 7), else None.
+
+    JSON has one number type (a JavaScript daemon may write ``7.0``); booleans are never ids.
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        ident = value
+    elif isinstance(value, float) and value.is_integer():
+        ident = int(value)
+    else:
+        return None
+    return ident if 1 <= ident <= MAX_EVENT_ID else None
+
+
+class _Envelope(msgspec.Struct):
+    """The envelope as read off the wire: every field loose (checked by :func:`_validated`),
+    ``data`` left as raw bytes for the payload's own decoder."""
+
+    id: Any = msgspec.UNSET
+    v: Any = None
+    type: Any = None
+    data: msgspec.Raw = msgspec.Raw(b"null")
+    promptId: Any = None
+    originatorClientId: Any = None
+    _meta: Any = msgspec.field(default=None, name="_meta")
+
+
+_envelope_decoder: Final = msgspec.json.Decoder(_Envelope)
+_json_decoder: Final = msgspec.json.Decoder()
+
+
+def _validated(
+    ident: object, version: object, kind: object, prompt_id: object, originator: object,
+    meta: object, *, has_id: bool,
+) -> DaemonEvent | None:
+    if isinstance(version, bool) or not isinstance(version, int | float) or version != 1:
+        return None
+    if not isinstance(kind, str):
+        return None
+    event_id: int | None = None
+    if has_id:
+        event_id = valid_event_id(ident)
+        if event_id is None:
+            return None
+    return DaemonEvent(
+        type=kind,
+        v=ENVELOPE_VERSION,
+        id=event_id,
+        prompt_id=prompt_id if isinstance(prompt_id, str) else None,
+        originator_client_id=originator if isinstance(originator, str) else None,
+        meta=meta if isinstance(meta, dict) else None,
+    )
+
+
+def event_from_mapping(obj: Any) -> DaemonEvent | None:
+    """An envelope from an already-parsed JSON value; ``None`` if it is not a valid frame."""
+    if not isinstance(obj, dict):
+        return None
+    event = _validated(
+        obj.get("id"), obj.get("v"), obj.get("type"), obj.get("promptId"),
+        obj.get("originatorClientId"), obj.get("_meta"), has_id="id" in obj,
+    )
+    if event is not None:
+        event.data = obj.get("data")
+    return event
+
+
+def decode_event(
+    raw: bytes | bytearray | memoryview | msgspec.Raw | str | dict[str, Any],
+) -> DaemonEvent | None:
+    """Decode one frame (JSON text or an already-parsed object); ``None`` if it must be skipped."""
+    if isinstance(raw, dict):
+        return event_from_mapping(raw)
+    try:
+        env = _envelope_decoder.decode(raw)
+        event = _validated(
+            env.id, env.v, env.type, env.promptId, env.originatorClientId, env._meta,
+            has_id=env.id is not msgspec.UNSET,
+        )
+        if event is None:
+            return None
+        event.data = _json_decoder.decode(env.data)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        # DecodeError covers ValidationError: the frame is not a JSON object.
+        return None
+    event.__dict__["_raw_data"] = env.data
+    return event
+
+
+def decode_events(items: Iterable[Any]) -> list[DaemonEvent]:
+    """Decode a list of frames (parsed objects or raw JSON bytes), dropping the invalid ones."""
+    out: list[DaemonEvent] = []
+    for item in items:
+        event = (
+            decode_event(item)
+            if isinstance(item, bytes | bytearray | memoryview | msgspec.Raw)
+            else event_from_mapping(item)
+        )
+        if event is not None:
+            out.append(event)
+    return out
+
+
+# --- encoding ------------------------------------------------------------------------------------
+
+_encode: Final = msgspec.json.Encoder().encode
+
+
+def encode_envelope(
+    event_type: str,
+    data: Any,
+    *,
+    event_id: int | None = None,
+    prompt_id: str | None = None,
+    originator_client_id: str | None = None,
+    meta: dict[str, Any] | None = None,
+) -> bytes:
+    """The compact JSON of one envelope, keys in the daemon's order (``id``, ``v``, ``type``,
+    ``data``, ``promptId``, ``originatorClientId``, ``_meta``), absent ones left out.
+
+    ``data`` may be a payload Struct (encoded with its wire names) or plain JSON values. The
+    result is what the daemon publishes and what its size limits count.
+    """
+    env: dict[str, Any] = {}
+    if event_id is not None:
+        env["id"] = event_id
+    env["v"] = ENVELOPE_VERSION
+    env["type"] = event_type
+    env["data"] = data
+    if prompt_id is not None:
+        env["promptId"] = prompt_id
+    if originator_client_id is not None:
+        env["originatorClientId"] = originator_client_id
+    if meta is not None:
+        env["_meta"] = meta
+    return _encode(env)

@@ -1,0 +1,680 @@
+"""Every event payload the daemon emits and clients read, as frozen msgspec Structs.
+
+Wire names are camelCase (``rename="camel"``). Unknown keys are ignored by the Structs and kept
+in :attr:`~sdk.protocol.envelope.DaemonEvent.data`, which is always the complete payload.
+
+:func:`decode_payload` picks one decoder by the envelope's ``type`` and decodes the frame's raw
+``data`` bytes straight into its Struct. A ``session_update``'s ACP update is a tagged union on
+its ``sessionUpdate`` field (:data:`AcpUpdate`); kinds without a Struct here — or an update
+whose typed fields do not fit — pass through as :class:`RawUpdate`. An unknown event type, or a
+payload that does not fit its Struct, has no typed payload (``None``): the frame is kept and
+counted (:class:`UnknownEventCounter`), never raised.
+
+``history_truncated`` follows its own stricter rules (:class:`DaemonHistoryTruncatedData`):
+counts written as ``3.0`` are 3, booleans are not numbers, a non-string ``recordId`` is absent,
+a ``null`` or empty ``scope`` is malformed; ``msgspec.convert(payload,
+DaemonHistoryTruncatedData)`` applies them to a wire payload directly.
+
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections import deque
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
+
+import msgspec
+
+from sdk.protocol.constants import LIVE_JOURNAL_SCOPE, RECORD_ID_META_KEY, REPLAY_WINDOW_EXCEEDED
+
+if TYPE_CHECKING:
+    from sdk.protocol.envelope import DaemonEvent
+
+__all__ = [
+    "KNOWN_EVENT_TYPES",
+    "PAYLOAD_TYPES",
+    "AcpUpdate",
+    "AgentMessageChunk",
+    "AgentThoughtChunk",
+    "AvailableCommandsUpdate",
+    "ClientEvictedData",
+    "ContentChunk",
+    "CurrentModeUpdate",
+    "DaemonHistoryTruncatedData",
+    "EventPayload",
+    "KnownEventData",
+    "PendingPromptAddedData",
+    "PendingPromptCompletedData",
+    "PendingPromptStartedData",
+    "PermissionRequestData",
+    "PermissionResolvedData",
+    "Plan",
+    "PromptCancelledData",
+    "QwenTranscript",
+    "RawUpdate",
+    "ReplayCompleteData",
+    "SessionClosedData",
+    "SessionDiedData",
+    "SessionSnapshotData",
+    "SessionUpdateData",
+    "SlowClientWarningData",
+    "StateResyncRequiredData",
+    "StreamErrorData",
+    "ToolCall",
+    "ToolCallUpdate",
+    "TurnCompleteData",
+    "TurnErrorData",
+    "UnknownEventCounter",
+    "UpdateMeta",
+    "UserMessageChunk",
+    "decode_payload",
+    "payload_from_data",
+    "server_timestamp",
+]
+
+
+def finite_number(value: object) -> float | None:
+    """``value`` as a float when it is a finite JSON number (booleans are not numbers)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+# --- the ACP update inside session_update ---------------------------------------------------------
+
+
+class QwenTranscript(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """``update._meta.qwenTranscript``: the transcript records a compacted event came from."""
+
+    source_record_ids: list[Any] = msgspec.field(default_factory=list)
+
+
+class UpdateMeta(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """The keys of ``update._meta`` clients read (agents and the daemon add others)."""
+
+    server_timestamp: Any = None
+    timestamp: Any = None
+    source: str | None = None
+    followup_suggestion: Any = None
+    prompt_id: str | None = None
+    parent_tool_call_id: str | None = None
+    record_id: str | None = msgspec.field(default=None, name=RECORD_ID_META_KEY)
+    qwen_transcript: QwenTranscript | None = None
+
+    @property
+    def record_ids(self) -> tuple[str, ...]:
+        """``qwen.session.recordId``, then ``qwenTranscript.sourceRecordIds`` (non-empty
+        strings, each once)."""
+        ids: list[str] = []
+        if self.record_id:
+            ids.append(self.record_id)
+        if self.qwen_transcript is not None:
+            ids.extend(
+                s
+                for s in self.qwen_transcript.source_record_ids
+                if isinstance(s, str) and s and s not in ids
+            )
+        return tuple(ids)
+
+
+class ContentChunk(msgspec.Struct, frozen=True, kw_only=True):
+    """An ACP content block of a message chunk (``{type: "text", text}`` for text)."""
+
+    type: str
+    text: Any = None
+
+    @property
+    def display_text(self) -> str:
+        """The text of a text block; ``[<type>]`` for any other kind of content."""
+        if self.type == "text" and isinstance(self.text, str):
+            return self.text
+        return f"[{self.type}]"
+
+
+class _Update(
+    msgspec.Struct, frozen=True, kw_only=True, rename="camel", tag_field="sessionUpdate"
+):
+    meta: UpdateMeta | None = msgspec.field(default=None, name="_meta")
+    timestamp: Any = None
+
+    @property
+    def agent_timestamp(self) -> float | None:
+        """``update.timestamp``, else ``update._meta.timestamp`` (finite numbers only)."""
+        stamp = finite_number(self.timestamp)
+        if stamp is None and self.meta is not None:
+            stamp = finite_number(self.meta.timestamp)
+        return stamp
+
+    @property
+    def record_ids(self) -> tuple[str, ...]:
+        return () if self.meta is None else self.meta.record_ids
+
+
+class _Chunk(_Update, frozen=True):
+    content: ContentChunk | None = None
+
+    @property
+    def text(self) -> str:
+        return "" if self.content is None else self.content.display_text
+
+
+class UserMessageChunk(_Chunk, frozen=True, tag="user_message_chunk"):
+    pass
+
+
+class AgentMessageChunk(_Chunk, frozen=True, tag="agent_message_chunk"):
+    pass
+
+
+class AgentThoughtChunk(_Chunk, frozen=True, tag="agent_thought_chunk"):
+    pass
+
+
+class _ToolFields(_Update, frozen=True):
+    tool_call_id: str = ""
+    title: str | None = None
+    status: str | None = None
+    kind: str | None = None
+    content: list[Any] | None = None
+    locations: list[Any] | None = None
+    raw_input: Any = None
+    raw_output: Any = None
+
+
+class ToolCall(_ToolFields, frozen=True, tag="tool_call"):
+    pass
+
+
+class ToolCallUpdate(_ToolFields, frozen=True, tag="tool_call_update"):
+    pass
+
+
+class Plan(_Update, frozen=True, tag="plan"):
+    entries: list[dict[str, Any]] = msgspec.field(default_factory=list)
+
+    @property
+    def completed(self) -> bool:
+        """Every entry is ``completed`` (and there is at least one)."""
+        return bool(self.entries) and all(e.get("status") == "completed" for e in self.entries)
+
+
+class AvailableCommandsUpdate(_Update, frozen=True, tag="available_commands_update"):
+    available_commands: list[Any] = msgspec.field(default_factory=list)
+
+
+class CurrentModeUpdate(_Update, frozen=True, tag="current_mode_update"):
+    current_mode_id: str | None = None
+
+
+class RawUpdate(msgspec.Struct, frozen=True, kw_only=True):
+    """An update of a kind this package does not type, or whose typed fields do not fit:
+    ``kind`` is its ``sessionUpdate`` (when a string), ``data`` the update as sent, ``meta``
+    its ``_meta`` when that fits :class:`UpdateMeta`."""
+
+    kind: str | None
+    data: dict[str, Any]
+    meta: UpdateMeta | None = None
+    timestamp: Any = None
+
+    @property
+    def typed_kind(self) -> bool:
+        """The kind has a Struct here (so this update did not fit it: it is malformed)."""
+        return self.kind in _TYPED_KINDS
+
+    @property
+    def agent_timestamp(self) -> float | None:
+        stamp = finite_number(self.timestamp)
+        if stamp is None and self.meta is not None:
+            stamp = finite_number(self.meta.timestamp)
+        return stamp
+
+    @property
+    def record_ids(self) -> tuple[str, ...]:
+        return () if self.meta is None else self.meta.record_ids
+
+
+_TypedUpdate: TypeAlias = (
+    UserMessageChunk
+    | AgentMessageChunk
+    | AgentThoughtChunk
+    | ToolCall
+    | ToolCallUpdate
+    | Plan
+    | AvailableCommandsUpdate
+    | CurrentModeUpdate
+)
+AcpUpdate: TypeAlias = _TypedUpdate | RawUpdate
+
+_update_decoder: Final = msgspec.json.Decoder(_TypedUpdate)
+
+
+_TYPED_KINDS: Final = frozenset(
+    {
+        "user_message_chunk",
+        "agent_message_chunk",
+        "agent_thought_chunk",
+        "tool_call",
+        "tool_call_update",
+        "plan",
+        "available_commands_update",
+        "current_mode_update",
+    }
+)
+
+
+def _raw_update(update: dict[str, Any]) -> RawUpdate:
+    kind = update.get("sessionUpdate")
+    meta: UpdateMeta | None = None
+    raw_meta = update.get("_meta")
+    if isinstance(raw_meta, dict):
+        try:
+            meta = msgspec.convert(raw_meta, UpdateMeta)
+        except msgspec.ValidationError:
+            meta = None
+    return RawUpdate(
+        kind=kind if isinstance(kind, str) else None,
+        data=update,
+        meta=meta,
+        timestamp=update.get("timestamp"),
+    )
+
+
+def _update_from_dict(update: dict[str, Any]) -> AcpUpdate:
+    try:
+        typed: _TypedUpdate = msgspec.convert(update, _TypedUpdate)
+    except msgspec.ValidationError:
+        return _raw_update(update)
+    return typed
+
+
+# --- payloads -------------------------------------------------------------------------------------
+
+
+class _Payload(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """Base of typed payloads: wire names are camelCase, unknown keys are ignored."""
+
+
+class SessionUpdateData(_Payload, frozen=True, dict=True):
+    """``{sessionId, update}``; :attr:`acp` is the update as its typed ACP Struct."""
+
+    update: dict[str, Any]
+    session_id: str | None = None
+
+    @property
+    def kind(self) -> str | None:
+        """The ACP ``sessionUpdate`` discriminator (``agent_message_chunk`` …)."""
+        value = self.update.get("sessionUpdate")
+        return value if isinstance(value, str) else None
+
+    @functools.cached_property
+    def acp(self) -> AcpUpdate:
+        """The update typed by its kind (decoded with the payload when it came off the wire)."""
+        return _update_from_dict(self.update)
+
+
+# The terminals' fields are in the daemon's wire order, so an encoded builder result
+# (sdk.protocol.terminals) is byte for byte what the daemon publishes; UNSET fields are left out.
+
+
+class TurnCompleteData(_Payload, frozen=True, kw_only=True):
+    session_id: str | None = None
+    stop_reason: str = "end_turn"
+    prompt_id: str
+
+
+class TurnErrorData(_Payload, frozen=True, kw_only=True):
+    session_id: str | None = None
+    message: str = ""
+    code: str | None = None
+    prompt_id: str
+    error_kind: str | msgspec.UnsetType = msgspec.UNSET
+
+
+class PromptCancelledData(_Payload, frozen=True):
+    session_id: str | None = None
+    reason: str | None = None
+
+
+class PendingPromptAddedData(_Payload, frozen=True):
+    prompt_id: str
+    text: str | None = None
+    queued_at: Any = None
+    session_id: str | None = None
+
+
+class PendingPromptStartedData(_Payload, frozen=True):
+    prompt_id: str
+    text: str | None = None
+    session_id: str | None = None
+
+
+class PendingPromptCompletedData(_Payload, frozen=True):
+    prompt_id: str
+    state: str
+    session_id: str | None = None
+
+
+class PermissionRequestData(_Payload, frozen=True):
+    request_id: str = ""
+    options: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    tool_call: dict[str, Any] | None = None
+    session_id: str | None = None
+
+
+class PermissionResolvedData(_Payload, frozen=True):
+    request_id: str
+    outcome: Any = None
+
+
+class SessionClosedData(_Payload, frozen=True):
+    session_id: str | None = None
+    reason: str | None = None
+
+
+class SessionDiedData(_Payload, frozen=True):
+    session_id: str | None = None
+    reason: str | None = None
+    exit_code: int | None = None
+    signal_code: str | int | None = None
+
+
+class ReplayCompleteData(_Payload, frozen=True):
+    replayed_count: int = 0
+    last_replayed_event_id: int | None = None
+    last_event_id: int | None = None
+
+
+class StateResyncRequiredData(_Payload, frozen=True):
+    reason: str
+    detail: str | None = None
+    last_delivered_id: int | None = None
+    earliest_available_id: int | None = None
+
+
+class SlowClientWarningData(_Payload, frozen=True):
+    queue_size: int
+    max_queued: int
+    last_event_id: int | None = None
+    queued_bytes: int | None = None
+    max_queued_bytes: int | None = None
+    threshold: str | None = None
+
+
+class ClientEvictedData(_Payload, frozen=True):
+    reason: str
+    dropped_after: int | None = None
+    queue_size: int | None = None
+    max_queued: int | None = None
+    queued_bytes: int | None = None
+    max_queued_bytes: int | None = None
+
+
+class StreamErrorData(_Payload, frozen=True):
+    error: str | None = None
+    message: str | None = None
+    code: str | None = None
+
+
+class SessionSnapshotData(_Payload, frozen=True):
+    session_id: str | None = None
+
+
+# --- history_truncated ----------------------------------------------------------------------------
+
+if TYPE_CHECKING:
+    _Count: TypeAlias = int
+    _OptionalCount: TypeAlias = int | None
+    _Scope: TypeAlias = str | None
+    _LooseStr: TypeAlias = str | None
+else:
+    # What msgspec checks on the wire; __post_init__ narrows to the declared types above.
+    _Count = int | float
+    _OptionalCount = int | float | msgspec.UnsetType
+    _Scope = str | msgspec.UnsetType
+    _LooseStr = Any
+
+_ABSENT: Any = msgspec.UNSET
+_MARKER_KEYS: Final = frozenset(
+    {
+        "reason",
+        "scope",
+        "truncatedEvents",
+        "retainedEvents",
+        "maxBytes",
+        "maxEvents",
+        "truncatedTurns",
+        "recordId",
+        "fullTranscriptAvailable",
+    }
+)
+
+
+def _count(name: str, value: object, *, optional: bool) -> int | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"history_truncated {name} must be an integer >= 0")
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or value < 0:
+        raise ValueError(f"history_truncated {name} must be an integer >= 0")
+    return value
+
+
+class DaemonHistoryTruncatedData(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """A validated ``history_truncated`` payload (counts are plain ``int``).
+
+    Decodes straight from the wire (``msgspec.convert(payload, DaemonHistoryTruncatedData)``,
+    a ``ValidationError`` when malformed) with the rules of the module docstring; direct
+    construction enforces the same invariants and raises ``ValueError``. ``extra`` holds the
+    keys this type does not name (:func:`sdk.truncation.parse_truncation` fills it).
+    """
+
+    reason: Literal["replay_window_exceeded"]
+    truncated_events: _Count
+    retained_events: _Count
+    max_bytes: _Count
+    full_transcript_available: bool
+    scope: _Scope = _ABSENT
+    max_events: _OptionalCount = _ABSENT
+    truncated_turns: _OptionalCount = _ABSENT
+    record_id: _LooseStr = None
+    extra: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.reason != REPLAY_WINDOW_EXCEEDED:
+            raise ValueError(f"history_truncated reason must be {REPLAY_WINDOW_EXCEEDED!r}")
+        force = msgspec.structs.force_setattr
+        scope: object = self.scope
+        if scope is msgspec.UNSET:
+            force(self, "scope", None)
+        elif scope is not None and (not isinstance(scope, str) or not scope):
+            raise ValueError("history_truncated scope must be a non-empty string when present")
+        for name in ("truncated_events", "retained_events", "max_bytes"):
+            force(self, name, _count(name, getattr(self, name), optional=False))
+        for name in ("max_events", "truncated_turns"):
+            value = getattr(self, name)
+            force(
+                self, name, None if value is msgspec.UNSET else _count(name, value, optional=True)
+            )
+        if not isinstance(self.full_transcript_available, bool):
+            raise ValueError("history_truncated fullTranscriptAvailable must be a boolean")
+        if not isinstance(self.record_id, str):
+            force(self, "record_id", None)
+
+    @property
+    def is_live(self) -> bool:
+        """True for the live-turn marker (``scope == "live_journal"``)."""
+        return self.scope == LIVE_JOURNAL_SCOPE
+
+    @property
+    def is_recoverable_live(self) -> bool:
+        """A live-turn marker whose complete turn the transcript promises to hold."""
+        return self.is_live and self.full_transcript_available
+
+
+def parse_truncation(data: Any) -> DaemonHistoryTruncatedData | None:
+    """Validate a ``history_truncated`` payload; ``None`` when malformed (never raises).
+
+    Keys the type does not name are kept in ``extra`` (and never make a payload malformed).
+    """
+    if not isinstance(data, dict):
+        return None
+    known = {k: v for k, v in data.items() if k in _MARKER_KEYS}
+    try:
+        marker = msgspec.convert(known, DaemonHistoryTruncatedData)
+    except msgspec.ValidationError:
+        return None
+    extra = {k: v for k, v in data.items() if k not in _MARKER_KEYS}
+    if extra:
+        msgspec.structs.force_setattr(marker, "extra", extra)
+    return marker
+
+
+# --- the decoders -----------------------------------------------------------------------------------
+
+KnownEventData: TypeAlias = (
+    SessionUpdateData
+    | TurnCompleteData
+    | TurnErrorData
+    | PromptCancelledData
+    | PendingPromptAddedData
+    | PendingPromptStartedData
+    | PendingPromptCompletedData
+    | PermissionRequestData
+    | PermissionResolvedData
+    | SessionClosedData
+    | SessionDiedData
+    | ReplayCompleteData
+    | StateResyncRequiredData
+    | SlowClientWarningData
+    | ClientEvictedData
+    | StreamErrorData
+    | SessionSnapshotData
+    | DaemonHistoryTruncatedData
+)
+EventPayload: TypeAlias = KnownEventData
+
+PAYLOAD_TYPES: Final[Mapping[str, type[_Payload]]] = {
+    "session_update": SessionUpdateData,
+    "turn_complete": TurnCompleteData,
+    "turn_error": TurnErrorData,
+    "prompt_cancelled": PromptCancelledData,
+    "pending_prompt_added": PendingPromptAddedData,
+    "pending_prompt_started": PendingPromptStartedData,
+    "pending_prompt_completed": PendingPromptCompletedData,
+    "permission_request": PermissionRequestData,
+    "permission_resolved": PermissionResolvedData,
+    "session_closed": SessionClosedData,
+    "session_died": SessionDiedData,
+    "replay_complete": ReplayCompleteData,
+    "state_resync_required": StateResyncRequiredData,
+    "slow_client_warning": SlowClientWarningData,
+    "client_evicted": ClientEvictedData,
+    "stream_error": StreamErrorData,
+    "session_snapshot": SessionSnapshotData,
+}
+
+KNOWN_EVENT_TYPES: Final = frozenset({*PAYLOAD_TYPES, "history_truncated"})
+
+_DECODERS: Final[Mapping[str, msgspec.json.Decoder[Any]]] = {
+    kind: msgspec.json.Decoder(cls) for kind, cls in PAYLOAD_TYPES.items()
+}
+
+
+class _SessionUpdateWire(msgspec.Struct):
+    update: msgspec.Raw = msgspec.Raw(b"null")
+
+
+_session_update_wire: Final = msgspec.json.Decoder(_SessionUpdateWire)
+
+
+def _session_update(data: Any, update_raw: msgspec.Raw | None) -> SessionUpdateData | None:
+    if not isinstance(data, dict):
+        return None
+    update = data.get("update")
+    if not isinstance(update, dict):
+        if "update" in data or not isinstance(data.get("sessionUpdate"), str):
+            return None
+        update = data  # the reference daemon's page shape: data is the update itself
+    sid = data.get("sessionId")
+    payload = SessionUpdateData(update=update, session_id=sid if isinstance(sid, str) else None)
+    if update_raw is not None:
+        try:
+            payload.__dict__["acp"] = _update_decoder.decode(update_raw)
+        except msgspec.ValidationError:
+            payload.__dict__["acp"] = _raw_update(update)
+    return payload
+
+
+def decode_payload(event_type: str, raw: msgspec.Raw, data: Any) -> EventPayload | None:
+    """The typed payload of a frame from its raw ``data`` bytes (``data`` = the same payload
+    as plain values, already decoded for the envelope). ``None`` when there is none."""
+    if event_type == "session_update":
+        try:
+            wire = _session_update_wire.decode(raw)
+        except msgspec.ValidationError:
+            return None
+        page_shape = isinstance(data, dict) and "update" not in data
+        return _session_update(data, raw if page_shape else wire.update)
+    if event_type == "history_truncated":
+        return parse_truncation(data)
+    decoder = _DECODERS.get(event_type)
+    if decoder is None:
+        return None
+    try:
+        payload: EventPayload = decoder.decode(raw)
+    except msgspec.ValidationError:
+        return None
+    return payload
+
+
+def payload_from_data(event_type: str, data: Any) -> EventPayload | None:
+    """The typed payload of a frame built in code (``data`` as plain values)."""
+    if event_type == "session_update":
+        return _session_update(data, None)
+    if event_type == "history_truncated":
+        return parse_truncation(data)
+    payload_type = PAYLOAD_TYPES.get(event_type)
+    if payload_type is None or not isinstance(data, dict):
+        return None
+    try:
+        payload: EventPayload = msgspec.convert(data, payload_type)  # type: ignore[assignment]
+    except msgspec.ValidationError:
+        return None
+    return payload
+
+
+def server_timestamp(event: DaemonEvent) -> float | None:
+    """The envelope's ``_meta.serverTimestamp`` when it is a finite number."""
+    return None if event.meta is None else finite_number(event.meta.get("serverTimestamp"))
+
+
+class UnknownEventCounter:
+    """Counts frames the client cannot interpret (unknown type or malformed payload).
+
+    A new event type must never crash a client, so such frames are counted per type and the
+    most recent ``keep`` of them are kept whole for diagnostics.
+    """
+
+    def __init__(self, keep: int = 64) -> None:
+        if keep < 0:
+            raise ValueError(f"keep must be >= 0, got {keep}")
+        self.total = 0
+        self.by_type: dict[str, int] = {}
+        self.recent: deque[DaemonEvent] = deque(maxlen=keep)
+
+    def observe(self, event: DaemonEvent) -> EventPayload | None:
+        """Return the typed payload, or count and keep the frame when there is none."""
+        typed = event.payload
+        if typed is None:
+            self.record(event)
+        return typed
+
+    def record(self, event: DaemonEvent) -> None:
+        self.total += 1
+        self.by_type[event.type] = self.by_type.get(event.type, 0) + 1
+        self.recent.append(event)
