@@ -31,8 +31,9 @@ from typing import Final, Protocol
 
 import msgspec
 
-from sdk.events import DaemonEvent
-from webui_model.reducer import Notice, first_record_id, valid_marker_payload
+from sdk.protocol.envelope import DaemonEvent
+from webui_model.effects import Notice
+from webui_model.records import first_record_id, marker_of
 
 PAGINATION_CAPABILITY: Final = "session_transcript_pagination"
 DEFAULT_PAGE_SIZE: Final = 100
@@ -102,14 +103,13 @@ def replay_anchor(
     saw_full_marker = False
     for event in events:
         if event.type == "history_truncated":
-            payload = valid_marker_payload(event)
-            if payload is None:
+            marker = marker_of(event)
+            if marker is None:
                 continue
-            if payload.get("fullTranscriptAvailable") is True:
+            if marker.full_transcript_available:
                 saw_full_marker = True
-            rid = payload.get("recordId")
-            if marker_anchor is None and isinstance(rid, str) and rid:
-                marker_anchor = rid
+            if marker_anchor is None and marker.record_id:
+                marker_anchor = marker.record_id
         elif record_anchor is None:
             record_anchor = first_record_id(event)
     anchor = record_anchor or marker_anchor or history_anchor_record_id or None

@@ -68,26 +68,59 @@ other than ``"bridge-echo"`` while a turn is open
 ``session_snapshot``
 =======================================================  ===================================
 
+The side-effect values live in :mod:`webui_model.effects` and the record-id helpers in
+:mod:`webui_model.records` (both re-exported here). Dispatch is on the typed payload
+(:attr:`~sdk.protocol.envelope.DaemonEvent.payload`): each payload Struct has its handler, and a
+known type whose payload does not fit its Struct has a *malformed* handler (a terminal still
+ends the turn; most others become one ``debug`` block, code ``malformed_payload``).
+
 A turn is *open* from the first ``session_update`` carrying a prompt id (envelope or
 ``data.promptId``) until a terminal of that prompt.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
 import msgspec
 
-from sdk.events import TERMINAL_TYPES, DaemonEvent, event_prompt_id
-from sdk.truncation import (
-    LIVE_JOURNAL_SCOPE,
-    MALFORMED_REASON,
-    TruncationStatusItem,
-    normalize_status_item,
-    parse_truncation,
+from sdk.protocol.constants import BRIDGE_ECHO, RECORD_ID_META_KEY, TERMINAL_TYPES
+from sdk.protocol.envelope import DaemonEvent, event_prompt_id
+from sdk.protocol.events import (
+    AgentMessageChunk,
+    AgentThoughtChunk,
+    AvailableCommandsUpdate,
+    ClientEvictedData,
+    CurrentModeUpdate,
+    DaemonHistoryTruncatedData,
+    EventPayload,
+    PendingPromptAddedData,
+    PendingPromptCompletedData,
+    PendingPromptStartedData,
+    PermissionRequestData,
+    PermissionResolvedData,
+    Plan,
+    PromptCancelledData,
+    RawUpdate,
+    ReplayCompleteData,
+    SessionClosedData,
+    SessionDiedData,
+    SessionSnapshotData,
+    SessionUpdateData,
+    SlowClientWarningData,
+    StateResyncRequiredData,
+    StreamErrorData,
+    ToolCall,
+    ToolCallUpdate,
+    TurnCompleteData,
+    TurnErrorData,
+    UpdateMeta,
+    UserMessageChunk,
+    server_timestamp,
 )
+from sdk.protocol.terminals import terminal_fields
+from sdk.truncation import MALFORMED_REASON, TruncationStatusItem, normalize_status_item
 from webui_model.blocks import (
     TERMINAL_TOOL_STATUSES,
     Block,
@@ -96,183 +129,77 @@ from webui_model.blocks import (
     TextBlock,
     ToolBlock,
 )
+from webui_model.effects import (
+    ConnectionMetadata,
+    FollowUpSuggestion,
+    InjectedMessage,
+    Notice,
+    PendingPromptPublication,
+    SideEffect,
+    WorkspaceSignal,
+)
+from webui_model.records import (
+    first_record_id,
+    is_recoverable_live_marker,
+    transcript_record_ids,
+    valid_marker_payload,
+)
 
 if TYPE_CHECKING:
-    from webui_model.store import TranscriptDraft
+    from webui_model.draft import TranscriptDraft
+
+__all__ = [
+    "ASSISTANT_DONE",
+    "BRIDGE_ECHO",
+    "CANCELLING_REASONS",
+    "FOLLOWUP_META_KEY",
+    "RECORD_ID_META_KEY",
+    "ConnectionMetadata",
+    "FollowUpSuggestion",
+    "InjectedMessage",
+    "Notice",
+    "PendingPromptPublication",
+    "SideEffect",
+    "WorkspaceSignal",
+    "apply_event",
+    "apply_events",
+    "assistant_done",
+    "first_record_id",
+    "is_recoverable_live_marker",
+    "settle_streaming",
+    "transcript_record_ids",
+    "valid_marker_payload",
+]
 
 ASSISTANT_DONE: Final = "assistant.done"
-BRIDGE_ECHO: Final = "bridge-echo"
 FOLLOWUP_META_KEY: Final = "followupSuggestion"
-RECORD_ID_META_KEY: Final = "qwen.session.recordId"
 CANCELLING_REASONS: Final = frozenset({"cancelled", "error"})
 
-# --- side effects -------------------------------------------------------------------------
+
+class AssistantDoneData(msgspec.Struct, frozen=True):
+    """The payload of the model's own ``assistant.done`` event (never on the wire)."""
+
+    reason: str | None = None
 
 
-class Notice(msgspec.Struct, frozen=True, kw_only=True):
-    """A user-visible notice; the provider keeps a list deduplicated by ``id``."""
-
-    id: str
-    code: str
-    message: str
-    severity: Literal["info", "warning", "error"] = "warning"
-    category: str = "connection"
-    operation: str | None = None
-    recoverable: bool = True
-    debug_message: str | None = None
-    event_id: int | None = None
-    data: Any = None
-
-
-class WorkspaceSignal(msgspec.Struct, frozen=True, kw_only=True):
-    """The workspace changed: ``kind`` is the ``sessionUpdate`` kind, ``data`` the update."""
-
-    kind: str
-    data: Any = None
-    event_id: int | None = None
-
-
-class PendingPromptPublication(msgspec.Struct, frozen=True, kw_only=True):
-    """A queued prompt was added, started or completed (``type`` is the event type)."""
-
-    type: str
-    prompt_id: str | None = None
-    data: Any = None
-    event_id: int | None = None
-
-
-class FollowUpSuggestion(msgspec.Struct, frozen=True, kw_only=True):
-    """The agent suggested a follow-up prompt (``update._meta.followupSuggestion``)."""
-
-    suggestion: Any
-    prompt_id: str | None = None
-    event_id: int | None = None
-
-
-class InjectedMessage(msgspec.Struct, frozen=True, kw_only=True):
-    """A user message that arrived mid-turn from somewhere other than the daemon's echo."""
-
-    text: str
-    prompt_id: str | None = None
-    event_id: int | None = None
-
-
-class ConnectionMetadata(msgspec.Struct, frozen=True, kw_only=True):
-    """Stream bookkeeping from a synthetic frame (``type`` is the event type)."""
-
-    type: str
-    data: Any = None
-    event_id: int | None = None
-
-
-SideEffect: TypeAlias = (
-    Notice
-    | WorkspaceSignal
-    | PendingPromptPublication
-    | FollowUpSuggestion
-    | InjectedMessage
-    | ConnectionMetadata
+_Update: TypeAlias = (
+    UserMessageChunk
+    | AgentMessageChunk
+    | AgentThoughtChunk
+    | ToolCall
+    | ToolCallUpdate
+    | Plan
+    | AvailableCommandsUpdate
+    | CurrentModeUpdate
+    | RawUpdate
 )
 
 # --- reading events -------------------------------------------------------------------------
 
 
-def session_update_of(event: DaemonEvent) -> dict[str, Any] | None:
-    """The ACP update of a ``session_update`` (bus shape, or the reference page shape)."""
-    data = event.data
-    if event.type != "session_update" or not isinstance(data, dict):
-        return None
-    update = data.get("update")
-    if isinstance(update, dict):
-        return update
-    if isinstance(data.get("sessionUpdate"), str):
-        return data
-    return None
-
-
-def _meta_of(update: dict[str, Any] | None) -> dict[str, Any]:
-    meta = None if update is None else update.get("_meta")
-    return meta if isinstance(meta, dict) else {}
-
-
-def transcript_record_ids(event: DaemonEvent) -> tuple[str, ...]:
-    """The transcript record ids stamped on a compacted ``session_update`` (may be empty)."""
-    return _record_ids(session_update_of(event))
-
-
-def _record_ids(update: dict[str, Any] | None) -> tuple[str, ...]:
-    meta = _meta_of(update)
-    if not meta:
-        return ()
-    ids: list[str] = []
-    rid = meta.get(RECORD_ID_META_KEY)
-    if isinstance(rid, str) and rid:
-        ids.append(rid)
-    transcript = meta.get("qwenTranscript")
-    if isinstance(transcript, dict):
-        sources = transcript.get("sourceRecordIds")
-        if isinstance(sources, list):
-            ids.extend(s for s in sources if isinstance(s, str) and s and s not in ids)
-    return tuple(ids)
-
-
-def first_record_id(event: DaemonEvent) -> str | None:
-    """``update._meta["qwen.session.recordId"]``, else ``qwenTranscript.sourceRecordIds[0]``."""
-    ids = transcript_record_ids(event)
-    return ids[0] if ids else None
-
-
-def valid_marker_payload(event: DaemonEvent) -> dict[str, Any] | None:
-    """The payload of a *valid* ``history_truncated`` event, else None."""
-    if event.type != "history_truncated" or parse_truncation(event.data) is None:
-        return None
-    payload: dict[str, Any] = event.data
-    return payload
-
-
-def is_recoverable_live_marker(event: DaemonEvent) -> bool:
-    """A valid live-turn marker with ``fullTranscriptAvailable: true`` (CLIENT-SPEC §3.1)."""
-    marker = parse_truncation(event.data) if event.type == "history_truncated" else None
-    return marker is not None and marker.scope == LIVE_JOURNAL_SCOPE and (
-        marker.full_transcript_available
-    )
-
-
-def _number(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def _server_timestamp(event: DaemonEvent) -> float | None:
-    return None if event.meta is None else _number(event.meta.get("serverTimestamp"))
-
-
-def _agent_timestamp(update: dict[str, Any] | None) -> float | None:
-    if update is None:
-        return None
-    stamp = _number(update.get("timestamp"))
-    return stamp if stamp is not None else _number(_meta_of(update).get("timestamp"))
-
-
-def _update_prompt(update: dict[str, Any] | None) -> str | None:
+def _update_prompt(meta: UpdateMeta | None) -> str | None:
     # Restored transcript records carry the prompt only inside update._meta.
-    candidate = _meta_of(update).get("promptId")
-    return candidate if isinstance(candidate, str) and candidate else None
-
-
-def _payload(event: DaemonEvent) -> dict[str, Any]:
-    return event.data if isinstance(event.data, dict) else {}
-
-
-def _text_of(content: object) -> str:
-    if isinstance(content, dict):
-        if content.get("type") == "text" and isinstance(content.get("text"), str):
-            text: str = content["text"]
-            return text
-        if isinstance(content.get("type"), str):
-            return f"[{content['type']}]"
-    return ""
+    return meta.prompt_id if meta is not None and meta.prompt_id else None
 
 
 def _merged_ids(old: tuple[str, ...], new: tuple[str, ...]) -> tuple[str, ...]:
@@ -280,28 +207,29 @@ def _merged_ids(old: tuple[str, ...], new: tuple[str, ...]) -> tuple[str, ...]:
     return old + extra if extra else old
 
 
-def _stamp(event: DaemonEvent, update: dict[str, Any] | None, prompt_id: str | None) -> dict[str, Any]:
+def _stamp(event: DaemonEvent, update: _Update | None, prompt_id: str | None) -> dict[str, Any]:
     """The common block fields for a block created by ``event`` (``update`` = its ACP update)."""
-    server = _server_timestamp(event)
+    server = server_timestamp(event)
     return {
         "event_id": event.id,
         "last_event_id": event.id,
         "prompt_id": prompt_id,
         "server_timestamp": server,
         "updated_at": server,
-        "timestamp": _agent_timestamp(update),
-        "source_record_ids": _record_ids(update),
+        "timestamp": None if update is None else update.agent_timestamp,
+        "source_record_ids": () if update is None else update.record_ids,
     }
 
 
 def _touch(
-    block: Block, event: DaemonEvent, update: dict[str, Any] | None = None, **changes: Any
+    block: Block, event: DaemonEvent, update: _Update | None = None, **changes: Any
 ) -> dict[str, Any]:
     """Changes for a block updated by ``event``: latest event id, time and record ids."""
-    server = _server_timestamp(event)
+    server = server_timestamp(event)
     changes["last_event_id"] = event.id if event.id is not None else block.last_event_id
     changes["updated_at"] = server if server is not None else block.updated_at
-    changes["source_record_ids"] = _merged_ids(block.source_record_ids, _record_ids(update))
+    ids = () if update is None else update.record_ids
+    changes["source_record_ids"] = _merged_ids(block.source_record_ids, ids)
     return changes
 
 
@@ -413,14 +341,14 @@ def _debug(draft: TranscriptDraft, event: DaemonEvent, code: str, text: str) -> 
 def _text_chunk(
     draft: TranscriptDraft,
     event: DaemonEvent,
-    update: dict[str, Any],
+    update: UserMessageChunk | AgentMessageChunk | AgentThoughtChunk,
     kind: _TextKind,
     prompt: str | None,
 ) -> None:
-    text = _text_of(update.get("content"))
+    text = update.text
     active = draft.get(_pointer(draft, kind))
     if isinstance(active, TextBlock) and active.prompt_id == prompt:
-        if text or _record_ids(update):
+        if text or update.record_ids:
             draft.replace(
                 msgspec.structs.replace(
                     active, **_touch(active, event, update, text=active.text + text)
@@ -447,15 +375,19 @@ _TOOL_OWN_KEYS: Final = frozenset({"sessionUpdate", "toolCallId", "title", "stat
 
 
 def _tool_update(
-    draft: TranscriptDraft, event: DaemonEvent, update: dict[str, Any], prompt: str | None
+    draft: TranscriptDraft,
+    event: DaemonEvent,
+    raw: Mapping[str, Any],
+    update: ToolCall | ToolCallUpdate,
+    prompt: str | None,
 ) -> None:
-    tool_call_id = update.get("toolCallId")
-    if not isinstance(tool_call_id, str) or not tool_call_id:
-        _debug(draft, event, MALFORMED_REASON, f"{update.get('sessionUpdate')}: missing toolCallId")
+    tool_call_id = update.tool_call_id
+    if not tool_call_id:
+        _debug(draft, event, MALFORMED_REASON, f"{raw['sessionUpdate']}: missing toolCallId")
         return
-    fields = {k: v for k, v in update.items() if k not in _TOOL_OWN_KEYS and v is not None}
-    title = update.get("title") if isinstance(update.get("title"), str) else None
-    status = update.get("status") if isinstance(update.get("status"), str) else None
+    # The tool block keeps every other field the agent sent (known or not) as its data.
+    fields = {k: v for k, v in raw.items() if k not in _TOOL_OWN_KEYS and v is not None}
+    title, status = update.title, update.status
     existing = draft.get(draft.tools.get(tool_call_id))
     if isinstance(existing, ToolBlock):
         block = msgspec.structs.replace(
@@ -485,15 +417,9 @@ def _tool_update(
     _track_tool(draft, block)
 
 
-def _plan(
-    draft: TranscriptDraft, event: DaemonEvent, update: dict[str, Any], prompt: str | None
-) -> None:
-    raw_entries = update.get("entries")
-    entries = raw_entries if isinstance(raw_entries, list) else []
-    done = bool(entries) and all(
-        isinstance(e, dict) and e.get("status") == "completed" for e in entries
-    )
-    status = "completed" if done else "in_progress"
+def _plan(draft: TranscriptDraft, event: DaemonEvent, update: Plan, prompt: str | None) -> None:
+    entries = update.entries
+    status = "completed" if update.completed else "in_progress"
     existing = draft.get(draft.tools.get("plan"))
     if isinstance(existing, ToolBlock) and existing.prompt_id == prompt:
         draft.replace(
@@ -516,52 +442,59 @@ def _plan(
 
 
 # --- handlers -----------------------------------------------------------------------------------
+#
+# A handler gets the draft, the event and the event's typed payload — or None when the event's
+# type is known but its payload did not fit (a malformed payload).
 
-_Handler = Callable[["TranscriptDraft", DaemonEvent], list[SideEffect]]
+_Handler = Callable[["TranscriptDraft", DaemonEvent, Any], list[SideEffect]]
 
 
-def _session_update(draft: TranscriptDraft, event: DaemonEvent) -> list[SideEffect]:
-    update = session_update_of(event)
-    if update is None:
+def _session_update(
+    draft: TranscriptDraft, event: DaemonEvent, payload: SessionUpdateData | None
+) -> list[SideEffect]:
+    if payload is None:
         return _debug(draft, event, MALFORMED_REASON, "session_update: missing update object")
-    kind = update.get("sessionUpdate")
-    meta = _meta_of(update)
+    update: _Update = payload.acp
+    meta = update.meta
     effects: list[SideEffect] = []
     turn_was_open = draft.open_prompt_id is not None
     envelope_prompt = event_prompt_id(event)
     if envelope_prompt is not None:
         draft.open_prompt_id = envelope_prompt
-    prompt = envelope_prompt if envelope_prompt is not None else _update_prompt(update)
-    if meta.get(FOLLOWUP_META_KEY) is not None:
+    prompt = envelope_prompt if envelope_prompt is not None else _update_prompt(meta)
+    if meta is not None and meta.followup_suggestion is not None:
         effects.append(
             FollowUpSuggestion(
-                suggestion=meta[FOLLOWUP_META_KEY], prompt_id=prompt, event_id=event.id
+                suggestion=meta.followup_suggestion, prompt_id=prompt, event_id=event.id
             )
         )
-    if kind == "user_message_chunk":
-        _text_chunk(draft, event, update, "user", prompt)
-        if turn_was_open and meta.get("source") != BRIDGE_ECHO:
-            effects.append(
-                InjectedMessage(
-                    text=_text_of(update.get("content")), prompt_id=prompt, event_id=event.id
-                )
-            )
-    elif kind == "agent_message_chunk":
-        _text_chunk(draft, event, update, "assistant", prompt)
-    elif kind == "agent_thought_chunk":
-        _text_chunk(draft, event, update, "thought", prompt)
-    elif kind in ("tool_call", "tool_call_update"):
-        _tool_update(draft, event, update, prompt)
-    elif kind == "plan":
-        _plan(draft, event, update, prompt)
-    elif kind in ("available_commands_update", "current_mode_update"):
-        effects.append(WorkspaceSignal(kind=kind, data=update, event_id=event.id))
-    else:
-        _debug(draft, event, "unknown_session_update", f"unknown session update: {kind}")
+    match update:
+        case UserMessageChunk():
+            _text_chunk(draft, event, update, "user", prompt)
+            if turn_was_open and (meta is None or meta.source != BRIDGE_ECHO):
+                effects.append(InjectedMessage(text=update.text, prompt_id=prompt, event_id=event.id))
+        case AgentMessageChunk():
+            _text_chunk(draft, event, update, "assistant", prompt)
+        case AgentThoughtChunk():
+            _text_chunk(draft, event, update, "thought", prompt)
+        case ToolCall() | ToolCallUpdate():
+            _tool_update(draft, event, payload.update, update, prompt)
+        case Plan():
+            _plan(draft, event, update, prompt)
+        case AvailableCommandsUpdate() | CurrentModeUpdate():
+            kind = payload.kind
+            assert kind is not None  # the tag the update was decoded by
+            effects.append(WorkspaceSignal(kind=kind, data=payload.update, event_id=event.id))
+        case RawUpdate(typed_kind=True):
+            _debug(draft, event, MALFORMED_REASON, f"{update.kind}: malformed update")
+        case RawUpdate():
+            _debug(draft, event, "unknown_session_update", f"unknown session update: {update.kind}")
     return effects
 
 
-def _history_truncated(draft: TranscriptDraft, event: DaemonEvent) -> list[SideEffect]:
+def _history_truncated(
+    draft: TranscriptDraft, event: DaemonEvent, payload: DaemonHistoryTruncatedData | None
+) -> list[SideEffect]:
     item = normalize_status_item(event)
     if isinstance(item, TruncationStatusItem):
         _message(
@@ -576,21 +509,23 @@ def _history_truncated(draft: TranscriptDraft, event: DaemonEvent) -> list[SideE
     return []
 
 
-def _turn_complete(draft: TranscriptDraft, event: DaemonEvent) -> list[SideEffect]:
-    reason = _payload(event).get("stopReason")
-    assistant_done(draft, reason if isinstance(reason, str) and reason else "end_turn")
+def _turn_complete(
+    draft: TranscriptDraft, event: DaemonEvent, payload: TurnCompleteData | None
+) -> list[SideEffect]:
+    # A terminal ends the turn even when its other fields do not fit.
+    reason = terminal_fields(event).stop_reason
+    assistant_done(draft, reason or "end_turn")
     _close_turn(draft, event_prompt_id(event))
     return []
 
 
-def _turn_error(draft: TranscriptDraft, event: DaemonEvent) -> list[SideEffect]:
-    data = _payload(event)
-    message = data.get("message")
-    code = data.get("code")
+def _turn_error(
+    draft: TranscriptDraft, event: DaemonEvent, payload: TurnErrorData | None
+) -> list[SideEffect]:
+    fields = terminal_fields(event)
     _message(
-        draft, event, "error",
-        message if isinstance(message, str) and message else "The turn failed.",
-        code=str(code) if code is not None else None, source="turn_error", data=event.data,
+        draft, event, "error", fields.message or "The turn failed.",
+        code=fields.code, source="turn_error", data=event.data,
     )
     assistant_done(draft, "error")
     _close_turn(draft, event_prompt_id(event))
@@ -598,57 +533,62 @@ def _turn_error(draft: TranscriptDraft, event: DaemonEvent) -> list[SideEffect]:
 
 
 def _assistant_done_event(draft: TranscriptDraft, event: DaemonEvent) -> list[SideEffect]:
-    reason = _payload(event).get("reason")
-    assistant_done(draft, reason if isinstance(reason, str) and reason else "end_turn")
+    try:
+        reason = msgspec.convert(event.data, AssistantDoneData).reason
+    except msgspec.ValidationError:
+        reason = None
+    assistant_done(draft, reason or "end_turn")
     return []
 
 
-def _permission_request(draft: TranscriptDraft, event: DaemonEvent) -> list[SideEffect]:
-    data = _payload(event)
-    request_id = data.get("requestId")
-    if not isinstance(request_id, str) or not request_id:
+def _permission_request(
+    draft: TranscriptDraft, event: DaemonEvent, payload: PermissionRequestData | None
+) -> list[SideEffect]:
+    if payload is None:
+        return _debug(draft, event, MALFORMED_REASON, "permission_request: malformed payload")
+    if not payload.request_id:
         return _debug(draft, event, MALFORMED_REASON, "permission_request: missing requestId")
-    tool_call = data.get("toolCall")
-    options = data.get("options")
     settle_streaming(draft)
     block = PermissionBlock(
         id=draft.new_id("permission"),
-        request_id=request_id,
-        tool_call=tool_call if isinstance(tool_call, dict) else {},
-        options=tuple(options) if isinstance(options, list) else (),
+        request_id=payload.request_id,
+        tool_call=payload.tool_call if payload.tool_call is not None else {},
+        options=tuple(payload.options),
         **_stamp(event, None, event_prompt_id(event)),
     )
     draft.append(block)
-    draft.permissions[request_id] = block.id
+    draft.permissions[payload.request_id] = block.id
     return []
 
 
-def _permission_resolved(draft: TranscriptDraft, event: DaemonEvent) -> list[SideEffect]:
-    data = _payload(event)
-    request_id = data.get("requestId")
-    block = draft.get(draft.permissions.get(request_id)) if isinstance(request_id, str) else None
+def _permission_resolved(
+    draft: TranscriptDraft, event: DaemonEvent, payload: PermissionResolvedData | None
+) -> list[SideEffect]:
+    block = None if payload is None else draft.get(draft.permissions.get(payload.request_id))
     # A resolution for a request trimmed away (or never seen) has nothing left to update.
-    if isinstance(block, PermissionBlock):
+    if isinstance(block, PermissionBlock) and payload is not None:
         draft.replace(
             msgspec.structs.replace(
-                block, **_touch(block, event, resolved=True, outcome=data.get("outcome"))
+                block, **_touch(block, event, resolved=True, outcome=payload.outcome)
             )
         )
     return []
 
 
-def _prompt_cancelled(draft: TranscriptDraft, event: DaemonEvent) -> list[SideEffect]:
-    reason = _payload(event).get("reason")
-    text = "Cancellation requested."
-    if isinstance(reason, str) and reason:
-        text = f"Cancellation requested ({reason})."
+def _prompt_cancelled(
+    draft: TranscriptDraft, event: DaemonEvent, payload: PromptCancelledData | None
+) -> list[SideEffect]:
+    reason = None if payload is None else payload.reason
+    text = f"Cancellation requested ({reason})." if reason else "Cancellation requested."
     _message(draft, event, "prompt_cancelled", text, code=None, source=event.type, data=event.data)
     return []
 
 
-def _session_closed(draft: TranscriptDraft, event: DaemonEvent) -> list[SideEffect]:
-    reason = _payload(event).get("reason")
-    text = f"Session closed ({reason})." if isinstance(reason, str) and reason else "Session closed."
+def _session_closed(
+    draft: TranscriptDraft, event: DaemonEvent, payload: SessionClosedData | None
+) -> list[SideEffect]:
+    reason = None if payload is None else payload.reason
+    text = f"Session closed ({reason})." if reason else "Session closed."
     _message(draft, event, "status", text, code=event.type, source=event.type, data=event.data)
     return []
 
@@ -666,12 +606,12 @@ def _notice(event: DaemonEvent, message: str, **fields: Any) -> Notice:
     )
 
 
-def _slow_client_warning(draft: TranscriptDraft, event: DaemonEvent) -> list[SideEffect]:
-    data = _payload(event)
-    text = (
-        "This client is falling behind the event stream "
-        f"({data.get('queueSize', '?')} of {data.get('maxQueued', '?')} events queued)."
-    )
+def _slow_client_warning(
+    draft: TranscriptDraft, event: DaemonEvent, payload: SlowClientWarningData | None
+) -> list[SideEffect]:
+    queued = "?" if payload is None else payload.queue_size
+    cap = "?" if payload is None else payload.max_queued
+    text = f"This client is falling behind the event stream ({queued} of {cap} events queued)."
     _message(draft, event, "status", text, code=event.type, source=event.type, data=event.data)
     return [
         _notice(
@@ -682,7 +622,7 @@ def _slow_client_warning(draft: TranscriptDraft, event: DaemonEvent) -> list[Sid
     ]
 
 
-def _client_evicted(draft: TranscriptDraft, event: DaemonEvent) -> list[SideEffect]:
+def _client_evicted(draft: TranscriptDraft, event: DaemonEvent, payload: Any) -> list[SideEffect]:
     return [
         _notice(
             event,
@@ -692,7 +632,7 @@ def _client_evicted(draft: TranscriptDraft, event: DaemonEvent) -> list[SideEffe
     ]
 
 
-def _session_died(draft: TranscriptDraft, event: DaemonEvent) -> list[SideEffect]:
+def _session_died(draft: TranscriptDraft, event: DaemonEvent, payload: Any) -> list[SideEffect]:
     return [
         _notice(
             event, "The agent process of this session exited.",
@@ -701,15 +641,17 @@ def _session_died(draft: TranscriptDraft, event: DaemonEvent) -> list[SideEffect
     ]
 
 
-def _stream_error(draft: TranscriptDraft, event: DaemonEvent) -> list[SideEffect]:
+def _stream_error(draft: TranscriptDraft, event: DaemonEvent, payload: Any) -> list[SideEffect]:
     return [
         _notice(event, "The event stream failed.", severity="error", operation="subscribe")
     ]
 
 
-def _state_resync_required(draft: TranscriptDraft, event: DaemonEvent) -> list[SideEffect]:
-    reason = _payload(event).get("reason")
-    suffix = f" ({reason})" if isinstance(reason, str) and reason else ""
+def _state_resync_required(
+    draft: TranscriptDraft, event: DaemonEvent, payload: StateResyncRequiredData | None
+) -> list[SideEffect]:
+    reason = None if payload is None else payload.reason
+    suffix = f" ({reason})" if reason else ""
     _message(
         draft, event, "error",
         f"The event stream lost continuity{suffix}; the session will be reloaded.",
@@ -718,11 +660,13 @@ def _state_resync_required(draft: TranscriptDraft, event: DaemonEvent) -> list[S
     return [ConnectionMetadata(type=event.type, data=event.data, event_id=event.id)]
 
 
-def _connection_metadata(draft: TranscriptDraft, event: DaemonEvent) -> list[SideEffect]:
+def _connection_metadata(
+    draft: TranscriptDraft, event: DaemonEvent, payload: Any
+) -> list[SideEffect]:
     return [ConnectionMetadata(type=event.type, data=event.data, event_id=event.id)]
 
 
-def _pending_prompt(draft: TranscriptDraft, event: DaemonEvent) -> list[SideEffect]:
+def _pending_prompt(draft: TranscriptDraft, event: DaemonEvent, payload: Any) -> list[SideEffect]:
     return [
         PendingPromptPublication(
             type=event.type, prompt_id=event_prompt_id(event), data=event.data, event_id=event.id
@@ -730,16 +674,34 @@ def _pending_prompt(draft: TranscriptDraft, event: DaemonEvent) -> list[SideEffe
     ]
 
 
-def _unknown(draft: TranscriptDraft, event: DaemonEvent) -> list[SideEffect]:
-    return _debug(draft, event, "unknown_event_type", f"unknown event type: {event.type}")
+# Dispatch on the payload's Struct: one handler per payload type.
+_BY_PAYLOAD: Final[Mapping[type[EventPayload], _Handler]] = {
+    SessionUpdateData: _session_update,
+    DaemonHistoryTruncatedData: _history_truncated,
+    TurnCompleteData: _turn_complete,
+    TurnErrorData: _turn_error,
+    PermissionRequestData: _permission_request,
+    PermissionResolvedData: _permission_resolved,
+    PromptCancelledData: _prompt_cancelled,
+    SessionClosedData: _session_closed,
+    SlowClientWarningData: _slow_client_warning,
+    ClientEvictedData: _client_evicted,
+    SessionDiedData: _session_died,
+    StreamErrorData: _stream_error,
+    StateResyncRequiredData: _state_resync_required,
+    ReplayCompleteData: _connection_metadata,
+    SessionSnapshotData: _connection_metadata,
+    PendingPromptAddedData: _pending_prompt,
+    PendingPromptStartedData: _pending_prompt,
+    PendingPromptCompletedData: _pending_prompt,
+}
 
-
-_HANDLERS: Final[dict[str, _Handler]] = {
+# A known event type whose payload did not fit: the same handler, told there is no payload.
+_MALFORMED: Final[Mapping[str, _Handler]] = {
     "session_update": _session_update,
     "history_truncated": _history_truncated,
     "turn_complete": _turn_complete,
     "turn_error": _turn_error,
-    ASSISTANT_DONE: _assistant_done_event,
     "permission_request": _permission_request,
     "permission_resolved": _permission_resolved,
     "prompt_cancelled": _prompt_cancelled,
@@ -755,12 +717,20 @@ _HANDLERS: Final[dict[str, _Handler]] = {
     "pending_prompt_started": _pending_prompt,
     "pending_prompt_completed": _pending_prompt,
 }
-assert TERMINAL_TYPES <= _HANDLERS.keys()
+assert TERMINAL_TYPES <= _MALFORMED.keys()
 
 
 def apply_event(draft: TranscriptDraft, event: DaemonEvent) -> list[SideEffect]:
     """Reduce ``event`` into ``draft`` (not trimmed); return the side effects it calls for."""
-    return _HANDLERS.get(event.type, _unknown)(draft, event)
+    if event.type == ASSISTANT_DONE:
+        return _assistant_done_event(draft, event)
+    payload = event.payload
+    if payload is not None:
+        return _BY_PAYLOAD[type(payload)](draft, event, payload)
+    handler = _MALFORMED.get(event.type)
+    if handler is None:
+        return _debug(draft, event, "unknown_event_type", f"unknown event type: {event.type}")
+    return handler(draft, event, None)
 
 
 def apply_events(draft: TranscriptDraft, events: Iterable[DaemonEvent]) -> None:

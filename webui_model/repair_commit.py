@@ -24,13 +24,13 @@ from collections.abc import Callable, Collection, Sequence
 
 import msgspec
 
-from sdk.events import DaemonEvent, event_prompt_id
+from sdk.protocol.envelope import DaemonEvent, event_prompt_id
 from sdk.repair import is_new_event
 from webui_model.blocks import Block
+from webui_model.draft import StoreState, TranscriptDraft, append_block, prepend_blocks
+from webui_model.effects import SideEffect
 from webui_model.pagination import PaginationState, reanchored
-from webui_model.reducer import SideEffect
 from webui_model.replay import EventRun, ReplayResult, run_events
-from webui_model.store import StoreState, TranscriptDraft, append_block, prepend_blocks
 
 IsNew = Callable[[DaemonEvent], bool]
 

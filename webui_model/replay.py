@@ -21,8 +21,11 @@ from collections.abc import Callable, Iterable, Sequence
 
 import msgspec
 
-from sdk.events import DaemonEvent
+from sdk.protocol.envelope import DaemonEvent
+from sdk.protocol.events import parse_truncation
 from webui_model.blocks import Block, MessageBlock
+from webui_model.draft import StoreState, TranscriptDraft, prepend_blocks
+from webui_model.effects import SideEffect
 from webui_model.pagination import (
     DEFAULT_PAGE_SIZE,
     PageData,
@@ -31,14 +34,8 @@ from webui_model.pagination import (
     capacity_rejected,
     initial_pagination,
 )
-from webui_model.reducer import (
-    SideEffect,
-    apply_event,
-    is_recoverable_live_marker,
-    settle_streaming,
-    transcript_record_ids,
-)
-from webui_model.store import StoreState, TranscriptDraft, prepend_blocks
+from webui_model.records import is_recoverable_live_marker, transcript_record_ids
+from webui_model.reducer import apply_event, settle_streaming
 
 EffectFilter = Callable[[int, DaemonEvent], bool]
 """``(index in the replayed list, event) -> keep its side effects?``"""
@@ -201,9 +198,10 @@ def is_hidden_marker(block: Block, pagination: PaginationState) -> bool:
     """A replay-history marker is hidden while older pages can be (or have all been) loaded."""
     if not isinstance(block, MessageBlock) or block.source != "history_truncated":
         return False
-    if block.kind != "status" or not isinstance(block.data, dict):
+    if block.kind != "status":
         return False
-    if "scope" in block.data or block.data.get("fullTranscriptAvailable") is not True:
+    marker = parse_truncation(block.data)  # the block keeps the marker's whole payload
+    if marker is None or marker.scope is not None or not marker.full_transcript_available:
         return False
     return pagination.has_more or pagination.history_complete
 

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from typing import Final
 
 from sdk.repair import RepairNotice
-from webui_model.reducer import (
+from webui_model.effects import (
     ConnectionMetadata,
     FollowUpSuggestion,
     InjectedMessage,
