@@ -2,7 +2,7 @@
 
 Run as ``python -m benchmarks.loadgen`` (a benchmark starts it through :class:`LoadGen`). It
 opens ``--subscribers`` raw HTTP/1.1 connections to ``GET /session/{id}/events``, decodes the
-chunked transfer encoding, counts frames by the blank-line separator ``\\n\\n`` and reads
+chunked transfer encoding, splits the body at the blank-line separator ``\\n\\n`` and reads
 every frame's ``id:`` line; it never decodes JSON, so one process keeps up with many subscribers
 and its own CPU stays small beside the daemon's. A subscriber is done when it sees
 ``event: <until>``, is evicted (``event: client_evicted``; with ``--reconnect`` it resumes from
@@ -15,7 +15,7 @@ Protocol on stdout, one JSON object per line:
 * ``{"ready": true, "t": <monotonic>}`` once every subscriber has its response headers (only
   with ``--announce-ready``; the benchmark sends its prompt after this line);
 * ``{"rounds": [[<subscriber>, ...], ...], "cpu_s": <float>}`` at the end, where a subscriber is
-  ``{"status", "frames", "bytes", "t_start", "t_headers", "t_done", "done", "evicted", "error",
+  ``{"status", "bytes", "t_start", "t_headers", "t_done", "done", "evicted", "error",
   "first_id", "last_id", "ids", "id_error", "terminal_id", "reconnects"}``
   and times are ``time.monotonic()`` values (CLOCK_MONOTONIC is system-wide, so the benchmark
   compares them with its own clock).
@@ -44,6 +44,7 @@ MAX_RECONNECTS = 100
 EVICTED = b"event: client_evicted\n"
 # An id line, found by its literal prefix (fast); ``(?=\n)``: only a complete one.
 ID_LINE = re.compile(rb"\nid: (\d+)(?=\n)")
+MARKER_WINDOW = 16 * 1024
 
 
 def _cpu_seconds() -> float:
@@ -54,7 +55,7 @@ def _cpu_seconds() -> float:
 class SSECounter:
     """Counts and checks SSE frames in an HTTP/1.1 response, fed raw socket bytes. Pure.
 
-    Besides frames and bytes it reads every ``id:`` line (the lines of a frame are split by
+    Besides the body's bytes it reads every ``id:`` line (the lines of a frame are split by
     raw newlines, and JSON data never holds one, so a line starting with ``id: `` is always an
     id field): it keeps the first and the last id, how many ids arrived, the id of the frame
     that finished the subscriber, and the first place where an id was not the one after the
@@ -72,7 +73,6 @@ class SSECounter:
         self.terminal_id: int | None = None
         self.reconnects = 0
         self.epoch: str | None = None
-        self.frames = 0
         self.bytes = 0
         self._reset_response()
 
@@ -181,17 +181,19 @@ class SSECounter:
         # of the rest (it is the newline before the next frame's first line).
         frames = text[:cut + 2]
         self._carry = text[cut + 1:]
-        self.frames += frames.count(b"\n\n")
         found = ID_LINE.findall(frames)
         if found:
             self._check_ids(list(map(int, found)))
-        at = frames.find(self.until)
+        # The frames that finish a subscriber (its terminal or replay_complete, client_evicted)
+        # are the last the daemon sends it, so only the tail of what arrived is searched.
+        tail = max(0, len(frames) - MARKER_WINDOW)
+        at = frames.find(self.until, tail)
         if at >= 0:
             self.done = True
             id_at = frames.rfind(b"\nid: ", 0, at)
             if id_at > frames.rfind(b"\n\n", 0, at):  # the id line of the finishing frame
                 self.terminal_id = int(frames[id_at + 5:frames.index(b"\n", id_at + 1)])
-        if frames.find(EVICTED) >= 0:
+        if frames.find(EVICTED, tail) >= 0:
             self.evicted = True
 
     def _check_ids(self, ids: list[int]) -> None:
@@ -219,7 +221,7 @@ class Subscriber:
 
     def report(self) -> dict[str, Any]:
         c = self.counter
-        return {"status": c.status, "frames": c.frames, "bytes": c.bytes,
+        return {"status": c.status, "bytes": c.bytes,
                 "t_start": self.t_start, "t_headers": self.t_headers, "t_done": self.t_done,
                 "done": c.done, "evicted": c.evicted or c.reconnects > 0, "error": c.error,
                 "first_id": c.first_id, "last_id": c.last_id, "ids": c.ids,
@@ -263,7 +265,7 @@ def run_round(args: argparse.Namespace, out: IO[str], announce: bool, deadline: 
     until = f"event: {args.until}\n".encode()
     subs: list[Subscriber] = []
     # One receive buffer for every socket: a fresh 1 MiB bytes object per read would cost more
-    # (allocation and page faults) than counting the frames in it.
+    # (allocation and page faults) than reading the frames in it.
     buf = bytearray(RECV_BYTES)
     with selectors.DefaultSelector() as sel:
         for _ in range(args.subscribers):
@@ -291,6 +293,8 @@ def run_round(args: argparse.Namespace, out: IO[str], announce: bool, deadline: 
                         length = sub.sock.recv_into(buf)
                     except BlockingIOError:
                         continue
+                    except ConnectionResetError:
+                        length = 0  # the daemon cut it (a stalled write): the stream ended
                     now = time.monotonic()
                     counter = sub.counter
                     if length:

@@ -178,7 +178,6 @@ def test_counter_counts_frames_however_the_stream_is_cut(chunk_cuts: list[int],
     _feed(counter, raw, [c for c in read_cuts if c < len(raw)])
     assert counter.status == 200
     assert counter.error is None
-    assert counter.frames == len(FRAMES)
     assert counter.bytes == len(PAYLOAD)
     assert counter.done and not counter.evicted
     assert counter.ended  # the zero-length last chunk
@@ -191,12 +190,12 @@ def test_counter_flags_eviction_and_waits_for_its_event() -> None:
     counter = SSECounter(b"event: turn_complete\n")
     _feed(counter, HEAD + _chunked(evicted, []), [])
     assert counter.evicted and not counter.done
-    assert counter.frames == len(FRAMES)
+    assert counter.ids == len(FRAMES) - 2 and counter.id_error is None  # ids 1..39
     pending = SSECounter(b"event: turn_complete\n")
     open_stream = _chunked(PAYLOAD[: -len(FRAMES[-1])], [100]).removesuffix(b"0\r\n\r\n")
     _feed(pending, HEAD + open_stream, [])
     assert not pending.finished  # no terminal and no end of stream: keep reading
-    assert pending.frames == len(FRAMES) - 1
+    assert pending.ids == len(FRAMES) - 2 and pending.last_id == 39
 
 
 def test_counter_reports_an_error_status() -> None:
