@@ -97,6 +97,10 @@ class SessionSink(Protocol):
     def flush(self) -> None:
         """End of one stdout read batch in which this sink received updates."""
 
+    async def wait_subscribers(self) -> None:
+        """After a flush: return once the session's subscribers can take more (flow
+        control; the sink bounds how long that may take)."""
+
     async def on_permission_request(self, params: dict[str, Any]) -> dict[str, Any]:
         """Decide a ``session/request_permission``; returns the JSON-RPC result. Own task."""
         ...
@@ -465,11 +469,13 @@ class AgentChannel:
                     discarded = splitter.discarded_lines
                 # Dispatch in small groups and yield between them, so subscribers are woken
                 # and write while a large read is still being published: a burst never
-                # builds up more lag than one group.
+                # builds up more lag than one group. A session whose subscribers fell behind
+                # holds the next group back for a moment (its flow control).
                 for start in range(0, len(lines), DISPATCH_GROUP_LINES):
                     if start:
                         await trio.lowlevel.checkpoint()
-                    self._dispatch(lines[start:start + DISPATCH_GROUP_LINES])
+                    for sink in self._dispatch(lines[start:start + DISPATCH_GROUP_LINES]):
+                        await sink.wait_subscribers()
             # Stdout ended: the agent is usually exiting. Learn how before failing the pending
             # requests, so the session can say which signal or exit code ended it.
             self.closed = True
@@ -497,8 +503,9 @@ class AgentChannel:
         log.warning("event=agent_stdout_held_open pid=%s", proc.pid)
         self._end_of_stdout(f"agent pid {proc.pid} exited")
 
-    def _dispatch(self, lines: list[bytes]) -> None:
-        """Handle one read batch without yielding, then flush each sink that got updates."""
+    def _dispatch(self, lines: list[bytes]) -> list[SessionSink]:
+        """Handle one read batch without yielding, then flush each sink that got updates;
+        returns those sinks."""
         touched: dict[str, SessionSink] = {}
         sinks = self._sinks
         loading = self._loading
@@ -572,6 +579,7 @@ class AgentChannel:
                 log.exception(
                     "event=sink_flush_failed pid=%s acp_session_id=%s", self.pid, session_id
                 )
+        return list(touched.values())
 
     def _resolve(self, response: Response) -> None:
         pending = self._pending.resolve(response)

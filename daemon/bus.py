@@ -26,11 +26,22 @@ from .malloc import trim
 from .replay_window import Record, ReplayWindow, SegmentHandle, SpilledTurn
 from .ring import DEFAULT_RING_BYTES, EventRing
 from .splice import EnvelopeSplicer, compact, plain_chunk
+from .sse_frames import SharedFrames
 from .subscriber import Eviction, SubscriberState, Warning
 from .transcript_store import AppendEvent, FinishTurn, TerminalState, TranscriptStore
 from .transcript_writer import TranscriptWriter
 
 log = logging.getLogger("daemon.bus")
+
+# Flow control. A subscriber whose write is in flight while it is this far towards its caps
+# (frames or bytes) is *behind*: the agent reader waits for that write to finish before it
+# publishes more, so a reader that keeps reading sets the pace instead of being evicted for
+# a moment of not being scheduled. A write that does not finish within FLOW_STALL_S is
+# stalled: its subscriber is not waited for again until one of its writes completes, so a
+# peer that stopped reading costs the turn FLOW_STALL_S once and then reaches its caps and
+# is evicted as before.
+FLOW_FRACTION = 0.5
+FLOW_STALL_S = 0.5
 
 
 def now_ms() -> int:
@@ -49,8 +60,8 @@ class BusLimits:
 class Subscription:
     """One SSE/WS reader of the bus: its ring cursor, warning latch and the scope that stops it."""
 
-    __slots__ = ("_idle", "abort", "evicted", "pending_warning", "scope", "sending", "state",
-                 "writes_done")
+    __slots__ = ("_idle", "abort", "evicted", "flow_stalled_at", "pending_warning", "scope",
+                 "sending", "state", "writes_done")
 
     def __init__(self, state: SubscriberState) -> None:
         self.state = state
@@ -64,6 +75,8 @@ class Subscription:
         # Writes completed so far: one that stays in flight with this count unchanged is
         # stalled (see streams.watch_stalled_writes).
         self.writes_done = 0
+        # writes_done when flow control last found a write of this subscriber stalled.
+        self.flow_stalled_at: int | None = None
         self._idle = trio.Event()
         self.evicted = trio.Event()
 
@@ -133,10 +146,14 @@ class SessionBus:
         self.latest_record_id: str | None = None
         self.last_write_seq = 0
         self.subscribers: set[Subscription] = set()
+        # SSE frames of the newest events, built once for all SSE subscribers.
+        self.frames = SharedFrames()
         self.slow_client_warnings = 0
         self.clients_evicted = 0
         self._lot = trio.lowlevel.ParkingLot()
         self._dirty = False
+        # Subscribers the last flush found behind (see FLOW_FRACTION).
+        self._behind: list[Subscription] = []
         if writer is not None:
             writer.reset_durable(session_id)
 
@@ -358,19 +375,42 @@ class SessionBus:
             return
         self._dirty = False
         ring = self.ring
+        self._behind = behind = []
         for sub in tuple(self.subscribers):
             if not sub.sending:
                 continue
-            verdict = sub.state.check(ring)
+            state = sub.state
+            verdict = state.check(ring)
             if isinstance(verdict, Eviction):
                 self.evict(sub)
-            elif isinstance(verdict, Warning):
+                continue
+            if isinstance(verdict, Warning):
                 self.slow_client_warnings += 1
                 log.info("event=slow_client_warning session=%s threshold=%s queue_size=%s "
                          "queued_bytes=%s", self.session_id, verdict.data["threshold"],
                          verdict.data["queueSize"], verdict.data["queuedBytes"])
                 sub.pending_warning = verdict
+            if (ring.last_id - state.cursor >= FLOW_FRACTION * state.max_queued
+                    or ring.bytes_since(state.cursor)
+                    >= FLOW_FRACTION * state.max_queued_bytes):
+                behind.append(sub)
         self._lot.unpark_all()
+
+    async def wait_for_subscribers(self, stall_s: float = FLOW_STALL_S) -> None:
+        """Flow control for the publisher (the agent reader): wait for the writes in flight
+        of the subscribers the last flush found behind, skipping stalled ones (see
+        FLOW_STALL_S). Returns at once when none is behind."""
+        behind = self._behind
+        if not behind:
+            return
+        self._behind = []
+        for sub in behind:
+            if sub not in self.subscribers or sub.flow_stalled_at == sub.writes_done:
+                continue
+            with trio.move_on_after(stall_s) as scope:
+                await sub.wait_idle()
+            if scope.cancelled_caught:
+                sub.flow_stalled_at = sub.writes_done
 
     def evict(self, sub: Subscription) -> None:
         """Drop a subscriber that fell behind; its stream ends with ``client_evicted``."""
@@ -398,6 +438,8 @@ class SessionBus:
 
     def remove_subscriber(self, sub: Subscription) -> None:
         self.subscribers.discard(sub)
+        if not self.subscribers:
+            self.frames.clear()  # nobody left to share them with
 
     async def wait_for_events(self, cursor: int) -> None:
         """Return once the ring holds an event after ``cursor`` or the bus closed."""

@@ -374,6 +374,9 @@ class Session:
             )
         self.bus.flush()
 
+    async def wait_subscribers(self) -> None:
+        await self.bus.wait_for_subscribers()
+
     async def on_permission_request(self, params: dict[str, Any]) -> dict[str, Any]:
         prompt = self.active
         request_id = str(uuid.uuid4())

@@ -198,6 +198,27 @@ class EventPump:
             out.extend(events)
         return out
 
+    def next_sse(self) -> list[bytes] | None:
+        """:meth:`next_batch` as SSE bytes to write: the frames shared by the bus's SSE
+        subscribers (``bus.frames``), so a wake-up's events are framed once for all of them."""
+        sub, ring = self.sub, self.bus.ring
+        state = sub.state
+        if state.evicted is None:
+            first = ring.first_id
+            if first is not None and first > state.cursor + 1:
+                state.evict_now("queue_overflow", ring)  # the next event left the ring
+        if state.evicted is not None:
+            self.bus.evict(sub)
+            return None
+        out: list[bytes] = []
+        warning = sub.pending_warning
+        sub.pending_warning = None
+        if warning is not None:
+            out.append(synthetic("slow_client_warning", warning.data, now_ms=now_ms()).sse_frame)
+        frames, state.cursor = self.bus.frames.since(ring, state.cursor)
+        out += frames
+        return out
+
     async def wait(self) -> bool:
         """Wait for new events; False when the heartbeat interval passed with none."""
         with trio.move_on_after(self.heartbeat_s):
@@ -311,13 +332,13 @@ async def serve_sse(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
                     await body(chunk)
             sub.end_write()
             while True:
-                batch = pump.next_batch()
-                if batch is None:
+                frames = pump.next_sse()
+                if frames is None:
                     break
-                if batch:
+                if frames:
                     sub.begin_write()
-                    for chunk in sse_chunks(batch):
-                        await body(chunk)
+                    # One send per wake-up, however many segments it spans.
+                    await body(frames[0] if len(frames) == 1 else b"".join(frames))
                     sub.end_write()
                     continue
                 if bus.closed:

@@ -66,6 +66,9 @@ class RecordingSink:
         self._changed.set()
         self._changed = trio.Event()
 
+    async def wait_subscribers(self) -> None:
+        pass
+
     async def on_permission_request(self, params: dict[str, Any]) -> dict[str, Any]:
         self.permission_requests.append(params)
         return self.permission_result

@@ -1,0 +1,80 @@
+"""Flow control: the publisher waits for a subscriber that fell half-way to its caps to finish
+its write, never for one that is keeping up, and a stalled write holds it back only once."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from daemon.bus import FLOW_STALL_S, BusLimits, SessionBus, Subscription
+from daemon.subscriber import SubscriberState
+
+
+def chunk(bus: SessionBus, n: int) -> None:
+    for i in range(n):
+        bus.publish("session_update", {"sessionId": "s", "update": {
+            "sessionUpdate": "agent_message_chunk",
+            "content": {"type": "text", "text": f"c{i}"}}}, flush=False)
+    bus.flush()
+
+
+def new_bus() -> tuple[SessionBus, Subscription]:
+    bus = SessionBus("s", BusLimits(10_000, 8 << 20, 4 << 20, 8000), None)
+    sub = Subscription(SubscriberState(0, max_queued=100))
+    bus.add_subscriber(sub)
+    return bus, sub
+
+
+async def test_publisher_waits_for_a_subscriber_half_way_to_its_cap(
+        autojump_clock: trio.testing.MockClock) -> None:
+    bus, sub = new_bus()
+    sub.begin_write()
+    chunk(bus, 49)  # under half of maxQueued=100: not behind
+    with trio.fail_after(0):  # returns without yielding to the clock
+        await bus.wait_for_subscribers()
+    chunk(bus, 1)  # 50 queued: behind while its write is in flight
+    finished_at: list[float] = []
+
+    async def finish_write() -> None:
+        await trio.sleep(0.05)
+        sub.writes_done += 1
+        sub.end_write()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(finish_write)
+        start = trio.current_time()
+        await bus.wait_for_subscribers()
+        finished_at.append(trio.current_time() - start)
+    # It waited exactly until the write completed (not the stall bound, not zero).
+    assert finished_at == [0.05]
+    assert sub.flow_stalled_at is None
+    assert sub.state.evicted is None
+
+
+async def test_a_stalled_write_holds_the_publisher_back_once(
+        autojump_clock: trio.testing.MockClock) -> None:
+    bus, sub = new_bus()
+    sub.begin_write()
+    chunk(bus, 60)
+    start = trio.current_time()
+    await bus.wait_for_subscribers()
+    assert trio.current_time() - start == FLOW_STALL_S
+    assert sub.flow_stalled_at == sub.writes_done
+    # Still the same write: not waited for again, however far behind it gets.
+    chunk(bus, 20)
+    start = trio.current_time()
+    await bus.wait_for_subscribers()
+    assert trio.current_time() - start == 0
+    # It passed its cap meanwhile: evicted by the slow-client rules, as without flow control.
+    chunk(bus, 30)
+    assert sub.state.evicted is not None
+    assert sub not in bus.subscribers
+
+
+async def test_an_idle_subscriber_is_never_waited_for(
+        autojump_clock: trio.testing.MockClock) -> None:
+    bus, _ = new_bus()
+    chunk(bus, 90)  # not writing: it takes all of them when it next runs
+    start = trio.current_time()
+    await bus.wait_for_subscribers()
+    assert trio.current_time() - start == 0
