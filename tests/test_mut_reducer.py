@@ -10,7 +10,7 @@ import pytest
 
 from sdk.events import DaemonEvent
 from webui_model import MessageBlock, ToolBlock, TranscriptStore
-from webui_model.effects import ConnectionMetadata, Notice
+from webui_model.effects import ConnectionMetadata, Notice, WorkspaceSignal
 
 # (event type, data) -> the one block it appends: (kind, text, code, source), or None.
 BLOCKS: list[tuple[str, Any, tuple[str, str, str | None, str] | None]] = [
@@ -166,3 +166,76 @@ def test_a_malformed_permission_resolution_changes_nothing() -> None:
     store = TranscriptStore()
     store.dispatch(DaemonEvent(type="permission_resolved", id=5, data=7))
     assert all(b.kind == "debug" for b in store.blocks)
+
+
+# session_update data -> its debug block: (text, code). A bad frame is shown, never dropped.
+DEBUG_UPDATES: list[tuple[Any, str, str]] = [
+    ({"sessionId": "s"}, "session_update: missing update object", "malformed_payload"),
+    ({"sessionId": "s", "update": 5}, "session_update: missing update object",
+     "malformed_payload"),
+    ({"sessionId": "s", "update": {"sessionUpdate": "tool_call", "title": "x"}},
+     "tool_call: missing toolCallId", "malformed_payload"),
+    ({"sessionId": "s", "update": {"sessionUpdate": "tool_call", "toolCallId": 5}},
+     "tool_call: malformed update", "malformed_payload"),
+    ({"sessionId": "s", "update": {"sessionUpdate": "plan", "entries": 5}},
+     "plan: malformed update", "malformed_payload"),
+    ({"sessionId": "s", "update": {"sessionUpdate": "brand_new_kind", "x": 1}},
+     "unknown session update: brand_new_kind", "unknown_session_update"),
+]
+
+
+@pytest.mark.parametrize(("data", "text", "code"), DEBUG_UPDATES)
+def test_an_unusable_session_update_becomes_a_debug_block(data: Any, text: str, code: str) -> None:
+    store = TranscriptStore()
+    assert store.dispatch(DaemonEvent(type="session_update", id=7, prompt_id="p",
+                                      data=data)) == []
+    (block,) = store.blocks
+    assert isinstance(block, MessageBlock)
+    assert (block.kind, block.text, block.code, block.source, block.prompt_id,
+            block.event_id) == ("debug", text, code, "session_update", "p", 7)
+
+
+def test_a_workspace_update_is_signalled_with_the_whole_update() -> None:
+    update = {"sessionUpdate": "available_commands_update", "availableCommands": [{"name": "c"}]}
+    effects = TranscriptStore().dispatch(DaemonEvent(
+        type="session_update", id=7, data={"sessionId": "s", "update": update}))
+    assert effects == [WorkspaceSignal(kind="available_commands_update", data=update, event_id=7)]
+
+
+def test_a_notice_carries_the_compact_payload_for_debugging() -> None:
+    (notice,) = TranscriptStore().dispatch(
+        DaemonEvent(type="stream_error", id=7, data={"message": "x", "n": [1, 2]}))
+    assert isinstance(notice, Notice)
+    assert notice.debug_message == '{"message":"x","n":[1,2]}'
+
+
+def _su(update: dict[str, Any], event_id: int) -> DaemonEvent:
+    return DaemonEvent(type="session_update", id=event_id, prompt_id="p",
+                       data={"sessionId": "s", "update": update})
+
+
+def test_a_tool_update_changes_only_the_fields_it_carries() -> None:
+    store = TranscriptStore()
+    store.dispatch(_su({"sessionUpdate": "tool_call", "toolCallId": "t", "title": "Read",
+                        "status": "pending", "kind": "read", "rawInput": {"a": 1}}, 1))
+    store.dispatch(_su({"sessionUpdate": "tool_call_update", "toolCallId": "t"}, 2))
+    (block,) = store.blocks
+    assert isinstance(block, ToolBlock)
+    assert (block.title, block.status, block.last_event_id) == ("Read", "pending", 2)
+    assert block.data == {"kind": "read", "rawInput": {"a": 1}}
+    store.dispatch(_su({"sessionUpdate": "tool_call_update", "toolCallId": "t",
+                        "status": "completed", "rawOutput": {"b": 2}}, 3))
+    (block,) = store.blocks
+    assert isinstance(block, ToolBlock)
+    assert (block.title, block.status, block.event_id, block.prompt_id) == (
+        "Read", "completed", 1, "p")
+    assert block.data == {"kind": "read", "rawInput": {"a": 1}, "rawOutput": {"b": 2}}
+
+
+def test_an_update_for_an_unseen_tool_call_starts_an_untitled_pending_block() -> None:
+    store = TranscriptStore()
+    store.dispatch(_su({"sessionUpdate": "tool_call_update", "toolCallId": "u"}, 4))
+    (block,) = store.blocks
+    assert isinstance(block, ToolBlock)
+    assert (block.tool_call_id, block.title, block.status, block.data, block.prompt_id) == (
+        "u", "", "pending", {}, "p")
