@@ -64,7 +64,9 @@ TESTS: dict[str, tuple[str, ...]] = {
     "webui_model/repair_commit.py": ("test_webui_repair_commit.py",),
     "daemon/replay_window.py": ("test_replay_window.py",),
     "daemon/ring.py": ("test_ring_resume.py", "test_guards_subscriber_restore.py"),
-    "daemon/subscriber.py": ("test_guards_subscriber_restore.py",),
+    "daemon/subscriber.py": (
+        "test_guards_subscriber_restore.py", "test_ring_resume.py", "test_subscriber_replay.py",
+    ),
     "daemon/guards.py": ("test_guards_subscriber_restore.py",),
     "daemon/restore.py": ("test_guards_subscriber_restore.py",),
     "daemon/transcript_store.py": ("test_transcript_store.py",),
