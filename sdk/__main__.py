@@ -37,6 +37,19 @@ from sdk.errors import (
     TurnError,
 )
 from sdk.events import DaemonEvent, event_prompt_id
+from sdk.protocol.events import (
+    AgentMessageChunk,
+    AgentThoughtChunk,
+    DaemonHistoryTruncatedData,
+    PermissionOption,
+    PermissionRequestData,
+    PermissionResolvedData,
+    SessionUpdateData,
+    ToolCall,
+    ToolCallUpdate,
+    UserMessageChunk,
+)
+from sdk.protocol.terminals import terminal_fields
 from sdk.session import SessionHandle, Transport
 from sdk.truncation import parse_truncation, status_text
 
@@ -260,52 +273,45 @@ def _wire(event: DaemonEvent) -> Any:
     return msgspec.to_builtins(event)
 
 
-def _update(event: DaemonEvent) -> dict[str, Any]:
-    data = event.data if isinstance(event.data, dict) else {}
-    update = data.get("update")
-    return update if isinstance(update, dict) else {}
-
-
 def _chunk_text(event: DaemonEvent) -> str | None:
     """The text of an agent message chunk (the answer), else None."""
-    if event.type != "session_update":
+    payload = event.payload
+    if not isinstance(payload, SessionUpdateData):
         return None
-    update = _update(event)
-    if update.get("sessionUpdate") != "agent_message_chunk":
+    update = payload.acp
+    if not isinstance(update, AgentMessageChunk) or update.content is None:
         return None
-    content = update.get("content")
-    if isinstance(content, dict) and isinstance(content.get("text"), str):
-        text: str = content["text"]
-        return text
-    return None
+    text = update.content.text
+    return text if isinstance(text, str) else None
 
 
 def describe(event: DaemonEvent) -> str:
     """One readable line for an event."""
     ident = f"#{event.id}" if event.id is not None else "#-"
     parts = [ident, event.type]
-    data = event.data if isinstance(event.data, dict) else {}
+    payload = event.payload
     detail = ""
-    if event.type == "session_update":
-        update = _update(event)
-        kind = update.get("sessionUpdate")
-        if isinstance(kind, str):
-            parts.append(kind)
-        content = update.get("content")
-        if isinstance(content, dict) and isinstance(content.get("text"), str):
-            detail = _encode(content["text"]).decode()
-        elif isinstance(update.get("title"), str):
-            detail = update["title"]
+    if isinstance(payload, SessionUpdateData):
+        if payload.kind is not None:
+            parts.append(payload.kind)
+        update = payload.acp
+        if isinstance(update, UserMessageChunk | AgentMessageChunk | AgentThoughtChunk):
+            if update.content is not None and isinstance(update.content.text, str):
+                detail = _encode(update.content.text).decode()
+        elif isinstance(update, ToolCall | ToolCallUpdate) and update.title is not None:
+            detail = update.title
     elif event.type == "turn_complete":
-        detail = f"stopReason={data.get('stopReason', 'end_turn')}"
+        stop = terminal_fields(event).stop_reason
+        detail = f"stopReason={stop if stop is not None else 'end_turn'}"
     elif event.type == "turn_error":
-        code = data.get("code")
-        detail = (f"[{code}] " if code is not None else "") + str(data.get("message", ""))
+        fields = terminal_fields(event)
+        code = fields.code
+        detail = (f"[{code}] " if code is not None else "") + (fields.message or "")
     elif event.type == "history_truncated":
-        marker = parse_truncation(event.data)
+        marker = payload if isinstance(payload, DaemonHistoryTruncatedData) else None
         detail = status_text(marker) if marker is not None else "malformed payload"
     else:
-        reason = data.get("reason")
+        reason = getattr(payload, "reason", None)
         if isinstance(reason, str):
             detail = f"reason={reason}"
     prompt_id = event_prompt_id(event)
@@ -352,39 +358,23 @@ def _stdin_is_tty() -> bool:
         return False
 
 
-def pick_option(options: Sequence[Any], approve: str) -> dict[str, Any] | None:
+def pick_option(options: Sequence[PermissionOption], approve: str) -> PermissionOption | None:
     """The option ``--approve approve`` answers with: the first of that kind, else None."""
     kind = APPROVE_KINDS.get(approve)
     if kind is None:
         return None
-    for option in options:
-        if (
-            isinstance(option, dict)
-            and option.get("kind") == kind
-            and isinstance(option.get("optionId"), str)
-        ):
-            return option
-    return None
+    return next((option for option in options if option.kind == kind), None)
 
 
-def _option_label(option: dict[str, Any]) -> str:
-    name = option.get("name")
-    label = name if isinstance(name, str) and name else str(option.get("optionId"))
-    kind = option.get("kind")
-    return f"{label} [{kind}]" if isinstance(kind, str) else label
-
-
-def describe_permission(data: dict[str, Any]) -> str:
+def describe_permission(request: PermissionRequestData) -> str:
     """One line naming what the agent wants to do."""
-    tool = data.get("toolCall")
-    tool = tool if isinstance(tool, dict) else {}
-    title = tool.get("title")
-    what = title if isinstance(title, str) and title else "(untitled tool call)"
+    tool = request.tool
+    what = tool.title if tool.title else "(untitled tool call)"
     details = []
-    if isinstance(tool.get("toolCallId"), str):
-        details.append(f"tool call {tool['toolCallId']}")
-    if isinstance(tool.get("kind"), str):
-        details.append(f"kind {tool['kind']}")
+    if tool.tool_call_id is not None:
+        details.append(f"tool call {tool.tool_call_id}")
+    if tool.kind is not None:
+        details.append(f"kind {tool.kind}")
     return what + (f" ({', '.join(details)})" if details else "")
 
 
@@ -393,7 +383,7 @@ class _Answer:
 
     __slots__ = ("option", "why")
 
-    def __init__(self, option: dict[str, Any] | None, why: str) -> None:
+    def __init__(self, option: PermissionOption | None, why: str) -> None:
         self.option = option
         self.why = why
 
@@ -432,29 +422,25 @@ class Permissions:
         self._lines: trio.MemoryReceiveChannel[str] | None = None
 
     def on_event(self, event: DaemonEvent) -> None:
-        data = event.data if isinstance(event.data, dict) else {}
-        request_id = data.get("requestId")
-        if not isinstance(request_id, str):
-            return
-        if event.type == "permission_request":
+        payload = event.payload
+        if isinstance(payload, PermissionRequestData) and payload.request_id:
             scope = trio.CancelScope()
-            self._asking[request_id] = scope
-            self._nursery.start_soon(self._answer, request_id, data, scope)
-        elif event.type == "permission_resolved":
-            asking = self._asking.pop(request_id, None)
+            self._asking[payload.request_id] = scope
+            self._nursery.start_soon(self._answer, payload.request_id, payload, scope)
+        elif isinstance(payload, PermissionResolvedData):
+            asking = self._asking.pop(payload.request_id, None)
             if asking is not None:
                 asking.cancel()
                 self.out.error(
-                    f"permission request {request_id[:8]} was answered elsewhere: "
-                    f"{_encode(data.get('outcome')).decode()}"
+                    f"permission request {payload.request_id[:8]} was answered elsewhere: "
+                    f"{_encode(payload.outcome).decode()}"
                 )
 
     async def _answer(
-        self, request_id: str, data: dict[str, Any], scope: trio.CancelScope
+        self, request_id: str, request: PermissionRequestData, scope: trio.CancelScope
     ) -> None:
-        options = data.get("options")
-        options = [o for o in options if isinstance(o, dict)] if isinstance(options, list) else []
-        self.out.error(f"permission requested: {describe_permission(data)}")
+        options = request.answers
+        self.out.error(f"permission requested: {describe_permission(request)}")
         answer: _Answer | None = None
         with scope:
             if self.approve is not None:
@@ -488,9 +474,9 @@ class Permissions:
                 chosen = "cancelled"
             else:
                 await self.client.vote_permission(
-                    self.session_id, request_id, option_id=str(option["optionId"])
+                    self.session_id, request_id, option_id=option.option_id
                 )
-                chosen = _option_label(option)
+                chosen = option.label
         except SessionNotFoundError as exc:
             if exc.code != "permission_not_found":
                 raise
@@ -511,10 +497,10 @@ class Permissions:
                 pass  # answered meanwhile: the prompt is cancelled all the same
             await self.client.cancel(self.session_id)
 
-    async def _ask(self, options: list[dict[str, Any]]) -> _Answer:
-        valid = [o for o in options if isinstance(o.get("optionId"), str)]
+    async def _ask(self, options: list[PermissionOption]) -> _Answer:
+        valid = options
         for number, option in enumerate(valid, 1):
-            self.out.error_raw(f"  {number}) {_option_label(option)}\n")
+            self.out.error_raw(f"  {number}) {option.label}\n")
         self.out.error_raw("  c) cancel the request\n")
         choices = f"1-{len(valid)}, c" if valid else "c"
         while True:

@@ -25,7 +25,7 @@ import msgspec
 
 from sdk.errors import InvalidTokenError, SSEBufferOverflow, TransportError, error_for_status
 from sdk.events import DaemonEvent, decode_events, normalize_page_event
-from sdk.protocol.cursor import ResumeCursor
+from sdk.protocol.cursor import FollowsCursor, ResumeCursor
 from sdk.protocol.sse import SSEParser
 
 __all__ = [
@@ -164,6 +164,22 @@ class TranscriptPage(_Result):
     has_more: bool = False
 
 
+class _LoadWire(ResumeResult):
+    """A load body as read off the wire: the replay frames kept as raw bytes, each decoded by
+    the envelope decoder (:func:`sdk.protocol.envelope.decode_event`) in one pass."""
+
+    compacted_replay: list[msgspec.Raw] | None = None
+    live_journal: list[msgspec.Raw] | None = None
+
+
+class _PageWire(_Result):
+    events: list[msgspec.Raw] | None = None
+    session_id: str | None = None
+    v: int = 1
+    next_cursor: str | None = None
+    has_more: bool = False
+
+
 class SessionStatus(_Result):
     session_id: str
     has_active_prompt: bool = False
@@ -176,6 +192,7 @@ class SessionStatus(_Result):
 
 
 _R = TypeVar("_R", bound=_Result)
+_W = TypeVar("_W", bound=msgspec.Struct)
 
 
 @dataclass(frozen=True)
@@ -260,15 +277,6 @@ def _convert(body: Any, result_type: type[_R], what: str) -> _R:
         return msgspec.convert(body, result_type)
     except msgspec.ValidationError as exc:
         raise TransportError(f"{what}: malformed response body: {exc}") from exc
-
-
-def _event_list(body: dict[str, Any], key: str, what: str) -> list[Any]:
-    items = body.pop(key, None)
-    if items is None:
-        return []
-    if not isinstance(items, list):
-        raise TransportError(f"{what}: {key} must be a list, got {type(items).__name__}")
-    return items
 
 
 # --- the client -------------------------------------------------------------------------------
@@ -419,6 +427,28 @@ class DaemonClient:
                 status=response.status_code,
             ) from exc
 
+    async def _typed(
+        self,
+        method: str,
+        path: str,
+        result_type: type[_W],
+        *,
+        body: Mapping[str, Any] | None = None,
+        params: Mapping[str, str | int] | None = None,
+    ) -> _W:
+        """Decode the answer straight into ``result_type`` (one pass over the bytes)."""
+        response = await self._request(method, path, body=body, params=params)
+        try:
+            return msgspec.json.decode(response.content, type=result_type)
+        except msgspec.ValidationError as exc:
+            raise TransportError(f"{method} {path}: malformed response body: {exc}") from exc
+        except msgspec.DecodeError as exc:
+            ctype = response.headers.get("content-type", "")
+            raise TransportError(
+                f"{method} {path}: response is not JSON (content-type {ctype!r})",
+                status=response.status_code,
+            ) from exc
+
     # -- daemon routes ---------------------------------------------------------------------
 
     async def health(self) -> Health:
@@ -470,14 +500,11 @@ class DaemonClient:
         if live_replay_mode is not None:
             request["liveReplayMode"] = live_replay_mode
         path = f"{_session_path(session_id)}/load"
-        body = await self._json("POST", path, body=request)
-        what = f"POST {path}"
-        body = _object(body, what)
-        compacted = _event_list(body, "compactedReplay", what)
-        live = _event_list(body, "liveJournal", what)
-        result = _convert(body, LoadResult, what)
-        result.compacted_replay = decode_events(compacted)
-        result.live_journal = decode_events(live)
+        wire = await self._typed("POST", path, _LoadWire, body=request)
+        fields = msgspec.structs.asdict(wire)
+        fields["compacted_replay"] = decode_events(wire.compacted_replay or ())
+        fields["live_journal"] = decode_events(wire.live_journal or ())
+        result = LoadResult(**fields)
         self._adopt(result.client_id)
         return result
 
@@ -548,16 +575,20 @@ class DaemonClient:
         if before_record_id is not None:
             params["beforeRecordId"] = before_record_id
         path = f"{_session_path(session_id)}/transcript"
-        body = await self._json("GET", path, params=params)
-        what = f"GET {path}"
-        body = _object(body, what)
-        raw_events = _event_list(body, "events", what)
-        page = _convert(body, TranscriptPage, what)
-        sid = page.session_id or session_id
-        page.events = [
-            event for item in raw_events if (event := normalize_page_event(item, sid)) is not None
+        wire = await self._typed("GET", path, _PageWire, params=params)
+        sid = wire.session_id or session_id
+        events = [
+            normalized
+            for event in decode_events(wire.events or ())
+            if (normalized := normalize_page_event(event, sid)) is not None
         ]
-        return page
+        return TranscriptPage(
+            events=events,
+            session_id=wire.session_id,
+            v=wire.v,
+            next_cursor=wire.next_cursor,
+            has_more=wire.has_more,
+        )
 
     async def session_status(self, session_id: str) -> SessionStatus:
         path = f"{_session_path(session_id)}/status"
@@ -639,7 +670,7 @@ def _session_path(session_id: str) -> str:
     return f"/session/{quote(session_id, safe='')}"
 
 
-class EventStream:
+class EventStream(FollowsCursor):
     """One SSE response read as typed events.
 
     ``last_event_id`` starts at the requested cursor and follows :class:`ResumeCursor`'s rules
@@ -675,14 +706,6 @@ class EventStream:
         self._response: httpx.Response | None = None
         self._chunks: AsyncIterator[bytes] | None = None
         self._opened = False
-
-    @property
-    def last_event_id(self) -> int | None:
-        return self.cursor.last_event_id
-
-    @property
-    def epoch(self) -> str | None:
-        return self.cursor.epoch
 
     @property
     def retry_ms(self) -> int | None:

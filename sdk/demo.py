@@ -31,6 +31,12 @@ import trio
 
 from sdk.client import DaemonClient
 from sdk.events import DaemonEvent, typed_data
+from sdk.protocol.events import (
+    AgentMessageChunk,
+    AgentThoughtChunk,
+    SessionUpdateData,
+    UserMessageChunk,
+)
 from sdk.repair_driver import RepairOutcomeKind
 from sdk.truncation import LIVE_JOURNAL_SCOPE, parse_truncation, status_text
 from webui_model import Block, MessageBlock, TextBlock, WebUIProvider
@@ -84,12 +90,10 @@ def describe_chunks(numbers: Sequence[int]) -> str:
 
 
 def is_live_marker(block: Block) -> bool:
-    return (
-        isinstance(block, MessageBlock)
-        and block.source == "history_truncated"
-        and isinstance(block.data, dict)
-        and block.data.get("scope") == LIVE_JOURNAL_SCOPE
-    )
+    if not isinstance(block, MessageBlock) or block.source != "history_truncated":
+        return False
+    marker = parse_truncation(block.data)  # the status block keeps the whole marker payload
+    return marker is not None and marker.scope == LIVE_JOURNAL_SCOPE
 
 
 def shown_chunks(blocks: Sequence[Block]) -> list[int]:
@@ -202,12 +206,15 @@ async def read_until(stream: Any, predicate: Callable[[DaemonEvent], bool]) -> l
 
 
 def is_chunk(event: DaemonEvent, n: int) -> bool:
-    data = event.data
-    if event.type != "session_update" or not isinstance(data, dict):
+    payload = event.payload
+    if not isinstance(payload, SessionUpdateData):
         return False
-    update = data.get("update")
-    content = update.get("content") if isinstance(update, dict) else None
-    text = content.get("text") if isinstance(content, dict) else None
+    update = payload.acp
+    if not isinstance(update, UserMessageChunk | AgentMessageChunk | AgentThoughtChunk):
+        return False
+    if update.content is None:
+        return False
+    text = update.content.text
     return isinstance(text, str) and chunk_numbers(text) == [n]
 
 

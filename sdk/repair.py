@@ -21,6 +21,7 @@ import msgspec
 
 from sdk.errors import DaemonError
 from sdk.events import TERMINAL_TYPES, DaemonEvent, event_prompt_id
+from sdk.protocol.events import SessionUpdateData
 from sdk.truncation import DaemonHistoryTruncatedData, parse_truncation
 
 HISTORY_TRUNCATED: Final = "history_truncated"
@@ -116,10 +117,8 @@ def find_repair_target(
 
 
 def _is_user_input(event: DaemonEvent) -> bool:
-    if event.type != "session_update" or not isinstance(event.data, dict):
-        return False
-    update = event.data.get("update")
-    return isinstance(update, dict) and update.get("sessionUpdate") == "user_message_chunk"
+    payload = event.payload
+    return isinstance(payload, SessionUpdateData) and payload.kind == "user_message_chunk"
 
 
 def find_suffix_start(events: Sequence[DaemonEvent], prompt_id: str) -> int | None:

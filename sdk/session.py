@@ -52,7 +52,7 @@ from sdk.errors import (
     SessionNotFoundError,
     is_retriable,
 )
-from sdk.protocol.cursor import ResumeCursor
+from sdk.protocol.cursor import FollowsCursor, ResumeCursor
 from sdk.protocol.envelope import DaemonEvent, names_prompt
 from sdk.protocol.events import TurnCompleteData
 from sdk.protocol.terminals import terminal_for
@@ -166,7 +166,7 @@ class _Stopped:
 _TapItem: TypeAlias = DaemonEvent | _Stopped
 
 
-class SessionHandle:
+class SessionHandle(FollowsCursor):
     """One client's handle on one daemon session (see the module docstring).
 
     Make one with :meth:`create`, :meth:`load` or :meth:`from_load`, or directly from a cursor
@@ -290,16 +290,6 @@ class SessionHandle:
             "sleep": self._sleep,
             "uniform": self._uniform,
         }
-
-    @property
-    def last_event_id(self) -> int | None:
-        """The cursor: the newest event id handed to ``on_event`` (0 after an epoch reset)."""
-        return self.cursor.last_event_id
-
-    @property
-    def epoch(self) -> str | None:
-        """The bus epoch the cursor belongs to (the daemon's latest answer)."""
-        return self.cursor.epoch
 
     @property
     def client_id(self) -> str | None:

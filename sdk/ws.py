@@ -22,7 +22,7 @@ import trio_websocket
 
 from sdk.client import DEFAULT_MAX_QUEUED, EPOCH_HEADER, DaemonClient
 from sdk.errors import TransportError, error_for_status
-from sdk.protocol.cursor import ResumeCursor
+from sdk.protocol.cursor import FollowsCursor, ResumeCursor
 from sdk.protocol.envelope import DaemonEvent, decode_event
 from sdk.protocol.sse import MAX_BUFFER_BYTES
 
@@ -64,7 +64,7 @@ def ws_url(
     return f"{scheme}://{parts.netloc}{path}{suffix}"
 
 
-class WebSocketEventStream:
+class WebSocketEventStream(FollowsCursor):
     """One WebSocket connection read as typed events; the same surface as ``EventStream``.
 
     ``last_event_id`` follows :class:`ResumeCursor`'s rules (``max(previous, id)`` from
@@ -100,14 +100,6 @@ class WebSocketEventStream:
         self._stack: contextlib.AsyncExitStack | None = None
         self._ws: trio_websocket.WebSocketConnection | None = None
         self._opened = False
-
-    @property
-    def last_event_id(self) -> int | None:
-        return self.cursor.last_event_id
-
-    @property
-    def epoch(self) -> str | None:
-        return self.cursor.epoch
 
     def request_headers(self) -> list[tuple[bytes, bytes]]:
         headers = self._client.headers()

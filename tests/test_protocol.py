@@ -321,3 +321,39 @@ def test_terminal_for_matches_data_prompt_id_strictly() -> None:
     assert outcome is not None and outcome.result() == TurnCompleteData(
         prompt_id="p", stop_reason="cancelled")
     assert terminal_of(ev("turn_complete", stopReason="end_turn")) is None
+
+
+# --- load answers and transcript pages decode their frames the same way -----------------------------
+
+
+async def test_load_and_page_frames_decode_from_the_answer_bytes() -> None:
+    import httpx
+
+    from sdk.client import DaemonClient
+
+    error = {"v": 1, "type": "turn_error", "id": 3,
+             "data": {"sessionId": "s", "message": "boom", "code": "channel_closed",
+                      "promptId": "p"}}
+    page_update = {"sessionUpdate": "agent_message_chunk",
+                   "content": {"type": "text", "text": "ref"}}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/load"):
+            return httpx.Response(200, json={
+                "sessionId": "s", "lastEventId": 3, "eventEpoch": "e",
+                "compactedReplay": [error, {"v": 2, "type": "x"}], "liveJournal": None})
+        return httpx.Response(200, json={
+            "sessionId": "s", "hasMore": True, "nextCursor": "c1",
+            "events": [{"v": 1, "type": "session_update", "data": page_update}, 7]})
+
+    async with DaemonClient("http://127.0.0.1:9", transport=httpx.MockTransport(answer)) as c:
+        load = await c.load_session("s")
+        page = await c.transcript_page("s")
+    assert [e.id for e in load.events] == [3] and load.last_event_id == 3
+    event = load.compacted_replay[0]
+    event.data["message"] = "changed after decoding"
+    assert isinstance(event.payload, TurnErrorData) and event.payload.message == "boom"
+    assert (page.has_more, page.next_cursor, len(page.events)) == (True, "c1", 1)
+    assert page.events[0].data == {"sessionId": "s", "update": page_update}
+    payload = page.events[0].payload
+    assert isinstance(payload, SessionUpdateData) and isinstance(payload.acp, AgentMessageChunk)

@@ -88,13 +88,13 @@ import msgspec
 from sdk.protocol.constants import BRIDGE_ECHO, RECORD_ID_META_KEY, TERMINAL_TYPES
 from sdk.protocol.envelope import DaemonEvent, event_prompt_id
 from sdk.protocol.events import (
+    PAYLOAD_TYPES,
     AgentMessageChunk,
     AgentThoughtChunk,
     AvailableCommandsUpdate,
     ClientEvictedData,
     CurrentModeUpdate,
     DaemonHistoryTruncatedData,
-    EventPayload,
     PendingPromptAddedData,
     PendingPromptCompletedData,
     PendingPromptStartedData,
@@ -675,7 +675,7 @@ def _pending_prompt(draft: TranscriptDraft, event: DaemonEvent, payload: Any) ->
 
 
 # Dispatch on the payload's Struct: one handler per payload type.
-_BY_PAYLOAD: Final[Mapping[type[EventPayload], _Handler]] = {
+_BY_PAYLOAD: Final[Mapping[type[msgspec.Struct], _Handler]] = {
     SessionUpdateData: _session_update,
     DaemonHistoryTruncatedData: _history_truncated,
     TurnCompleteData: _turn_complete,
@@ -698,24 +698,8 @@ _BY_PAYLOAD: Final[Mapping[type[EventPayload], _Handler]] = {
 
 # A known event type whose payload did not fit: the same handler, told there is no payload.
 _MALFORMED: Final[Mapping[str, _Handler]] = {
-    "session_update": _session_update,
     "history_truncated": _history_truncated,
-    "turn_complete": _turn_complete,
-    "turn_error": _turn_error,
-    "permission_request": _permission_request,
-    "permission_resolved": _permission_resolved,
-    "prompt_cancelled": _prompt_cancelled,
-    "session_closed": _session_closed,
-    "slow_client_warning": _slow_client_warning,
-    "client_evicted": _client_evicted,
-    "session_died": _session_died,
-    "stream_error": _stream_error,
-    "state_resync_required": _state_resync_required,
-    "replay_complete": _connection_metadata,
-    "session_snapshot": _connection_metadata,
-    "pending_prompt_added": _pending_prompt,
-    "pending_prompt_started": _pending_prompt,
-    "pending_prompt_completed": _pending_prompt,
+    **{kind: _BY_PAYLOAD[cls] for kind, cls in PAYLOAD_TYPES.items()},
 }
 assert TERMINAL_TYPES <= _MALFORMED.keys()
 

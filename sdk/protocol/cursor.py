@@ -20,7 +20,7 @@ from sdk.protocol.constants import MAX_EVENT_ID, RESYNC_EPOCH_RESET
 from sdk.protocol.envelope import DaemonEvent
 from sdk.protocol.events import StateResyncRequiredData
 
-__all__ = ["ResumeCursor", "check_cursor", "is_epoch_reset"]
+__all__ = ["FollowsCursor", "ResumeCursor", "check_cursor", "is_epoch_reset"]
 
 
 def check_cursor(value: int | None) -> int | None:
@@ -67,3 +67,19 @@ class ResumeCursor:
 
     def __repr__(self) -> str:
         return f"ResumeCursor(last_event_id={self.last_event_id!r}, epoch={self.epoch!r})"
+
+
+class FollowsCursor:
+    """A reader that keeps a :class:`ResumeCursor` as ``cursor`` and shows it read-only."""
+
+    cursor: ResumeCursor
+
+    @property
+    def last_event_id(self) -> int | None:
+        """The cursor: the newest event id handed over (0 after an epoch reset)."""
+        return self.cursor.last_event_id
+
+    @property
+    def epoch(self) -> str | None:
+        """The bus epoch the cursor belongs to (the daemon's latest answer)."""
+        return self.cursor.epoch

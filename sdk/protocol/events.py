@@ -24,7 +24,7 @@ import functools
 import math
 from collections import deque
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypeVar
 
 import msgspec
 
@@ -49,8 +49,10 @@ __all__ = [
     "PendingPromptAddedData",
     "PendingPromptCompletedData",
     "PendingPromptStartedData",
+    "PermissionOption",
     "PermissionRequestData",
     "PermissionResolvedData",
+    "PermissionToolCall",
     "Plan",
     "PromptCancelledData",
     "QwenTranscript",
@@ -81,6 +83,9 @@ def finite_number(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value) if math.isfinite(value) else None
+
+
+_S = TypeVar("_S", bound=msgspec.Struct)
 
 
 # --- the ACP update inside session_update ---------------------------------------------------------
@@ -134,9 +139,9 @@ class ContentChunk(msgspec.Struct, frozen=True, kw_only=True):
         return f"[{self.type}]"
 
 
-class _Update(
-    msgspec.Struct, frozen=True, kw_only=True, rename="camel", tag_field="sessionUpdate"
-):
+class _HasMeta(msgspec.Struct, frozen=True, kw_only=True):
+    """An ACP update's ``_meta`` and ``timestamp``, and what clients read from them."""
+
     meta: UpdateMeta | None = msgspec.field(default=None, name="_meta")
     timestamp: Any = None
 
@@ -151,6 +156,10 @@ class _Update(
     @property
     def record_ids(self) -> tuple[str, ...]:
         return () if self.meta is None else self.meta.record_ids
+
+
+class _Update(_HasMeta, frozen=True, rename="camel", tag_field="sessionUpdate"):
+    pass
 
 
 class _Chunk(_Update, frozen=True):
@@ -209,31 +218,18 @@ class CurrentModeUpdate(_Update, frozen=True, tag="current_mode_update"):
     current_mode_id: str | None = None
 
 
-class RawUpdate(msgspec.Struct, frozen=True, kw_only=True):
+class RawUpdate(_HasMeta, frozen=True):
     """An update of a kind this package does not type, or whose typed fields do not fit:
     ``kind`` is its ``sessionUpdate`` (when a string), ``data`` the update as sent, ``meta``
     its ``_meta`` when that fits :class:`UpdateMeta`."""
 
     kind: str | None
     data: dict[str, Any]
-    meta: UpdateMeta | None = None
-    timestamp: Any = None
 
     @property
     def typed_kind(self) -> bool:
         """The kind has a Struct here (so this update did not fit it: it is malformed)."""
         return self.kind in _TYPED_KINDS
-
-    @property
-    def agent_timestamp(self) -> float | None:
-        stamp = finite_number(self.timestamp)
-        if stamp is None and self.meta is not None:
-            stamp = finite_number(self.meta.timestamp)
-        return stamp
-
-    @property
-    def record_ids(self) -> tuple[str, ...]:
-        return () if self.meta is None else self.meta.record_ids
 
 
 _TypedUpdate: TypeAlias = (
@@ -357,11 +353,54 @@ class PendingPromptCompletedData(_Payload, frozen=True):
     session_id: str | None = None
 
 
+class PermissionOption(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """One answer an agent offers for a permission request (ACP ``PermissionOption``)."""
+
+    option_id: str
+    name: str | None = None
+    kind: str | None = None
+    """``allow_once``, ``allow_always``, ``reject_once``, ``reject_always``, or the agent's own."""
+
+    @property
+    def label(self) -> str:
+        """``name [kind]``; the option id when there is no name."""
+        label = self.name if self.name else self.option_id
+        return f"{label} [{self.kind}]" if self.kind is not None else label
+
+
+class PermissionToolCall(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """The parts of a permission request's ``toolCall`` a client shows."""
+
+    tool_call_id: str | None = None
+    title: str | None = None
+    kind: str | None = None
+
+
+def _loose(value: Any, cls: type[_S]) -> _S | None:
+    try:
+        return msgspec.convert(value, cls)
+    except msgspec.ValidationError:
+        return None
+
+
 class PermissionRequestData(_Payload, frozen=True):
+    """``options`` and ``toolCall`` are kept as the agent sent them (shown and echoed back
+    whole); :attr:`answers` and :attr:`tool` are their typed views."""
+
     request_id: str = ""
     options: list[dict[str, Any]] = msgspec.field(default_factory=list)
     tool_call: dict[str, Any] | None = None
     session_id: str | None = None
+
+    @property
+    def answers(self) -> list[PermissionOption]:
+        """The options that carry a string ``optionId`` (others cannot be voted for)."""
+        return [o for o in (_loose(raw, PermissionOption) for raw in self.options) if o]
+
+    @property
+    def tool(self) -> PermissionToolCall:
+        typed = None if self.tool_call is None else _loose(self.tool_call, PermissionToolCall)
+        return typed if typed is not None else PermissionToolCall()
 
 
 class PermissionResolvedData(_Payload, frozen=True):
