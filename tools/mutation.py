@@ -68,7 +68,7 @@ TESTS: dict[str, tuple[str, ...]] = {
         "test_guards_subscriber_restore.py", "test_ring_resume.py", "test_subscriber_replay.py",
     ),
     "daemon/guards.py": ("test_guards_subscriber_restore.py",),
-    "daemon/restore.py": ("test_guards_subscriber_restore.py",),
+    "daemon/restore.py": ("test_guards_subscriber_restore.py", "test_restore_terminals.py"),
     "daemon/transcript_store.py": ("test_transcript_store.py",),
 }
 
