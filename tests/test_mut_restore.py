@@ -80,3 +80,11 @@ def test_seeding_skips_unusable_records_and_numbers_the_rest() -> None:
     first = segments[0][0].event
     assert decode_json(first.raw) == {"id": 10, "v": 1, "type": "x", "data": 1}
     assert first.env == {"id": 10, "v": 1, "type": "x", "data": 1}
+
+
+def test_between_turn_events_are_all_kept_as_records() -> None:
+    tool = raw(2, "session_update", {"sessionId": "s", "update": {
+        "sessionUpdate": "tool_call", "toolCallId": "t", "title": "x"}}, "p-old")
+    ops = _close([chunk(1, "a", "p-old"), tool], [])
+    assert ops == [("s", None, "interrupted", None, 7,
+                    [("r1", "session_update"), ("r2", "session_update")])]

@@ -105,6 +105,11 @@ EQUIVALENT: dict[str, list[tuple[str, str]]] = {
          "no newline, so searching from the start finds the same one"),
         (r"^\s+self\._closed = False$", "the parser's `_closed` flag is only tested for truth"),
     ],
+    "daemon/restore.py": [
+        (r'^\s+marker = Event\.from_env\(\{"v": 1, "type": "restore_boundary", "data": None\}\)$',
+         "the between-turns marker only ends the compaction and is dropped at once "
+         "(`[:-1]`): its contents never reach a record"),
+    ],
     "daemon/acp_codec.py": [
         (r"^\s+self\._discarding = False$", "the splitter's `_discarding` flag is only tested for truth"),
     ],
