@@ -36,6 +36,7 @@ from daemon.acp_codec import (
     parse_update,
 )
 from daemon.envelope import encode_json
+from daemon.splice import compact
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -92,7 +93,8 @@ class SessionSink(Protocol):
 
     def on_update(self, update: bytes) -> None:
         """One ``session/update`` ``update`` object, in stdout order, from the reader task: the
-        agent's own JSON bytes of that object (never re-encoded; it may hold whitespace)."""
+        agent's own JSON bytes of that object, without insignificant whitespace (its strings
+        and numbers spelled as the agent spelled them, never re-encoded)."""
 
     def flush(self) -> None:
         """End of one stdout read batch in which this sink received updates."""
@@ -450,6 +452,7 @@ class AgentChannel:
         stream = proc.stdout
         splitter = LineSplitter()
         discarded = 0
+        carried_spaced = False
         try:
             while True:
                 try:
@@ -458,7 +461,13 @@ class AgentChannel:
                     break
                 if not data:
                     break
-                lines = splitter.feed(bytes(data))
+                chunk = bytes(data)
+                lines = splitter.feed(chunk)
+                # Update bytes are handed on compact. Agents that write compact JSON (most)
+                # put whitespace only inside strings, and a read without any spares each of
+                # its lines the check; the first line may have started in the previous read.
+                spaced = b" " in chunk or b"\t" in chunk or b"\r" in chunk
+                may_be_spaced, carried_spaced = spaced or carried_spaced, spaced
                 if splitter.discarded_lines != discarded:
                     log.warning(
                         "event=agent_line_discarded pid=%s reason=line_over_%d_bytes count=%d",
@@ -474,7 +483,8 @@ class AgentChannel:
                 for start in range(0, len(lines), DISPATCH_GROUP_LINES):
                     if start:
                         await trio.lowlevel.checkpoint()
-                    for sink in self._dispatch(lines[start:start + DISPATCH_GROUP_LINES]):
+                    group = lines[start:start + DISPATCH_GROUP_LINES]
+                    for sink in self._dispatch(group, spaced=may_be_spaced):
                         await sink.wait_subscribers()
             # Stdout ended: the agent is usually exiting. Learn how before failing the pending
             # requests, so the session can say which signal or exit code ended it.
@@ -503,9 +513,10 @@ class AgentChannel:
         log.warning("event=agent_stdout_held_open pid=%s", proc.pid)
         self._end_of_stdout(f"agent pid {proc.pid} exited")
 
-    def _dispatch(self, lines: list[bytes]) -> list[SessionSink]:
+    def _dispatch(self, lines: list[bytes], *, spaced: bool = True) -> list[SessionSink]:
         """Handle one read batch without yielding, then flush each sink that got updates;
-        returns those sinks."""
+        returns those sinks. ``spaced=False`` promises that no line holds a space, tab or CR
+        (so no update needs making compact)."""
         touched: dict[str, SessionSink] = {}
         sinks = self._sinks
         loading = self._loading
@@ -514,6 +525,8 @@ class AgentChannel:
             if fast is not None:
                 # The common line: an update, its bytes handed on undecoded.
                 routed_id, raw = fast
+                if spaced:
+                    raw = compact(raw)
                 if routed_id in loading:
                     continue  # session/load replay: the daemon already has this history.
                 sink = sinks.get(routed_id)

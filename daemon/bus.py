@@ -25,7 +25,7 @@ from .live_journal import LiveJournals, plain_chunk_key
 from .malloc import trim
 from .replay_window import Record, ReplayWindow, SegmentHandle, SpilledTurn
 from .ring import DEFAULT_RING_BYTES, EventRing
-from .splice import EnvelopeSplicer, compact, plain_chunk
+from .splice import EnvelopeSplicer, plain_chunk
 from .sse_frames import SharedFrames
 from .subscriber import Eviction, SubscriberState, Warning
 from .transcript_store import AppendEvent, FinishTurn, TerminalState, TranscriptStore
@@ -205,8 +205,9 @@ class SessionBus:
         originator_client_id: str | None,
     ) -> None:
         """Publish agent ``session/update`` updates, given as the agent's JSON bytes of each
-        ``update`` object, in order, as ``session_update`` events (``data = {sessionId,
-        update}``); the caller flushes.
+        ``update`` object in compact form (``splice.compact``; the agent channel hands them on
+        so), in order, as ``session_update`` events (``data = {sessionId, update}``); the
+        caller flushes.
 
         Plain text chunks (``daemon.splice``) are spliced, not re-encoded, and handled a run at
         a time: one envelope template, one transcript op per run, the journals and the
@@ -221,7 +222,6 @@ class SessionBus:
         run_events: list[Event] = []
         run_texts: list[str] = []
         for update in updates:
-            update = compact(update)
             chunk = plain_chunk(update)
             if chunk is None:
                 if run_events:

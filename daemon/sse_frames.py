@@ -32,11 +32,13 @@ class _Ring(Protocol):
 def frames_of(events: list[Event]) -> bytes:
     """The SSE frames of ``events`` (ring events: each has an id), joined; the same bytes as
     :func:`daemon.envelope.sse_chunks` without caching a head on every event."""
-    parts: list[bytes] = []
-    for event in events:
-        parts += (b"id: %d\nevent: %b\ndata: " % (event.id or 0, event.type.encode()),
-                  event.raw, b"\n\n")
-    return b"".join(parts)
+    types: dict[str, bytes] = {}
+    return b"".join([
+        b"id: %d\nevent: %b\ndata: %b\n\n" % (
+            event.id or 0,
+            types.get(event.type) or types.setdefault(event.type, event.type.encode()),
+            event.raw)
+        for event in events])
 
 
 class SharedFrames:

@@ -345,6 +345,10 @@ async def test_garbage_unknown_requests_and_permissions(
         result = await channel.prompt(sid, text_prompt("go"))
         assert result == {"stopReason": "end_turn"}
         assert len(sink.updates) == 1  # the malformed update was skipped
+        # The agent wrote it with spaces (json.dumps): handed on compact, the spaces inside
+        # its text kept.
+        assert sink.raw_updates[0] == msgspec.json.encode(sink.updates[0])
+        assert b", " in sink.raw_updates[0]
         report = json.loads(sink.texts[0])
         assert report["unknown"]["error"]["code"] == -32601
         assert "fs/read_text_file" in report["unknown"]["error"]["message"]

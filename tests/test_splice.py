@@ -201,8 +201,9 @@ def test_agent_whitespace_is_removed_and_its_spelling_kept() -> None:
     assert compact(b'{"a":1}') == b'{"a":1}'
     escaped = json.dumps(update).encode()  # "\u00e9": the agent's spelling stays
     bus, writer = new_bus(100, 1 << 20)
-    bus.publish_updates([spaced, escaped, b'{"sessionUpdate": "plan", "entries": [ ]}'],
-                        prompt_id=PROMPT, originator_client_id=CLIENT)
+    bus.publish_updates([compact(raw) for raw in (
+        spaced, escaped, b'{"sessionUpdate": "plan", "entries": [ ]}')],
+        prompt_id=PROMPT, originator_client_id=CLIENT)
     events = bus.ring.since(0)
     assert len(events) == 3
     for event in events:
