@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -115,6 +116,13 @@ EQUIVALENT: dict[str, list[tuple[str, str]]] = {
     ],
 }
 
+# Modules whose SQL statements are string literals: a surviving mutant that only changes the
+# letter case of an SQL line is equivalent (SQLite keywords and identifiers are
+# case-insensitive) and is left out of the score. Found per survivor from its diff.
+SQL_CASE_MODULES = frozenset({"daemon/transcript_store.py"})
+_SQL_WORDS = re.compile(r"\b(select|insert|update|delete|from|where|order by|values|create)\b",
+                        re.IGNORECASE)
+
 # mutmut exit code -> verdict (the tool's own mapping, grouped for the table).
 KILLED_CODES = {1, 3, 37}
 SURVIVED_CODES = {0}
@@ -131,6 +139,8 @@ class Score:
     timeout: int = 0
     no_tests: int = 0
     other: int = 0
+    equivalent: int = 0
+    """Survivors recognised as equivalent after the run (left out of ``mutants``)."""
     seconds: float = 0.0
 
     @property
@@ -233,6 +243,18 @@ def run_module(module: str, workers: int, show: bool, baseline: bool) -> Score:
         print(f"  mutmut failed for {module} (exit {proc.returncode}); see {log.relative_to(ROOT)}")
         score.other = max(score.other, 1)
     names = survivors(workdir, module)
+    if module in SQL_CASE_MODULES and names:
+        equivalent = sql_case_mutants(workdir, module, names)
+        score.equivalent = len(equivalent)
+        codes = json.loads((workdir / "mutants" / (module + ".meta")).read_text("utf-8"))
+        for name in equivalent:
+            if codes["exit_code_by_key"][name] in SURVIVED_CODES:
+                score.survived -= 1
+            else:
+                score.no_tests -= 1
+        score.mutants -= len(equivalent)
+        names = [n for n in names if n not in equivalent]
+        (workdir / "equivalent.txt").write_text("".join(f"{n}\n" for n in equivalent), "utf-8")
     (workdir / "survivors.txt").write_text("".join(f"{n}\n" for n in names), "utf-8")
     if show and names:
         # One process for all the diffs (`mutmut show` per mutant re-reads everything).
@@ -246,6 +268,33 @@ def run_module(module: str, workers: int, show: bool, baseline: bool) -> Score:
     return score
 
 
+def sql_case_mutants(workdir: Path, module: str, names: list[str]) -> set[str]:
+    """The survivors among ``names`` whose mutation only changes the case of an SQL line."""
+    out = subprocess.run(
+        [sys.executable, "-c", _CHANGED_LINES, module, *names],
+        cwd=workdir, capture_output=True, text=True, check=False,
+    ).stdout
+    found: set[str] = set()
+    for line in out.splitlines():
+        name, _, rest = line.partition("\t")
+        before, _, after = rest.partition("\t")
+        if before != after and before.lower() == after.lower() and _SQL_WORDS.search(before):
+            found.add(name)
+    return found
+
+
+_CHANGED_LINES = """
+import sys
+from mutmut.mutation.diff_apply import get_diff_for_mutant
+for name in sys.argv[2:]:
+    lines = get_diff_for_mutant(name, path=sys.argv[1]).splitlines()
+    minus = [l[1:] for l in lines if l.startswith("-") and not l.startswith("---")]
+    plus = [l[1:] for l in lines if l.startswith("+") and not l.startswith("+++")]
+    if len(minus) == len(plus) == 1:
+        print(name, minus[0], plus[0], sep="\\t")
+"""
+
+
 _SHOW_DIFFS = """
 import sys
 from mutmut.mutation.diff_apply import get_diff_for_mutant
@@ -256,11 +305,12 @@ for name in sys.argv[2:]:
 
 
 def table(scores: list[Score]) -> str:
-    head = "| module | mutants | killed | survived | timeout | no tests | score % | time s |"
-    rule = "|---|---:|---:|---:|---:|---:|---:|---:|"
+    head = ("| module | mutants | killed | survived | timeout | no tests | equivalent "
+            "| score % | time s |")
+    rule = "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
     rows = [
         f"| {s.module} | {s.mutants} | {s.killed} | {s.survived} | {s.timeout} | {s.no_tests} "
-        f"| {s.percent:.1f} | {s.seconds:.0f} |"
+        f"| {s.equivalent} | {s.percent:.1f} | {s.seconds:.0f} |"
         for s in scores
     ]
     total = Score("**total**")
@@ -270,10 +320,11 @@ def table(scores: list[Score]) -> str:
         total.survived += s.survived
         total.timeout += s.timeout
         total.no_tests += s.no_tests
+        total.equivalent += s.equivalent
         total.seconds += s.seconds
     rows.append(
         f"| {total.module} | {total.mutants} | {total.killed} | {total.survived} | {total.timeout} "
-        f"| {total.no_tests} | {total.percent:.1f} | {total.seconds:.0f} |"
+        f"| {total.no_tests} | {total.equivalent} | {total.percent:.1f} | {total.seconds:.0f} |"
     )
     return "\n".join([head, rule, *rows])
 
