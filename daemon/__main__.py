@@ -18,6 +18,7 @@ from .logs import configure_logging
 from .server import DaemonStartError, run_daemon
 
 M_ARENA_MAX = -8  # glibc mallopt parameter
+SWITCH_INTERVAL_S = 0.001  # GIL switch interval (see main)
 
 
 def limit_malloc_arenas() -> None:
@@ -46,6 +47,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("daemon").warning(
             "event=token_on_command_line hint=%s",
             f"other users can read --token in ps; set ${TOKEN_ENV} instead")
+    # The transcript commits in a worker thread, which needs the GIL between SQLite calls;
+    # while a turn streams, the event loop holds it for whole switch intervals (5 ms by
+    # default), and each commit waits several of them. 1 ms keeps commits (and so the
+    # window a crash can take back) short at full speed.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         trio.run(run_daemon, config)
     except DaemonStartError as exc:
