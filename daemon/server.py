@@ -123,10 +123,11 @@ async def run_daemon(
 ) -> None:
     prepare_data_dir(config.data_dir)
     lock = acquire_lock(config.data_dir)
-    # Hypercorn gets the daemon's keepalive and connection registry before it serves anything
-    # (the one call site; GET /daemon/status reports what is active).
-    server_patches.install()
     store = open_store(config)
+    # Hypercorn gets the daemon's keepalive and connection registry before it serves anything
+    # (the one call site; GET /daemon/status reports what is active). After the store opens, so
+    # a refusal to start stays the one line that says why.
+    server_patches.install()
     stream = out if out is not None else sys.stdout
     try:
         async with trio.open_nursery() as root:
