@@ -33,10 +33,18 @@ from benchmarks.loadgen import LoadGen, check_delivery
 NAME = "e2e"
 TITLE = "end-to-end turn throughput (agent -> daemon -> SSE subscribers)"
 
-SINGLE_TARGET = 50_000.0  # events/s to one subscriber
-CPU_PER_1K_TARGET_MS = 20.0  # daemon CPU per 1,000 events, one subscriber, transcript on
-EIGHT_TARGET = 170_000.0  # delivered events/s, 8 subscribers
-FANOUT_64_TARGET = 8.0  # x the single-subscriber rate, in delivered events
+# Targets are same-run ratios: absolute rates move with the machine and its load.
+SINGLE_OF_AGENT_TARGET = 0.15  # 1-subscriber rate over the agent's raw emission rate
+CPU_OF_AGENT_TARGET = 10.0  # daemon CPU per 1,000 events over the agent's, transcript on
+FANOUT_8_TARGET = 6.0  # delivered rate with 8 subscribers over the 1-subscriber rate
+FANOUT_64_TARGET = 16.0  # the same with 64 subscribers
+# The reference daemon (qwen serve 0.24.4, same mock agent and caps, measured from outside on
+# the same kind of 2-core machine; the side-by-side harness lives outside this repository).
+REFERENCE = {
+    1: "reference daemon: 47,600 events/s to 1 subscriber",
+    8: "reference daemon: 163,000 events/s delivered to 8 subscribers",
+    "cpu": "reference daemon: 22.6 ms of CPU per 1,000 events",
+}
 
 
 @dataclass
@@ -215,11 +223,13 @@ def rows_for(ctx: Context, chunks: int, max_queued: int, persistence: bool,
                   params=params, unit="events/s", samples=rates,
                   cpu=_mean_cpu([t.cpu for t in turns]), quick=ctx.quick)
         value = row.value or 0.0
+        if n in REFERENCE:
+            row.notes.append(REFERENCE[n])
         if n == 1:
             row.baseline, row.baseline_label = raw_rate, "agent raw"
             row.ratio, row.ratio_label = value / raw_rate, "of agent"
-            row.target = ">= 50,000 events/s"
-            row.ok = value >= SINGLE_TARGET
+            row.target = f">= {SINGLE_OF_AGENT_TARGET:g}x agent raw"
+            row.ok = row.ratio >= SINGLE_OF_AGENT_TARGET
         else:
             if single is not None:
                 row.baseline, row.baseline_label = single, "1 subscriber"
@@ -227,12 +237,10 @@ def rows_for(ctx: Context, chunks: int, max_queued: int, persistence: bool,
             else:
                 row.baseline, row.baseline_label = raw_rate, "agent raw"
                 row.ratio, row.ratio_label = value / raw_rate, "of agent"
-            if n == 8:
-                row.target = ">= 170,000 events/s delivered"
-                row.ok = value >= EIGHT_TARGET
-            elif n == 64 and single is not None:
-                row.target = ">= 8x 1-subscriber rate"
-                row.ok = value / single >= FANOUT_64_TARGET
+            fanout = {8: FANOUT_8_TARGET, 64: FANOUT_64_TARGET}.get(n)
+            if fanout is not None and single is not None:
+                row.target = f">= {fanout:g}x 1-subscriber rate"
+                row.ok = value / single >= fanout
         if evicted:
             row.ok = False if row.ok is not None else None
             row.notes.append(f"{evicted} subscriber(s) evicted over {len(turns)} trial(s)")
@@ -245,7 +253,8 @@ def rows_for(ctx: Context, chunks: int, max_queued: int, persistence: bool,
                 benchmark=NAME, name="daemon CPU per 1,000 events, 1 subscriber",
                 params={"chunks": chunks, "transcript": transcript}, unit="ms",
                 samples=per_1k, cpu=_mean_cpu([t.cpu for t in turns]), quick=ctx.quick,
-                target="<= 20 ms" if persistence else "",
+                target=f"<= {CPU_OF_AGENT_TARGET:g}x agent" if persistence else "",
+                notes=[REFERENCE["cpu"]],
             )
             if agent_per_1k:
                 cpu_row.baseline = statistics.median(agent_per_1k)
@@ -253,7 +262,7 @@ def rows_for(ctx: Context, chunks: int, max_queued: int, persistence: bool,
                 if cpu_row.value is not None and cpu_row.baseline:
                     cpu_row.ratio = cpu_row.value / cpu_row.baseline
                     cpu_row.ratio_label = "of agent"
-            if persistence and cpu_row.value is not None:
-                cpu_row.ok = cpu_row.value <= CPU_PER_1K_TARGET_MS
+            if persistence and cpu_row.ratio is not None:
+                cpu_row.ok = cpu_row.ratio <= CPU_OF_AGENT_TARGET
             rows.append(cpu_row)
     return rows

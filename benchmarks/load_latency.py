@@ -47,7 +47,7 @@ NAME = "load_latency"
 TITLE = "load snapshot latency (full live journal and replay window), in-process and HTTP"
 
 SMALL_TARGET_MS = 2.3
-JOURNAL_8_TARGET_MS = 20.0
+JOURNAL_8_STATIC_RATIO = 2.0  # full 8 MiB journal load over the same bytes served statically
 LINEARITY_TARGET = 1.5  # cost per MB above the floor, largest size over the second
 MIN_MS_PER_MB = 0.01
 
@@ -217,9 +217,11 @@ def rows_for(ctx: Context, targets: list[Target], sizes: list[float], journal_ca
                       "entries": target.info["journalEntries"], **row.params}
         if mib == journal_cap:
             row.name = f"load p50, full live journal {mib:g} MiB (HTTP)"
+            row.notes.append("reference daemon: 40 ms for a full 8 MiB journal "
+                             "(7.3 MB response)")
             if journal_cap == 8:
-                row.target = f"<= {JOURNAL_8_TARGET_MS:g} ms"
-                row.ok = (row.value or 0) <= JOURNAL_8_TARGET_MS
+                row.target = f"<= {JOURNAL_8_STATIC_RATIO:g}x static"
+                row.ok = row.ratio is not None and row.ratio <= JOURNAL_8_STATIC_RATIO
             else:
                 row.notes.append("quick sizes: the 8 MiB target applies to the full run")
         rows.append(row)
