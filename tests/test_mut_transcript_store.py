@@ -42,15 +42,17 @@ def test_pages_walk_back_exactly_limit_records_at_a_time(store: TranscriptStore)
 
 def test_cursors_are_opaque_and_round_trip_any_record_id(store: TranscriptStore) -> None:
     # Ids of every length mod 3, so the base64 padding differs.
-    records = [(rid, rec(i)[1]) for i, rid in enumerate(["a", "ab", "abc", "abcd", "é"], 1)]
+    # "aaW" encodes to a token ending in "X"; "abcdefg" to a 10-character one.
+    ids = ["a", "ab", "abc", "abcd", "é", "aaW", "abcdefg", "x"]
+    records = [(rid, rec(i)[1]) for i, rid in enumerate(ids, 1)]
     store.apply([finish(S1, None, records)])
     page = store.page(S1, limit=1)
-    cursors = []
+    seen = [page.events]
     while page.next_cursor is not None:
         assert "=" not in page.next_cursor
-        cursors.append(page.next_cursor)
         page = store.page(S1, limit=1, cursor=page.next_cursor)
-    assert len(cursors) == 4
+        seen.append(page.events)
+    assert seen == [[raw] for _, raw in reversed(records)]
 
 
 def test_refusals_name_the_problem(store: TranscriptStore) -> None:
@@ -86,3 +88,9 @@ def test_records_by_id_in_the_asked_order_across_sql_batches(store: TranscriptSt
     assert store.records_by_id(S1, [records[0][0], "missing"]) is None
     assert store.records_by_id(S2, [records[0][0]]) is None
     assert store.records_by_id(S1, []) == []
+
+
+def test_raw_events_keep_spaces_inside_their_json(store: TranscriptStore) -> None:
+    store.apply([append(S1, 1, text="a b  c"), append(S1, 2, text="d\te")])
+    assert store.raw_events(S1) == [append(S1, 1, text="a b  c").raw,
+                                    append(S1, 2, text="d\te").raw]

@@ -120,8 +120,11 @@ EQUIVALENT: dict[str, list[tuple[str, str]]] = {
 # letter case of an SQL line is equivalent (SQLite keywords and identifiers are
 # case-insensitive) and is left out of the score. Found per survivor from its diff.
 SQL_CASE_MODULES = frozenset({"daemon/transcript_store.py"})
-_SQL_WORDS = re.compile(r"\b(select|insert|update|delete|from|where|order by|values|create)\b",
-                        re.IGNORECASE)
+_SQL_WORDS = re.compile(
+    r"\b(select|insert|update|delete|from|where|order by|values|create|pragma|begin|commit"
+    r"|rollback|on conflict|excluded|coalesce|asc|desc)\b|for table in \(",
+    re.IGNORECASE,
+)
 
 # mutmut exit code -> verdict (the tool's own mapping, grouped for the table).
 KILLED_CODES = {1, 3, 37}
