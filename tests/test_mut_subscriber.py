@@ -125,3 +125,26 @@ def test_evict_now_reports_the_current_lag() -> None:
                              "maxQueued": 100, "queuedBytes": 15,
                              "maxQueuedBytes": MAX_QUEUED_BYTES}
     assert state.evicted is eviction
+
+
+def test_a_single_huge_event_warns_and_a_bigger_one_evicts() -> None:
+    state = SubscriberState(cursor=0, max_queued=100, max_queued_bytes=1000)
+    warning = state.check(Ring(last_id=1, size=800))
+    assert isinstance(warning, Warning) and warning.data["threshold"] == "bytes"
+    eviction = SubscriberState(cursor=0, max_queued=100, max_queued_bytes=1000).check(
+        Ring(last_id=1, size=1001))
+    assert isinstance(eviction, Eviction) and eviction.data["reason"] == "queue_bytes_overflow"
+
+
+def test_a_gap_eviction_reports_the_queued_bytes() -> None:
+    eviction = SubscriberState(cursor=3, max_queued=100).check(
+        Ring(last_id=10, first_id=5, size=2))
+    assert isinstance(eviction, Eviction)
+    assert eviction.data["queuedBytes"] == 12  # events 5..10 still held
+
+
+def test_bytes_exactly_at_three_eighths_keep_the_warning_latched() -> None:
+    state = SubscriberState(cursor=0, max_queued=16, max_queued_bytes=1000)
+    assert isinstance(state.check(Ring(last_id=12)), Warning)
+    assert state.check(Ring(last_id=3, size=125)) is None  # 375 bytes: not below 37.5%
+    assert state.warned is True
