@@ -42,6 +42,14 @@ log = logging.getLogger("daemon.bus")
 # is evicted as before.
 FLOW_FRACTION = 0.5
 FLOW_STALL_S = 0.5
+# The waiting itself is rationed per session, so that readers who keep reading, but slowly (or a
+# hostile one that reads just fast enough never to stall), cannot pace the agent: the publisher
+# earns FLOW_BUDGET_RATE seconds of waiting per second of wall time and holds at most
+# FLOW_BUDGET_MAX of it. Over any stretch of time T the whole session waits at most
+# FLOW_BUDGET_MAX + FLOW_BUDGET_RATE * T; past that, slow subscribers meet their caps as they
+# would without flow control.
+FLOW_BUDGET_RATE = 0.1
+FLOW_BUDGET_MAX = FLOW_STALL_S
 
 
 def now_ms() -> int:
@@ -154,6 +162,9 @@ class SessionBus:
         self._dirty = False
         # Subscribers the last flush found behind (see FLOW_FRACTION).
         self._behind: list[Subscription] = []
+        self._flow_budget = FLOW_BUDGET_MAX
+        self._flow_budget_at: float | None = None
+        self.flow_wait_s = 0.0  # total time the publisher spent waiting for subscribers
         if writer is not None:
             writer.reset_durable(session_id)
 
@@ -404,13 +415,27 @@ class SessionBus:
         if not behind:
             return
         self._behind = []
+        now = trio.current_time()
+        if self._flow_budget_at is not None:
+            self._flow_budget = min(
+                FLOW_BUDGET_MAX,
+                self._flow_budget + (now - self._flow_budget_at) * FLOW_BUDGET_RATE)
+        self._flow_budget_at = now
         for sub in behind:
             if sub not in self.subscribers or sub.flow_stalled_at == sub.writes_done:
                 continue
-            with trio.move_on_after(stall_s) as scope:
+            if self._flow_budget <= 0:
+                return  # rationed out: the slow-client caps decide from here
+            limit = min(stall_s, self._flow_budget)
+            started = trio.current_time()
+            with trio.move_on_after(limit) as scope:
                 await sub.wait_idle()
-            if scope.cancelled_caught:
+            waited = trio.current_time() - started
+            self._flow_budget -= waited
+            self.flow_wait_s += waited
+            if scope.cancelled_caught and limit >= stall_s:
                 sub.flow_stalled_at = sub.writes_done
+        self._flow_budget_at = trio.current_time()
 
     def evict(self, sub: Subscription) -> None:
         """Drop a subscriber that fell behind; its stream ends with ``client_evicted``."""

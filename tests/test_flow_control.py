@@ -6,7 +6,14 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from daemon.bus import FLOW_STALL_S, BusLimits, SessionBus, Subscription
+from daemon.bus import (
+    FLOW_BUDGET_MAX,
+    FLOW_BUDGET_RATE,
+    FLOW_STALL_S,
+    BusLimits,
+    SessionBus,
+    Subscription,
+)
 from daemon.subscriber import SubscriberState
 
 
@@ -78,3 +85,33 @@ async def test_an_idle_subscriber_is_never_waited_for(
     start = trio.current_time()
     await bus.wait_for_subscribers()
     assert trio.current_time() - start == 0
+
+
+async def test_slow_but_steady_readers_cannot_pace_the_agent(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """A reader that keeps reading, but takes 0.4 s per write (never 'stalled'), would hold the
+    publisher back on every group: the waiting is rationed, so over T seconds the session waits
+    at most FLOW_BUDGET_MAX + FLOW_BUDGET_RATE * T, and the rest is the caps' business."""
+    bus, sub = new_bus()
+    start = trio.current_time()
+    rounds = 40
+    async with trio.open_nursery() as nursery:
+        for _ in range(rounds):
+            if sub not in bus.subscribers:
+                break
+            sub.state.cursor = bus.ring.last_id or 0  # it took everything so far ...
+            sub.begin_write()  # ... and is writing it out, slowly
+
+            async def finish(s: Subscription = sub) -> None:
+                await trio.sleep(0.4)
+                s.writes_done += 1
+                s.end_write()
+
+            nursery.start_soon(finish)
+            chunk(bus, 60)  # past half its cap while that write is in flight: behind
+            await bus.wait_for_subscribers()
+            await trio.sleep(0.1)  # the agent reader's own work between groups
+            await sub.wait_idle()
+    elapsed = trio.current_time() - start
+    assert bus.flow_wait_s > 0  # it did wait for the reader at first
+    assert bus.flow_wait_s <= FLOW_BUDGET_MAX + FLOW_BUDGET_RATE * elapsed + 1e-9
