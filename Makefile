@@ -23,7 +23,7 @@ demo: $(STAMP)
 
 # Lint + strict types on the pure cores, then the whole suite, then the benchmark smoke run.
 check: $(STAMP)
-	$(VENV)/bin/ruff check daemon sdk webui_model tests benchmarks tools
+	$(VENV)/bin/ruff check daemon sdk webui_model tests benchmarks
 	$(VENV)/bin/mypy --strict $(CORES)
 
 # The viewer's browser tests drive Debian's chromium through Playwright (its pip wheel brings the
@@ -58,7 +58,7 @@ $(VENV)/.mutation-installed: $(STAMP)
 	touch $@
 
 mutation: $(VENV)/.mutation-installed
-	$(PY) tools/mutation.py $(MUTATION_ARGS)
+	$(PY) tests/mutation.py $(MUTATION_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -13,9 +13,9 @@ Equivalent mutants (mutations that cannot change observable behaviour) are exclu
 the source with a ``# pragma: no mutate`` comment and a reason next to it.
 
 Usage:
-    python tools/mutation.py                      # every core module
-    python tools/mutation.py daemon/envelope.py   # just the named modules
-    python tools/mutation.py --workers 2 --show-survivors
+    python tests/mutation.py                      # every core module
+    python tests/mutation.py daemon/envelope.py   # just the named modules
+    python tests/mutation.py --workers 2 --show-survivors
 """
 
 from __future__ import annotations
