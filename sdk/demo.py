@@ -30,7 +30,7 @@ from typing import Any, Final, TextIO
 import trio
 
 from sdk.client import DaemonClient
-from sdk.events import DaemonEvent, typed_data
+from sdk.events import TERMINAL_TYPES, DaemonEvent, typed_data
 from sdk.protocol.events import (
     AgentMessageChunk,
     AgentThoughtChunk,
@@ -309,7 +309,7 @@ async def scenario(daemon: DaemonProcess, say: Printer, *, step: bool) -> None:
         with trio.fail_after(STEP_TIMEOUT_S):
             async with direct.events(sid, last_id) as stream:
                 after = await read_until(
-                    stream, lambda e: e.type in ("turn_complete", "turn_error"))
+                    stream, lambda e: e.type in TERMINAL_TYPES)
         end = after[-1]
         ended = typed_data(end)
         reason = getattr(ended, "stop_reason", None) or getattr(ended, "code", "")

@@ -7,16 +7,11 @@ its typed payload as :attr:`DaemonEvent.payload`, decoded from the frame's own b
 :func:`typed_data` is the same thing as a function. Unknown types and payloads that do not fit
 have no typed payload and are counted by :class:`UnknownEventCounter`, never raised.
 
-This module adds the one SDK-side rule that is not part of the wire:
-:func:`normalize_page_event`, which puts a reference-daemon transcript page event into the bus
-shape (``data = {sessionId, update}``).
+:func:`normalize_page_event` puts a reference-daemon transcript page event into the bus shape
+(``data = {sessionId, update}``).
 """
 
 from __future__ import annotations
-
-from typing import Any
-
-import msgspec
 
 from sdk.protocol.constants import MAX_EVENT_ID, TERMINAL_TYPES
 from sdk.protocol.envelope import (
@@ -25,6 +20,7 @@ from sdk.protocol.envelope import (
     decode_events,
     event_from_mapping,
     event_prompt_id,
+    normalize_page_event,
 )
 from sdk.protocol.events import (
     KNOWN_EVENT_TYPES,
@@ -90,22 +86,3 @@ def typed_data(event: DaemonEvent) -> KnownEventData | None:
     """The payload as its typed Struct (:attr:`DaemonEvent.payload`); ``None`` for an unknown
     type or a payload that does not fit. Never raises."""
     return event.payload
-
-
-def normalize_page_event(obj: Any, session_id: str | None = None) -> DaemonEvent | None:
-    """A transcript-page event in the bus shape (``data = {sessionId, update}``).
-
-    The reference daemon puts the ACP update itself in ``data``; such a ``session_update`` is
-    wrapped. ``obj`` is a parsed frame or a :class:`DaemonEvent`; invalid frames give ``None``.
-    """
-    event = obj if isinstance(obj, DaemonEvent) else event_from_mapping(obj)
-    if event is None or event.type != "session_update":
-        return event
-    data = event.data
-    if not isinstance(data, dict) or "update" in data or "sessionUpdate" not in data:
-        return event
-    wrapped: dict[str, Any] = {"update": data}
-    sid = session_id if session_id is not None else data.get("sessionId")
-    if isinstance(sid, str):
-        wrapped = {"sessionId": sid, "update": data}
-    return msgspec.structs.replace(event, data=wrapped)

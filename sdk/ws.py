@@ -68,8 +68,8 @@ class WebSocketEventStream(FollowsCursor):
     """One WebSocket connection read as typed events; the same surface as ``EventStream``.
 
     ``last_event_id`` follows :class:`ResumeCursor`'s rules (``max(previous, id)`` from
-    frames with an id, 0 on an ``epoch_reset``); ``epoch`` is the ``X-Qwen-Event-Epoch`` of the accept (the requested one until then);
-    ``close_code`` is the code the connection ended with. Use it as
+    frames with an id, 0 on an ``epoch_reset``); ``epoch`` is the ``X-Qwen-Event-Epoch`` of
+    the accept (the requested one until then); ``close_code`` is the code the connection ended with. Use it as
     ``async with WebSocketEventStream(client, sid, ...) as stream: async for event in stream``:
     the connection runs trio-websocket's reader in a nursery, so it must be opened and closed
     in the same task at the same scope level, which ``async with`` guarantees.

@@ -203,6 +203,8 @@ def _update_prompt(meta: UpdateMeta | None) -> str | None:
 
 
 def _merged_ids(old: tuple[str, ...], new: tuple[str, ...]) -> tuple[str, ...]:
+    if not new:
+        return old
     extra = tuple(rid for rid in new if rid not in old)
     return old + extra if extra else old
 
