@@ -5,24 +5,37 @@
     python -m benchmarks e2e --chunks 200000 --subscribers 1,8
     python -m benchmarks --out results.json
 
-Progress goes to stderr (one line per step, with the elapsed time); the table goes to stdout.
+Progress goes to stderr (one line per step, with the elapsed time); the table goes to stdout,
+fitted to the terminal's width (``--wide``: one line per row, however long).
 The exit status is 1 when a benchmark failed to run (ERROR), and with ``--strict`` also when a
 target was missed (MISS); otherwise 0, so a MISS on a busy machine does not break ``make test``.
+
+SIGTERM or SIGINT (Ctrl-C) stops the run: every daemon, agent and client it started is killed,
+its scratch directory is removed, the rows finished so far are printed (and written to
+``--out``) with the interrupted benchmark marked INTERRUPTED, and the exit status is 128 plus
+the signal number (143, 130).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import signal
 import sys
+import tempfile
+import textwrap
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 from benchmarks import (
     crash_loss,
     e2e,
+    launcher,
     load_latency,
     memory,
     repair_cost,
@@ -37,9 +50,12 @@ from benchmarks.harness import (
     Row,
     error_row,
     format_table,
+    git_commit,
+    interrupted_row,
     own_cpu_seconds,
     run_meta,
     summary_line,
+    terminal_width,
     write_json,
 )
 
@@ -65,7 +81,7 @@ def _journal_run(ctx: Context, args: argparse.Namespace) -> list[Row]:
     del args
     ctx.progress("LiveJournal append empty vs at caps, and the pure publish pipeline")
     cpu0 = own_cpu_seconds()
-    raw_rows: list[dict[str, Any]] = journal.run(ctx.quick)
+    raw_rows: list[dict[str, Any]] = journal.run(ctx.quick, ctx.progress)
     cpu = CpuUse(None, None, (own_cpu_seconds() - cpu0) * 1000)
     return journal_rows(raw_rows, cpu, ctx.quick)
 
@@ -143,6 +159,9 @@ def _common(parser: argparse.ArgumentParser, suppress: bool) -> None:
                         help="trials per figure (default: per benchmark; 1 with --quick)")
     parser.add_argument("--strict", action="store_true", default=default(False),
                         help="exit 1 when a target is missed")
+    parser.add_argument("--wide", action="store_true", default=default(False),
+                        help="print the full table, one line per row, whatever the terminal's "
+                             "width (default: wrap to the terminal, or 100 columns)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -166,6 +185,73 @@ def _defaults(bench: Benchmark) -> argparse.Namespace:
     return parser.parse_args([])
 
 
+@dataclass
+class _Run:
+    """What an interrupted run needs to clean up and report."""
+
+    args: argparse.Namespace
+    argv: list[str]
+    started: float
+    commit: str | None
+    scratch: str
+    progress: Progress
+    rows: list[Row] = field(default_factory=list)
+    current: str | None = None
+    reported: bool = False
+
+
+def _write_fd(fd: int, text: str) -> None:
+    # Straight to the file descriptor: a signal handler must not re-enter a buffered stream
+    # the interrupted code was writing to.
+    data = text.encode()
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _report(run: _Run, write: Callable[[str], None], note: Callable[[str], None]) -> None:
+    """Print the table and the summary, write ``--out``."""
+    run.reported = True
+    args = run.args
+    width = None if args.wide else terminal_width()
+    write(format_table(run.rows, width) + "\n\n")
+    summary = summary_line(run.rows) + (" (quick: small sizes, targets indicative only)"
+                                        if args.quick else "")
+    write((summary if width is None else "\n".join(textwrap.wrap(summary, max(width, 20))))
+          + "\n")
+    if args.out:
+        write_json(args.out, run.rows, run_meta(run.argv, args.quick, run.started, run.commit))
+        note(f"wrote {args.out}")
+
+
+def _install_stop_handlers(run: _Run) -> None:
+    def stop(signum: int, frame: FrameType | None) -> None:
+        del frame
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)  # one clean-up, however many signals follow
+        name = signal.Signals(signum).name
+        elapsed = time.time() - run.started
+        _write_fd(2, f"[{elapsed:7.1f}s] {name}: stopping every process this run started\n")
+        killed = launcher.kill_everything(run.scratch)
+        shutil.rmtree(run.scratch, ignore_errors=True)
+        _write_fd(2, f"[{time.time() - run.started:7.1f}s] {name}: killed pids "
+                     f"{' '.join(map(str, killed)) or '(none)'}; removed {run.scratch}\n")
+        if not run.reported:
+            if run.current is not None:
+                run.rows.append(interrupted_row(
+                    run.current, f"stopped by {name} after {elapsed:.1f}s of the run",
+                    run.args.quick))
+            try:
+                sys.stdout.flush()
+            except (OSError, RuntimeError, ValueError):
+                pass
+            _report(run, lambda text: _write_fd(1, text),
+                    lambda text: _write_fd(2, f"[{time.time() - run.started:7.1f}s] {text}\n"))
+        os._exit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -175,25 +261,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         name = args.benchmark.replace("-", "_")
         selected = tuple(b for b in BENCHMARKS if b.name == name)
     progress = Progress()
-    ctx = Context(quick=args.quick, progress=progress, trials_override=args.trials)
-    progress(f"running {', '.join(b.name for b in selected)}"
-             f"{' (quick)' if args.quick else ''}")
-    rows: list[Row] = []
-    for bench in selected:
-        bench_args = args if args.benchmark else _defaults(bench)
-        with progress.section(bench.name):
-            try:
-                rows.extend(bench.run(ctx, bench_args))
-            except Exception as exc:
-                traceback.print_exc(file=sys.stderr)
-                rows.append(error_row(bench.name, exc, args.quick))
-    print(format_table(rows))
-    print()
-    print(summary_line(rows) + (" (quick: small sizes, targets indicative only)"
-                                if args.quick else ""))
-    if args.out:
-        write_json(args.out, rows, run_meta(argv, args.quick, started))
-        progress(f"wrote {args.out}")
+    # Every scratch file of the run (daemons' data dirs, clients' temp files) goes under one
+    # directory, which each process started inherits as TMPDIR: an interrupted run finds its
+    # processes by it and removes it.
+    scratch = tempfile.mkdtemp(prefix="tk-bench-run-")
+    saved_tmpdir, saved_env = tempfile.tempdir, os.environ.get("TMPDIR")
+    tempfile.tempdir = scratch
+    os.environ["TMPDIR"] = scratch
+    run = _Run(args, argv, started, git_commit(), scratch, progress)
+    saved_handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    _install_stop_handlers(run)
+    launcher.set_reporter(progress)
+    try:
+        ctx = Context(quick=args.quick, progress=progress, trials_override=args.trials)
+        progress(f"running {', '.join(b.name for b in selected)}"
+                 f"{' (quick)' if args.quick else ''}; scratch directory {scratch}")
+        for bench in selected:
+            bench_args = args if args.benchmark else _defaults(bench)
+            run.current = bench.name
+            with progress.section(bench.name):
+                try:
+                    rows = bench.run(ctx, bench_args)
+                except Exception as exc:
+                    traceback.print_exc(file=sys.stderr)
+                    rows = [error_row(bench.name, exc, args.quick)]
+            run.rows.extend(rows)
+            run.current = None
+        _report(run, sys.stdout.write, progress)
+        sys.stdout.flush()
+    finally:
+        launcher.set_reporter(None)
+        for sig, handler in saved_handlers.items():
+            signal.signal(sig, handler)
+        tempfile.tempdir = saved_tmpdir
+        if saved_env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved_env
+        shutil.rmtree(scratch, ignore_errors=True)
+    rows = run.rows
     if any(row.verdict == "ERROR" for row in rows):
         return 1
     if args.strict and any(row.verdict == "MISS" for row in rows):

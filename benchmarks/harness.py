@@ -12,15 +12,19 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import IO, Any
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -166,6 +170,7 @@ class Row:
     notes: list[str] = field(default_factory=list)
     error: str | None = None
     quick: bool = False
+    interrupted: bool = False  # the run was stopped by a signal while this benchmark ran
 
     def __post_init__(self) -> None:
         if self.value is None and self.samples:
@@ -177,6 +182,8 @@ class Row:
 
     @property
     def verdict(self) -> str:
+        if self.interrupted:
+            return "INTERRUPTED"
         if self.error is not None:
             return "ERROR"
         if self.ok is None:
@@ -194,6 +201,12 @@ class Row:
 def error_row(benchmark: str, exc: BaseException, quick: bool) -> Row:
     return Row(benchmark=benchmark, name="(failed)", params={}, unit="", samples=[],
                error=f"{type(exc).__name__}: {exc}", quick=quick)
+
+
+def interrupted_row(benchmark: str, reason: str, quick: bool) -> Row:
+    """The row of the benchmark a signal stopped: no figure, the reason as its error."""
+    return Row(benchmark=benchmark, name="(interrupted)", params={}, unit="", samples=[],
+               error=reason, quick=quick, interrupted=True)
 
 
 # --- formatting ----------------------------------------------------------------------------------
@@ -261,35 +274,123 @@ def table_cells(row: Row) -> tuple[str, ...]:
     )
 
 
-def format_table(rows: Sequence[Row]) -> str:
-    """The results table; rows that failed and row notes follow it."""
-    lines = [TABLE_COLUMNS, *(table_cells(row) for row in rows)]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(TABLE_COLUMNS))]
-    right = {2, 3, 5}
+DEFAULT_TABLE_WIDTH = 100
+_RIGHT_ALIGNED = frozenset({2, 3, 5})
+# In a narrowed table: the columns that may wrap onto continuation lines (parameters,
+# baseline, ratio, target, CPU); the figures themselves are never cut.
+_WRAPPABLE = frozenset({1, 4, 5, 6, 8})
+_MIN_WRAP_WIDTH = 8
+_MAX_WORD = 20
+_INDENT = "  "
+
+
+def terminal_width() -> int:
+    """The terminal's width (``COLUMNS`` first), 100 columns when it cannot be told."""
+    return shutil.get_terminal_size((DEFAULT_TABLE_WIDTH, 24)).columns
+
+
+def _fit_widths(lines: Sequence[Sequence[str]], natural: list[int], width: int,
+                wrappable: frozenset[int]) -> list[int]:
+    """Narrow the wrappable columns, widest first, until the columns fit ``width`` (or every
+    wrappable one is down to its minimum: its longest word, within [8, 20] characters)."""
+    widths = list(natural)
+    floor = {i: min(natural[i], max(_MIN_WRAP_WIDTH, min(_MAX_WORD, max(
+        (len(word) for line in lines for word in line[i].split()), default=0))))
+        for i in wrappable}
+    gaps = 2 * (len(widths) - 1)
+    while sum(widths) + gaps > width:
+        candidates = [i for i in wrappable if widths[i] > floor[i]]
+        if not candidates:
+            break
+        widest = max(candidates, key=lambda i: widths[i])
+        widths[widest] -= 1
+    return widths
+
+
+def _wrap(text: str, width: int, indent: str = "") -> list[str]:
+    if len(text) <= width:
+        return [text]
+    return textwrap.wrap(text, max(width, _MIN_WRAP_WIDTH), subsequent_indent=indent,
+                         break_long_words=True, break_on_hyphens=False) or [""]
+
+
+def _render(lines: Sequence[Sequence[str]], widths: Sequence[int], right: frozenset[int],
+            prefix: str = "", header: bool = True) -> list[str]:
+    """Rows of cells in fixed columns (the first one a header, underlined, unless ``header``
+    is false); a cell longer than its column wraps onto more lines."""
     out: list[str] = []
-    for index, line in enumerate(lines):
-        cells = [cell.rjust(w) if i in right and index else cell.ljust(w)
-                 for i, (cell, w) in enumerate(zip(line, widths, strict=True))]
-        out.append("  ".join(cells).rstrip())
+    for index, line in enumerate(lines, start=0 if header else 1):
+        wrapped = [_wrap(cell, w) for cell, w in zip(line, widths, strict=True)]
+        for part in range(max(len(cell) for cell in wrapped)):
+            cells = []
+            for i, (cell_lines, w) in enumerate(zip(wrapped, widths, strict=True)):
+                text = cell_lines[part] if part < len(cell_lines) else ""
+                cells.append(text.rjust(w) if i in right and index else text.ljust(w))
+            out.append((prefix + "  ".join(cells)).rstrip())
         if index == 0:
-            out.append("-" * len(out[0]))
+            out.append(prefix + "-" * (sum(widths) + 2 * (len(widths) - 1)))
+    return out
+
+
+def _records(lines: Sequence[Sequence[str]], width: int) -> list[str]:
+    """The narrowest layout: each row's name, then its non-empty cells as ``column: value``
+    wrapped to ``width``."""
+    out: list[str] = []
+    for line in lines[1:]:
+        out.extend(_wrap(line[0], width, _INDENT))
+        fields = "; ".join(f"{column}: {cell}" for column, cell
+                           in zip(TABLE_COLUMNS[1:], line[1:], strict=True) if cell != "-")
+        out.extend(textwrap.wrap(fields, max(width, _MIN_WRAP_WIDTH), initial_indent=_INDENT,
+                                 subsequent_indent=_INDENT * 2, break_on_hyphens=False))
+    return out
+
+
+def format_table(rows: Sequence[Row], width: int | None = None) -> str:
+    """The results table; rows that failed and row notes follow it.
+
+    Without ``width`` (``--wide``) every row is one line, however long. With it, a table wider
+    than ``width`` is stacked: each row's name on a line of its own, its figures on the next
+    (indented), the parameter, baseline, ratio, target and CPU cells wrapping onto
+    continuation lines; a terminal too narrow even for that gets each row as ``column: value``
+    text. Footnotes wrap too. Nothing is cut.
+    """
+    lines = [TABLE_COLUMNS, *(table_cells(row) for row in rows)]
+    natural = [max(len(line[i]) for line in lines) for i in range(len(TABLE_COLUMNS))]
+    if width is None or sum(natural) + 2 * (len(natural) - 1) <= width:
+        out = _render(lines, natural, _RIGHT_ALIGNED)
+    else:
+        rest = [line[1:] for line in lines]
+        right = frozenset(i - 1 for i in _RIGHT_ALIGNED)
+        wrappable = frozenset(i - 1 for i in _WRAPPABLE)
+        rest_natural = natural[1:]
+        widths = _fit_widths(rest, rest_natural, width - len(_INDENT), wrappable)
+        header = _render(rest[:1], widths, right, _INDENT)
+        out = [TABLE_COLUMNS[0], *header]
+        for line, cells in zip(lines[1:], rest[1:], strict=True):
+            out.extend(_wrap(line[0], width, _INDENT))
+            out.extend(_render([cells], widths, right, _INDENT, header=False))
+        if max(map(len, out)) > width:
+            out = _records(lines, width)
     footnotes: list[str] = []
     for row in rows:
         label = f"{row.benchmark}: {row.name}"
         if row.error is not None:
-            footnotes.append(f"ERROR {label}: {row.error}")
+            kind = "INTERRUPTED" if row.interrupted else "ERROR"
+            footnotes.append(f"{kind} {label}: {row.error}")
         footnotes.extend(f"{label}: {note}" for note in row.notes)
     if footnotes:
         out.append("")
-        out.extend(footnotes)
+        for note in footnotes:
+            out.extend([note] if width is None else _wrap(note, width, "    "))
     return "\n".join(out)
 
 
 def summary_line(rows: Sequence[Row]) -> str:
     counts = {verdict: sum(1 for row in rows if row.verdict == verdict)
-              for verdict in ("PASS", "MISS", "ERROR", "-")}
+              for verdict in ("PASS", "MISS", "ERROR", "INTERRUPTED", "-")}
+    stopped = f", {counts['INTERRUPTED']} INTERRUPTED" if counts["INTERRUPTED"] else ""
     return (f"{len(rows)} rows: {counts['PASS']} PASS, {counts['MISS']} MISS, "
-            f"{counts['ERROR']} ERROR, {counts['-']} informational")
+            f"{counts['ERROR']} ERROR{stopped}, {counts['-']} informational")
 
 
 def write_json(path: str, rows: Sequence[Row], meta: Mapping[str, Any]) -> None:
@@ -299,8 +400,33 @@ def write_json(path: str, rows: Sequence[Row], meta: Mapping[str, Any]) -> None:
         out.write("\n")
 
 
-def run_meta(argv: Sequence[str], quick: bool, started: float) -> dict[str, Any]:
+def git_commit(where: Path | None = None) -> str | None:
+    """``git rev-parse HEAD`` of the checkout holding ``where`` (this package by default), or
+    ``None`` outside a git checkout or without git."""
+    cwd = where if where is not None else Path(__file__).resolve().parent
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True,
+                              text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    commit = done.stdout.strip()
+    return commit if done.returncode == 0 and commit else None
+
+
+def package_version() -> str:
+    from daemon._version import __version__
+
+    return __version__
+
+
+def run_meta(argv: Sequence[str], quick: bool, started: float,
+             commit: str | None = None) -> dict[str, Any]:
+    """What the JSON output says about the run: the code measured (package version, git commit
+    or ``None``), when (UTC date), where and how."""
     return {
+        "version": package_version(),
+        "commit": commit,
+        "date": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
         "argv": list(argv),
         "quick": quick,
         "python": sys.version.split()[0],

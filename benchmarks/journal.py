@@ -146,6 +146,13 @@ def mixed_turn_data(n: int) -> list[tuple[str, JsonObject]]:
 # --- timing ------------------------------------------------------------------------------------
 
 
+Report = Callable[[str], None]
+
+
+def _quiet(message: str) -> None:
+    del message
+
+
 def _timed(trial: Trial) -> float:
     loop = trial()
     gc.collect()
@@ -154,17 +161,25 @@ def _timed(trial: Trial) -> float:
     return time.perf_counter() - start
 
 
-def _median_seconds(trial: Trial, trials: int) -> float:
-    return statistics.median(_timed(trial) for _ in range(trials))
+def _median_seconds(trial: Trial, trials: int, report: Report = _quiet,
+                    label: str = "") -> float:
+    times: list[float] = []
+    for i in range(trials):
+        times.append(_timed(trial))
+        report(f"{label}: trial {i + 1}/{trials} {times[-1] * 1000:.0f} ms")
+    return statistics.median(times)
 
 
-def _paired_medians(a: Trial, b: Trial, trials: int) -> tuple[float, float]:
+def _paired_medians(a: Trial, b: Trial, trials: int, report: Report = _quiet,
+                    label: str = "") -> tuple[float, float]:
     """Interleave the trials of two variants so machine noise hits both alike."""
     times_a: list[float] = []
     times_b: list[float] = []
-    for _ in range(trials):
+    for i in range(trials):
         times_a.append(_timed(a))
         times_b.append(_timed(b))
+        report(f"{label}: trial {i + 1}/{trials} empty {times_a[-1] * 1000:.0f} ms, "
+               f"at caps {times_b[-1] * 1000:.0f} ms")
     return statistics.median(times_a), statistics.median(times_b)
 
 
@@ -301,8 +316,9 @@ def _error_row(name: str, n: int, exc: BaseException) -> Row:
             "error": f"{type(exc).__name__}: {exc}"}
 
 
-def run(quick: bool) -> list[Row]:
-    """Measure everything and return one row per benchmark.
+def run(quick: bool, report: Report = _quiet) -> list[Row]:
+    """Measure everything and return one row per benchmark; ``report`` gets a progress line
+    per step and per trial (``python -m benchmarks`` prints them with the elapsed time).
 
     Row keys: ``benchmark`` (name), ``events`` (per trial), ``events_per_s`` (median trial),
     ``cost_vs_deque`` and ``cap_vs_empty`` (time ratios, ``None`` where not applicable),
@@ -311,6 +327,7 @@ def run(quick: bool) -> list[Row]:
     """
     n = 10_000 if quick else 100_000
     trials = 3 if quick else 5
+    report(f"building {n:,}-event inputs and the {DEFAULT_MAX_EVENTS:,}-event prefill")
     merged = merged_stream(n)
     alternating = alternating_stream(n)
     users = user_stream(n)
@@ -323,7 +340,8 @@ def run(quick: bool) -> list[Row]:
     gc.collect()
     gc.freeze()
     try:
-        return _measure(n, trials, merged, alternating, users, prefill, chunk_items, mixed_items)
+        return _measure(n, trials, merged, alternating, users, prefill, chunk_items, mixed_items,
+                        report)
     finally:
         gc.unfreeze()
 
@@ -337,8 +355,14 @@ def _measure(
     prefill: list[Event],
     chunk_items: list[tuple[str, JsonObject]],
     mixed_items: list[tuple[str, JsonObject]],
+    report: Report = _quiet,
 ) -> list[Row]:
     rows: list[Row] = []
+    steps = 8
+    step = iter(range(1, steps + 1))
+
+    def label(name: str) -> str:
+        return f"step {next(step)}/{steps} {name}"
 
     def deque_trial() -> Callable[[], None]:
         return _append_loop(deque(maxlen=DEFAULT_MAX_EVENTS), merged)
@@ -356,23 +380,25 @@ def _measure(
 
         return loop
 
-    base = _median_seconds(deque_trial, trials)
+    base = _median_seconds(deque_trial, trials, report, label("deque.append baseline"))
     rows.append(_row("baseline: deque(maxlen=10000).append", n, base, base))
     rows.append(_row("baseline: msgspec encode + deque append", n,
-                     _median_seconds(encode_trial, trials), base))
+                     _median_seconds(encode_trial, trials, report,
+                                     label("msgspec encode baseline")), base))
 
-    for label, events in (
+    for variant, events in (
         ("merged chunks", merged),
         ("unmerged, alternating kinds", alternating),
         ("unmerged, user_message_chunk", users),
     ):
         empty, at_cap = _paired_medians(
-            _empty_trial(events), _at_cap_trial(events, prefill), trials
+            _empty_trial(events), _at_cap_trial(events, prefill), trials, report,
+            label(f"LiveJournal.append, {variant}"),
         )
         ratio = at_cap / empty
-        rows.append(_row(f"LiveJournal.append empty, {label}", n, empty, base))
+        rows.append(_row(f"LiveJournal.append empty, {variant}", n, empty, base))
         rows.append(_row(
-            f"LiveJournal.append at caps, {label}", n, at_cap, base, empty,
+            f"LiveJournal.append at caps, {variant}", n, at_cap, base, empty,
             targets=[
                 (">= 300,000/s at caps", n / at_cap >= APPEND_TARGET),
                 ("at-cap <= 1.3x empty", ratio <= CAP_RATIO_TARGET),
@@ -380,17 +406,19 @@ def _measure(
         ))
 
     empty, at_cap = _paired_medians(
-        _empty_trial(merged, pair=True), _at_cap_trial(merged, prefill, pair=True), trials
+        _empty_trial(merged, pair=True), _at_cap_trial(merged, prefill, pair=True), trials,
+        report, label("LiveJournals.append (full+summary)"),
     )
     rows.append(_row("LiveJournals.append (full+summary) empty, merged", n, empty, base))
     rows.append(_row("LiveJournals.append (full+summary) at caps, merged", n, at_cap, base,
                      empty))
 
-    for label, items in (("chunk stream", chunk_items), ("mixed turn", mixed_items)):
-        name = f"pipeline: SessionBus.publish_updates (ring+journals+compactor), {label}"
+    for kind, items in (("chunk stream", chunk_items), ("mixed turn", mixed_items)):
+        name = f"pipeline: SessionBus.publish_updates (ring+journals+compactor), {kind}"
         buses: list[SessionBus] = []
         try:
-            seconds = _median_seconds(_pipeline_trial(items, buses), trials)
+            seconds = _median_seconds(_pipeline_trial(items, buses), trials, report,
+                                      label(f"pipeline, {kind}"))
             for bus in buses:
                 check_pipeline_ran(bus, n + 1)
         except Exception as exc:  # the real pipeline did not run: an ERROR row, no figure

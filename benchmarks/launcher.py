@@ -4,6 +4,10 @@ The daemon runs with ``--port 0`` and a temporary data directory; its first stdo
 the URL it bound, so nothing guesses ports or sleeps waiting for start-up. The bundled mock agent
 is the agent: a gate directory lets a benchmark hold a turn open (``mock:gate=<name>``) and a
 prompt log counts the prompts the agent received.
+
+Each daemon starts in a session (and process group) of its own, with its agents in that group,
+so a terminal's Ctrl-C does not reach it half-way and :func:`kill_everything` can take the
+daemon and its agents down together when ``python -m benchmarks`` is interrupted.
 """
 
 from __future__ import annotations
@@ -33,6 +37,112 @@ STOP_TIMEOUT_S = 10.0
 
 class LaunchError(RuntimeError):
     """The daemon did not start, or a request it must answer failed."""
+
+
+# Daemons started and not yet stopped, by pid (each leads its own process group).
+_RUNNING: dict[int, subprocess.Popen[bytes]] = {}
+# Told about every daemon started (``python -m benchmarks`` prints it as a progress line).
+_reporter: Callable[[str], None] | None = None
+
+
+def set_reporter(report: Callable[[str], None] | None) -> None:
+    global _reporter
+    _reporter = report
+
+
+def _children_by_parent() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                raw = stat.read()
+        except OSError:
+            continue
+        ppid = int(raw[raw.rindex(b")") + 2:].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (children, their children, ...)."""
+    tree = _children_by_parent()
+    found: list[int] = []
+    todo = list(tree.get(pid, []))
+    while todo:
+        child = todo.pop()
+        found.append(child)
+        todo.extend(tree.get(child, []))
+    return found
+
+
+def processes_marked(marker: str) -> list[int]:
+    """Live processes (not zombies) whose environment or command line holds ``marker``: the
+    run's scratch directory, which every process it starts inherits in ``TMPDIR``."""
+    needle = marker.encode()
+    found: list[int] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                raw = stat.read()
+            if raw[raw.rindex(b")") + 2:].split()[0] == b"Z":
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as environ:
+                blob = environ.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                blob += cmdline.read()
+        except (OSError, ValueError):
+            continue
+        if needle in blob:
+            found.append(int(entry))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            raw = stat.read()
+    except OSError:
+        return False
+    return raw[raw.rindex(b")") + 2:].split()[0] != b"Z"
+
+
+def kill_everything(marker: str | None = None, timeout: float = STOP_TIMEOUT_S) -> list[int]:
+    """SIGKILL every process this one started: its descendants, the process groups of the
+    daemons still running (their agents), and with ``marker`` any process whose environment
+    names it (an agent whose daemon died first). Reaps this process's own children and waits,
+    up to ``timeout``, until none is left; returns the pids it killed."""
+    killed: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while True:
+        targets = set(descendants(os.getpid()))
+        if marker is not None:
+            targets.update(processes_marked(marker))
+        targets = {pid for pid in targets if alive(pid)}
+        for leader in list(_RUNNING):
+            try:
+                os.killpg(leader, signal.SIGKILL)
+            except OSError:
+                pass
+        for pid in targets:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        killed.update(targets)
+        for pid in list(killed):  # reap our own children so none lingers as a zombie
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        if not targets or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)  # a poll interval while waiting for the kernel to finish the kills
+    _RUNNING.clear()
+    return sorted(killed)
 
 
 def read_rss_kib(pid: int) -> int:
@@ -173,6 +283,7 @@ class Daemon:
     # -- lifetime -------------------------------------------------------------------------------
 
     def stop(self) -> int:
+        _RUNNING.pop(self.proc.pid, None)
         self.http.close()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -230,15 +341,19 @@ def start_daemon(
         argv.append("--no-persistence")
     with open(stderr_path, "wb") as err:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, env=full_env,
-                                cwd=str(workspace))
+                                cwd=str(workspace), start_new_session=True)
+    _RUNNING[proc.pid] = proc
     try:
         url = _read_url(proc, stderr_path)
     except BaseException:
+        _RUNNING.pop(proc.pid, None)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         shutil.rmtree(base, ignore_errors=True)
         raise
+    if _reporter is not None:
+        _reporter(f"daemon pid {proc.pid} listening on {url}")
     return Daemon(url, proc, base, gates, prompt_log, stderr_path, list(argv[3:]))
 
 

@@ -56,7 +56,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Comp
                                                                  dict[str, Any]]:
     out = tmp_path_factory.mktemp("bench") / "quick.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--quick", "--out", str(out)],
+        [sys.executable, "-m", "benchmarks", "--quick", "--wide", "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,  # a hang guard, not a bound
     )
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-6000:]}"
