@@ -212,3 +212,19 @@ def test_the_package_long_description_has_no_relative_links() -> None:
         "docs/protocol.md", "img.png"]
     assert _relative_links("[ref]: docs/sdk.md\n<img src='a.png'>") == ["docs/sdk.md", "a.png"]
     assert _relative_links("[site](https://example.org) [top](#install)") == []
+
+
+# --- journal progress ----------------------------------------------------------------------------
+
+
+def test_journal_reports_every_step_and_trial() -> None:
+    from benchmarks import journal
+
+    lines: list[str] = []
+    rows = journal.run(True, lines.append)
+    assert rows and all(row["error"] is None for row in rows)
+    steps = [line for line in lines if re.match(r"step \d/8 .*: trial \d/3 ", line)]
+    assert len(steps) == 8 * 3, lines
+    for step in range(1, 9):
+        assert sum(line.startswith(f"step {step}/8 ") for line in steps) == 3, (step, lines)
+    assert all(re.search(r"\d+ ms", line) for line in steps)

@@ -136,6 +136,7 @@ def test_table_is_printed(quick_run: tuple[subprocess.CompletedProcess[str], Any
         assert f"{row['benchmark']}: {row['name']}" in proc.stdout
     # Progress goes to stderr, one line per step with the elapsed time.
     assert "load_latency: start" in proc.stderr and "s] " in proc.stderr
+    assert "journal: step 8/8 " in proc.stderr  # journal reports each step and trial
 
 
 # --- the load generator's frame counter ----------------------------------------------------------
