@@ -264,5 +264,10 @@ def rows_for(ctx: Context, chunks: int, max_queued: int, persistence: bool,
                     cpu_row.ratio_label = "of agent"
             if persistence and cpu_row.ratio is not None:
                 cpu_row.ok = cpu_row.ratio <= CPU_OF_AGENT_TARGET
+            elif cpu_row.target:
+                # A turn too short for the agent's CPU to register (a clock tick is 10 ms):
+                # there is nothing to judge the daemon's figure against in this run.
+                cpu_row.target = ""
+                cpu_row.notes.append("agent CPU too small to measure in this run: no verdict")
             rows.append(cpu_row)
     return rows
