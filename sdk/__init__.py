@@ -3,21 +3,9 @@ resumable subscriptions (SSE and WebSocket), and the live-journal repair rules a
 
 from __future__ import annotations
 
-from sdk.client import (
-    Capabilities,
-    DaemonClient,
-    DaemonStatus,
-    EventStream,
-    Health,
-    LoadResult,
-    PermissionVote,
-    PromptAccepted,
-    PromptTerminal,
-    ResumeResult,
-    SessionCreated,
-    SessionStatus,
-    TranscriptPage,
-)
+import importlib
+from typing import TYPE_CHECKING
+
 from sdk.errors import (
     AuthError,
     DaemonError,
@@ -78,19 +66,6 @@ from sdk.repair import (
     repair_signature,
     validate_fresh_snapshot,
 )
-from sdk.repair_driver import (
-    RepairCandidate,
-    RepairDriver,
-    RepairOutcome,
-    RepairOutcomeKind,
-)
-from sdk.session import (
-    DEFAULT_MAX_QUEUED,
-    HandleClosedError,
-    ReconnectPolicy,
-    SessionHandle,
-    SubscriptionState,
-)
 from sdk.sse import SSEParser, parse_sse
 from sdk.truncation import (
     DaemonHistoryTruncatedData,
@@ -100,7 +75,56 @@ from sdk.truncation import (
     parse_truncation,
     status_text,
 )
-from sdk.ws import WebSocketEventStream
+
+if TYPE_CHECKING:
+    from sdk.client import (
+        Capabilities,
+        DaemonClient,
+        DaemonStatus,
+        EventStream,
+        Health,
+        LoadResult,
+        PermissionVote,
+        PromptAccepted,
+        PromptTerminal,
+        ResumeResult,
+        SessionCreated,
+        SessionStatus,
+        TranscriptPage,
+    )
+    from sdk.repair_driver import (
+        RepairCandidate,
+        RepairDriver,
+        RepairOutcome,
+        RepairOutcomeKind,
+    )
+    from sdk.session import (
+        DEFAULT_MAX_QUEUED,
+        HandleClosedError,
+        ReconnectPolicy,
+        SessionHandle,
+        SubscriptionState,
+    )
+    from sdk.ws import WebSocketEventStream
+
+# The Trio/HTTP parts load on first use, so that importing the pure protocol (the daemon does,
+# for sdk.protocol) does not pull in httpx and trio-websocket.
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(('Capabilities', 'DaemonClient', 'DaemonStatus', 'EventStream', 'Health', 'LoadResult', 'PermissionVote', 'PromptAccepted', 'PromptTerminal', 'ResumeResult', 'SessionCreated', 'SessionStatus', 'TranscriptPage'), "sdk.client"),
+    **dict.fromkeys(('RepairCandidate', 'RepairDriver', 'RepairOutcome', 'RepairOutcomeKind'), "sdk.repair_driver"),
+    **dict.fromkeys(('DEFAULT_MAX_QUEUED', 'HandleClosedError', 'ReconnectPolicy', 'SessionHandle', 'SubscriptionState'), "sdk.session"),
+    **dict.fromkeys(('WebSocketEventStream',), "sdk.ws"),
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sdk' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DEFAULT_MAX_QUEUED",
