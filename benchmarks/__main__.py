@@ -287,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     rows = [error_row(bench.name, exc, args.quick)]
             run.rows.extend(rows)
             run.current = None
-        _report(run, sys.stdout.write, progress)
+        _report(run, lambda text: print(text, end=""), progress)
         sys.stdout.flush()
     finally:
         launcher.set_reporter(None)

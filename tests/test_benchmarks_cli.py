@@ -14,6 +14,7 @@ import json
 import os
 import re
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -88,6 +89,7 @@ def test_a_signal_stops_every_process_and_reports_what_was_done(
          "--subscribers", "1", "--out", str(out)],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen: list[str] = []
+    scratch = ""
     try:
         scratch = _read_until(proc, r"scratch directory (\S+)", seen).group(1)
         daemon_pid = int(_read_until(proc, r"daemon pid (\d+) listening", seen).group(1))
@@ -97,24 +99,34 @@ def test_a_signal_stops_every_process_and_reports_what_was_done(
         started = _wait_for_agents(scratch, daemon_pid, proc.pid)
         proc.send_signal(signum)
         stdout, stderr = proc.communicate(timeout=DEADLINE_S)
+        detail = f"stdout:\n{stdout}\nstderr:\n{''.join(seen)}{stderr}"
+        assert proc.returncode == 128 + signum, detail
+        assert [pid for pid in started if alive(pid)] == [], detail
+        assert processes_marked(scratch) == [], detail
+        # The run killed them itself (an agent reading a closed stdin would also die on its own).
+        killed = re.search(rf"{signum.name}: killed pids ([\d ]+);", stderr)
+        assert killed is not None, detail
+        assert set(started) <= {int(pid) for pid in killed.group(1).split()}, detail
+        assert not Path(scratch).exists(), detail
+        # The partial table: the interrupted benchmark marked as such, fitted to COLUMNS=80.
+        assert "e2e: (interrupted)" in stdout and "INTERRUPTED" in stdout, detail
+        assert f"stopped by {signum.name}" in stdout, detail
+        assert "1 INTERRUPTED" in stdout, detail
+        assert max(len(line) for line in stdout.splitlines()) <= 80, detail
+        results = json.loads(out.read_text())
+        (row,) = results["rows"]
+        assert (row["benchmark"], row["verdict"], row["interrupted"]) == (
+            "e2e", "INTERRUPTED", True)
+        assert results["meta"]["version"] == __version__
     finally:
+        # Whatever failed above, leave no daemon or scratch directory to the next test.
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
-    detail = f"stdout:\n{stdout}\nstderr:\n{''.join(seen)}{stderr}"
-    assert proc.returncode == 128 + signum, detail
-    assert [pid for pid in started if alive(pid)] == [], detail
-    assert processes_marked(scratch) == [], detail
-    assert not Path(scratch).exists(), detail
-    # The partial table: the interrupted benchmark marked as such, fitted to COLUMNS=80.
-    assert "e2e: (interrupted)" in stdout and "INTERRUPTED" in stdout, detail
-    assert f"stopped by {signum.name}" in stdout, detail
-    assert "1 INTERRUPTED" in stdout, detail
-    assert max(len(line) for line in stdout.splitlines()) <= 80, detail
-    results = json.loads(out.read_text())
-    (row,) = results["rows"]
-    assert (row["benchmark"], row["verdict"], row["interrupted"]) == ("e2e", "INTERRUPTED", True)
-    assert results["meta"]["version"] == __version__
+            proc.communicate()
+        if scratch:
+            for pid in processes_marked(scratch):
+                os.kill(pid, signal.SIGKILL)
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 # --- the table's width -------------------------------------------------------------------------
