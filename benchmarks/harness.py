@@ -276,9 +276,9 @@ def table_cells(row: Row) -> tuple[str, ...]:
 
 DEFAULT_TABLE_WIDTH = 100
 _RIGHT_ALIGNED = frozenset({2, 3, 5})
-# In a narrowed table: the columns that may wrap onto continuation lines (parameters,
-# baseline, ratio, target, CPU); the figures themselves are never cut.
-_WRAPPABLE = frozenset({1, 4, 5, 6, 8})
+# In a narrowed table: the columns that may wrap onto continuation lines, between words
+# (parameters, value and unit, baseline, ratio, target, CPU).
+_WRAPPABLE = frozenset({1, 2, 4, 5, 6, 8})
 _MIN_WRAP_WIDTH = 8
 _MAX_WORD = 20
 _INDENT = "  "
@@ -350,8 +350,8 @@ def format_table(rows: Sequence[Row], width: int | None = None) -> str:
 
     Without ``width`` (``--wide``) every row is one line, however long. With it, a table wider
     than ``width`` is stacked: each row's name on a line of its own, its figures on the next
-    (indented), the parameter, baseline, ratio, target and CPU cells wrapping onto
-    continuation lines; a terminal too narrow even for that gets each row as ``column: value``
+    (indented), the parameter, value, baseline, ratio, target and CPU cells wrapping onto
+    continuation lines between words; a terminal too narrow even for that gets each row as ``column: value``
     text. Footnotes wrap too. Nothing is cut.
     """
     lines = [TABLE_COLUMNS, *(table_cells(row) for row in rows)]
