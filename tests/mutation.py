@@ -45,7 +45,11 @@ TESTS: dict[str, tuple[str, ...]] = {
     "daemon/compactor.py": ("test_compactor.py",),
     "daemon/acp_codec.py": ("test_acp_codec.py",),
     "sdk/truncation.py": ("test_sdk_truncation.py", "test_sdk_events.py"),
-    "sdk/sse.py": ("test_sdk_sse.py",),
+    "sdk/protocol/sse.py": ("test_sdk_sse.py",),
+    # The marker and payload rules (moved here from sdk/truncation.py and sdk/events.py).
+    "sdk/protocol/events.py": (
+        "test_sdk_truncation.py", "test_sdk_events.py", "test_protocol.py", "test_mut_truncation.py",
+    ),
     "sdk/repair.py": ("test_sdk_repair.py",),
     "webui_model/store.py": (
         "test_webui_store.py", "test_webui_reducer.py", "test_webui_replay.py",
@@ -100,7 +104,7 @@ EQUIVALENT: dict[str, list[tuple[str, str]]] = {
         (r"^\s+self\.last_env: JsonObject = \{\}$",
          "a text slot is created only to absorb a chunk at once, which sets last_env"),
     ],
-    "sdk/sse.py": [
+    "sdk/protocol/sse.py": [
         (r"^\s+pos = len\(buf\)$",
          "where feed() resumes its newline search is an optimisation: the buffered part holds "
          "no newline, so searching from the start finds the same one"),
