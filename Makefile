@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 # Modules type-checked in strict mode (the pure cores and the typed public packages).
-CORES := daemon sdk webui_model
+CORES := daemon sdk webui_model benchmarks
 STAMP := $(VENV)/.installed
 
 .PHONY: serve demo test test-stress check unit bench bench-quick mutation clean
