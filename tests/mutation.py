@@ -50,6 +50,13 @@ TESTS: dict[str, tuple[str, ...]] = {
     "sdk/protocol/events.py": (
         "test_sdk_truncation.py", "test_sdk_events.py", "test_protocol.py", "test_mut_truncation.py",
     ),
+    # The envelope (frame bytes -> DaemonEvent, and back), the resume cursor and the prompt
+    # terminals (all moved into sdk/protocol/ with the marker rules).
+    "sdk/protocol/envelope.py": (
+        "test_protocol.py", "test_sdk_events.py", "test_sdk_sse.py", "test_mut_protocol_envelope.py",
+    ),
+    "sdk/protocol/cursor.py": ("test_protocol.py",),
+    "sdk/protocol/terminals.py": ("test_protocol.py", "test_webui_terminals.py"),
     "sdk/repair.py": ("test_sdk_repair.py",),
     "webui_model/store.py": (
         "test_webui_store.py", "test_webui_reducer.py", "test_webui_replay.py",
@@ -109,6 +116,11 @@ EQUIVALENT: dict[str, list[tuple[str, str]]] = {
          "where feed() resumes its newline search is an optimisation: the buffered part holds "
          "no newline, so searching from the start finds the same one"),
         (r"^\s+self\._closed = False$", "the parser's `_closed` flag is only tested for truth"),
+    ],
+    "sdk/protocol/events.py": [
+        (r"^\s+typed: AcpUpdate \| None = None$",
+         "decode_payload's first value of `typed` is never read: the try block assigns it or "
+         "its except clause sets it to None"),
     ],
     "daemon/restore.py": [
         (r'^\s+marker = Event\.from_env\(\{"v": 1, "type": "restore_boundary", "data": None\}\)$',
