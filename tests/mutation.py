@@ -45,7 +45,7 @@ TESTS: dict[str, tuple[str, ...]] = {
     "daemon/compactor.py": ("test_compactor.py",),
     "daemon/acp_codec.py": ("test_acp_codec.py",),
     "sdk/truncation.py": ("test_sdk_truncation.py", "test_sdk_events.py"),
-    "sdk/protocol/sse.py": ("test_sdk_sse.py",),
+    "sdk/protocol/sse.py": ("test_sdk_sse.py", "test_mut_sse_encoder.py"),
     # The marker and payload rules (moved here from sdk/truncation.py and sdk/events.py).
     "sdk/protocol/events.py": (
         "test_sdk_truncation.py", "test_sdk_events.py", "test_protocol.py", "test_mut_truncation.py",
