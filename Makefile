@@ -52,7 +52,7 @@ bench: $(STAMP)
 
 # Mutation testing of the pure cores, module by module against their fast unit tests (not part
 # of `make test`; takes a while). Workspaces, logs and the score table go to .mutation/.
-# MUTATION_ARGS: e.g. `daemon/envelope.py --workers 2 --show-survivors`.
+# MUTATION_ARGS: e.g. `daemon/core/envelope.py --workers 2 --show-survivors`.
 $(VENV)/.mutation-installed: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[test,mutation]'
 	touch $@

@@ -38,8 +38,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from daemon.bus import BusLimits, SessionBus
-from daemon.envelope import Event, JsonObject, encode_json, make_event
-from daemon.live_journal import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS, LiveJournal, LiveJournals
+from daemon.core.envelope import Event, JsonObject, encode_json, make_event
+from daemon.core.live_journal import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_EVENTS,
+    LiveJournal,
+    LiveJournals,
+)
 
 SESSION = "6f1d2c3b-4a59-4e68-8f7a-0b1c2d3e4f50"
 PROMPT = "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d"

@@ -4,7 +4,7 @@ One channel per workspace. It owns the process and three kinds of work inside ``
 nursery: the stdout reader (which dispatches every line synchronously, so updates reach the
 sinks in stdout order and replies resolve after the updates that preceded them), the stderr
 logger, and short tasks answering the agent's own requests. All framing and request matching is
-the pure :mod:`daemon.acp_codec`; this module only moves bytes and owns lifetimes.
+the pure :mod:`daemon.core.acp_codec`; this module only moves bytes and owns lifetimes.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, Final, Protocol
 import trio
 
 from daemon._version import __version__
-from daemon.acp_codec import (
+from daemon.core.acp_codec import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
@@ -35,8 +35,8 @@ from daemon.acp_codec import (
     parse_message,
     parse_update,
 )
-from daemon.envelope import encode_json
-from daemon.splice import compact
+from daemon.core.envelope import encode_json
+from daemon.core.splice import compact
 
 __all__ = [
     "PROTOCOL_VERSION",

@@ -11,12 +11,12 @@ from typing import Any
 import trio
 from quart_trio import QuartTrio
 
-from .envelope import encode_json
-from .guards import Guard, is_ui_asset
+from .core.envelope import encode_json
+from .core.guards import Guard, is_ui_asset
+from .core.throttle import LogThrottle
 from .http_api import MAX_BODY_BYTES
 from .manager import SessionManager
 from .streams import Receive, Scope, Send, deny_ws, serve_sse, serve_ws
-from .throttle import LogThrottle
 from .ui_files import UiFiles
 
 log = logging.getLogger("daemon.asgi")

@@ -19,15 +19,15 @@ from typing import Any
 import msgspec
 import trio
 
-from .compactor import TurnCompactor, stamp_record
-from .envelope import Event, JsonObject, decode_json, make_event
-from .live_journal import LiveJournals, plain_chunk_key
+from .core.compactor import TurnCompactor, stamp_record
+from .core.envelope import Event, JsonObject, decode_json, make_event
+from .core.live_journal import LiveJournals, plain_chunk_key
+from .core.replay_window import Record, ReplayWindow, SegmentHandle, SpilledTurn
+from .core.ring import DEFAULT_RING_BYTES, EventRing
+from .core.splice import EnvelopeSplicer, plain_chunk
+from .core.sse_frames import SharedFrames
+from .core.subscriber import Eviction, SubscriberState, Warning
 from .malloc import trim
-from .replay_window import Record, ReplayWindow, SegmentHandle, SpilledTurn
-from .ring import DEFAULT_RING_BYTES, EventRing
-from .splice import EnvelopeSplicer, plain_chunk
-from .sse_frames import SharedFrames
-from .subscriber import Eviction, SubscriberState, Warning
 from .transcript_store import AppendEvent, FinishTurn, TerminalState, TranscriptStore
 from .transcript_writer import TranscriptWriter
 
@@ -220,7 +220,7 @@ class SessionBus:
         so), in order, as ``session_update`` events (``data = {sessionId, update}``); the
         caller flushes.
 
-        Plain text chunks (``daemon.splice``) are spliced, not re-encoded, and handled a run at
+        Plain text chunks (``daemon.core.splice``) are spliced, not re-encoded, and handled a run at
         a time: one envelope template, one transcript op per run, the journals and the
         compactor fed without classifying each event again. Every other update is decoded and
         published like :meth:`publish`; one that is not a JSON object is dropped.

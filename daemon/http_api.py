@@ -24,9 +24,9 @@ from sdk.protocol import http as wire
 from . import server_patches
 from .bus import now_ms
 from .config import DaemonConfig
-from .envelope import RawList, decode_json, encode_json, encode_object
+from .core.envelope import RawList, decode_json, encode_json, encode_object
+from .core.openapi import build_openapi
 from .manager import AgentUnavailable, InvalidWorkspace, SessionManager
-from .openapi import build_openapi
 from .session import MAX_PENDING_PROMPTS, PromptQueueFull, Session
 from .transcript_store import InvalidCursor
 

@@ -28,7 +28,7 @@ from ._version import __version__
 from .agent import AgentChannel, AgentStartError
 from .bus import BusLimits, SessionBus, now_ms
 from .config import DaemonConfig
-from .restore import close_interrupted, seed_segments
+from .core.restore import close_interrupted, seed_segments
 from .session import Session
 from .transcript_store import MarkClosed, SessionRow, UpsertSession
 from .transcript_writer import TranscriptWriter

@@ -19,7 +19,7 @@ from hypercorn.trio import serve
 from . import server_patches
 from .asgi import DaemonASGI
 from .config import DaemonConfig
-from .guards import Guard
+from .core.guards import Guard
 from .http_api import create_app
 from .logs import ACCESS_LOG_FORMAT
 from .manager import SessionManager

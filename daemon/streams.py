@@ -21,10 +21,10 @@ import trio
 from sdk.protocol.constants import MAX_EVENT_ID
 
 from .bus import SessionBus, Subscription, now_ms
-from .envelope import Event, encode_json, sse_chunks, synthetic
-from .ring import decide_resume
+from .core.envelope import Event, encode_json, sse_chunks, synthetic
+from .core.ring import decide_resume
+from .core.subscriber import MAX_QUEUED_DEFAULT, MAX_QUEUED_MAX, MAX_QUEUED_MIN, SubscriberState
 from .sockets import shutdown_connection
-from .subscriber import MAX_QUEUED_DEFAULT, MAX_QUEUED_MAX, MAX_QUEUED_MIN, SubscriberState
 
 log = logging.getLogger("daemon.streams")
 

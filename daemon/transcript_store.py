@@ -26,9 +26,22 @@ import binascii
 import sqlite3
 from collections.abc import Iterator, Sequence
 from os import PathLike
-from typing import Any, Final, Literal, TypeAlias
+from typing import Any, Final, Literal
 
-import msgspec
+from daemon.core.transcript_ops import (
+    TERMINAL_STATES,
+    AdmitPrompt,
+    AppendEvent,
+    DeleteSession,
+    FinishTurn,
+    MarkClosed,
+    Op,
+    PromptRow,
+    SessionRow,
+    TerminalState,
+    TranscriptPage,
+    UpsertSession,
+)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -50,11 +63,6 @@ __all__ = [
 ]
 
 SCHEMA_VERSION: Final = 1
-
-TerminalState: TypeAlias = Literal["completed", "cancelled", "error", "interrupted"]
-TERMINAL_STATES: Final[frozenset[str]] = frozenset(
-    {"completed", "cancelled", "error", "interrupted"}
-)
 
 # A short wait rides out a brief lock taken by another opener before this connection holds
 # its exclusive lock (see ``locking_mode`` in ``__init__``) instead of failing at once. It stays
@@ -115,94 +123,6 @@ class TranscriptSchemaError(Exception):
 class InvalidCursor(ValueError):
     """A page cursor or ``beforeRecordId`` that names no record of the session (SPEC §5: 400
     ``invalid_transcript_cursor``)."""
-
-
-# --- write operations ------------------------------------------------------------------------
-
-
-class UpsertSession(msgspec.Struct, frozen=True):
-    """Create the session, or update an existing one: ``workspace_cwd`` is replaced,
-    ``agent_session_id`` only when given (``None`` keeps the known one), ``created_at`` is kept,
-    and the session is open again (a restore re-opens a session its agent's death closed)."""
-
-    session_id: str
-    workspace_cwd: str
-    created_at_ms: int
-    agent_session_id: str | None = None
-
-
-class AppendEvent(msgspec.Struct, frozen=True):
-    """One durable event of the unfinished turn; ``raw`` is the bus's encoding of it."""
-
-    session_id: str
-    event_id: int
-    prompt_id: str | None
-    raw: bytes
-
-
-class AdmitPrompt(msgspec.Struct, frozen=True):
-    """Ledger: the prompt is ``in_flight`` from now on (a second admit is a no-op)."""
-
-    session_id: str
-    prompt_id: str
-    at_ms: int
-
-
-class FinishTurn(msgspec.Struct, frozen=True):
-    """The turn boundary: store the compacted turn's ``(record_id, raw)`` records in order,
-    latch the ledger terminal (when ``prompt_id`` is given), and delete the session's raw events
-    that exist at this point of the batch."""
-
-    session_id: str
-    prompt_id: str | None
-    terminal: TerminalState
-    stop_reason: str | None
-    at_ms: int
-    records: Sequence[tuple[str, bytes]] = ()
-
-
-class DeleteSession(msgspec.Struct, frozen=True):
-    """Remove the session and everything stored for it."""
-
-    session_id: str
-
-
-class MarkClosed(msgspec.Struct, frozen=True):
-    """The session ended (its rows stay, for restore and paging)."""
-
-    session_id: str
-
-
-Op: TypeAlias = UpsertSession | AppendEvent | AdmitPrompt | FinishTurn | DeleteSession | MarkClosed
-
-
-# --- read results ----------------------------------------------------------------------------
-
-
-class SessionRow(msgspec.Struct, frozen=True):
-    session_id: str
-    workspace_cwd: str
-    created_at_ms: int
-    agent_session_id: str | None
-    closed: bool
-
-
-class PromptRow(msgspec.Struct, frozen=True):
-    session_id: str
-    prompt_id: str
-    state: str
-    stop_reason: str | None
-    admitted_at_ms: int | None
-    ended_at_ms: int | None
-
-
-class TranscriptPage(msgspec.Struct, frozen=True):
-    """One transcript page: ``events`` are stored JSON bytes, chronological; records first,
-    then (newest page only) the unfinished turn's raw events."""
-
-    events: list[bytes]
-    next_cursor: str | None
-    has_more: bool
 
 
 def _encode_cursor(record_id: str) -> str:

@@ -14,7 +14,7 @@ the source with a ``# pragma: no mutate`` comment and a reason next to it.
 
 Usage:
     python tests/mutation.py                      # every core module
-    python tests/mutation.py daemon/envelope.py   # just the named modules
+    python tests/mutation.py daemon/core/envelope.py   # just the named modules
     python tests/mutation.py --workers 2 --show-survivors
 """
 
@@ -40,10 +40,10 @@ PACKAGES = ("daemon", "sdk", "webui_model", "benchmarks")
 # Core module -> the fast unit-test files that exercise it. `tests/test_mut_<stem>.py`, if any,
 # is added automatically.
 TESTS: dict[str, tuple[str, ...]] = {
-    "daemon/envelope.py": ("test_envelope.py",),
-    "daemon/live_journal.py": ("test_live_journal.py", "test_live_journal_props.py"),
-    "daemon/compactor.py": ("test_compactor.py",),
-    "daemon/acp_codec.py": ("test_acp_codec.py",),
+    "daemon/core/envelope.py": ("test_envelope.py",),
+    "daemon/core/live_journal.py": ("test_live_journal.py", "test_live_journal_props.py"),
+    "daemon/core/compactor.py": ("test_compactor.py",),
+    "daemon/core/acp_codec.py": ("test_acp_codec.py",),
     "sdk/truncation.py": ("test_sdk_truncation.py", "test_sdk_events.py"),
     "sdk/protocol/sse.py": ("test_sdk_sse.py", "test_mut_sse_encoder.py"),
     # The marker and payload rules (moved here from sdk/truncation.py and sdk/events.py).
@@ -74,13 +74,13 @@ TESTS: dict[str, tuple[str, ...]] = {
     "webui_model/replay.py": ("test_webui_replay.py",),
     "webui_model/pagination.py": ("test_webui_replay.py",),
     "webui_model/repair_commit.py": ("test_webui_repair_commit.py",),
-    "daemon/replay_window.py": ("test_replay_window.py",),
-    "daemon/ring.py": ("test_ring_resume.py", "test_guards_subscriber_restore.py"),
-    "daemon/subscriber.py": (
+    "daemon/core/replay_window.py": ("test_replay_window.py",),
+    "daemon/core/ring.py": ("test_ring_resume.py", "test_guards_subscriber_restore.py"),
+    "daemon/core/subscriber.py": (
         "test_guards_subscriber_restore.py", "test_ring_resume.py", "test_subscriber_replay.py",
     ),
-    "daemon/guards.py": ("test_guards_subscriber_restore.py",),
-    "daemon/restore.py": ("test_guards_subscriber_restore.py", "test_restore_terminals.py"),
+    "daemon/core/guards.py": ("test_guards_subscriber_restore.py",),
+    "daemon/core/restore.py": ("test_guards_subscriber_restore.py", "test_restore_terminals.py"),
     "daemon/transcript_store.py": ("test_transcript_store.py",),
 }
 
@@ -92,11 +92,11 @@ DESELECT = ("tests/test_webui_repair_commit.py::test_repair_on_a_200k_history_wi
 # mutation on a matching line is skipped). module -> [(line regex, why no mutation of it can
 # change observable behaviour)].
 EQUIVALENT: dict[str, list[tuple[str, str]]] = {
-    "daemon/envelope.py": [
+    "daemon/core/envelope.py": [
         (r"^\s+first = False$",
          "encode_object's `first` flag is only tested for truth: None and False are the same"),
     ],
-    "daemon/live_journal.py": [
+    "daemon/core/live_journal.py": [
         (r'_push\(event, None, ""\)$',
          "the text argument is read only to merge, and a None key never merges"),
         (r"^\s+self\._last_key(: MergeKey \| None)? = None$",
@@ -104,7 +104,7 @@ EQUIVALENT: dict[str, list[tuple[str, str]]] = {
         (r'return "<missing>"$', "repr of the internal sentinel, a debugging aid never output"),
         (r"^\s+merged = False$", "_push's `merged` flag is only tested for truth"),
     ],
-    "daemon/compactor.py": [
+    "daemon/core/compactor.py": [
         (r'^\s+self\.(event_id|prompt_id|originator): Any = env\.get\("(id|promptId|originatorClientId)"\)$',
          "a tool slot's first id/promptId/originator: emit() starts from a copy of that same "
          "first envelope and only overrides with later non-null values, so None is the same"),
@@ -122,12 +122,12 @@ EQUIVALENT: dict[str, list[tuple[str, str]]] = {
          "decode_payload's first value of `typed` is never read: the try block assigns it or "
          "its except clause sets it to None"),
     ],
-    "daemon/restore.py": [
+    "daemon/core/restore.py": [
         (r'^\s+marker = Event\.from_env\(\{"v": 1, "type": "restore_boundary", "data": None\}\)$',
          "the between-turns marker only ends the compaction and is dropped at once "
          "(`[:-1]`): its contents never reach a record"),
     ],
-    "daemon/acp_codec.py": [
+    "daemon/core/acp_codec.py": [
         (r"^\s+self\._discarding = False$", "the splitter's `_discarding` flag is only tested for truth"),
     ],
 }

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from daemon.acp_codec import (
+from daemon.core.acp_codec import (
     MAX_LINE_BYTES,
     METHOD_NOT_FOUND,
     LineSplitter,

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from daemon.bus import BusLimits, SessionBus
-from daemon.envelope import decode_json
+from daemon.core.envelope import decode_json
 
 chunk = st.tuples(st.sampled_from(["agent_message_chunk", "agent_thought_chunk"]),
                   st.text(min_size=0, max_size=40))

@@ -9,8 +9,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from daemon.compactor import TurnCompactor, stamp_record
-from daemon.envelope import Event, JsonObject, make_event
+from daemon.core.compactor import TurnCompactor, stamp_record
+from daemon.core.envelope import Event, JsonObject, make_event
 
 SID = "sess-1"
 PID = "prompt-1"

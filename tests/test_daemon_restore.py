@@ -16,7 +16,7 @@ import httpx
 import pytest
 import trio
 
-from daemon.envelope import decode_json
+from daemon.core.envelope import decode_json
 from daemon.server import TRANSCRIPT_FILE
 from daemon.transcript_store import TranscriptStore
 from sdk.events import DaemonEvent, decode_events

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import trio
 
-from daemon.throttle import LogThrottle
+from daemon.core.throttle import LogThrottle
 from tests.harness import RunningDaemon, running_daemon
 from tests.stalls import fd_count, host_port, poll
 

@@ -7,7 +7,7 @@ import math
 
 import msgspec
 
-from daemon.envelope import (
+from daemon.core.envelope import (
     Event,
     RawList,
     build_envelope,

@@ -14,7 +14,7 @@ from daemon.bus import (
     SessionBus,
     Subscription,
 )
-from daemon.subscriber import SubscriberState
+from daemon.core.subscriber import SubscriberState
 
 
 def chunk(bus: SessionBus, n: int) -> None:

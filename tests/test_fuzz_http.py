@@ -1,6 +1,6 @@
 """Hostile HTTP input against the real daemon on loopback (SPEC §6 common rules).
 
-Every route of ``daemon.openapi.ROUTES`` (which ``test_openapi`` holds against the routes the
+Every route of ``daemon.core.openapi.ROUTES`` (which ``test_openapi`` holds against the routes the
 daemon really serves) is fuzzed with hypothesis over raw sockets, so nothing is normalised on
 the way (httpx would resolve ``..`` and re-encode paths). The contract checked on every case:
 
@@ -31,7 +31,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from daemon.openapi import ROUTES, Route
+from daemon.core.openapi import ROUTES, Route
 from tests.harness import RunningDaemon, running_daemon
 
 READ_TIMEOUT_S = 10.0

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import itertools
 
-from daemon.envelope import decode_json, encode_json, make_event
-from daemon.guards import Denial, Guard, bearer_token, host_name
-from daemon.restore import close_interrupted, seed_segments
-from daemon.ring import EventRing
-from daemon.subscriber import Eviction, SubscriberState, Warning
+from daemon.core.envelope import decode_json, encode_json, make_event
+from daemon.core.guards import Denial, Guard, bearer_token, host_name
+from daemon.core.restore import close_interrupted, seed_segments
+from daemon.core.ring import EventRing
+from daemon.core.subscriber import Eviction, SubscriberState, Warning
 
 
 def test_host_name_strips_ports() -> None:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from daemon.envelope import Event, JsonObject, make_event
-from daemon.live_journal import (
+from daemon.core.envelope import Event, JsonObject, make_event
+from daemon.core.live_journal import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_EVENTS,
     MAX_EVENTS_PER_ENTRY,

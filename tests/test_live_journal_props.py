@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from hypothesis import given
 from hypothesis import strategies as st
 
-from daemon.envelope import Event, JsonObject
-from daemon.live_journal import MAX_EVENTS_PER_ENTRY, LiveJournal, LiveJournals, in_summary
+from daemon.core.envelope import Event, JsonObject
+from daemon.core.live_journal import MAX_EVENTS_PER_ENTRY, LiveJournal, LiveJournals, in_summary
 
 CHUNK_KINDS = ("agent_message_chunk", "agent_thought_chunk")
 

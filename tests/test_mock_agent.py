@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import trio
 
-from daemon.acp_codec import LineSplitter
+from daemon.core.acp_codec import LineSplitter
 from daemon.mock_agent import PromptPlan, plan_for_prompt
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.acp_codec import (
+from daemon.core.acp_codec import (
     LineSplitter,
     Malformed,
     PendingRequests,

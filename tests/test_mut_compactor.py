@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from daemon.compactor import TurnCompactor
-from daemon.envelope import Event
+from daemon.core.compactor import TurnCompactor
+from daemon.core.envelope import Event
 from tests.test_compactor import Feed, kinds, text_of, upd
 
 

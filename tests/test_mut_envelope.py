@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from daemon.envelope import Event, make_event, sse_chunks, synthetic
+from daemon.core.envelope import Event, make_event, sse_chunks, synthetic
 
 
 def test_event_reads_id_type_and_prompt_id_from_its_envelope() -> None:

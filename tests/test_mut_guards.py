@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.guards import (
+from daemon.core.guards import (
     CORS_ALLOW_HEADERS,
     CORS_ALLOW_METHODS,
     CORS_EXPOSE_HEADERS,

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from daemon.envelope import Event, JsonObject
-from daemon.live_journal import LiveJournal, LiveJournals, in_summary
+from daemon.core.envelope import Event, JsonObject
+from daemon.core.live_journal import LiveJournal, LiveJournals, in_summary
 from tests.test_live_journal import chunk
 
 

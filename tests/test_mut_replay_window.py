@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.replay_window import ReplayWindow
+from daemon.core.replay_window import ReplayWindow
 from tests.test_replay_window import size, turn
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import itertools
 
-from daemon.envelope import decode_json, encode_json
-from daemon.restore import (
+from daemon.core.envelope import decode_json, encode_json
+from daemon.core.restore import (
     INTERRUPTED_MESSAGE,
     close_interrupted,
     interrupted_terminal,

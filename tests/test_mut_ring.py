@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from daemon.ring import EventRing, decide_resume
+from daemon.core.ring import EventRing, decide_resume
 from tests.test_ring_resume import EPOCH, NOW, filled
 
 

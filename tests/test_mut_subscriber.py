@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from daemon.subscriber import (
+from daemon.core.subscriber import (
     MAX_QUEUED_BYTES,
     MAX_QUEUED_DEFAULT,
     Eviction,

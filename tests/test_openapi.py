@@ -16,13 +16,13 @@ import httpx
 import pytest
 
 import daemon.asgi
-import daemon.guards
+import daemon.core.guards
 import daemon.http_api
 import daemon.streams
 from daemon.config import DaemonConfig
+from daemon.core.openapi import ROUTES, Route, build_openapi, documented_error_codes
 from daemon.http_api import create_app
 from daemon.manager import SessionManager
-from daemon.openapi import ROUTES, Route, build_openapi, documented_error_codes
 from tests.harness import RunningDaemon, running_daemon
 
 TOKEN = "openapi-test-token"
@@ -130,7 +130,7 @@ def test_spec_error_codes_are_documented() -> None:
 def test_documented_error_codes_exist_in_the_daemon() -> None:
     """No invented codes: each one is a string literal somewhere in the HTTP layer."""
     source = "".join(inspect.getsource(module) for module in (
-        daemon.asgi, daemon.guards, daemon.http_api, daemon.streams))
+        daemon.asgi, daemon.core.guards, daemon.http_api, daemon.streams))
     for code in documented_error_codes():
         assert f'"{code}"' in source, code
 

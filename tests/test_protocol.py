@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from daemon.envelope import build_envelope, encode_json, synthetic
+from daemon.core.envelope import build_envelope, encode_json, synthetic
 from sdk.errors import TurnError
 from sdk.protocol import cursor as cursor_mod
 from sdk.protocol.constants import MAX_EVENT_ID

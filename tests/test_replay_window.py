@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from daemon.envelope import Event, make_event
-from daemon.replay_window import DEFAULT_MAX_BYTES, Record, ReplayWindow, SpilledTurn
+from daemon.core.envelope import Event, make_event
+from daemon.core.replay_window import DEFAULT_MAX_BYTES, Record, ReplayWindow, SpilledTurn
 
 _ids = itertools.count(1)
 

@@ -28,7 +28,7 @@ import trio.testing
 
 from daemon.bus import BusLimits, SessionBus
 from daemon.config import DaemonConfig
-from daemon.envelope import decode_json
+from daemon.core.envelope import decode_json
 from daemon.manager import SessionManager
 from daemon.transcript_store import DeleteSession, TranscriptStore, UpsertSession
 from daemon.transcript_writer import TranscriptWriter

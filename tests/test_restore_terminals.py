@@ -1,4 +1,4 @@
-"""Restore's pure half (``daemon.restore.close_interrupted``): a turn whose terminal event is
+"""Restore's pure half (``daemon.core.restore.close_interrupted``): a turn whose terminal event is
 durable is closed with that terminal, never relabelled ``interrupted``; only a turn whose
 terminal truly did not commit gets the ``interrupted`` terminal (SPEC §6.2)."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from daemon.envelope import decode_json, make_event
-from daemon.restore import close_interrupted
+from daemon.core.envelope import decode_json, make_event
+from daemon.core.restore import close_interrupted
 
 
 def raw(event_id: int, event_type: str, data: dict[str, Any], prompt_id: str) -> bytes:

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from daemon.envelope import Event, make_event
-from daemon.ring import (
+from daemon.core.envelope import Event, make_event
+from daemon.core.ring import (
     DEFAULT_RING_BYTES,
     DEFAULT_RING_SIZE,
     REPLAY_BUDGET_BYTES,
@@ -18,7 +18,7 @@ from daemon.ring import (
     ResumePlan,
     decide_resume,
 )
-from daemon.subscriber import Eviction, SubscriberState
+from daemon.core.subscriber import Eviction, SubscriberState
 
 EPOCH = "4b2d7775-0118-4dc1-96b7-f333ca18ab6e"
 NOW = 1796204640885

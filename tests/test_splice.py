@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daemon.bus import BusLimits, SessionBus
-from daemon.envelope import decode_json, encode_json, make_event
-from daemon.live_journal import LiveJournal, merge_key, plain_chunk_key
-from daemon.splice import EnvelopeSplicer, compact, plain_chunk
+from daemon.core.envelope import decode_json, encode_json, make_event
+from daemon.core.live_journal import LiveJournal, merge_key, plain_chunk_key
+from daemon.core.splice import EnvelopeSplicer, compact, plain_chunk
 from daemon.transcript_store import AppendEvent
 
 SID = "6f1c2a9e-0000-4000-8000-000000000001"

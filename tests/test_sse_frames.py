@@ -6,9 +6,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.envelope import Event, sse_chunks
-from daemon.ring import EventRing
-from daemon.sse_frames import SharedFrames
+from daemon.core.envelope import Event, sse_chunks
+from daemon.core.ring import EventRing
+from daemon.core.sse_frames import SharedFrames
 
 
 def event(event_id: int, size: int = 10) -> Event:

@@ -8,10 +8,10 @@ import trio
 import trio.testing
 
 from daemon.bus import Subscription
-from daemon.envelope import Event, make_event
-from daemon.ring import EventRing
+from daemon.core.envelope import Event, make_event
+from daemon.core.ring import EventRing
+from daemon.core.subscriber import Eviction, SubscriberState
 from daemon.streams import replay_events, replay_groups, watch_stalled_writes
-from daemon.subscriber import Eviction, SubscriberState
 
 
 def event(i: int, size: int = 100) -> Event:

@@ -21,7 +21,7 @@ import trio
 import trio.testing
 
 from daemon.bus import BusLimits, SessionBus
-from daemon.envelope import Event
+from daemon.core.envelope import Event
 from daemon.session import Session
 from daemon.transcript_store import Op, TranscriptStore, UpsertSession
 from daemon.transcript_writer import TranscriptWriter

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Final, Protocol
 
-from daemon.envelope import Event
+from daemon.core.envelope import Event
 
 __all__ = ["DEFAULT_MAX_BYTES", "SharedFrames"]
 
@@ -31,7 +31,7 @@ class _Ring(Protocol):
 
 def frames_of(events: list[Event]) -> bytes:
     """The SSE frames of ``events`` (ring events: each has an id), joined; the same bytes as
-    :func:`daemon.envelope.sse_chunks` without caching a head on every event."""
+    :func:`daemon.core.envelope.sse_chunks` without caching a head on every event."""
     types: dict[str, bytes] = {}
     return b"".join([
         b"id: %d\nevent: %b\ndata: %b\n\n" % (

@@ -4,7 +4,7 @@ The bus appends every non-transient published event; a turn terminal resets the 
 load snapshot returns the retained entries, preceded by an id-less ``history_truncated`` marker
 when older entries had to be dropped (§2.3).
 
-Entries: normally one event is one entry, stored as the :class:`~daemon.envelope.Event` itself so
+Entries: normally one event is one entry, stored as the :class:`~daemon.core.envelope.Event` itself so
 that its snapshot bytes are ``event.raw`` with no re-encode. Consecutive compatible text chunks
 (§2.1) merge into one :class:`_MergedEntry` of at most :data:`MAX_EVENTS_PER_ENTRY` source
 events, rendered on demand and cached until it grows.
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Final, Literal
 
-from daemon.envelope import Event, JsonObject, encode_json, synthetic
+from daemon.core.envelope import Event, JsonObject, encode_json, synthetic
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -158,7 +158,7 @@ def _classify(env: JsonObject) -> tuple[MergeKey, str] | None:
 def plain_chunk_key(
     kind: str, prompt_id: str | None, originator_client_id: str | None, session_id: str
 ) -> MergeKey:
-    """The merge key :func:`merge_key` gives a spliced plain text chunk (``daemon.splice``):
+    """The merge key :func:`merge_key` gives a spliced plain text chunk (``daemon.core.splice``):
     an envelope with ``_meta`` = ``{serverTimestamp}`` only, ``data`` = ``{sessionId, update}``
     and an update without ``_meta``, so without parent tool call or source records."""
     return (

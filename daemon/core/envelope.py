@@ -64,7 +64,7 @@ class Event:
 
     @classmethod
     def spliced(cls, raw: bytes, event_id: int, event_type: str, prompt_id: str | None) -> Event:
-        """An event whose encoding was built without a dict (``daemon.splice``): ``raw`` must
+        """An event whose encoding was built without a dict (``daemon.core.splice``): ``raw`` must
         be a valid compact envelope carrying these id, type and prompt id. ``env`` decodes it
         when someone asks."""
         event = cls.__new__(cls)

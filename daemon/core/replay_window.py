@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from daemon.envelope import Event, JsonObject, synthetic
+from daemon.core.envelope import Event, JsonObject, synthetic
 
 __all__ = ["DEFAULT_MAX_BYTES", "Record", "ReplayWindow", "SegmentHandle", "SpilledTurn"]
 

@@ -19,7 +19,7 @@ from typing import Final
 
 import msgspec
 
-from daemon.envelope import SCHEMA_VERSION, encode_json
+from daemon.core.envelope import SCHEMA_VERSION, encode_json
 
 __all__ = ["TEXT_CHUNK_KINDS", "EnvelopeSplicer", "compact", "plain_chunk"]
 
@@ -72,7 +72,7 @@ def plain_chunk(update: bytes) -> tuple[str, str] | None:
 class EnvelopeSplicer:
     """Builds ``session_update`` envelopes around pre-encoded ``update`` bytes.
 
-    The result is exactly what :func:`daemon.envelope.make_event` encodes for
+    The result is exactly what :func:`daemon.core.envelope.make_event` encodes for
     ``data = {sessionId, update}`` with the given prompt and originator ids and
     ``_meta.serverTimestamp = now_ms`` when ``update`` is in msgspec's compact form, and the
     same envelope with the agent's spelling of ``update`` otherwise.

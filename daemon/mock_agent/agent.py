@@ -1,8 +1,8 @@
 """The deterministic mock ACP agent, the daemon's embedded default (SPEC §6.5).
 
-Run as ``python -m daemon.mock_agent``. It speaks ACP over stdin/stdout, makes no network or
-model request, and is driven by environment variables and by ``mock:<key>=<value>`` tokens in a
-prompt's text:
+Run as ``python -m daemon.mock_agent`` (the package's ``__main__``). It speaks ACP over
+stdin/stdout, makes no network or model request, and is driven by environment variables and
+by ``mock:<key>=<value>`` tokens in a prompt's text:
 
 =========================  ==================================================================
 ``MOCK_ACP_MODE``          ``echo`` (default) | ``reject`` | ``crash-on-prompt`` | ``hang``

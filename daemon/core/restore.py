@@ -23,7 +23,7 @@ from sdk.protocol.constants import TERMINAL_TYPES
 from .compactor import TurnCompactor, stamp_record
 from .envelope import Event, JsonObject, decode_json, encode_json
 from .replay_window import Record
-from .transcript_store import FinishTurn, TerminalState
+from .transcript_ops import FinishTurn, TerminalState
 
 INTERRUPTED_MESSAGE = "Prompt interrupted by daemon restart"
 

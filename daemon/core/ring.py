@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from daemon.envelope import Event, JsonObject, synthetic
+from daemon.core.envelope import Event, JsonObject, synthetic
 
 __all__ = [
     "DEFAULT_RING_BYTES",

@@ -239,7 +239,7 @@ def parse_message(line: bytes) -> Message:
 
 class _UpdateParams(msgspec.Struct):
     sessionId: str
-    # Kept as the agent's bytes: the daemon splices them into the envelope (daemon.splice).
+    # Kept as the agent's bytes: the daemon splices them into the envelope (daemon.core.splice).
     update: msgspec.Raw
 
 
