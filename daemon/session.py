@@ -1,7 +1,9 @@
 """One daemon session: the prompt queue, the prompt runner and the permission flow.
 
 The runner runs prompts FIFO inside the session's cancel scope; every admitted prompt ends
-with exactly one terminal (``turn_complete`` or ``turn_error``), guarded by a per-prompt latch.
+with exactly one terminal (``turn_complete`` or ``turn_error``): the prompt's state and the
+terminal each way of ending gets are the pure :mod:`daemon.core.prompt_lifecycle`; this shell
+owns the cancel scope, the clock and the agent call.
 The session is also the agent channel's sink for its ACP session: agent updates are published
 on the bus as they are read, and the bus is flushed once per stdout batch.
 """
@@ -19,12 +21,22 @@ import trio
 
 from .agent import AgentChannel, AgentRpcError, ChannelClosed
 from .bus import SessionBus, now_ms
-from .transcript_store import AdmitPrompt, TerminalState
+from .core.prompt_lifecycle import (
+    AgentAnswered,
+    AgentFailed,
+    CallCut,
+    ChannelLost,
+    EndCause,
+    PromptState,
+    SessionEnded,
+    TerminalDecision,
+    after_cancel,
+    after_close,
+    terminal_for,
+)
+from .transcript_store import AdmitPrompt
 
 log = logging.getLogger("daemon.session")
-
-# (event type, data, ledger state, stop reason) of a turn's one terminal.
-Terminal = tuple[str, dict[str, Any], TerminalState, str | None]
 
 MAX_PENDING_PROMPTS = 5
 MAX_LEDGER_TERMINALS = 64
@@ -47,10 +59,7 @@ class PendingPrompt:
     deadline_ms: int | None
     queued: bool
     text: str
-    cancel_requested: bool = False
-    close_reason: str | None = None
-    deadline_hit: bool = False
-    terminal_sent: bool = False
+    state: PromptState = PromptState.QUEUED
     scope: trio.CancelScope | None = None
     done: trio.Event = field(default_factory=trio.Event)
 
@@ -169,6 +178,7 @@ class Session:
 
     async def _run_prompt(self, prompt: PendingPrompt) -> None:
         self.active = prompt
+        prompt.state = PromptState.RUNNING
         self.bus.active_prompt_id = prompt.prompt_id
         bus = self.bus
         if prompt.queued:
@@ -187,55 +197,42 @@ class Session:
                 prompt_id=prompt.prompt_id, originator_client_id=prompt.client_id, flush=False,
             )
         bus.flush()
-        terminal = await self._drive(prompt)
-        await self._finish(prompt, *terminal)
+        cause = await self._drive(prompt)
+        # The state is read after the call: a cancel or a close may have come meanwhile.
+        decision = terminal_for(prompt.state, cause)
+        if decision is None:
+            return
+        if decision.cancel_agent:
+            await self._send_cancel()
+        await self._finish(prompt, decision)
 
-    async def _drive(self, prompt: PendingPrompt) -> Terminal:
-        pid = prompt.prompt_id
+    async def _drive(self, prompt: PendingPrompt) -> EndCause:
+        """Run the agent call in the prompt's own cancel scope; say how it ended."""
         with trio.CancelScope() as scope:
             prompt.scope = scope
             deadline_at = float("inf")
             if prompt.deadline_ms is not None:
                 deadline_at = trio.current_time() + prompt.deadline_ms / 1000
                 scope.deadline = deadline_at
-            if prompt.close_reason is not None:
+            if prompt.state is PromptState.CLOSING:
                 scope.cancel()
             try:
                 result = await self.agent.prompt(self.acp_session_id, prompt.blocks)
             except AgentRpcError as exc:
-                return ("turn_error", {"sessionId": self.id, "message": exc.message,
-                                       "code": str(exc.code), "promptId": pid}, "error", None)
+                return AgentFailed(exc.code, exc.message)
             except ChannelClosed:
-                return self._channel_closed_terminal(pid)
-            stop = result.get("stopReason") if isinstance(result, dict) else None
-            stop = stop if isinstance(stop, str) and stop else "end_turn"
-            ledger: TerminalState = "cancelled" if stop == "cancelled" else "completed"
-            return ("turn_complete", {"sessionId": self.id, "stopReason": stop, "promptId": pid},
-                    ledger, stop)
+                return ChannelLost()
+            return AgentAnswered(result.get("stopReason") if isinstance(result, dict) else None)
         # The scope was cancelled: session closing, the cancel grace ran out, or the deadline.
-        if prompt.close_reason is not None:
-            return ("turn_error", {"sessionId": self.id, "message": "Session closed",
-                                   "code": "session_closed", "promptId": pid}, "error", None)
-        prompt.deadline_hit = trio.current_time() >= deadline_at
-        if prompt.cancel_requested and not prompt.deadline_hit:
-            return ("turn_complete", {"sessionId": self.id, "stopReason": "cancelled",
-                                      "promptId": pid}, "cancelled", "cancelled")
-        await self._send_cancel()
-        return ("turn_error", {"sessionId": self.id, "message": "Prompt deadline exceeded",
-                               "code": "prompt_deadline_exceeded", "promptId": pid}, "error", None)
-
-    def _channel_closed_terminal(self, pid: str) -> Terminal:
-        return ("turn_error", {"sessionId": self.id, "message": "Agent process exited",
-                               "code": "channel_closed", "promptId": pid}, "error", None)
+        return CallCut(deadline_passed=trio.current_time() >= deadline_at)
 
     async def _finish(
-        self, prompt: PendingPrompt, event_type: str, data: dict[str, Any],
-        ledger: TerminalState,
-        stop_reason: str | None, completion: str = "completed",
+        self, prompt: PendingPrompt, decision: TerminalDecision, completion: str = "completed",
     ) -> None:
-        if prompt.terminal_sent:
+        if prompt.state is PromptState.ENDED:
             return
-        prompt.terminal_sent = True
+        prompt.state = PromptState.ENDED
+        ledger, stop_reason = decision.ledger, decision.stop_reason
         bus = self.bus
         # Durability before the terminal: everything published so far must be committed. A
         # degraded transcript is skipped so a failed store never stalls a turn; a store that
@@ -244,7 +241,8 @@ class Session:
         await self._wait_durable()
         self._resolve_permissions(prompt.prompt_id)
         bus.publish_terminal(
-            event_type, data, prompt_id=prompt.prompt_id,
+            decision.event_type, decision.data(self.id, prompt.prompt_id),
+            prompt_id=prompt.prompt_id,
             originator_client_id=prompt.client_id, ledger_terminal=ledger,
             stop_reason=stop_reason,
         )
@@ -270,14 +268,9 @@ class Session:
             died = self.agent_exit is not None or self.agent.closed
             while self.queue:
                 prompt = self.queue.popleft()
-                pid = prompt.prompt_id
-                if died:
-                    terminal = self._channel_closed_terminal(pid)
-                else:
-                    terminal = ("turn_error", {"sessionId": self.id, "message": "Session closed",
-                                               "code": "session_closed", "promptId": pid},
-                                "error", None)
-                await self._finish(prompt, *terminal, completion="removed")
+                decision = terminal_for(prompt.state, SessionEnded(agent_died=died))
+                if decision is not None:
+                    await self._finish(prompt, decision, completion="removed")
             if died:
                 exit_code, signal_code = self.agent_exit or (self.agent.exit_code,
                                                                  self.agent.signal_name)
@@ -306,9 +299,10 @@ class Session:
 
     async def cancel(self, client_id: str | None) -> None:
         prompt = self.active
-        if prompt is None or prompt.terminal_sent or prompt.cancel_requested:
+        state = None if prompt is None else after_cancel(prompt.state)
+        if prompt is None or state is None:
             return
-        prompt.cancel_requested = True
+        prompt.state = state
         self.bus.publish("prompt_cancelled", {"sessionId": self.id},
                          prompt_id=prompt.prompt_id, originator_client_id=client_id)
         self._resolve_permissions(prompt.prompt_id)
@@ -330,7 +324,7 @@ class Session:
             self.closing = reason
             prompt = self.active
             if prompt is not None:
-                prompt.close_reason = reason
+                prompt.state = after_close(prompt.state)
                 if prompt.scope is not None:
                     prompt.scope.cancel()
             self._notify()
@@ -392,7 +386,7 @@ class Session:
         auto = self._auto_option(options) if self.approval_mode == "yolo" else None
         if auto is not None:
             outcome = {"outcome": "selected", "optionId": auto}
-        elif prompt is None or prompt.cancel_requested:
+        elif prompt is None or prompt.state is not PromptState.RUNNING:
             outcome = {"outcome": "cancelled"}
         else:
             waiter = PermissionWaiter(request_id, prompt.prompt_id)

@@ -10,6 +10,7 @@ the processes, sockets, threads, files and time, and call into these modules:
   turn-boundary compaction, the replay window of completed turns.
 - ``ring``, ``subscriber``: the event ring, the resume decision, the slow-client rules.
 - ``acp_codec``: the ACP JSON-RPC line codec and request/response matching.
+- ``prompt_lifecycle``: one prompt's state and the one terminal each way of ending gets.
 - ``transcript_ops``, ``restore``: the transcript's records as data and the cold-restore rules.
 - ``guards``, ``openapi``, ``throttle``: request guards, the OpenAPI document, log rate limits.
 
