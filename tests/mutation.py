@@ -116,6 +116,7 @@ EQUIVALENT: dict[str, list[tuple[str, str]]] = {
          "where feed() resumes its newline search is an optimisation: the buffered part holds "
          "no newline, so searching from the start finds the same one"),
         (r"^\s+self\._closed = False$", "the parser's `_closed` flag is only tested for truth"),
+        (r"^\s+self\._at_start = False$", "the parser's `_at_start` flag is only tested for truth"),
     ],
     "sdk/protocol/events.py": [
         (r"^\s+typed: AcpUpdate \| None = None$",
