@@ -36,6 +36,21 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
         mode = "mock" if name == "ok" else name
         (base / name / "faulty-agent-mode").write_text(mode)
     agent = f"{shlex.quote(sys.executable)} {shlex.quote(str(FAULTY_AGENT))}"
+    # A generous initialize bound: an agent that does answer must never lose the race to it on a
+    # busy machine (the silent agent gets its own daemon with a short bound, below).
+    with running_daemon(base, ["--agent", agent, "--agent-init-timeout-ms", "30000"]) as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def impatient_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
+    """A daemon that gives agents 0.5 s to answer ``initialize``: only the silent agent runs on
+    it, so no agent that does answer can lose that race."""
+    base = tmp_path_factory.mktemp("agent-faults-impatient")
+    for name in ("ok", "silent-init"):
+        (base / name).mkdir()
+        (base / name / "faulty-agent-mode").write_text("mock" if name == "ok" else name)
+    agent = f"{shlex.quote(sys.executable)} {shlex.quote(str(FAULTY_AGENT))}"
     with running_daemon(base, ["--agent", agent, "--agent-init-timeout-ms", "500"]) as d:
         yield d
 
@@ -173,8 +188,23 @@ async def test_reply_for_unknown_request_id_is_ignored(
 # --- start-up faults: a prompt 502, a log line, and the next request tries again --------------
 
 
+async def test_an_agent_that_never_answers_initialize_is_502_after_the_bound(
+        impatient_daemon: RunningDaemon) -> None:
+    cwd = workspace(impatient_daemon, "silent-init")
+    reason = "no initialize reply within 0.5 s"
+    async with httpx.AsyncClient(base_url=impatient_daemon.url,
+                                 timeout=CLIENT_TIMEOUT_S) as client:
+        resp = await new_session(client, cwd)
+        assert resp.status_code == 502, resp.text
+        body = resp.json()
+        assert body["code"] == "agent_start_failed" and reason in body["error"]
+        assert cwd not in agent_pids_of(await client.get("/daemon/status"))
+    log = impatient_daemon.stderr()
+    assert any("event=agent_start_failed" in line and reason in line
+               for line in log.splitlines()), log[-3000:]
+
+
 @pytest.mark.parametrize(("mode", "reason"), [
-    ("silent-init", "no initialize reply within 0.5 s"),
     ("exit-on-init", "agent exited during initialize"),
     ("bad-init", "unsupported protocolVersion 99"),
 ])
