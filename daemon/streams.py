@@ -173,9 +173,8 @@ class EventPump:
         self.sub = sub
         self.heartbeat_s = heartbeat_s
 
-    def next_batch(self) -> list[Event] | None:
-        """Live events after the cursor (with a pending warning first); ``None`` when evicted.
-        Advances the cursor: these events count as handed to the transport."""
+    def _evicted(self) -> bool:
+        """Evict the subscriber if its next event already left the ring; True once evicted."""
         sub, ring = self.sub, self.bus.ring
         state = sub.state
         if state.evicted is None:
@@ -184,12 +183,26 @@ class EventPump:
                 state.evict_now("queue_overflow", ring)  # the next event left the ring
         if state.evicted is not None:
             self.bus.evict(sub)
+            return True
+        return False
+
+    def _take_warning(self) -> Event | None:
+        warning = self.sub.pending_warning
+        self.sub.pending_warning = None
+        if warning is None:
             return None
+        return synthetic("slow_client_warning", warning.data, now_ms=now_ms())
+
+    def next_batch(self) -> list[Event] | None:
+        """Live events after the cursor (with a pending warning first); ``None`` when evicted.
+        Advances the cursor: these events count as handed to the transport."""
+        if self._evicted():
+            return None
+        sub, ring = self.sub, self.bus.ring
         out: list[Event] = []
-        warning = sub.pending_warning
-        sub.pending_warning = None
+        warning = self._take_warning()
         if warning is not None:
-            out.append(synthetic("slow_client_warning", warning.data, now_ms=now_ms()))
+            out.append(warning)
         events = ring.since(sub.state.cursor)
         if events:
             last_id = events[-1].id
@@ -201,20 +214,13 @@ class EventPump:
     def next_sse(self) -> list[bytes] | None:
         """:meth:`next_batch` as SSE bytes to write: the frames shared by the bus's SSE
         subscribers (``bus.frames``), so a wake-up's events are framed once for all of them."""
-        sub, ring = self.sub, self.bus.ring
-        state = sub.state
-        if state.evicted is None:
-            first = ring.first_id
-            if first is not None and first > state.cursor + 1:
-                state.evict_now("queue_overflow", ring)  # the next event left the ring
-        if state.evicted is not None:
-            self.bus.evict(sub)
+        if self._evicted():
             return None
+        ring, state = self.bus.ring, self.sub.state
         out: list[bytes] = []
-        warning = sub.pending_warning
-        sub.pending_warning = None
+        warning = self._take_warning()
         if warning is not None:
-            out.append(synthetic("slow_client_warning", warning.data, now_ms=now_ms()).sse_frame)
+            out.append(warning.sse_frame)
         frames, state.cursor = self.bus.frames.since(ring, state.cursor)
         out += frames
         return out
