@@ -38,7 +38,7 @@ $(BROWSER_STAMP): $(STAMP)
 		echo "note: chromium is not installed, the browser tests will be skipped (apt-get install chromium)"; fi
 
 unit: $(STAMP) $(BROWSER_STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -n auto $(PYTEST_ARGS)
 
 test: check unit
 

@@ -27,7 +27,7 @@ trap 'stop_burner; rm -f "$log"' EXIT
 for run in $(seq 1 "$RUNS"); do
     started=$(date +%s)
     # shellcheck disable=SC2086 # PYTEST_ARGS is a list of arguments
-    timeout "$RUN_TIMEOUT" "$PY" -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-} >"$log" 2>&1
+    timeout "$RUN_TIMEOUT" "$PY" -m pytest -q -p no:cacheprovider -n auto ${PYTEST_ARGS:-} >"$log" 2>&1
     rc=$?
     summary=$(tail -n 1 "$log" | tr -s '=' ' ' | sed 's/^ *//; s/ *$//')
     [ "$rc" -eq 124 ] && summary="timed out after ${RUN_TIMEOUT} s"
