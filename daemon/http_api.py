@@ -222,6 +222,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
                     for cwd, agent in manager.agents.items()],
             agents_reaped=manager.agents_reaped,
             restore_locks=manager.restore_lock_count,
+            known_clients=len(manager.clients),
             server=wire.ServerPatches(ws_keepalive=patches.ws_keepalive,
                                       connection_registry=patches.connection_registry,
                                       hypercorn_version=patches.hypercorn_version),
@@ -314,7 +315,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
 
     def registered_client(session: Session) -> str | None:
         client_id = header_client_id()
-        if client_id is not None and client_id not in session.clients:
+        if client_id is not None and not manager.clients.is_registered(session.id, client_id):
             raise ApiError(400, "invalid_client_id",
                            f"Client {client_id} is not registered for this session")
         return client_id
@@ -430,7 +431,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         session = live_session(session_id)
         client_id = header_client_id()
         if client_id is not None:
-            session.clients.discard(client_id)
+            manager.clients.detach(session.id, client_id)
         return Response(b"", status=204)
 
     @app.post("/session/<session_id>/heartbeat")

@@ -28,6 +28,7 @@ from ._version import __version__
 from .agent import AgentChannel, AgentStartError
 from .bus import BusLimits, SessionBus, now_ms
 from .config import DaemonConfig
+from .core.clients import ClientRegistry
 from .core.restore import close_interrupted, seed_segments
 from .session import Session
 from .transcript_store import MarkClosed, SessionRow, UpsertSession
@@ -43,6 +44,10 @@ def iso_now() -> str:
 def iso_from_ms(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace(
         "+00:00", "Z")
+
+
+def _mint_client_id() -> str:
+    return f"client_{uuid.uuid4()}"
 
 
 class AgentUnavailable(Exception):
@@ -109,7 +114,7 @@ class SessionManager:
         self.agent_env = dict(os.environ if agent_env is None else agent_env)
         self.sessions: dict[str, Session] = {}
         self.agents: dict[str, AgentChannel] = {}
-        self.known_clients: set[str] = set()
+        self.clients = ClientRegistry()
         self._agent_locks = _KeyedLocks()
         self._restore_locks = _KeyedLocks()
         # Requests between "got the workspace's agent" and "its session is registered": the
@@ -138,12 +143,7 @@ class SessionManager:
 
     def register_client(self, session: Session, hint: str | None) -> str:
         """Register the caller on ``session``: a known id is kept, anything else replaced."""
-        client_id = hint if hint is not None and hint in self.known_clients else None
-        if client_id is None:
-            client_id = f"client_{uuid.uuid4()}"
-            self.known_clients.add(client_id)
-        session.clients.add(client_id)
-        return client_id
+        return self.clients.register(session.id, hint, _mint_client_id)
 
     # -- agents -------------------------------------------------------------------------------
 
@@ -366,6 +366,7 @@ class SessionManager:
     def _session_ended(self, session: Session) -> None:
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
+            self.clients.drop_session(session.id)
         log.info("event=session_ended session=%s reason=%s", session.id,
                  session.closing or ("agent_exit" if session.agent_exit else "ended"))
         self._maybe_idle(session.workspace_cwd)

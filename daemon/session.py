@@ -102,7 +102,6 @@ class Session:
         self.approval_mode = approval_mode
         self.cancel_grace_s = cancel_grace_s
         self.on_ended = on_ended
-        self.clients: set[str] = set()
         # The ledger's newest terminals, served by load without a database read.
         self.terminals: deque[dict[str, Any]] = deque(maxlen=MAX_LEDGER_TERMINALS)
         self.queue: deque[PendingPrompt] = deque()

@@ -337,3 +337,33 @@ def test_huge_turn_leaves_memory_bounded_and_load_returns_it_whole(tmp_path: Pat
             record_id]
         del load, replay, agent_text
         print(f"RSS after load {rss_mb(pid):.0f} MB")
+
+
+# -- client ids -----------------------------------------------------------------------------
+
+
+def test_client_ids_of_a_deleted_session_are_forgotten(daemon: RunningDaemon, tmp_path: Path) -> None:
+    """Loads without a client id each register a fresh id; deleting the session forgets them."""
+    with httpx.Client(base_url=daemon.url, timeout=30) as client:
+        def known() -> int:
+            return int(client.get("/daemon/status").json()["knownClients"])
+        before = known()
+        created = client.post("/session", json={"cwd": str(tmp_path), "sessionScope": "thread"})
+        assert created.status_code == 200, created.text
+        sid, own = created.json()["sessionId"], created.json()["clientId"]
+        minted = {own}
+        for _ in range(50):
+            resp = client.post(f"/session/{sid}/load", json={})
+            assert resp.status_code == 200, resp.text
+            minted.add(resp.json()["clientId"])
+        assert len(minted) == 51 and known() == before + 51
+        # A known id presented again is kept, not re-minted.
+        again = client.post(f"/session/{sid}/load", json={}, headers={"X-Qwen-Client-Id": own})
+        assert again.json()["clientId"] == own and known() == before + 51
+        assert client.delete(f"/session/{sid}").status_code == 204
+        wait_for("ids forgotten", lambda: known() == before or None)
+        # An id of the deleted session is unknown now: a new session replaces it.
+        other = client.post("/session", json={"cwd": str(tmp_path), "sessionScope": "thread"},
+                            headers={"X-Qwen-Client-Id": own})
+        assert other.json()["clientId"] != own
+        assert client.delete(f"/session/{other.json()['sessionId']}").status_code == 204

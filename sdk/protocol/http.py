@@ -344,6 +344,7 @@ class DaemonStatusResponse(_Body, kw_only=True):
     agents: list[AgentInfo]
     agents_reaped: int
     restore_locks: int
+    known_clients: int
     server: ServerPatches
     sessions: list[SessionCounts]
 
