@@ -21,12 +21,12 @@ import math
 import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from importlib import metadata
 from typing import Any, Final, TextIO, TypeVar
 
 import msgspec
 import trio
 
+from daemon._version import __version__
 from sdk.client import TOKEN_ENV, DaemonClient, LoadResult, PromptAccepted
 from sdk.errors import (
     AuthError,
@@ -89,11 +89,8 @@ class _Usage(Exception):
 
 
 def version() -> str:
-    """The installed package's version ("unknown" when run from a tree that is not installed)."""
-    try:
-        return metadata.version("turnkeeper")
-    except metadata.PackageNotFoundError:
-        return "unknown"
+    """The package's version: the one ``__version__`` the daemon and the packaging also read."""
+    return __version__
 
 
 _EPILOG: Final = f"""\

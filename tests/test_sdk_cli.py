@@ -255,7 +255,8 @@ def test_version_and_url_from_the_environment(daemon: RunningDaemon) -> None:
         capture_output=True, text=True, timeout=WAIT_S, check=False,
     )
     assert shown.returncode == 0 and shown.stdout == f"turnkeeper {version()}\n"
-    assert version() != "unknown"
+    from daemon._version import __version__
+    assert version() == __version__
 
     def run(*args: str, url_env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
