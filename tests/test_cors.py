@@ -57,7 +57,7 @@ def preflight(client: httpx.Client, path: str, origin: str = APP, method: str = 
                                   "/health", "/no/such/route"])
 def test_preflight_from_allowed_origin_is_answered_without_the_token(
         daemon: RunningDaemon, path: str) -> None:
-    with httpx.Client(base_url=daemon.url) as client:
+    with httpx.Client(base_url=daemon.url, timeout=30) as client:
         resp = preflight(client, path)
     assert resp.status_code == 204, resp.text
     assert resp.headers["access-control-allow-origin"] == APP
@@ -70,7 +70,7 @@ def test_preflight_from_allowed_origin_is_answered_without_the_token(
 
 
 def test_each_allowed_origin_is_echoed_exactly(daemon: RunningDaemon) -> None:
-    with httpx.Client(base_url=daemon.url) as client:
+    with httpx.Client(base_url=daemon.url, timeout=30) as client:
         resp = preflight(client, "/session", origin="http://other.example:8080")
         assert resp.status_code == 204
         assert resp.headers["access-control-allow-origin"] == "http://other.example:8080"
@@ -81,7 +81,7 @@ def test_each_allowed_origin_is_echoed_exactly(daemon: RunningDaemon) -> None:
 
 
 def test_preflight_from_other_origin_gets_403_and_no_cors(daemon: RunningDaemon) -> None:
-    with httpx.Client(base_url=daemon.url) as client:
+    with httpx.Client(base_url=daemon.url, timeout=30) as client:
         resp = preflight(client, "/session", origin=EVIL)
     assert resp.status_code == 403
     assert resp.json()["code"] == "origin_not_allowed"
@@ -89,21 +89,21 @@ def test_preflight_from_other_origin_gets_403_and_no_cors(daemon: RunningDaemon)
 
 
 def test_preflight_still_needs_a_loopback_host(daemon: RunningDaemon) -> None:
-    with httpx.Client(base_url=daemon.url) as client:
+    with httpx.Client(base_url=daemon.url, timeout=30) as client:
         resp = client.options("/session", headers={"Origin": APP, "Host": "attacker.example",
                                                    "Access-Control-Request-Method": "POST"})
     assert resp.status_code == 403 and resp.json()["code"] == "invalid_host"
 
 
 def test_options_that_is_not_a_preflight_needs_the_token(daemon: RunningDaemon) -> None:
-    with httpx.Client(base_url=daemon.url) as client:
+    with httpx.Client(base_url=daemon.url, timeout=30) as client:
         resp = client.options("/session", headers={"Origin": APP})
     assert resp.status_code == 401
     assert_cors_for(resp, APP)
 
 
 def test_actual_requests_from_allowed_origin_carry_cors(daemon: RunningDaemon) -> None:
-    with httpx.Client(base_url=daemon.url) as client:
+    with httpx.Client(base_url=daemon.url, timeout=30) as client:
         created = client.post("/session", json={}, headers={**AUTH, "Origin": APP})
         assert created.status_code == 200, created.text
         assert_cors_for(created, APP)
@@ -127,7 +127,7 @@ def test_actual_requests_from_allowed_origin_carry_cors(daemon: RunningDaemon) -
 
 
 def test_requests_from_other_origin_get_403_and_no_cors(daemon: RunningDaemon) -> None:
-    with httpx.Client(base_url=daemon.url) as client:
+    with httpx.Client(base_url=daemon.url, timeout=30) as client:
         resp = client.post("/session", json={}, headers={**AUTH, "Origin": EVIL})
         assert resp.status_code == 403 and resp.json()["code"] == "origin_not_allowed"
         assert_no_cors(resp)
@@ -137,7 +137,7 @@ def test_requests_from_other_origin_get_403_and_no_cors(daemon: RunningDaemon) -
 
 
 def test_requests_without_origin_get_no_cors(daemon: RunningDaemon) -> None:
-    with httpx.Client(base_url=daemon.url) as client:
+    with httpx.Client(base_url=daemon.url, timeout=30) as client:
         resp = client.post("/session", json={}, headers=AUTH)
     assert resp.status_code == 200
     assert_no_cors(resp)
@@ -163,7 +163,7 @@ async def test_sse_stream_from_allowed_origin_carries_cors(daemon: RunningDaemon
 
 
 def test_no_allow_origin_means_every_origin_is_refused(tmp_path: Path) -> None:
-    with running_daemon(tmp_path) as plain, httpx.Client(base_url=plain.url) as client:
+    with running_daemon(tmp_path) as plain, httpx.Client(base_url=plain.url, timeout=30) as client:
         resp = preflight(client, "/session")
         assert resp.status_code == 403
         assert_no_cors(resp)

@@ -29,12 +29,12 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]
 
 @pytest.fixture(scope="module")
 def session_id(daemon: RunningDaemon) -> str:
-    with httpx.Client(base_url=daemon.url) as client:
+    with httpx.Client(base_url=daemon.url, timeout=30) as client:
         return str(client.post("/session", json={}).json()["sessionId"])
 
 
 def test_auth_is_required_and_compared(secured: RunningDaemon) -> None:
-    with httpx.Client(base_url=secured.url) as client:
+    with httpx.Client(base_url=secured.url, timeout=30) as client:
         missing = client.post("/session", json={})
         assert missing.status_code == 401
         assert missing.json() == {"error": "Unauthorized", "code": "unauthorized"}
@@ -53,7 +53,7 @@ def test_auth_is_required_and_compared(secured: RunningDaemon) -> None:
 
 def test_origin_is_refused_unless_allow_listed(secured: RunningDaemon) -> None:
     auth = {"Authorization": f"Bearer {TOKEN}"}
-    with httpx.Client(base_url=secured.url) as client:
+    with httpx.Client(base_url=secured.url, timeout=30) as client:
         denied = client.get("/capabilities", headers={**auth, "Origin": "http://evil.test"})
         assert denied.status_code == 403
         assert denied.json() == {"error": "Request denied by CORS policy",
@@ -66,7 +66,7 @@ def test_origin_is_refused_unless_allow_listed(secured: RunningDaemon) -> None:
 
 
 def test_foreign_host_is_refused(daemon: RunningDaemon) -> None:
-    with httpx.Client(base_url=daemon.url) as client:
+    with httpx.Client(base_url=daemon.url, timeout=30) as client:
         resp = client.get("/health", headers={"Host": "attacker.example:4170"})
         assert resp.status_code == 403
         assert resp.json() == {"error": "Invalid Host header", "code": "invalid_host"}
@@ -76,7 +76,7 @@ def test_foreign_host_is_refused(daemon: RunningDaemon) -> None:
 
 def test_unknown_session_and_route(daemon: RunningDaemon) -> None:
     ghost = "00000000-0000-4000-8000-000000000000"
-    with httpx.Client(base_url=daemon.url) as client:
+    with httpx.Client(base_url=daemon.url, timeout=30) as client:
         for method, path in [("POST", "load"), ("POST", "prompt"), ("POST", "cancel"),
                              ("GET", "status"), ("GET", "transcript"), ("GET", "events")]:
             resp = client.request(method, f"/session/{ghost}/{path}", json={})
@@ -112,7 +112,7 @@ def test_unknown_session_and_route(daemon: RunningDaemon) -> None:
 def test_malformed_input_gets_400_with_code(daemon: RunningDaemon, session_id: str,
                                             path: str, body: bytes, code: str) -> None:
     url = path.replace("{sid}", f"/session/{session_id}")
-    with httpx.Client(base_url=daemon.url) as client:
+    with httpx.Client(base_url=daemon.url, timeout=30) as client:
         resp = client.post(url, content=body, headers={"Content-Type": "application/json"})
     assert resp.status_code == 400, resp.text
     payload = resp.json()
@@ -120,13 +120,13 @@ def test_malformed_input_gets_400_with_code(daemon: RunningDaemon, session_id: s
 
 
 def test_bad_json_error_text_matches_reference(daemon: RunningDaemon) -> None:
-    with httpx.Client(base_url=daemon.url) as client:
+    with httpx.Client(base_url=daemon.url, timeout=30) as client:
         resp = client.post("/session", content=b"{", headers={"Content-Type": "application/json"})
     assert resp.json() == {"error": "Invalid JSON in request body", "code": "invalid_json"}
 
 
 def test_stream_query_and_client_id_validation(daemon: RunningDaemon, session_id: str) -> None:
-    with httpx.Client(base_url=daemon.url) as client:
+    with httpx.Client(base_url=daemon.url, timeout=30) as client:
         for bad in ("15", "2049", "abc"):
             resp = client.get(f"/session/{session_id}/events", params={"maxQueued": bad})
             assert resp.status_code == 400 and resp.json()["code"] == "invalid_max_queued"
@@ -148,7 +148,7 @@ def test_stream_query_and_client_id_validation(daemon: RunningDaemon, session_id
 
 def test_body_too_large_is_413(daemon: RunningDaemon) -> None:
     big = b'{"pad": "' + b"x" * (10 * 1024 * 1024 + 10) + b'"}'
-    with httpx.Client(base_url=daemon.url) as client:
+    with httpx.Client(base_url=daemon.url, timeout=30) as client:
         resp = client.post("/session", content=big, headers={"Content-Type": "application/json"})
     assert resp.status_code == 413
     assert resp.json() == {"error": "Request body too large (max 10 MB)", "code": "body_too_large"}
@@ -167,7 +167,7 @@ def test_oversized_headers_rejected_before_app(daemon: RunningDaemon) -> None:
 
 def test_capabilities_and_status_show_effective_limits(daemon: RunningDaemon,
                                                        session_id: str) -> None:
-    with httpx.Client(base_url=daemon.url) as client:
+    with httpx.Client(base_url=daemon.url, timeout=30) as client:
         caps = client.get("/capabilities").json()
         assert caps["v"] == 1 and "session_transcript_pagination" in caps["features"]
         assert caps["limits"]["maxJournalEvents"] == 77
@@ -187,7 +187,7 @@ def test_capabilities_and_status_show_effective_limits(daemon: RunningDaemon,
 
 def test_subscriber_cap_is_429(daemon: RunningDaemon) -> None:
     host, port = daemon.url.removeprefix("http://").rsplit(":", 1)
-    with httpx.Client(base_url=daemon.url) as client:
+    with httpx.Client(base_url=daemon.url, timeout=30) as client:
         sid = client.post("/session", json={"sessionScope": "thread"}).json()["sessionId"]
     socks = []
     try:
@@ -198,7 +198,7 @@ def test_subscriber_cap_is_429(daemon: RunningDaemon) -> None:
             while b"retry: 3000" not in head:
                 head += s.recv(4096)
             socks.append(s)
-        with httpx.Client(base_url=daemon.url) as client:
+        with httpx.Client(base_url=daemon.url, timeout=30) as client:
             resp = client.get(f"/session/{sid}/events")
         assert resp.status_code == 429
         assert resp.headers["retry-after"] == "5"

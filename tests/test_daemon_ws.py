@@ -139,7 +139,7 @@ def read_frame(sock: socket.socket) -> tuple[int, bytes]:
 
 
 def test_two_missed_pongs_close_with_1011(pinging: RunningDaemon) -> None:
-    with httpx.Client(base_url=pinging.url) as client:
+    with httpx.Client(base_url=pinging.url, timeout=30) as client:
         sid = client.post("/session", json={}).json()["sessionId"]
     host, port = pinging.url.removeprefix("http://").rsplit(":", 1)
     key = base64.b64encode(os.urandom(16)).decode()
@@ -172,7 +172,7 @@ def write_frame(sock: socket.socket, opcode: int, payload: bytes) -> None:
 
 
 def test_a_peer_that_answers_pings_stays_connected(pinging: RunningDaemon) -> None:
-    with httpx.Client(base_url=pinging.url) as client:
+    with httpx.Client(base_url=pinging.url, timeout=30) as client:
         sid = client.post("/session", json={"sessionScope": "thread"}).json()["sessionId"]
         failures_before = pinging.stderr().count("event=ws_keepalive_failed")
         host, port = pinging.url.removeprefix("http://").rsplit(":", 1)

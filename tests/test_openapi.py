@@ -156,7 +156,7 @@ def test_every_route_the_daemon_serves_is_documented() -> None:
 
 
 def test_served_document_matches_the_table(served: RunningDaemon) -> None:
-    with httpx.Client(base_url=served.url) as client:
+    with httpx.Client(base_url=served.url, timeout=30) as client:
         resp = client.get("/openapi.json")
     assert resp.status_code == 200
     assert resp.headers["content-type"].startswith("application/json")
@@ -218,7 +218,7 @@ def test_every_documented_operation_exists_on_the_daemon(served: RunningDaemon) 
 
 
 def test_openapi_needs_the_token_like_every_route_but_health(secured: RunningDaemon) -> None:
-    with httpx.Client(base_url=secured.url) as client:
+    with httpx.Client(base_url=secured.url, timeout=30) as client:
         denied = client.get("/openapi.json")
         assert denied.status_code == 401 and denied.json()["code"] == "unauthorized"
         ok = client.get("/openapi.json", headers={"Authorization": f"Bearer {TOKEN}"})
