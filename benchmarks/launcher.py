@@ -283,7 +283,7 @@ class Daemon:
     # -- lifetime -------------------------------------------------------------------------------
 
     def stop(self) -> int:
-        _RUNNING.pop(self.proc.pid, None)
+        forget(self.proc)
         self.http.close()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -325,36 +325,67 @@ def start_daemon(
     (gates / "open").touch()
     prompt_log = base / "prompts.log"
     stderr_path = base / "daemon-stderr.log"
-    full_env = dict(os.environ)
-    full_env.pop("QWEN_SERVER_TOKEN", None)
-    full_env.update({
+    mock_env = {
         "MOCK_ACP_GATE_DIR": str(gates),
         "MOCK_ACP_PROMPT_LOG": str(prompt_log),
         "MOCK_ACP_PROMPT_DELAY_MS": "0",
-        "PYTHONUNBUFFERED": "1",
-    })
-    if env:
-        full_env.update(env)
-    argv = [sys.executable, "-m", "daemon", "--hostname", "127.0.0.1", "--port", "0",
-            "--data-dir", str(data), "--workspace", str(workspace), *args]
+    }
+    argv = ["--data-dir", str(data), "--workspace", str(workspace), *args]
     if not persistence:
         argv.append("--no-persistence")
+    try:
+        proc, url = spawn_daemon(argv, {**mock_env, **(env or {})}, workspace, stderr_path,
+                                 new_session=True)
+    except BaseException:
+        shutil.rmtree(base, ignore_errors=True)
+        raise
+    if _reporter is not None:
+        _reporter(f"daemon pid {proc.pid} listening on {url}")
+    return Daemon(url, proc, base, gates, prompt_log, stderr_path, argv)
+
+
+def spawn_daemon(
+    args: Sequence[str],
+    env: Mapping[str, str],
+    cwd: Path,
+    stderr_path: Path,
+    *,
+    new_session: bool = False,
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``python -m daemon --hostname 127.0.0.1 --port 0 *args`` and wait for its URL.
+
+    The one way tests and benchmarks launch a daemon. ``env`` is laid over this process's
+    environment without ``QWEN_SERVER_TOKEN`` (a launched daemon is open unless ``env`` or
+    ``args`` set a token); stderr goes to ``stderr_path``. With ``new_session`` the daemon
+    leads a process group of its own (see :func:`kill_everything`). The daemon's first stdout
+    line names the URL it bound, so nothing guesses ports or sleeps; a daemon that exits or
+    stays silent for ``START_TIMEOUT_S`` is killed and :class:`LaunchError` carries the tail of
+    its stderr.
+    """
+    full_env = dict(os.environ)
+    full_env.pop("QWEN_SERVER_TOKEN", None)
+    full_env["PYTHONUNBUFFERED"] = "1"
+    full_env.update(env)
+    argv = [sys.executable, "-m", "daemon", "--hostname", "127.0.0.1", "--port", "0", *args]
     with open(stderr_path, "wb") as err:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, env=full_env,
-                                cwd=str(workspace), start_new_session=True)
+                                cwd=str(cwd), start_new_session=new_session)
     _RUNNING[proc.pid] = proc
     try:
-        url = _read_url(proc, stderr_path)
+        return proc, _read_url(proc, stderr_path)
     except BaseException:
         _RUNNING.pop(proc.pid, None)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        shutil.rmtree(base, ignore_errors=True)
+        if proc.stdout is not None:
+            proc.stdout.close()
         raise
-    if _reporter is not None:
-        _reporter(f"daemon pid {proc.pid} listening on {url}")
-    return Daemon(url, proc, base, gates, prompt_log, stderr_path, list(argv[3:]))
+
+
+def forget(proc: subprocess.Popen[bytes]) -> None:
+    """``proc`` was stopped by its owner: :func:`kill_everything` need not stop it."""
+    _RUNNING.pop(proc.pid, None)
 
 
 def _read_url(proc: subprocess.Popen[bytes], stderr_path: Path) -> str:

@@ -1,25 +1,21 @@
 """Run the real daemon as a subprocess on 127.0.0.1 for integration tests.
 
-The daemon is started with ``--port 0``; its first stdout line names the URL it bound, so tests
+The daemon is started by :func:`benchmarks.launcher.spawn_daemon`, the one launcher the tests and
+the benchmarks share: ``--port 0``, and its first stdout line names the URL it bound, so tests
 never guess ports and never sleep waiting for start-up.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import selectors
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-LISTEN_RE = re.compile(r"listening on (http://\S+)")
-START_TIMEOUT_S = 30.0
+from benchmarks.launcher import forget, spawn_daemon
 
 
 @dataclass
@@ -44,6 +40,7 @@ class RunningDaemon:
         return self.stderr_path.read_text(errors="replace")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+        forget(self.proc)
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
@@ -74,42 +71,11 @@ def start_daemon(
     (gate / "open").touch()
     log = base / "prompts.log"
     stderr_path = base / f"{tag}-stderr-{time.monotonic_ns()}.log"
-    full_env = dict(os.environ)
-    full_env.pop("QWEN_SERVER_TOKEN", None)
-    full_env.update({"MOCK_ACP_GATE_DIR": str(gate), "MOCK_ACP_PROMPT_LOG": str(log),
-                     "PYTHONUNBUFFERED": "1"})
-    if env:
-        full_env.update(env)
-    argv = [sys.executable, "-m", "daemon", "--hostname", "127.0.0.1", "--port", "0",
-            "--data-dir", str(data), "--workspace", str(base), *args]
-    with open(stderr_path, "wb") as err:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, env=full_env,
-                                cwd=str(base))
-    assert proc.stdout is not None
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    buf = b""
-    try:
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise RuntimeError("daemon did not report its URL in time:\n"
-                                   + stderr_path.read_text(errors="replace"))
-            if not sel.select(remaining):
-                continue
-            chunk = os.read(proc.stdout.fileno(), 4096)
-            if not chunk:
-                proc.wait(5)
-                raise RuntimeError(f"daemon exited with {proc.returncode} before listening:\n"
-                                   + stderr_path.read_text(errors="replace"))
-            buf += chunk
-            match = LISTEN_RE.search(buf.decode(errors="replace"))
-            if match:
-                return RunningDaemon(match.group(1), proc, data, gate, log, stderr_path,
-                                     list(args))
-    finally:
-        sel.close()
+    mock_env = {"MOCK_ACP_GATE_DIR": str(gate), "MOCK_ACP_PROMPT_LOG": str(log)}
+    # A daemon that does not start raises LaunchError (a RuntimeError) with its stderr's tail.
+    proc, url = spawn_daemon(["--data-dir", str(data), "--workspace", str(base), *args],
+                             {**mock_env, **(env or {})}, base, stderr_path)
+    return RunningDaemon(url, proc, data, gate, log, stderr_path, list(args))
 
 
 @contextmanager
