@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
+from daemon.core.envelope import Event, synthetic
+
 MAX_QUEUED_DEFAULT: Final = 256
 MAX_QUEUED_MIN: Final = 16
 MAX_QUEUED_MAX: Final = 2048
@@ -39,6 +41,16 @@ class Warning:
 @dataclass(frozen=True)
 class Eviction:
     data: dict[str, Any]
+
+
+def slow_client_warning_event(warning: Warning, now_ms: int) -> Event:
+    """The id-less ``slow_client_warning`` frame of ``warning``."""
+    return synthetic("slow_client_warning", warning.data, now_ms=now_ms)
+
+
+def client_evicted_event(eviction: Eviction, now_ms: int) -> Event:
+    """The id-less ``client_evicted`` frame that ends an evicted subscriber's stream."""
+    return synthetic("client_evicted", eviction.data, now_ms=now_ms)
 
 
 class SubscriberState:
