@@ -19,6 +19,7 @@ from urllib.parse import parse_qs
 import trio
 
 from sdk.protocol.constants import MAX_EVENT_ID
+from sdk.protocol.sse import SSE_HEARTBEAT, sse_retry
 
 from .bus import SessionBus, Subscription, now_ms
 from .core.envelope import Event, encode_json, sse_chunks
@@ -33,8 +34,8 @@ from .core.subscriber import (
 )
 from .sockets import shutdown_connection
 
-SSE_RETRY = b"retry: 3000\n\n"
-SSE_HEARTBEAT = b": heartbeat\n\n"
+#: The frame that opens every stream (``retry: 3000``).
+SSE_RETRY = sse_retry()
 
 log = logging.getLogger("daemon.streams")
 
