@@ -210,15 +210,9 @@ def _data_of(payload: EventPayload) -> Any:
     return payload
 
 
-def typed_event(
-    event_id: int | None,
-    payload: EventPayload,
-    *,
-    now_ms: int,
-    prompt_id: str | None = None,
-    originator_client_id: str | None = None,
-    meta: JsonObject | None = None,
-) -> Event | None:
+def typed_event(event_id: int | None, payload: EventPayload, *, now_ms: int,
+                prompt_id: str | None = None, originator_client_id: str | None = None,
+                meta: JsonObject | None = None) -> Event | None:
     """:func:`make_event` for a payload Struct: the event type is the payload's."""
     return make_event(event_id, event_type_of(payload), _data_of(payload), now_ms=now_ms,
                       prompt_id=prompt_id, originator_client_id=originator_client_id,

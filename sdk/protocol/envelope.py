@@ -205,15 +205,9 @@ def decode_events(items: Iterable[Any]) -> list[DaemonEvent]:
 _encode: Final = msgspec.json.Encoder().encode
 
 
-def envelope_fields(
-    event_type: str,
-    data: Any,
-    *,
-    event_id: int | None = None,
-    prompt_id: str | None = None,
-    originator_client_id: str | None = None,
-    meta: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+def envelope_fields(event_type: str, data: Any, *, event_id: int | None = None,
+                    prompt_id: str | None = None, originator_client_id: str | None = None,
+                    meta: dict[str, Any] | None = None) -> dict[str, Any]:
     """One envelope as a dict, keys in the daemon's order (``id``, ``v``, ``type``, ``data``,
     ``promptId``, ``originatorClientId``, ``_meta``), absent ones left out: the one definition
     of the envelope's layout, which :func:`encode_envelope` encodes."""
