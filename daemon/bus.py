@@ -1,6 +1,7 @@
 """The session bus: the publish pipeline and subscriber wake-ups (SPEC §4.1). Trio shell.
 
-Publishing assigns the id, encodes once (``envelope.make_event``), appends to the ring, feeds
+Publishing takes a typed payload (:mod:`sdk.protocol.events`), assigns the id, encodes once
+(``envelope.typed_event``), appends to the ring, feeds
 both live journals and the compactor, hands the bytes to the transcript writer and, once per
 batch (``flush``), wakes every subscriber and applies the slow-client rules. Subscribers read
 the shared ring through their own cursor; nothing is copied per subscriber.
@@ -14,13 +15,15 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import trio
 
+from sdk.protocol.events import EventPayload, SessionUpdateData, TurnCompleteData, TurnErrorData
+
 from .core.compactor import TurnCompactor, stamp_record
-from .core.envelope import Event, JsonObject, decode_json, make_event
+from .core.envelope import Event, JsonObject, decode_json, make_event, typed_event
 from .core.live_journal import LiveJournals, plain_chunk_key
 from .core.replay_window import Record, ReplayWindow, SegmentHandle, SpilledTurn
 from .core.ring import DEFAULT_RING_BYTES, EventRing
@@ -50,6 +53,10 @@ FLOW_STALL_S = 0.5
 # would without flow control.
 FLOW_BUDGET_RATE = 0.1
 FLOW_BUDGET_MAX = FLOW_STALL_S
+
+# ``publish(event_type, data)``: the untyped form, for callers outside the daemon (the
+# benchmarks) that publish plain values. The daemon itself publishes typed payloads.
+_TYPED: Final[Any] = object()
 
 
 def now_ms() -> int:
@@ -185,16 +192,17 @@ class SessionBus:
 
     def publish(
         self,
-        event_type: str,
-        data: Any,
+        payload: EventPayload | str,
+        data: Any = _TYPED,
         *,
         prompt_id: str | None = None,
         originator_client_id: str | None = None,
         meta: JsonObject | None = None,
         flush: bool = True,
     ) -> Event | None:
-        """Publish one event; ``None`` if it could not be encoded (no id consumed)."""
-        event = self._append(event_type, data, prompt_id, originator_client_id, meta)
+        """Publish one event, typed by its payload Struct; ``None`` if it could not be encoded
+        (no id consumed). (``publish(event_type, data)`` publishes plain values.)"""
+        event = self._append(payload, data, prompt_id, originator_client_id, meta)
         if event is not None:
             try:
                 self.compactor.add(event)
@@ -290,23 +298,34 @@ class SessionBus:
             log.warning("event=agent_bad_update session=%s excerpt=%r", self.session_id,
                         update[:200])
             return
-        self.publish("session_update", {"sessionId": self.session_id, "update": decoded},
+        self.publish(SessionUpdateData(session_id=self.session_id, update=decoded),
                      prompt_id=prompt_id, originator_client_id=originator_client_id,
                      flush=False)
 
     def _append(
-        self, event_type: str, data: Any, prompt_id: str | None,
+        self, payload: EventPayload | str, data: Any, prompt_id: str | None,
         originator_client_id: str | None, meta: JsonObject | None,
     ) -> Event | None:
         if self.closed:
             return None
-        event = make_event(
-            self.ring.next_id, event_type, data, now_ms=self.clock_ms(), prompt_id=prompt_id,
-            originator_client_id=originator_client_id, meta=meta,
-        )
+        if isinstance(payload, str):
+            if data is _TYPED:
+                raise TypeError("publish(event_type, data) needs the data")
+            event = make_event(
+                self.ring.next_id, payload, data, now_ms=self.clock_ms(), prompt_id=prompt_id,
+                originator_client_id=originator_client_id, meta=meta,
+            )
+        else:
+            if data is not _TYPED:
+                raise TypeError("a typed payload carries its data")
+            event = typed_event(
+                self.ring.next_id, payload, now_ms=self.clock_ms(), prompt_id=prompt_id,
+                originator_client_id=originator_client_id, meta=meta,
+            )
         if event is None:
-            log.warning("event=dropped reason=unencodable session=%s type=%s",
-                        self.session_id, event_type)
+            log.warning("event=dropped reason=unencodable session=%s payload=%s",
+                        self.session_id, payload if isinstance(payload, str)
+                        else type(payload).__name__)
             return None
         self.ring.append(event)
         self.journals.append(event)
@@ -321,8 +340,8 @@ class SessionBus:
 
     def publish_terminal(
         self,
-        event_type: str,
-        data: JsonObject,
+        payload: TurnCompleteData | TurnErrorData | str,
+        data: Any = _TYPED,
         *,
         prompt_id: str | None,
         originator_client_id: str | None,
@@ -331,7 +350,7 @@ class SessionBus:
     ) -> Event | None:
         """Publish a turn terminal and close the turn: compact it into one replay-window segment
         stamped with transcript record ids, reset both live journals, and store the records."""
-        event = self._append(event_type, data, prompt_id, originator_client_id, None)
+        event = self._append(payload, data, prompt_id, originator_client_id, None)
         if event is None:
             return None
         self._persist(event)
@@ -397,9 +416,10 @@ class SessionBus:
                 continue
             if isinstance(verdict, Warning):
                 self.slow_client_warnings += 1
+                warned = verdict.data
                 log.info("event=slow_client_warning session=%s threshold=%s queue_size=%s "
-                         "queued_bytes=%s", self.session_id, verdict.data["threshold"],
-                         verdict.data["queueSize"], verdict.data["queuedBytes"])
+                         "queued_bytes=%s", self.session_id, warned.threshold,
+                         warned.queue_size, warned.queued_bytes)
                 sub.pending_warning = verdict
             if (ring.last_id - state.cursor >= FLOW_FRACTION * state.max_queued
                     or ring.bytes_since(state.cursor)
@@ -442,10 +462,12 @@ class SessionBus:
         if sub in self.subscribers:
             self.subscribers.discard(sub)
             self.clients_evicted += 1
-            data = sub.state.evicted.data if sub.state.evicted is not None else {}
+            evicted = sub.state.evicted
+            data = evicted.data if evicted is not None else None
             log.info("event=client_evicted session=%s reason=%s dropped_after=%s queue_size=%s "
-                     "queued_bytes=%s", self.session_id, data.get("reason"),
-                     data.get("droppedAfter"), data.get("queueSize"), data.get("queuedBytes"))
+                     "queued_bytes=%s", self.session_id, data and data.reason,
+                     data and data.dropped_after, data and data.queue_size,
+                     data and data.queued_bytes)
         # Its stream sends client_evicted and closes once its current write completes, or cuts
         # the connection if that write stays stalled (see streams.watch_eviction).
         sub.evicted.set()

@@ -19,6 +19,20 @@ from typing import Any
 
 import trio
 
+from sdk.protocol.constants import BRIDGE_ECHO
+from sdk.protocol.events import (
+    PendingPromptAddedData,
+    PendingPromptCompletedData,
+    PendingPromptStartedData,
+    PermissionRequestData,
+    PermissionResolvedData,
+    PromptCancelledData,
+    SessionClosedData,
+    SessionDiedData,
+    SessionUpdateData,
+)
+from sdk.protocol.terminals import CHANNEL_CLOSED
+
 from .agent import AgentChannel, AgentRpcError, ChannelClosed
 from .bus import SessionBus, now_ms
 from .core.prompt_lifecycle import (
@@ -141,9 +155,8 @@ class Session:
             )
         if prompt.queued:
             self.bus.publish(
-                "pending_prompt_added",
-                {"sessionId": self.id, "promptId": prompt.prompt_id, "text": prompt.text,
-                 "queuedAt": now_ms()},
+                PendingPromptAddedData(session_id=self.id, prompt_id=prompt.prompt_id,
+                                       text=prompt.text, queued_at=now_ms()),
                 prompt_id=prompt.prompt_id, originator_client_id=client_id,
             )
         self.queue.append(prompt)
@@ -182,17 +195,18 @@ class Session:
         bus = self.bus
         if prompt.queued:
             bus.publish(
-                "pending_prompt_started",
-                {"sessionId": self.id, "promptId": prompt.prompt_id, "text": prompt.text},
+                PendingPromptStartedData(session_id=self.id, prompt_id=prompt.prompt_id,
+                                         text=prompt.text),
                 prompt_id=prompt.prompt_id, originator_client_id=prompt.client_id,
             )
         ts = now_ms()
         for block in prompt.blocks[:MAX_ECHO_BLOCKS]:
+            # The echo's update is ACP content (the client's block as sent), kept as plain
+            # values inside the typed payload.
             bus.publish(
-                "session_update",
-                {"sessionId": self.id, "update": {
+                SessionUpdateData(session_id=self.id, update={
                     "sessionUpdate": "user_message_chunk", "content": block,
-                    "_meta": {"serverTimestamp": ts, "source": "bridge-echo"}}},
+                    "_meta": {"serverTimestamp": ts, "source": BRIDGE_ECHO}}),
                 prompt_id=prompt.prompt_id, originator_client_id=prompt.client_id, flush=False,
             )
         bus.flush()
@@ -240,7 +254,7 @@ class Session:
         await self._wait_durable()
         self._resolve_permissions(prompt.prompt_id)
         bus.publish_terminal(
-            decision.event_type, decision.data(self.id, prompt.prompt_id),
+            decision.data(self.id, prompt.prompt_id),
             prompt_id=prompt.prompt_id,
             originator_client_id=prompt.client_id, ledger_terminal=ledger,
             stop_reason=stop_reason,
@@ -254,8 +268,8 @@ class Session:
         bus.active_prompt_id = None
         if prompt.queued:
             bus.publish(
-                "pending_prompt_completed",
-                {"sessionId": self.id, "promptId": prompt.prompt_id, "state": completion},
+                PendingPromptCompletedData(session_id=self.id, prompt_id=prompt.prompt_id,
+                                           state=completion),
                 prompt_id=prompt.prompt_id, originator_client_id=prompt.client_id,
             )
         prompt.done.set()
@@ -273,12 +287,12 @@ class Session:
             if died:
                 exit_code, signal_code = self.agent_exit or (self.agent.exit_code,
                                                                  self.agent.signal_name)
-                self.bus.publish("session_died", {
-                    "sessionId": self.id, "reason": "channel_closed",
-                    "exitCode": exit_code, "signalCode": signal_code})
+                self.bus.publish(SessionDiedData(
+                    session_id=self.id, reason=CHANNEL_CLOSED, exit_code=exit_code,
+                    signal_code=signal_code))
             else:
-                self.bus.publish("session_closed",
-                                 {"sessionId": self.id, "reason": self.closing or "closed"})
+                self.bus.publish(SessionClosedData(session_id=self.id,
+                                                   reason=self.closing or "closed"))
             await self._wait_durable()
 
     async def _wait_durable(self) -> None:
@@ -302,7 +316,7 @@ class Session:
         if prompt is None or state is None:
             return
         prompt.state = state
-        self.bus.publish("prompt_cancelled", {"sessionId": self.id},
+        self.bus.publish(PromptCancelledData(session_id=self.id),
                          prompt_id=prompt.prompt_id, originator_client_id=client_id)
         self._resolve_permissions(prompt.prompt_id)
         if prompt.scope is not None:
@@ -376,9 +390,8 @@ class Session:
         options = params.get("options")
         options = options if isinstance(options, list) else []
         self.bus.publish(
-            "permission_request",
-            {"requestId": request_id, "sessionId": self.id,
-             "toolCall": params.get("toolCall"), "options": options},
+            PermissionRequestData(request_id=request_id, session_id=self.id,
+                                  tool_call=params.get("toolCall"), options=options),
             prompt_id=prompt.prompt_id if prompt is not None else None,
         )
         outcome: dict[str, Any]
@@ -395,7 +408,7 @@ class Session:
             finally:
                 self.permissions.pop(request_id, None)
             outcome = waiter.outcome or {"outcome": "cancelled"}
-        self.bus.publish("permission_resolved", {"requestId": request_id, "outcome": outcome},
+        self.bus.publish(PermissionResolvedData(request_id=request_id, outcome=outcome),
                          prompt_id=prompt.prompt_id if prompt is not None else None)
         return {"outcome": outcome}
 

@@ -19,12 +19,23 @@ from urllib.parse import parse_qs
 import trio
 
 from sdk.protocol.constants import MAX_EVENT_ID
+from sdk.protocol.sse import SSE_HEARTBEAT, sse_retry
 
 from .bus import SessionBus, Subscription, now_ms
-from .core.envelope import Event, encode_json, sse_chunks, synthetic
+from .core.envelope import Event, encode_json, sse_chunks
 from .core.ring import decide_resume
-from .core.subscriber import MAX_QUEUED_DEFAULT, MAX_QUEUED_MAX, MAX_QUEUED_MIN, SubscriberState
+from .core.subscriber import (
+    MAX_QUEUED_DEFAULT,
+    MAX_QUEUED_MAX,
+    MAX_QUEUED_MIN,
+    SubscriberState,
+    client_evicted_event,
+    slow_client_warning_event,
+)
 from .sockets import shutdown_connection
+
+#: The frame that opens every stream (``retry: 3000``).
+SSE_RETRY = sse_retry()
 
 log = logging.getLogger("daemon.streams")
 
@@ -191,7 +202,7 @@ class EventPump:
         self.sub.pending_warning = None
         if warning is None:
             return None
-        return synthetic("slow_client_warning", warning.data, now_ms=now_ms())
+        return slow_client_warning_event(warning, now_ms())
 
     def next_batch(self) -> list[Event] | None:
         """Live events after the cursor (with a pending warning first); ``None`` when evicted.
@@ -330,7 +341,7 @@ async def serve_sse(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
             if stalled_write_s is not None:
                 nursery.start_soon(watch_stalled_writes, sub, stalled_write_s)
             sub.begin_write()
-            await body(b"retry: 3000\n\n")
+            await body(SSE_RETRY)
             for chunk in sse_chunks(plan.before):
                 await body(chunk)
             if await replay_events(sub, plan.replay, partial(_sse_group, body)):
@@ -351,7 +362,7 @@ async def serve_sse(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
                     break
                 if not await pump.wait():
                     sub.begin_write()  # a stalled heartbeat is a stalled write like any other
-                    await body(b": heartbeat\n\n")
+                    await body(SSE_HEARTBEAT)
                     sub.end_write()
             nursery.cancel_scope.cancel()
     finally:
@@ -359,8 +370,8 @@ async def serve_sse(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
     eviction = sub.state.evicted
     closing: list[MutableMapping[str, Any]] = []
     if eviction is not None:
-        closing.append({"type": "http.response.body", "more_body": True, "body": synthetic(
-            "client_evicted", eviction.data, now_ms=now_ms()).sse_frame})
+        closing.append({"type": "http.response.body", "more_body": True, "body": client_evicted_event(
+            eviction, now_ms()).sse_frame})
     closing.append({"type": "http.response.body", "body": b"", "more_body": False})
     await final_send(sub, send, closing, EVICTED_FRAME_TIMEOUT_S)
 
@@ -426,8 +437,8 @@ async def serve_ws(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
         return
     closing: list[MutableMapping[str, Any]] = []
     if eviction is not None:
-        closing.append({"type": "websocket.send", "text": synthetic(
-            "client_evicted", eviction.data, now_ms=now_ms()).raw.decode()})
+        closing.append({"type": "websocket.send", "text": client_evicted_event(
+            eviction, now_ms()).raw.decode()})
     closing.append({"type": "websocket.close", "code": close_code})
     await final_send(sub, send, closing, EVICTED_FRAME_TIMEOUT_S)
 

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from daemon.bus import BusLimits, SessionBus
 from daemon.core.envelope import decode_json
+from sdk.protocol.events import SessionUpdateData, TurnCompleteData
 
 chunk = st.tuples(st.sampled_from(["agent_message_chunk", "agent_thought_chunk"]),
                   st.text(min_size=0, max_size=40))
@@ -36,14 +37,14 @@ def test_compacted_turn_is_whole_however_much_the_journal_evicted(
         else:
             update = {"sessionUpdate": "user_message_chunk",
                       "content": {"type": "text", "text": "u"}}
-        bus.publish("session_update", {"sessionId": "s", "update": update}, prompt_id="p",
+        bus.publish(SessionUpdateData(session_id="s", update=update), prompt_id="p",
                     flush=False)
         journal = bus.journals.full
         assert journal.entry_count <= max_events
         assert journal.total_bytes <= max_bytes or journal.entry_count == 1
         assert journal.retained_events + journal.truncated_events == n + 1
-    bus.publish_terminal("turn_complete", {"sessionId": "s", "stopReason": "end_turn",
-                                           "promptId": "p"}, prompt_id="p",
+    bus.publish_terminal(TurnCompleteData(session_id="s", stop_reason="end_turn",
+                                          prompt_id="p"), prompt_id="p",
                          originator_client_id=None, ledger_terminal="completed",
                          stop_reason="end_turn")
     assert bus.journals.full.entry_count == 0  # the terminal reset the live journal

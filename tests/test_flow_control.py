@@ -15,13 +15,14 @@ from daemon.bus import (
     Subscription,
 )
 from daemon.core.subscriber import SubscriberState
+from sdk.protocol.events import SessionUpdateData
 
 
 def chunk(bus: SessionBus, n: int) -> None:
     for i in range(n):
-        bus.publish("session_update", {"sessionId": "s", "update": {
+        bus.publish(SessionUpdateData(session_id="s", update={
             "sessionUpdate": "agent_message_chunk",
-            "content": {"type": "text", "text": f"c{i}"}}}, flush=False)
+            "content": {"type": "text", "text": f"c{i}"}}), flush=False)
     bus.flush()
 
 

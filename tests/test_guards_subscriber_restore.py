@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 
+import msgspec
+
 from daemon.core.envelope import decode_json, encode_json, make_event
 from daemon.core.guards import Denial, Guard, bearer_token, host_name
 from daemon.core.restore import close_interrupted, seed_segments
@@ -80,16 +82,16 @@ def test_warning_once_then_rearm_then_evict() -> None:
     state = SubscriberState(cursor=0, max_queued=16)
     assert state.check(ring_with(11)) is None
     first = state.check(ring_with(12))
-    assert isinstance(first, Warning) and first.data["threshold"] == "frames"
-    assert first.data["queueSize"] == 12 and first.data["maxQueued"] == 16
+    assert isinstance(first, Warning) and first.data.threshold == "frames"
+    assert first.data.queue_size == 12 and first.data.max_queued == 16
     assert state.check(ring_with(13)) is None  # latched
     state.cursor = 10  # caught up below 37.5%: re-armed
     assert state.check(ring_with(15)) is None
     assert isinstance(state.check(ring_with(22)), Warning)
     evicted = state.check(ring_with(27))
     assert isinstance(evicted, Eviction)
-    assert evicted.data == {"reason": "queue_overflow", "droppedAfter": 10, "queueSize": 17,
-                            "maxQueued": 16, "queuedBytes": evicted.data["queuedBytes"],
+    assert msgspec.to_builtins(evicted.data) == {"reason": "queue_overflow", "droppedAfter": 10, "queueSize": 17,
+                            "maxQueued": 16, "queuedBytes": evicted.data.queued_bytes,
                             "maxQueuedBytes": 2 * 1024 * 1024}
     assert state.check(ring_with(1)) is evicted  # sticky
 
@@ -97,7 +99,7 @@ def test_warning_once_then_rearm_then_evict() -> None:
 def test_byte_cap_eviction() -> None:
     state = SubscriberState(cursor=0, max_queued=2048, max_queued_bytes=10_000)
     verdict = state.check(ring_with(50, size=300))
-    assert isinstance(verdict, Eviction) and verdict.data["reason"] == "queue_bytes_overflow"
+    assert isinstance(verdict, Eviction) and verdict.data.reason == "queue_bytes_overflow"
 
 
 def test_close_interrupted_compacts_the_running_turn() -> None:

@@ -3,6 +3,7 @@ field, the spill threshold being strictly over the cap, the empty window, refusa
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from daemon.core.replay_window import ReplayWindow
@@ -16,7 +17,7 @@ def test_marker_reports_counts_cap_anchor_and_transcript_flag() -> None:
     window.add_segment(turn(2, "c", pad=30))
     assert window.truncated_turns >= 1
     for full in (True, False):
-        assert window.marker(full_transcript_available=full) == {
+        assert msgspec.to_builtins(window.marker(full_transcript_available=full)) == {
             "reason": "replay_window_exceeded",
             "truncatedEvents": window.truncated_events,
             "retainedEvents": window.event_count,

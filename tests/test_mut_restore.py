@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import itertools
 
+import msgspec
+
 from daemon.core.envelope import decode_json, encode_json
 from daemon.core.restore import (
     INTERRUPTED_MESSAGE,
@@ -22,7 +24,7 @@ def _ids() -> itertools.count[int]:
 
 def test_the_interrupted_terminal() -> None:
     assert INTERRUPTED_MESSAGE == "Prompt interrupted by daemon restart"
-    assert interrupted_terminal("s", "p", 9) == {
+    assert msgspec.to_builtins(interrupted_terminal("s", "p", 9)) == {
         "v": 1, "type": "turn_error",
         "data": {"sessionId": "s", "message": INTERRUPTED_MESSAGE, "code": "interrupted",
                  "promptId": "p"},
@@ -61,7 +63,7 @@ def test_damaged_rows_are_skipped_and_queued_prompts_get_their_terminal() -> Non
     ((record_id, body),) = op.records
     assert record_id == "r1"
     record = decode_json(body)
-    assert record["data"] == interrupted_terminal("s", "p9", 3)["data"]
+    assert record["data"] == msgspec.to_builtins(interrupted_terminal("s", "p9", 3)["data"])
     assert record["data"]["code"] == "interrupted"
 
 

@@ -17,7 +17,7 @@ def test_a_cursor_just_two_below_the_oldest_held_id_is_a_gap() -> None:
     assert ring.first_id == 4
     plan = decide_resume(ring, 2, EPOCH, EPOCH, now_ms=NOW)  # event 3 is gone
     assert [e.type for e in plan.before] == ["state_resync_required"]
-    assert plan.before[0].data["reason"] == "ring_evicted"
+    assert json.loads(plan.before[0].raw)["data"]["reason"] == "ring_evicted"
     assert [e.id for e in plan.replay] == [4, 5, 6]
     plan = decide_resume(ring, 3, EPOCH, EPOCH, now_ms=NOW)  # nothing missing
     assert plan.before == [] and [e.id for e in plan.replay] == [4, 5, 6]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
+
 from daemon.core.subscriber import (
     MAX_QUEUED_BYTES,
     MAX_QUEUED_DEFAULT,
@@ -40,7 +42,7 @@ def test_frame_warning_at_exactly_three_quarters_with_its_data() -> None:
     assert state.check(Ring(last_id=11)) is None
     warning = state.check(Ring(last_id=12))
     assert isinstance(warning, Warning)
-    assert warning.data == {"queueSize": 12, "maxQueued": 16, "lastEventId": 0,
+    assert msgspec.to_builtins(warning.data) == {"queueSize": 12, "maxQueued": 16, "lastEventId": 0,
                             "queuedBytes": 12, "maxQueuedBytes": 1000, "threshold": "frames"}
     assert state.warned is True
 
@@ -49,11 +51,11 @@ def test_byte_warning_and_both_thresholds() -> None:
     state = SubscriberState(cursor=0, max_queued=100, max_queued_bytes=1000)
     assert state.check(Ring(last_id=10, size=74)) is None  # 740 bytes
     warning = state.check(Ring(last_id=10, size=75))  # 750: exactly 75%
-    assert isinstance(warning, Warning) and warning.data["threshold"] == "bytes"
-    assert warning.data["queuedBytes"] == 750
+    assert isinstance(warning, Warning) and warning.data.threshold == "bytes"
+    assert warning.data.queued_bytes == 750
     both = SubscriberState(cursor=0, max_queued=100, max_queued_bytes=1000)
     warning = both.check(Ring(last_id=80, size=10))
-    assert isinstance(warning, Warning) and warning.data["threshold"] == "frames_and_bytes"
+    assert isinstance(warning, Warning) and warning.data.threshold == "frames_and_bytes"
 
 
 def test_the_warning_rearms_only_below_three_eighths_of_both_caps() -> None:
@@ -85,7 +87,7 @@ def test_a_full_queue_is_within_the_cap_and_one_more_is_evicted() -> None:
     assert state.evicted is None
     eviction = state.check(Ring(last_id=17))
     assert isinstance(eviction, Eviction)
-    assert eviction.data == {"reason": "queue_overflow", "droppedAfter": 0, "queueSize": 17,
+    assert msgspec.to_builtins(eviction.data) == {"reason": "queue_overflow", "droppedAfter": 0, "queueSize": 17,
                              "maxQueued": 16, "queuedBytes": 17, "maxQueuedBytes": 10_000}
 
 
@@ -94,16 +96,16 @@ def test_bytes_exactly_at_the_cap_are_within_it() -> None:
     assert not isinstance(state.check(Ring(last_id=10, size=100)), Eviction)
     eviction = state.check(Ring(last_id=11, size=100))
     assert isinstance(eviction, Eviction)
-    assert eviction.data["reason"] == "queue_bytes_overflow"
-    assert eviction.data["queuedBytes"] == 1100 and eviction.data["queueSize"] == 11
+    assert eviction.data.reason == "queue_bytes_overflow"
+    assert eviction.data.queued_bytes == 1100 and eviction.data.queue_size == 11
 
 
 def test_a_cursor_whose_next_event_left_the_ring_is_evicted() -> None:
     state = SubscriberState(cursor=3, max_queued=100)
     assert state.check(Ring(last_id=10, first_id=4)) is None  # event 4 still held
     eviction = SubscriberState(cursor=3, max_queued=100).check(Ring(last_id=10, first_id=5))
-    assert isinstance(eviction, Eviction) and eviction.data["reason"] == "queue_overflow"
-    assert eviction.data["droppedAfter"] == 3 and eviction.data["queueSize"] == 7
+    assert isinstance(eviction, Eviction) and eviction.data.reason == "queue_overflow"
+    assert eviction.data.dropped_after == 3 and eviction.data.queue_size == 7
 
 
 def test_a_stalled_replay_whose_next_event_left_the_ring_is_evicted() -> None:
@@ -112,7 +114,7 @@ def test_a_stalled_replay_whose_next_event_left_the_ring_is_evicted() -> None:
     assert state.check(Ring(last_id=50, first_id=21)) is None
     eviction = state.check(Ring(last_id=50, first_id=22))
     assert isinstance(eviction, Eviction)
-    assert eviction.data == {"reason": "queue_overflow", "droppedAfter": 20, "queueSize": 30,
+    assert msgspec.to_builtins(eviction.data) == {"reason": "queue_overflow", "droppedAfter": 20, "queueSize": 30,
                              "maxQueued": 100, "queuedBytes": 29,
                              "maxQueuedBytes": MAX_QUEUED_BYTES}
     assert state.check(Ring(last_id=50)) is eviction  # sticky
@@ -121,7 +123,7 @@ def test_a_stalled_replay_whose_next_event_left_the_ring_is_evicted() -> None:
 def test_evict_now_reports_the_current_lag() -> None:
     state = SubscriberState(cursor=4, max_queued=100)
     eviction = state.evict_now("client_closed", Ring(last_id=9, size=3))
-    assert eviction.data == {"reason": "client_closed", "droppedAfter": 4, "queueSize": 5,
+    assert msgspec.to_builtins(eviction.data) == {"reason": "client_closed", "droppedAfter": 4, "queueSize": 5,
                              "maxQueued": 100, "queuedBytes": 15,
                              "maxQueuedBytes": MAX_QUEUED_BYTES}
     assert state.evicted is eviction
@@ -130,17 +132,17 @@ def test_evict_now_reports_the_current_lag() -> None:
 def test_a_single_huge_event_warns_and_a_bigger_one_evicts() -> None:
     state = SubscriberState(cursor=0, max_queued=100, max_queued_bytes=1000)
     warning = state.check(Ring(last_id=1, size=800))
-    assert isinstance(warning, Warning) and warning.data["threshold"] == "bytes"
+    assert isinstance(warning, Warning) and warning.data.threshold == "bytes"
     eviction = SubscriberState(cursor=0, max_queued=100, max_queued_bytes=1000).check(
         Ring(last_id=1, size=1001))
-    assert isinstance(eviction, Eviction) and eviction.data["reason"] == "queue_bytes_overflow"
+    assert isinstance(eviction, Eviction) and eviction.data.reason == "queue_bytes_overflow"
 
 
 def test_a_gap_eviction_reports_the_queued_bytes() -> None:
     eviction = SubscriberState(cursor=3, max_queued=100).check(
         Ring(last_id=10, first_id=5, size=2))
     assert isinstance(eviction, Eviction)
-    assert eviction.data["queuedBytes"] == 12  # events 5..10 still held
+    assert eviction.data.queued_bytes == 12  # events 5..10 still held
 
 
 def test_bytes_exactly_at_three_eighths_keep_the_warning_latched() -> None:

@@ -3,6 +3,7 @@ No server, no trio: ``terminal_for`` and the transitions are plain functions."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from daemon.core.prompt_lifecycle import (
@@ -80,10 +81,10 @@ def test_an_ended_prompt_gets_no_second_terminal(cause: EndCause) -> None:
 
 def test_the_payloads_are_the_wire_shapes_in_wire_order() -> None:
     done = complete("end_turn", "completed").data("s1", "p1")
-    assert list(done.items()) == [("sessionId", "s1"), ("stopReason", "end_turn"),
+    assert list(msgspec.to_builtins(done).items()) == [("sessionId", "s1"), ("stopReason", "end_turn"),
                                   ("promptId", "p1")]
     failed = DEADLINE.data("s1", "p1")
-    assert list(failed.items()) == [("sessionId", "s1"), ("message", "Prompt deadline exceeded"),
+    assert list(msgspec.to_builtins(failed).items()) == [("sessionId", "s1"), ("message", "Prompt deadline exceeded"),
                                     ("code", "prompt_deadline_exceeded"), ("promptId", "p1")]
 
 

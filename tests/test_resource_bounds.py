@@ -32,6 +32,7 @@ from daemon.core.envelope import decode_json
 from daemon.manager import SessionManager
 from daemon.transcript_store import DeleteSession, TranscriptStore, UpsertSession
 from daemon.transcript_writer import TranscriptWriter
+from sdk.protocol.events import SessionUpdateData, TurnCompleteData
 from tests.harness import RunningDaemon, running_daemon
 
 DEADLINE_S = 30.0
@@ -242,11 +243,11 @@ async def test_unknown_loads_leave_no_lock_and_real_restores_serialise(tmp_path:
 def _big_turn(bus: SessionBus, chunks: int, size: int) -> None:
     for i in range(chunks):
         text = f"chunk-{i}".ljust(size, ".")
-        bus.publish("session_update", {"sessionId": bus.session_id, "update": {
-            "sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}},
+        bus.publish(SessionUpdateData(session_id=bus.session_id, update={
+            "sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}),
             prompt_id="p1")
-    bus.publish_terminal("turn_complete", {"sessionId": bus.session_id, "stopReason": "end_turn",
-                                           "promptId": "p1"}, prompt_id="p1",
+    bus.publish_terminal(TurnCompleteData(session_id=bus.session_id, stop_reason="end_turn",
+                                          prompt_id="p1"), prompt_id="p1",
                          originator_client_id=None, ledger_terminal="completed",
                          stop_reason="end_turn")
 

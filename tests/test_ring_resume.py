@@ -180,7 +180,7 @@ def test_event_dropped_for_bytes_is_a_ring_eviction_on_resume_and_for_a_subscrib
     # A live subscriber whose next event (5) left the ring for bytes is evicted, same as
     # for count, even though its lag is far below the frame and byte caps.
     verdict = SubscriberState(4, max_queued=1000, max_queued_bytes=10**9).check(ring)
-    assert isinstance(verdict, Eviction) and verdict.data["reason"] == "queue_overflow"
+    assert isinstance(verdict, Eviction) and verdict.data.reason == "queue_overflow"
     assert SubscriberState(7, max_queued=1000, max_queued_bytes=10**9).check(ring) is None
 
 

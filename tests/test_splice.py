@@ -19,6 +19,7 @@ from daemon.core.envelope import decode_json, encode_json, make_event
 from daemon.core.live_journal import LiveJournal, merge_key, plain_chunk_key
 from daemon.core.splice import EnvelopeSplicer, compact, plain_chunk
 from daemon.transcript_store import AppendEvent
+from sdk.protocol.events import SessionUpdateData
 
 SID = "6f1c2a9e-0000-4000-8000-000000000001"
 PROMPT = "70ed4f91-1eaf-4a5f-947b-012de441327f"
@@ -100,7 +101,7 @@ def publish_both(updates: list[dict[str, Any]], max_events: int, max_bytes: int,
                                         originator_client_id=client_id)
             else:
                 for update in updates:
-                    bus.publish("session_update", {"sessionId": SID, "update": update},
+                    bus.publish(SessionUpdateData(session_id=SID, update=update),
                                 prompt_id=prompt_id, originator_client_id=client_id,
                                 flush=False)
             bus.publish_terminal("turn_complete", {"sessionId": SID, "stopReason": "end_turn"},
@@ -158,7 +159,7 @@ def test_batch_path_journals_match_the_general_path_mid_turn(
         fast.publish_updates(raws[start:start + batch], prompt_id=PROMPT,
                              originator_client_id=CLIENT)
         for update in updates[start:start + batch]:
-            ref.publish("session_update", {"sessionId": SID, "update": update},
+            ref.publish(SessionUpdateData(session_id=SID, update=update),
                         prompt_id=PROMPT, originator_client_id=CLIENT, flush=False)
         # Merged entries, evictions and both counters agree after every batch.
         assert journal_state(fast.journals.full) == journal_state(ref.journals.full)
@@ -249,7 +250,7 @@ def test_long_runs_fill_merged_entries_to_their_event_limit_like_the_general_pat
             fast.publish_updates(raws[start:start + 100], prompt_id=PROMPT,
                                  originator_client_id=CLIENT)
         for update in updates:
-            ref.publish("session_update", {"sessionId": SID, "update": update},
+            ref.publish(SessionUpdateData(session_id=SID, update=update),
                         prompt_id=PROMPT, originator_client_id=CLIENT, flush=False)
         assert journal_state(fast.journals.full) == journal_state(ref.journals.full)
         assert journal_state(fast.journals.summary) == journal_state(ref.journals.summary)

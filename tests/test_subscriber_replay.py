@@ -42,9 +42,9 @@ def test_live_events_published_during_the_replay_count() -> None:
     for i in range(1001, 1018):
         ring.append(event(i))
     verdict = state.check(ring)
-    assert isinstance(verdict, Eviction) and verdict.data["reason"] == "queue_overflow"
-    assert verdict.data["droppedAfter"] == 10  # the last id it was handed
-    assert verdict.data["queueSize"] == 17
+    assert isinstance(verdict, Eviction) and verdict.data.reason == "queue_overflow"
+    assert verdict.data.dropped_after == 10  # the last id it was handed
+    assert verdict.data.queue_size == 17
 
 
 def test_replay_whose_next_event_left_the_ring_is_evicted() -> None:
@@ -56,9 +56,9 @@ def test_replay_whose_next_event_left_the_ring_is_evicted() -> None:
     assert state.check(ring) is None
     ring.append(event(106))  # id 6, the next one to replay, leaves the ring
     verdict = state.check(ring)
-    assert isinstance(verdict, Eviction) and verdict.data["reason"] == "queue_overflow"
-    assert verdict.data["droppedAfter"] == 5
-    assert verdict.data["queueSize"] == 101
+    assert isinstance(verdict, Eviction) and verdict.data.reason == "queue_overflow"
+    assert verdict.data.dropped_after == 5
+    assert verdict.data.queue_size == 101
     # Once the replay is over only the live cursor matters.
     state2 = SubscriberState(cursor=106, max_queued=2048)
     assert state2.check(ring) is None

@@ -5,6 +5,12 @@ exactly once, at publish time; the ring, the live journals, load snapshots, SSE 
 transcript writer all reuse those bytes. ``size`` is ``len(raw)`` and is the size every limit in
 SPEC §2–§4 counts.
 
+The daemon publishes the protocol's typed payloads (:mod:`sdk.protocol.events`):
+:func:`typed_event` and :func:`typed_synthetic` take a payload Struct, name the event by its
+type and encode the envelope (:func:`sdk.protocol.envelope.envelope_fields`, the one layout)
+with the Struct inside, fields in wire order. :func:`make_event` and :func:`synthetic` are the
+same for an event type and plain JSON ``data`` (envelopes read back from the transcript).
+
 Pure: no clock (callers pass ``now_ms``), no I/O.
 """
 
@@ -16,7 +22,12 @@ from typing import Any, Final
 
 import msgspec
 
-SCHEMA_VERSION: Final = 1
+from sdk.protocol.constants import ENVELOPE_VERSION
+from sdk.protocol.envelope import envelope_fields
+from sdk.protocol.events import EventPayload, SessionUpdateData, event_type_of
+from sdk.protocol.sse import sse_head
+
+SCHEMA_VERSION: Final = ENVELOPE_VERSION
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
@@ -90,18 +101,12 @@ class Event:
         self._env = None
 
     @property
-    def data(self) -> Any:
-        return self.env.get("data")
-
-    @property
     def sse_head(self) -> bytes:
         """``id:``/``event:`` lines and the ``data: `` prefix of this event's SSE frame; the
         frame is ``sse_head + raw + b"\n\n"`` (written without copying ``raw`` twice)."""
         head = self._sse_head
         if head is None:
-            id_line = b"id: %d\n" % self.id if self.id is not None else b""
-            head = b"%sevent: %s\ndata: " % (id_line, self.type.encode())
-            self._sse_head = head
+            head = self._sse_head = sse_head(self.type, self.id)
         return head
 
     @property
@@ -162,22 +167,12 @@ def build_envelope(
     ``_meta.serverTimestamp`` is the caller's finite numeric one, else (for ``session_update``)
     the one lifted from ``update._meta``, else ``now_ms``.
     """
-    env: JsonObject = {}
-    if event_id is not None:
-        env["id"] = event_id
-    env["v"] = SCHEMA_VERSION
-    env["type"] = event_type
-    env["data"] = data
-    if prompt_id is not None:
-        env["promptId"] = prompt_id
-    if originator_client_id is not None:
-        env["originatorClientId"] = originator_client_id
     out_meta: JsonObject = dict(meta) if meta else {}
     if not is_finite_number(out_meta.get("serverTimestamp")):
         lifted = _lifted_timestamp(data) if event_type == "session_update" else None
         out_meta["serverTimestamp"] = lifted if lifted is not None else now_ms
-    env["_meta"] = out_meta
-    return env
+    return envelope_fields(event_type, data, event_id=event_id, prompt_id=prompt_id,
+                           originator_client_id=originator_client_id, meta=out_meta)
 
 
 def make_event(
@@ -207,17 +202,38 @@ def make_event(
         return None
 
 
+def _data_of(payload: EventPayload) -> Any:
+    # A session_update's payload goes into the envelope dict as plain values: the live
+    # journals and the compactor read its update (the bytes are the same either way).
+    if type(payload) is SessionUpdateData:
+        return {"sessionId": payload.session_id, "update": payload.update}
+    return payload
+
+
+def typed_event(event_id: int | None, payload: EventPayload, *, now_ms: int,
+                prompt_id: str | None = None, originator_client_id: str | None = None,
+                meta: JsonObject | None = None) -> Event | None:
+    """:func:`make_event` for a payload Struct: the event type is the payload's."""
+    return make_event(event_id, event_type_of(payload), _data_of(payload), now_ms=now_ms,
+                      prompt_id=prompt_id, originator_client_id=originator_client_id,
+                      meta=meta)
+
+
 def synthetic(
     event_type: str, data: Any, *, now_ms: int | None = None, prompt_id: str | None = None
 ) -> Event:
     """An id-less transport frame (markers, ``replay_complete``, ``state_resync_required``,
     ``slow_client_warning``, ``client_evicted``, ``stream_error``). Never stored."""
-    env: JsonObject = {"v": SCHEMA_VERSION, "type": event_type, "data": data}
-    if prompt_id is not None:
-        env["promptId"] = prompt_id
-    if now_ms is not None:
-        env["_meta"] = {"serverTimestamp": now_ms}
+    env = envelope_fields(event_type, data, prompt_id=prompt_id,
+                          meta=None if now_ms is None else {"serverTimestamp": now_ms})
     return Event(env, encode_json(env))
+
+
+def typed_synthetic(
+    payload: EventPayload, *, now_ms: int | None = None, prompt_id: str | None = None
+) -> Event:
+    """:func:`synthetic` for a payload Struct: the event type is the payload's."""
+    return synthetic(event_type_of(payload), payload, now_ms=now_ms, prompt_id=prompt_id)
 
 
 class RawList:

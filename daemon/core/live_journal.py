@@ -21,7 +21,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Final, Literal
 
-from daemon.core.envelope import Event, JsonObject, encode_json, synthetic
+from daemon.core.envelope import Event, JsonObject, encode_json, typed_synthetic
+from sdk.protocol.constants import LIVE_JOURNAL_SCOPE, REPLAY_WINDOW_EXCEEDED
+from sdk.protocol.events import DaemonHistoryTruncatedData
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -435,18 +437,12 @@ class LiveJournal:
         nothing was evicted."""
         if self._truncated == 0:
             return None
-        data: JsonObject = {
-            "reason": "replay_window_exceeded",
-            "scope": "live_journal",
-            "truncatedEvents": self._truncated,
-            "retainedEvents": self._retained,
-            "maxBytes": self.max_bytes,
-            "maxEvents": self.max_events,
-        }
-        if record_id is not None:
-            data["recordId"] = record_id
-        data["fullTranscriptAvailable"] = full_transcript_available
-        return synthetic("history_truncated", data, prompt_id=active_prompt_id).raw
+        data = DaemonHistoryTruncatedData(
+            reason=REPLAY_WINDOW_EXCEEDED, scope=LIVE_JOURNAL_SCOPE,
+            truncated_events=self._truncated, retained_events=self._retained,
+            max_bytes=self.max_bytes, max_events=self.max_events, record_id=record_id,
+            full_transcript_available=full_transcript_available)
+        return typed_synthetic(data, prompt_id=active_prompt_id).raw
 
     def snapshot(
         self,

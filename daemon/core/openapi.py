@@ -111,7 +111,7 @@ _SSE_SCHEMA: Final[JsonSchema] = {
                    "when the event has an id, `event: <type>`, one `data:` line holding the "
                    "envelope), `: heartbeat` comments when quiet. The stream does not end "
                    "while the session lives.",
-    "x-event-schema": {"$ref": _REF.format(name="EventFrame")},
+    "x-event-schema": {"$ref": _REF.format(name="DaemonEvent")},
 }
 
 ROUTES: Final[tuple[Route, ...]] = (

@@ -26,14 +26,17 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Final, Literal, TypeAlias
+from typing import Final, Literal, TypeAlias
 
+from sdk.protocol.events import TurnCompleteData, TurnErrorData
 from sdk.protocol.terminals import (
     CHANNEL_CLOSED,
     DEFAULT_STOP_REASON,
     PROMPT_DEADLINE_EXCEEDED,
     SESSION_CLOSED,
     STOP_CANCELLED,
+    turn_complete,
+    turn_error,
 )
 
 from .transcript_ops import TerminalState
@@ -130,13 +133,11 @@ class TerminalDecision:
     message: str | None = None
     cancel_agent: bool = False
 
-    def data(self, session_id: str, prompt_id: str) -> dict[str, Any]:
-        """The event's payload (key order as on the wire)."""
+    def data(self, session_id: str, prompt_id: str) -> TurnCompleteData | TurnErrorData:
+        """The event's payload (:mod:`sdk.protocol.terminals`' builders)."""
         if self.event_type == "turn_complete":
-            return {"sessionId": session_id, "stopReason": self.stop_reason,
-                    "promptId": prompt_id}
-        return {"sessionId": session_id, "message": self.message, "code": self.code,
-                "promptId": prompt_id}
+            return turn_complete(session_id, prompt_id, self.stop_reason or DEFAULT_STOP_REASON)
+        return turn_error(session_id, prompt_id, self.code or "", self.message or "")
 
 
 def _error(code: str, message: str, *, cancel_agent: bool = False) -> TerminalDecision:

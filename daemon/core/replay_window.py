@@ -22,7 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from daemon.core.envelope import Event, JsonObject, synthetic
+from daemon.core.envelope import Event, typed_synthetic
+from sdk.protocol.constants import REPLAY_WINDOW_EXCEEDED
+from sdk.protocol.events import DaemonHistoryTruncatedData
 
 __all__ = ["DEFAULT_MAX_BYTES", "Record", "ReplayWindow", "SegmentHandle", "SpilledTurn"]
 
@@ -163,27 +165,21 @@ class ReplayWindow:
         """Every retained record held in memory, oldest first (spilled segments excluded)."""
         return [record for segment in self._segments for record in segment.records or ()]
 
-    def marker(self, *, full_transcript_available: bool) -> JsonObject | None:
-        """The replay-history marker's ``data``, or None when nothing was dropped."""
+    def marker(self, *, full_transcript_available: bool) -> DaemonHistoryTruncatedData | None:
+        """The replay-history marker's payload, or None when nothing was dropped."""
         return self._marker(self.truncated_events, self.truncated_turns, self.event_count,
                             self.oldest_record_id, full_transcript_available)
 
     def _marker(self, truncated_events: int, truncated_turns: int, retained: int,
-                anchor: str | None, full_transcript_available: bool) -> JsonObject | None:
+                anchor: str | None, full_transcript_available: bool
+                ) -> DaemonHistoryTruncatedData | None:
         if truncated_events == 0 and truncated_turns == 0:
             return None
-        data: JsonObject = {
-            "reason": "replay_window_exceeded",
-            "truncatedEvents": truncated_events,
-            "retainedEvents": retained,
-            "maxBytes": self.max_bytes,
-        }
-        if truncated_turns > 0:
-            data["truncatedTurns"] = truncated_turns
-        if anchor is not None:
-            data["recordId"] = anchor
-        data["fullTranscriptAvailable"] = full_transcript_available
-        return data
+        return DaemonHistoryTruncatedData(
+            reason=REPLAY_WINDOW_EXCEEDED, truncated_events=truncated_events,
+            retained_events=retained, max_bytes=self.max_bytes,
+            truncated_turns=truncated_turns if truncated_turns > 0 else None,
+            record_id=anchor, full_transcript_available=full_transcript_available)
 
     def snapshot(
         self, *, full_transcript_available: bool, lost: Sequence[SpilledTurn] = ()
@@ -217,7 +213,7 @@ class ReplayWindow:
         data = self._marker(truncated_events, truncated_turns, retained, anchor,
                             full_transcript_available)
         if data is not None:
-            out.append(synthetic("history_truncated", data).raw)
+            out.append(typed_synthetic(data).raw)
         for segment, spilled in kept:
             if spilled is not None:
                 out.append(spilled)

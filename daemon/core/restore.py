@@ -19,6 +19,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sdk.protocol.constants import TERMINAL_TYPES
+from sdk.protocol.envelope import envelope_fields, event_from_mapping
+from sdk.protocol.terminals import (
+    DEFAULT_STOP_REASON,
+    INTERRUPTED,
+    STOP_CANCELLED,
+    terminal_fields,
+    turn_error,
+)
 
 from .compactor import TurnCompactor, stamp_record
 from .envelope import Event, JsonObject, decode_json, encode_json
@@ -29,14 +37,10 @@ INTERRUPTED_MESSAGE = "Prompt interrupted by daemon restart"
 
 
 def interrupted_terminal(session_id: str, prompt_id: str, now_ms: int) -> JsonObject:
-    return {
-        "v": 1,
-        "type": "turn_error",
-        "data": {"sessionId": session_id, "message": INTERRUPTED_MESSAGE,
-                 "code": "interrupted", "promptId": prompt_id},
-        "promptId": prompt_id,
-        "_meta": {"serverTimestamp": now_ms},
-    }
+    """The id-less envelope of the ``turn_error interrupted`` a restore closes a prompt with."""
+    return envelope_fields(
+        "turn_error", turn_error(session_id, prompt_id, INTERRUPTED, INTERRUPTED_MESSAGE),
+        prompt_id=prompt_id, meta={"serverTimestamp": now_ms})
 
 
 def _records(envs: Sequence[JsonObject], new_record_id: Callable[[], str]
@@ -50,13 +54,11 @@ def _records(envs: Sequence[JsonObject], new_record_id: Callable[[], str]
 
 def _ledger_state(event: Event) -> tuple[TerminalState, str | None]:
     """The ledger terminal a published terminal event stands for (as the runner wrote it)."""
-    data = event.env.get("data")
-    data = data if isinstance(data, dict) else {}
     if event.type == "turn_error":
         return "error", None
-    stop = data.get("stopReason")
-    stop = stop if isinstance(stop, str) and stop else "end_turn"
-    return ("cancelled" if stop == "cancelled" else "completed"), stop
+    frame = event_from_mapping(event.env)
+    stop = (None if frame is None else terminal_fields(frame).stop_reason) or DEFAULT_STOP_REASON
+    return ("cancelled" if stop == STOP_CANCELLED else "completed"), stop
 
 
 def close_interrupted(
@@ -106,7 +108,7 @@ def close_interrupted(
             envs = compactor.finish(terminal)
         else:
             # Events between turns with no prompt to close: keep them as records.
-            marker = Event.from_env({"v": 1, "type": "restore_boundary", "data": None})
+            marker = Event.from_env(envelope_fields("restore_boundary", None))
             envs = compactor.finish(marker)[:-1]
         ops.append(FinishTurn(session_id, running, "interrupted", None, now_ms,
                               _records(envs, new_record_id)))

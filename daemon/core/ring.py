@@ -20,7 +20,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from daemon.core.envelope import Event, JsonObject, synthetic
+from daemon.core.envelope import Event, typed_synthetic
+from sdk.protocol.constants import (
+    RESYNC_EPOCH_RESET,
+    RESYNC_REPLAY_BUDGET_EXCEEDED,
+    RESYNC_RING_EVICTED,
+    RESYNC_SEEDED_REPLAY_NOT_IN_RING,
+)
+from sdk.protocol.events import ReplayCompleteData, StateResyncRequiredData
 
 __all__ = [
     "DEFAULT_RING_BYTES",
@@ -166,8 +173,11 @@ class ResumePlan:
         return [*self.before, *self.replay, *self.after]
 
 
-def _resync(data: JsonObject, now_ms: int | None) -> Event:
-    return synthetic("state_resync_required", data, now_ms=now_ms)
+def _resync(reason: str, last_delivered_id: int, earliest_available_id: int,
+            now_ms: int | None, detail: str | None = None) -> Event:
+    return typed_synthetic(StateResyncRequiredData(
+        reason=reason, detail=detail, last_delivered_id=last_delivered_id,
+        earliest_available_id=earliest_available_id), now_ms=now_ms)
 
 
 def decide_resume(
@@ -196,37 +206,16 @@ def decide_resume(
 
     epoch_mismatch = client_epoch is not None and client_epoch != bus_epoch
     if epoch_mismatch or cursor >= ring.next_id:
-        data: JsonObject = {"reason": "epoch_reset"}
-        if epoch_mismatch:
-            data["detail"] = "epoch_mismatch"
-        data["lastDeliveredId"] = cursor
-        data["earliestAvailableId"] = earliest
-        before.append(_resync(data, now_ms))
+        before.append(_resync(RESYNC_EPOCH_RESET, cursor, earliest, now_ms,
+                              detail="epoch_mismatch" if epoch_mismatch else None))
         after_id = 0  # the client's ids mean nothing on this bus: the whole ring
     else:
         if first is None:
             if cursor < newest:
-                before.append(
-                    _resync(
-                        {
-                            "reason": "seeded_replay_not_in_ring",
-                            "lastDeliveredId": cursor,
-                            "earliestAvailableId": earliest,
-                        },
-                        now_ms,
-                    )
-                )
+                before.append(_resync(RESYNC_SEEDED_REPLAY_NOT_IN_RING, cursor, earliest,
+                                      now_ms))
         elif first > cursor + 1:
-            before.append(
-                _resync(
-                    {
-                        "reason": "ring_evicted",
-                        "lastDeliveredId": cursor,
-                        "earliestAvailableId": earliest,
-                    },
-                    now_ms,
-                )
-            )
+            before.append(_resync(RESYNC_RING_EVICTED, cursor, earliest, now_ms))
         after_id = cursor
 
     replay = ring.since(after_id)
@@ -241,21 +230,11 @@ def decide_resume(
             sent += 1
         if sent < len(replay):
             replay = replay[:sent]
-            after.append(
-                _resync(
-                    {
-                        "reason": "replay_budget_exceeded",
-                        "lastDeliveredId": replay[-1].id,
-                        "earliestAvailableId": newest + 1,
-                    },
-                    now_ms,
-                )
-            )
+            after.append(_resync(RESYNC_REPLAY_BUDGET_EXCEEDED, replay[-1].id or 0,
+                                 newest + 1, now_ms))
 
-    done: JsonObject = {}
-    if replay:
-        done["lastReplayedEventId"] = replay[-1].id
-        done["lastEventId"] = replay[-1].id
-    done["replayedCount"] = len(replay)
-    after.append(synthetic("replay_complete", done, now_ms=now_ms))
+    last_replayed = replay[-1].id if replay else None
+    after.append(typed_synthetic(ReplayCompleteData(
+        last_replayed_event_id=last_replayed, last_event_id=last_replayed,
+        replayed_count=len(replay)), now_ms=now_ms))
     return ResumePlan(before, replay, after, newest)

@@ -13,7 +13,10 @@ a replay stalled until its next event left the ring is evicted like a live subsc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
+
+from daemon.core.envelope import Event, typed_synthetic
+from sdk.protocol.events import ClientEvictedData, SlowClientWarningData
 
 MAX_QUEUED_DEFAULT: Final = 256
 MAX_QUEUED_MIN: Final = 16
@@ -33,12 +36,22 @@ class RingView(Protocol):
 
 @dataclass(frozen=True)
 class Warning:
-    data: dict[str, Any]
+    data: SlowClientWarningData
 
 
 @dataclass(frozen=True)
 class Eviction:
-    data: dict[str, Any]
+    data: ClientEvictedData
+
+
+def slow_client_warning_event(warning: Warning, now_ms: int) -> Event:
+    """The id-less ``slow_client_warning`` frame of ``warning``."""
+    return typed_synthetic(warning.data, now_ms=now_ms)
+
+
+def client_evicted_event(eviction: Eviction, now_ms: int) -> Event:
+    """The id-less ``client_evicted`` frame that ends an evicted subscriber's stream."""
+    return typed_synthetic(eviction.data, now_ms=now_ms)
 
 
 class SubscriberState:
@@ -100,14 +113,10 @@ class SubscriberState:
                 "frames_and_bytes" if over_frames and over_bytes
                 else "frames" if over_frames else "bytes"
             )
-            return Warning({
-                "queueSize": frames,
-                "maxQueued": self.max_queued,
-                "lastEventId": self.cursor,
-                "queuedBytes": queued_bytes,
-                "maxQueuedBytes": self.max_queued_bytes,
-                "threshold": threshold,
-            })
+            return Warning(SlowClientWarningData(
+                queue_size=frames, max_queued=self.max_queued, last_event_id=self.cursor,
+                queued_bytes=queued_bytes, max_queued_bytes=self.max_queued_bytes,
+                threshold=threshold))
         return None
 
     def evict_now(self, reason: str, ring: RingView) -> Eviction:
@@ -116,12 +125,8 @@ class SubscriberState:
     def _evict(self, reason: str, frames: int, queued_bytes: int) -> Eviction:
         # droppedAfter: the last id handed over (mid-replay, the last replayed one).
         dropped = self.cursor if self.replay_pos is None else self.replay_pos
-        self.evicted = Eviction({
-            "reason": reason,
-            "droppedAfter": dropped,
-            "queueSize": frames,
-            "maxQueued": self.max_queued,
-            "queuedBytes": queued_bytes,
-            "maxQueuedBytes": self.max_queued_bytes,
-        })
+        self.evicted = Eviction(ClientEvictedData(
+            reason=reason, dropped_after=dropped, queue_size=frames,
+            max_queued=self.max_queued, queued_bytes=queued_bytes,
+            max_queued_bytes=self.max_queued_bytes))
         return self.evicted

@@ -42,6 +42,7 @@ __all__ = [
     "decode_event",
     "decode_events",
     "encode_envelope",
+    "envelope_fields",
     "event_from_mapping",
     "event_prompt_id",
     "names_prompt",
@@ -204,21 +205,12 @@ def decode_events(items: Iterable[Any]) -> list[DaemonEvent]:
 _encode: Final = msgspec.json.Encoder().encode
 
 
-def encode_envelope(
-    event_type: str,
-    data: Any,
-    *,
-    event_id: int | None = None,
-    prompt_id: str | None = None,
-    originator_client_id: str | None = None,
-    meta: dict[str, Any] | None = None,
-) -> bytes:
-    """The compact JSON of one envelope, keys in the daemon's order (``id``, ``v``, ``type``,
-    ``data``, ``promptId``, ``originatorClientId``, ``_meta``), absent ones left out.
-
-    ``data`` may be a payload Struct (encoded with its wire names) or plain JSON values. The
-    result is what the daemon publishes and what its size limits count.
-    """
+def envelope_fields(event_type: str, data: Any, *, event_id: int | None = None,
+                    prompt_id: str | None = None, originator_client_id: str | None = None,
+                    meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One envelope as a dict, keys in the daemon's order (``id``, ``v``, ``type``, ``data``,
+    ``promptId``, ``originatorClientId``, ``_meta``), absent ones left out: the one definition
+    of the envelope's layout, which :func:`encode_envelope` encodes."""
     env: dict[str, Any] = {}
     if event_id is not None:
         env["id"] = event_id
@@ -231,7 +223,27 @@ def encode_envelope(
         env["originatorClientId"] = originator_client_id
     if meta is not None:
         env["_meta"] = meta
-    return _encode(env)
+    return env
+
+
+def encode_envelope(
+    event_type: str,
+    data: Any,
+    *,
+    event_id: int | None = None,
+    prompt_id: str | None = None,
+    originator_client_id: str | None = None,
+    meta: dict[str, Any] | None = None,
+) -> bytes:
+    """The compact JSON of one envelope (:func:`envelope_fields`).
+
+    ``data`` may be a payload Struct (encoded with its wire names, fields in definition order)
+    or plain JSON values. The result is what the daemon publishes and what its size limits
+    count.
+    """
+    return _encode(envelope_fields(
+        event_type, data, event_id=event_id, prompt_id=prompt_id,
+        originator_client_id=originator_client_id, meta=meta))
 
 
 def normalize_page_event(obj: Any, session_id: str | None = None) -> DaemonEvent | None:

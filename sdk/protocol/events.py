@@ -72,6 +72,7 @@ __all__ = [
     "UpdateMeta",
     "UserMessageChunk",
     "decode_payload",
+    "event_type_of",
     "payload_from_data",
     "server_timestamp",
 ]
@@ -300,11 +301,11 @@ class _Payload(msgspec.Struct, frozen=True, kw_only=True, rename="camel", gc=Fal
     transcript of 100,000 events), so the collector need not scan them."""
 
 
-class SessionUpdateData(_Payload, frozen=True, dict=True, gc=True):
+class SessionUpdateData(_Payload, frozen=True, kw_only=True, dict=True, gc=True):
     """``{sessionId, update}``; :attr:`acp` is the update as its typed ACP Struct."""
 
-    update: dict[str, Any]
     session_id: str | None = None
+    update: dict[str, Any]
 
     @property
     def kind(self) -> str | None:
@@ -322,8 +323,12 @@ class SessionUpdateData(_Payload, frozen=True, dict=True, gc=True):
         return typed
 
 
-# The terminals' fields are in the daemon's wire order, so an encoded builder result
-# (sdk.protocol.terminals) is byte for byte what the daemon publishes; UNSET fields are left out.
+# Every payload's fields are in the daemon's wire order: the daemon publishes these Structs,
+# encoded by msgspec (fields in definition order), and its frames must stay byte for byte what
+# they were. A payload whose optional fields the daemon leaves out when absent is
+# ``omit_defaults`` (a field it always sends, even at its default, then uses a
+# ``default_factory``, which omit_defaults never drops); the others send ``null`` for None.
+# UNSET fields are always left out.
 
 
 class TurnCompleteData(_Payload, frozen=True, kw_only=True):
@@ -340,28 +345,28 @@ class TurnErrorData(_Payload, frozen=True, kw_only=True):
     error_kind: str | msgspec.UnsetType = msgspec.UNSET
 
 
-class PromptCancelledData(_Payload, frozen=True):
+class PromptCancelledData(_Payload, frozen=True, omit_defaults=True):
     session_id: str | None = None
     reason: str | None = None
 
 
-class PendingPromptAddedData(_Payload, frozen=True):
+class PendingPromptAddedData(_Payload, frozen=True, kw_only=True):
+    session_id: str | None = None
     prompt_id: str
     text: str | None = None
     queued_at: Any = None
+
+
+class PendingPromptStartedData(_Payload, frozen=True, kw_only=True):
     session_id: str | None = None
-
-
-class PendingPromptStartedData(_Payload, frozen=True):
     prompt_id: str
     text: str | None = None
+
+
+class PendingPromptCompletedData(_Payload, frozen=True, kw_only=True):
     session_id: str | None = None
-
-
-class PendingPromptCompletedData(_Payload, frozen=True):
     prompt_id: str
     state: str
-    session_id: str | None = None
 
 
 class PermissionOption(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -399,9 +404,9 @@ class PermissionRequestData(_Payload, frozen=True):
     whole); :attr:`answers` and :attr:`tool` are their typed views."""
 
     request_id: str = ""
-    options: list[dict[str, Any]] = msgspec.field(default_factory=list)
-    tool_call: dict[str, Any] | None = None
     session_id: str | None = None
+    tool_call: dict[str, Any] | None = None
+    options: list[dict[str, Any]] = msgspec.field(default_factory=list)
 
     @property
     def answers(self) -> list[PermissionOption]:
@@ -431,13 +436,15 @@ class SessionDiedData(_Payload, frozen=True):
     signal_code: str | int | None = None
 
 
-class ReplayCompleteData(_Payload, frozen=True):
-    replayed_count: int = 0
+class ReplayCompleteData(_Payload, frozen=True, omit_defaults=True):
+    """The ids are left out when nothing was replayed; ``replayedCount`` is always sent."""
+
     last_replayed_event_id: int | None = None
     last_event_id: int | None = None
+    replayed_count: int = msgspec.field(default_factory=int)
 
 
-class StateResyncRequiredData(_Payload, frozen=True):
+class StateResyncRequiredData(_Payload, frozen=True, omit_defaults=True):
     reason: str
     detail: str | None = None
     last_delivered_id: int | None = None
@@ -482,11 +489,12 @@ if TYPE_CHECKING:
 else:
     # What msgspec checks on the wire; __post_init__ narrows to the declared types above.
     _Count = int | float
-    _OptionalCount = int | float | msgspec.UnsetType
-    _Scope = str | msgspec.UnsetType
+    # The optional fields default to None but do not accept ``null``: a null scope or count
+    # is malformed, an absent one is None (and, encoded, None is left out again).
+    _OptionalCount = int | float
+    _Scope = str
     _LooseStr = Any
 
-_ABSENT: Any = msgspec.UNSET
 _MARKER_KEYS: Final = frozenset(
     {
         "reason",
@@ -514,24 +522,29 @@ def _count(name: str, value: object, *, optional: bool) -> int | None:
     return value
 
 
-class DaemonHistoryTruncatedData(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+class DaemonHistoryTruncatedData(
+    msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True
+):
     """A validated ``history_truncated`` payload (counts are plain ``int``).
 
     Decodes straight from the wire (``msgspec.convert(payload, DaemonHistoryTruncatedData)``,
     a ``ValidationError`` when malformed) with the rules of the module docstring; direct
     construction enforces the same invariants and raises ``ValueError``. ``extra`` holds the
     keys this type does not name (:func:`sdk.truncation.parse_truncation` fills it).
+
+    The daemon builds its markers from this type; encoded, the fields are in the wire order
+    and the ones that are None (or an empty ``extra``) are left out.
     """
 
     reason: Literal["replay_window_exceeded"]
+    scope: _Scope = None
     truncated_events: _Count
     retained_events: _Count
     max_bytes: _Count
-    full_transcript_available: bool
-    scope: _Scope = _ABSENT
-    max_events: _OptionalCount = _ABSENT
-    truncated_turns: _OptionalCount = _ABSENT
+    max_events: _OptionalCount = None
+    truncated_turns: _OptionalCount = None
     record_id: _LooseStr = None
+    full_transcript_available: bool
     extra: dict[str, Any] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -539,17 +552,12 @@ class DaemonHistoryTruncatedData(msgspec.Struct, frozen=True, kw_only=True, rena
             raise ValueError(f"history_truncated reason must be {REPLAY_WINDOW_EXCEEDED!r}")
         force = msgspec.structs.force_setattr
         scope: object = self.scope
-        if scope is msgspec.UNSET:
-            force(self, "scope", None)
-        elif scope is not None and (not isinstance(scope, str) or not scope):
+        if scope is not None and (not isinstance(scope, str) or not scope):
             raise ValueError("history_truncated scope must be a non-empty string when present")
         for name in ("truncated_events", "retained_events", "max_bytes"):
             force(self, name, _count(name, getattr(self, name), optional=False))
         for name in ("max_events", "truncated_turns"):
-            value = getattr(self, name)
-            force(
-                self, name, None if value is msgspec.UNSET else _count(name, value, optional=True)
-            )
+            force(self, name, _count(name, getattr(self, name), optional=True))
         if not isinstance(self.full_transcript_available, bool):
             raise ValueError("history_truncated fullTranscriptAvailable must be a boolean")
         if not isinstance(self.record_id, str):
@@ -629,6 +637,17 @@ PAYLOAD_TYPES: Final[Mapping[str, type[_Payload]]] = {
 }
 
 KNOWN_EVENT_TYPES: Final = frozenset({*PAYLOAD_TYPES, "history_truncated"})
+
+_EVENT_TYPE_OF: Final[Mapping[type, str]] = {
+    **{cls: kind for kind, cls in PAYLOAD_TYPES.items()},
+    DaemonHistoryTruncatedData: "history_truncated",
+}
+
+
+def event_type_of(payload: EventPayload) -> str:
+    """The event ``type`` a payload Struct is published as (``TurnCompleteData`` →
+    ``turn_complete``)."""
+    return _EVENT_TYPE_OF[type(payload)]
 
 _FRAME_DECODERS: Final[Mapping[str, msgspec.json.Decoder[Any]]] = {
     kind: msgspec.json.Decoder(

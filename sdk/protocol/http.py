@@ -24,6 +24,8 @@ from typing import Annotated, Any, Final, Literal, TypeVar
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from sdk.protocol.envelope import DaemonEvent
+
 __all__ = [
     "ABSOLUTE_PATH_PATTERN",
     "CLIENT_ID_PATTERN",
@@ -43,7 +45,6 @@ __all__ = [
     "CreateSessionResponse",
     "DaemonStatusResponse",
     "ErrorBody",
-    "EventFrame",
     "HealthResponse",
     "HeartbeatResponse",
     "JournalStatus",
@@ -99,20 +100,9 @@ class _Body(Struct, rename="camel", kw_only=True):
     """Base of every body: camelCase on the wire, keyword-only construction."""
 
 
-# --- the event frame (the envelope, as load answers and transcript pages carry it) -------------
-
-
-class EventFrame(_Body, kw_only=True):
-    """One envelope as it appears inside ``compactedReplay``, ``liveJournal`` and transcript
-    pages: the daemon splices the published bytes in unchanged; this type describes them."""
-
-    id: Annotated[int, Meta(ge=1)] | UnsetType = UNSET
-    v: Literal[1]
-    type: str
-    data: Any = UNSET
-    prompt_id: str | UnsetType = UNSET
-    originator_client_id: str | UnsetType = UNSET
-    meta: dict[str, Any] | UnsetType = msgspec.field(default=UNSET, name="_meta")
+# The frames inside ``compactedReplay``, ``liveJournal`` and transcript pages are envelopes
+# (sdk.protocol.envelope.DaemonEvent, the one definition): the daemon splices the published
+# bytes in unchanged, and the schema of those lists is generated from that Struct.
 
 
 # --- requests ----------------------------------------------------------------------------------
@@ -388,8 +378,8 @@ class LoadSessionResponse(ResumeSessionResponse, kw_only=True):
     the pre-encoded frames of ``compactedReplay`` and ``liveJournal`` into its answer; this
     type is what that answer decodes as."""
 
-    compacted_replay: list[EventFrame]
-    live_journal: list[EventFrame]
+    compacted_replay: list[DaemonEvent]
+    live_journal: list[DaemonEvent]
     replay_degraded: bool | UnsetType = UNSET
     history_has_more: bool | UnsetType = UNSET
     history_anchor_record_id: str | UnsetType = UNSET
@@ -414,7 +404,7 @@ class TranscriptPage(_Body, kw_only=True):
 
     v: Literal[1]
     session_id: str
-    events: list[EventFrame]
+    events: list[DaemonEvent]
     next_cursor: str | UnsetType = UNSET
     has_more: bool
 
