@@ -1,10 +1,12 @@
-"""The agent channel: a Trio shell around one ACP agent subprocess (SPEC §6.4).
+"""The agent channel: a Trio shell around one ACP agent subprocess, spoken to over stdio.
 
 One channel per workspace. It owns the process and three kinds of work inside ``run``'s
-nursery: the stdout reader (which dispatches every line synchronously, so updates reach the
+nursery: the stdout reader (which dispatches every read synchronously, so updates reach the
 sinks in stdout order and replies resolve after the updates that preceded them), the stderr
-logger, and short tasks answering the agent's own requests. All framing and request matching is
-the pure :mod:`daemon.core.acp_codec`; this module only moves bytes and owns lifetimes.
+logger, and short tasks answering the agent's own requests. The framing is the pure
+:mod:`daemon.core.acp_codec`; what the lines mean (initialize checks, routing, load replays,
+request matching, answers to the agent's requests) is the pure :mod:`daemon.core.acp_client`.
+This module only moves bytes, owns the process, the timers and the tasks, and logs.
 """
 
 from __future__ import annotations
@@ -18,25 +20,33 @@ from typing import Any, Final, Protocol
 
 import trio
 
-from daemon._version import __version__
-from daemon.core.acp_codec import (
-    INTERNAL_ERROR,
-    INVALID_PARAMS,
-    METHOD_NOT_FOUND,
-    LineSplitter,
-    Notification,
-    PendingRequests,
-    Request,
-    Response,
-    encode_error,
-    encode_notification,
-    encode_request,
-    encode_result,
-    parse_message,
-    parse_update,
+from daemon.core.acp_client import (
+    DEFAULT_CLIENT_INFO,
+    PROTOCOL_VERSION,
+    AcpClient,
+    AgentProtocolError,
+    AgentRpcError,
+    BadUpdate,
+    MalformedLine,
+    NotificationIgnored,
+    PermissionAsked,
+    Replied,
+    ReplyUnknown,
+    UnroutedPermission,
+    UnroutedUpdate,
+    UnsupportedRequest,
+    cancel_line,
+    check_initialize,
+    initialize_params,
+    load_session_params,
+    new_session_params,
+    permission_failed,
+    permission_granted,
+    prompt_params,
+    prompt_result,
+    session_id_of,
 )
-from daemon.core.envelope import encode_json
-from daemon.core.splice import compact
+from daemon.core.acp_codec import LineSplitter, Request
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -50,7 +60,6 @@ __all__ = [
 
 log = logging.getLogger("daemon.agent")
 
-PROTOCOL_VERSION: Final = 1
 READ_CHUNK_BYTES: Final = 256 * 1024
 DISPATCH_GROUP_LINES: Final = 64
 PIPE_BYTES: Final = 1024 * 1024
@@ -59,29 +68,11 @@ EXIT_GRACE_SECONDS: Final = 1.0
 # Agent stderr is for humans; a runaway line is cut rather than buffered.
 _STDERR_LINE_BYTES: Final = 64 * 1024
 
-_DEFAULT_CLIENT_INFO: Final = {"name": "turnkeeper", "version": __version__}
-
 
 class AgentStartError(Exception):
     """The agent could not be started: spawn failure, or initialize timed out / exited / failed."""
 
     code: Final = "agent_start_failed"
-
-
-class AgentRpcError(Exception):
-    """The agent answered a request with a JSON-RPC error."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(f"agent error {code}: {message}")
-        self.code = code
-        self.message = message
-
-
-class AgentProtocolError(AgentRpcError):
-    """The agent answered with a result that does not have the shape ACP requires."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(INTERNAL_ERROR, message)
 
 
 class ChannelClosed(Exception):
@@ -111,14 +102,12 @@ class SessionSink(Protocol):
 class _Slot:
     """A caller waiting for one reply."""
 
-    __slots__ = ("done", "error", "loading_session", "result")
+    __slots__ = ("done", "error", "result")
 
-    def __init__(self, loading_session: str | None = None) -> None:
+    def __init__(self) -> None:
         self.done = trio.Event()
         self.result: Any = None
         self.error: BaseException | None = None
-        # session/load: replayed updates for this session are consumed until the reply is read.
-        self.loading_session = loading_session
 
 
 def _widen_pipe(stream: trio.abc.ReceiveStream | None) -> None:
@@ -172,7 +161,7 @@ class AgentChannel:
         self.init_timeout = init_timeout
         self.env = dict(env) if env is not None else None
         self.client_info = (
-            dict(client_info) if client_info is not None else dict(_DEFAULT_CLIENT_INFO)
+            dict(client_info) if client_info is not None else dict(DEFAULT_CLIENT_INFO)
         )
         self.on_exit = on_exit
 
@@ -185,9 +174,7 @@ class AgentChannel:
 
         self._proc: trio.Process | None = None
         self._nursery: trio.Nursery | None = None
-        self._pending: PendingRequests[_Slot] = PendingRequests()
-        self._sinks: dict[str, SessionSink] = {}
-        self._loading: dict[str, int] = {}
+        self._client: AcpClient[SessionSink, _Slot] = AcpClient()
         self._write_lock = trio.Lock()
         self._stdout_eof = trio.Event()
         self._finished = trio.Event()
@@ -282,44 +269,32 @@ class AgentChannel:
 
     async def _initialize(self) -> str | None:
         """Send initialize; None on success, else why the start failed."""
-        params = {
-            "protocolVersion": PROTOCOL_VERSION,
-            "clientCapabilities": {"fs": {"readTextFile": False, "writeTextFile": False}},
-            "clientInfo": self.client_info,
-        }
         try:
             with trio.fail_after(self.init_timeout):
-                result = await self._request("initialize", params)
+                result = await self._request("initialize", initialize_params(self.client_info))
         except trio.TooSlowError:
             return f"no initialize reply within {self.init_timeout:g} s"
         except ChannelClosed:
             return "agent exited during initialize"
         except AgentRpcError as exc:
             return f"initialize failed: {exc}"
-        if type(result) is not dict:
-            return f"initialize result is not an object: {result!r:.200}"
-        version = result.get("protocolVersion")
-        if version != PROTOCOL_VERSION or type(version) is not int:
-            return f"unsupported protocolVersion {version!r} (we speak {PROTOCOL_VERSION})"
-        capabilities = result.get("agentCapabilities")
-        if capabilities is None:
-            capabilities = {}
-        if type(capabilities) is not dict:
-            return f"agentCapabilities is not an object: {capabilities!r:.200}"
-        self.agent_capabilities = capabilities
-        self.supports_load_session = capabilities.get("loadSession") is True
+        initialized = check_initialize(result)
+        if isinstance(initialized, str):
+            return initialized
+        self.agent_capabilities = initialized.capabilities
+        self.supports_load_session = initialized.supports_load_session
         log.info(
             "event=agent_initialized pid=%s load_session=%s agent_info=%r",
             self.pid,
             self.supports_load_session,
-            result.get("agentInfo"),
+            initialized.agent_info,
         )
         return None
 
     def _close(self, reason: str) -> None:
         """Stop accepting requests and fail the ones in flight."""
         self.closed = True
-        for pending in self._pending.drain():
+        for pending in self._client.drain():
             slot = pending.waiter
             if not slot.done.is_set():
                 slot.error = ChannelClosed(f"{reason} while {pending.method} was pending")
@@ -360,69 +335,45 @@ class AgentChannel:
 
     def attach(self, acp_session_id: str, sink: SessionSink) -> None:
         """Route the session's updates and permission requests to ``sink`` (replacing any)."""
-        self._sinks[acp_session_id] = sink
+        self._client.attach(acp_session_id, sink)
 
     def detach(self, acp_session_id: str) -> None:
-        self._sinks.pop(acp_session_id, None)
+        self._client.detach(acp_session_id)
 
     async def new_session(self, cwd: str) -> str:
-        result = await self._request("session/new", {"cwd": cwd, "mcpServers": []})
-        session_id = result.get("sessionId") if type(result) is dict else None
-        if type(session_id) is not str or not session_id:
-            raise AgentProtocolError(f"session/new result has no sessionId: {result!r:.200}")
-        return session_id
+        return session_id_of(await self._request("session/new", new_session_params(cwd)))
 
     async def load_session(self, acp_session_id: str, cwd: str) -> None:
         """Restore an agent session; the updates it replays meanwhile are consumed, not routed."""
-        params = {"sessionId": acp_session_id, "cwd": cwd, "mcpServers": []}
-        self._loading[acp_session_id] = self._loading.get(acp_session_id, 0) + 1
-        slot = _Slot(loading_session=acp_session_id)
-        try:
-            await self._request("session/load", params, slot)
-        finally:
-            # The reader already released it if the reply arrived; this covers errors/cancel.
-            if slot.loading_session is not None:
-                self._release_loading(slot)
+        await self._request(
+            "session/load", load_session_params(acp_session_id, cwd), loading=acp_session_id
+        )
 
     async def prompt(self, acp_session_id: str, prompt: list[Any]) -> dict[str, Any]:
-        result = await self._request(
-            "session/prompt", {"sessionId": acp_session_id, "prompt": prompt}
+        return prompt_result(
+            await self._request("session/prompt", prompt_params(acp_session_id, prompt))
         )
-        if type(result) is not dict:
-            raise AgentProtocolError(f"session/prompt result is not an object: {result!r:.200}")
-        return result
 
     async def cancel(self, acp_session_id: str) -> None:
         """Send ``session/cancel``; the running prompt's reply carries the outcome."""
-        await self._send(encode_notification("session/cancel", {"sessionId": acp_session_id}))
-
-    def _release_loading(self, slot: _Slot) -> None:
-        session_id = slot.loading_session
-        slot.loading_session = None
-        if session_id is None:
-            return
-        remaining = self._loading.get(session_id, 0) - 1
-        if remaining > 0:
-            self._loading[session_id] = remaining
-        else:
-            self._loading.pop(session_id, None)
+        await self._send(cancel_line(acp_session_id))
 
     # ---------------------------------------------------------------------------------------
     # Requests and writes
 
-    async def _request(self, method: str, params: dict[str, Any], slot: _Slot | None = None) -> Any:
+    async def _request(
+        self, method: str, params: dict[str, Any], *, loading: str | None = None
+    ) -> Any:
         if self.closed:
             raise ChannelClosed(f"agent channel is closed; cannot send {method}")
-        if slot is None:
-            slot = _Slot()
-        request_id = self._pending.allocate(method, slot)
+        slot = _Slot()
+        request_id, line = self._client.request(method, params, slot, loading=loading)
         try:
-            await self._send(encode_request(request_id, method, params))
+            await self._send(line)
             await slot.done.wait()
         finally:
-            if not slot.done.is_set():
-                # Cancelled while waiting: a late reply will be logged as unknown.
-                self._pending.discard(request_id)
+            # Answered, failed or cancelled: a late reply will be logged as unknown.
+            self._client.finished(request_id)
         if slot.error is not None:
             raise slot.error
         return slot.result
@@ -517,135 +468,88 @@ class AgentChannel:
         """Handle one read batch without yielding, then flush each sink that got updates;
         returns those sinks. ``spaced=False`` promises that no line holds a space, tab or CR
         (so no update needs making compact)."""
-        touched: dict[str, SessionSink] = {}
-        sinks = self._sinks
-        loading = self._loading
-        for line in lines:
-            fast = parse_update(line)
-            if fast is not None:
-                # The common line: an update, its bytes handed on undecoded.
-                routed_id, raw = fast
-                if spaced:
-                    raw = compact(raw)
-                if routed_id in loading:
-                    continue  # session/load replay: the daemon already has this history.
-                sink = sinks.get(routed_id)
-                if sink is None:
-                    log.debug("event=agent_update_unrouted pid=%s acp_session_id=%s",
-                              self.pid, routed_id)
-                    continue
+        batch = self._client.receive(lines, spaced=spaced)
+        for event in batch.events:
+            self._on_event(event)
+        updates = batch.updates
+        for session_id, (sink, raws) in updates.items():
+            on_update = sink.on_update
+            for raw in raws:
                 try:
-                    sink.on_update(raw)
+                    on_update(raw)
                 except Exception:
                     log.exception("event=sink_update_failed pid=%s acp_session_id=%s",
-                                  self.pid, routed_id)
-                touched[routed_id] = sink
-                continue
-            msg = parse_message(line)
-            if isinstance(msg, Notification):
-                if msg.method != "session/update":
-                    log.info(
-                        "event=agent_notification_ignored pid=%s method=%r", self.pid, msg.method
-                    )
-                    continue
-                params = msg.params
-                if type(params) is not dict:
-                    log.warning("event=agent_bad_update pid=%s excerpt=%r", self.pid, line[:200])
-                    continue
-                session_id = params.get("sessionId")
-                update = params.get("update")
-                if type(session_id) is not str or type(update) is not dict:
-                    log.warning("event=agent_bad_update pid=%s excerpt=%r", self.pid, line[:200])
-                elif session_id in loading:
-                    pass  # session/load replay: the daemon already has this history.
-                elif (sink := sinks.get(session_id)) is None:
-                    log.debug(
-                        "event=agent_update_unrouted pid=%s acp_session_id=%s",
-                        self.pid,
-                        session_id,
-                    )
-                else:
-                    try:
-                        sink.on_update(encode_json(update))
-                    except Exception:
-                        log.exception(
-                            "event=sink_update_failed pid=%s acp_session_id=%s",
-                            self.pid,
-                            session_id,
-                        )
-                    touched[session_id] = sink
-            elif isinstance(msg, Response):
-                self._resolve(msg)
-            elif isinstance(msg, Request):
-                self._on_agent_request(msg)
-            else:
-                log.warning(
-                    "event=agent_malformed_line pid=%s reason=%r excerpt=%r",
-                    self.pid,
-                    msg.reason,
-                    msg.excerpt,
-                )
-        for session_id, sink in touched.items():
+                                  self.pid, session_id)
+        for session_id, (sink, _) in updates.items():
             try:
                 sink.flush()
             except Exception:
                 log.exception(
                     "event=sink_flush_failed pid=%s acp_session_id=%s", self.pid, session_id
                 )
-        return list(touched.values())
+        return [sink for sink, _ in updates.values()]
 
-    def _resolve(self, response: Response) -> None:
-        pending = self._pending.resolve(response)
-        if pending is None:
-            log.warning("event=agent_reply_unknown_id pid=%s id=%r", self.pid, response.id)
-            return
-        slot = pending.waiter
-        if slot.loading_session is not None:
-            self._release_loading(slot)
-        if response.error is not None:
-            slot.error = AgentRpcError(response.error.code, response.error.message)
-        else:
-            slot.result = response.result
-        slot.done.set()
-
-    def _on_agent_request(self, request: Request) -> None:
-        assert self._nursery is not None
-        if request.method == "session/request_permission":
-            self._nursery.start_soon(self._answer_permission, request)
-        else:
+    def _on_event(self, event: object) -> None:
+        """Carry out what the codec read besides updates: wake a waiter, start a task, log."""
+        if isinstance(event, Replied):
+            slot: _Slot = event.waiter
+            if event.error is not None:
+                slot.error = event.error
+            else:
+                slot.result = event.result
+            slot.done.set()
+        elif isinstance(event, PermissionAsked):
+            assert self._nursery is not None
+            self._nursery.start_soon(self._answer_permission, event.request)
+        elif isinstance(event, UnsupportedRequest):
             log.info(
                 "event=agent_request_unsupported pid=%s method=%r id=%r",
                 self.pid,
-                request.method,
-                request.id,
+                event.method,
+                event.id,
             )
-            self._nursery.start_soon(
-                self._reply,
-                encode_error(request.id, METHOD_NOT_FOUND, f"Method not found: {request.method}"),
+            assert self._nursery is not None
+            self._nursery.start_soon(self._reply, event.reply)
+        elif isinstance(event, UnroutedUpdate):
+            log.debug(
+                "event=agent_update_unrouted pid=%s acp_session_id=%s", self.pid, event.session_id
+            )
+        elif isinstance(event, ReplyUnknown):
+            log.warning("event=agent_reply_unknown_id pid=%s id=%r", self.pid, event.id)
+        elif isinstance(event, BadUpdate):
+            log.warning("event=agent_bad_update pid=%s excerpt=%r", self.pid, event.excerpt)
+        elif isinstance(event, NotificationIgnored):
+            log.info("event=agent_notification_ignored pid=%s method=%r", self.pid, event.method)
+        elif isinstance(event, MalformedLine):
+            log.warning(
+                "event=agent_malformed_line pid=%s reason=%r excerpt=%r",
+                self.pid,
+                event.reason,
+                event.excerpt,
             )
 
     async def _answer_permission(self, request: Request) -> None:
-        params = request.params
-        session_id = params.get("sessionId") if type(params) is dict else None
-        sink = self._sinks.get(session_id) if type(session_id) is str else None
-        if sink is None:
+        target = self._client.permission_target(request)
+        if isinstance(target, UnroutedPermission):
             log.warning(
-                "event=agent_permission_unrouted pid=%s acp_session_id=%r", self.pid, session_id
+                "event=agent_permission_unrouted pid=%s acp_session_id=%r",
+                self.pid,
+                target.session_id,
             )
-            await self._reply(
-                encode_error(request.id, INVALID_PARAMS, f"unknown session {session_id!r}")
-            )
+            await self._reply(target.reply)
             return
-        assert type(params) is dict
+        sink, params = target
         try:
             result = await sink.on_permission_request(params)
         except Exception as exc:
             log.exception(
-                "event=permission_handler_failed pid=%s acp_session_id=%s", self.pid, session_id
+                "event=permission_handler_failed pid=%s acp_session_id=%s",
+                self.pid,
+                params["sessionId"],
             )
-            await self._reply(encode_error(request.id, INTERNAL_ERROR, f"permission failed: {exc}"))
+            await self._reply(permission_failed(request, exc))
             return
-        await self._reply(encode_result(request.id, result))
+        await self._reply(permission_granted(request, result))
 
     async def _pump_stderr(self, proc: trio.Process) -> None:
         assert proc.stderr is not None

@@ -44,6 +44,7 @@ TESTS: dict[str, tuple[str, ...]] = {
     "daemon/core/live_journal.py": ("test_live_journal.py", "test_live_journal_props.py"),
     "daemon/core/compactor.py": ("test_compactor.py",),
     "daemon/core/acp_codec.py": ("test_acp_codec.py",),
+    "daemon/core/acp_client.py": ("test_acp_client.py",),
     "sdk/truncation.py": ("test_sdk_truncation.py", "test_sdk_events.py"),
     "sdk/protocol/sse.py": ("test_sdk_sse.py", "test_mut_sse_encoder.py"),
     # The marker and payload rules (moved here from sdk/truncation.py and sdk/events.py).

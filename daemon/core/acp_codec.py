@@ -1,9 +1,10 @@
-"""ACP framing: newline-delimited JSON-RPC 2.0 over a byte stream (SPEC §6.4).
+"""ACP framing: newline-delimited JSON-RPC 2.0 over a byte stream (the agent's stdin and stdout).
 
 Sans-IO: :class:`LineSplitter` is handed bytes and returns complete lines, :func:`parse_message`
 turns one line into a typed message, the ``encode_*`` functions make the bytes to write, and
 :class:`PendingRequests` matches replies to the requests that are waiting for them. No trio, no
-clock, no I/O; the agent channel (``daemon.agent``) is the shell that moves the bytes.
+clock, no I/O; what the messages mean is :mod:`daemon.core.acp_client`, and the agent channel
+(``daemon.agent``) is the shell that moves the bytes.
 
 This is the hot path: an agent may stream 100,000 ``session/update`` lines per turn, so splitting
 is done with ``bytes.split`` on whole read chunks and each line costs one msgspec decode into a

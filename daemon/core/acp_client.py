@@ -1,0 +1,439 @@
+"""The ACP client's rules, sans-IO: what the daemon asks an agent and how it reads the answers.
+
+:class:`AcpClient` is the client side of one agent connection as a state machine in the h11
+style: the shell (``daemon.agent``) hands it the lines the agent wrote and gets back what they
+mean (updates grouped by the session they are routed to, replies matched to the requests
+waiting for them, the agent's own requests, and what to log); it asks it for the bytes of each
+request it sends. The rules it holds:
+
+- The client speaks ACP protocol version 1; an agent whose ``initialize`` result names another
+  version, or is not an object, or whose ``agentCapabilities`` is not an object, has not
+  started. ``loadSession`` is supported only when the agent says ``true``.
+- A ``session/update`` is routed by its ``sessionId`` to the session attached under that id;
+  one for no attached session is dropped (and reported). While a ``session/load`` for a
+  session is outstanding, the updates the agent replays for it are consumed, not routed: the
+  daemon already holds that history. Suppression ends when the load's reply is read (updates
+  after the reply, even in the same read, are routed) or when its caller stops waiting.
+- Replies are matched to requests by id; ids are allocated here and never reused, and a reply
+  with an id nobody waits for is reported, not delivered.
+- The agent's ``session/request_permission`` is answered by the session it names (an unknown
+  session gets an "invalid params" error); any other request the agent makes gets "method not
+  found". Notifications other than ``session/update`` are reported and ignored.
+
+No trio, no clock, no I/O, no logging: the shell moves the bytes, owns the process, the timers
+and the tasks, and logs the reports. ``S`` is the shell's session sink and ``W`` the shell's
+waiter for one reply; the core stores both and never calls them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final, Generic, TypeVar
+
+from daemon._version import __version__
+
+from .acp_codec import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
+    Notification,
+    Pending,
+    PendingRequests,
+    Request,
+    Response,
+    encode_error,
+    encode_notification,
+    encode_request,
+    encode_result,
+    parse_message,
+    parse_update,
+)
+from .envelope import encode_json
+from .splice import compact
+
+__all__ = [
+    "DEFAULT_CLIENT_INFO",
+    "PROTOCOL_VERSION",
+    "AcpClient",
+    "AgentProtocolError",
+    "AgentRpcError",
+    "BadUpdate",
+    "Batch",
+    "Event",
+    "Initialized",
+    "MalformedLine",
+    "NotificationIgnored",
+    "PermissionAsked",
+    "Replied",
+    "ReplyUnknown",
+    "UnroutedPermission",
+    "UnroutedUpdate",
+    "UnsupportedRequest",
+    "cancel_line",
+    "check_initialize",
+    "initialize_params",
+    "load_session_params",
+    "new_session_params",
+    "permission_failed",
+    "permission_granted",
+    "prompt_params",
+    "prompt_result",
+    "session_id_of",
+]
+
+PROTOCOL_VERSION: Final = 1
+DEFAULT_CLIENT_INFO: Final = {"name": "turnkeeper", "version": __version__}
+
+# How much of an offending line a report keeps.
+_EXCERPT_BYTES: Final = 200
+
+S = TypeVar("S")
+W = TypeVar("W")
+
+
+class AgentRpcError(Exception):
+    """The agent answered a request with a JSON-RPC error."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(f"agent error {code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class AgentProtocolError(AgentRpcError):
+    """The agent answered with a result that does not have the shape ACP requires."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(INTERNAL_ERROR, message)
+
+
+# --------------------------------------------------------------------------------------------
+# Requests the client makes, and the checks on their results
+
+
+def initialize_params(client_info: dict[str, Any]) -> dict[str, Any]:
+    """The ``initialize`` request: our protocol version, no file-system capabilities."""
+    return {
+        "protocolVersion": PROTOCOL_VERSION,
+        "clientCapabilities": {"fs": {"readTextFile": False, "writeTextFile": False}},
+        "clientInfo": client_info,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Initialized:
+    """A valid ``initialize`` result."""
+
+    capabilities: dict[str, Any]
+    supports_load_session: bool
+    agent_info: Any
+
+
+def check_initialize(result: Any) -> Initialized | str:
+    """The agent's ``initialize`` result, checked; a string says why the agent did not start."""
+    if type(result) is not dict:
+        return f"initialize result is not an object: {result!r:.200}"
+    version = result.get("protocolVersion")
+    if version != PROTOCOL_VERSION or type(version) is not int:
+        return f"unsupported protocolVersion {version!r} (we speak {PROTOCOL_VERSION})"
+    capabilities = result.get("agentCapabilities")
+    if capabilities is None:
+        capabilities = {}
+    if type(capabilities) is not dict:
+        return f"agentCapabilities is not an object: {capabilities!r:.200}"
+    return Initialized(
+        capabilities=capabilities,
+        supports_load_session=capabilities.get("loadSession") is True,
+        agent_info=result.get("agentInfo"),
+    )
+
+
+def new_session_params(cwd: str) -> dict[str, Any]:
+    return {"cwd": cwd, "mcpServers": []}
+
+
+def load_session_params(acp_session_id: str, cwd: str) -> dict[str, Any]:
+    return {"sessionId": acp_session_id, "cwd": cwd, "mcpServers": []}
+
+
+def prompt_params(acp_session_id: str, prompt: list[Any]) -> dict[str, Any]:
+    return {"sessionId": acp_session_id, "prompt": prompt}
+
+
+def cancel_line(acp_session_id: str) -> bytes:
+    """The ``session/cancel`` notification (the running prompt's reply carries the outcome)."""
+    return encode_notification("session/cancel", {"sessionId": acp_session_id})
+
+
+def session_id_of(result: Any) -> str:
+    """The new session's id from a ``session/new`` result; AgentProtocolError if it has none."""
+    session_id = result.get("sessionId") if type(result) is dict else None
+    if type(session_id) is not str or not session_id:
+        raise AgentProtocolError(f"session/new result has no sessionId: {result!r:.200}")
+    return session_id
+
+
+def prompt_result(result: Any) -> dict[str, Any]:
+    """A ``session/prompt`` result, which must be an object; else AgentProtocolError."""
+    if type(result) is not dict:
+        raise AgentProtocolError(f"session/prompt result is not an object: {result!r:.200}")
+    return result
+
+
+def permission_granted(request: Request, result: dict[str, Any]) -> bytes:
+    """The reply to a permission request, with the session's decision."""
+    return encode_result(request.id, result)
+
+
+def permission_failed(request: Request, exc: BaseException) -> bytes:
+    """The reply to a permission request whose handler failed."""
+    return encode_error(request.id, INTERNAL_ERROR, f"permission failed: {exc}")
+
+
+# --------------------------------------------------------------------------------------------
+# What one read batch meant (besides the updates): reports, replies, the agent's requests
+
+
+@dataclass(frozen=True, slots=True)
+class Replied(Generic[W]):
+    """A reply to one of our requests: ``error`` is None on success."""
+
+    waiter: W
+    method: str
+    result: Any
+    error: AgentRpcError | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyUnknown:
+    """A reply whose id no request is waiting for (never sent, answered, or given up on)."""
+
+    id: Any
+
+
+@dataclass(frozen=True, slots=True)
+class PermissionAsked:
+    """The agent asks for a permission; the shell answers it in its own task."""
+
+    request: Request
+
+
+@dataclass(frozen=True, slots=True)
+class UnsupportedRequest:
+    """The agent made a request the client does not serve; ``reply`` is the error to send."""
+
+    method: str
+    id: Any
+    reply: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class UnroutedUpdate:
+    """A ``session/update`` for a session nobody attached: dropped."""
+
+    session_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class BadUpdate:
+    """A ``session/update`` without a string ``sessionId`` and an object ``update``."""
+
+    excerpt: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class NotificationIgnored:
+    method: str
+
+
+@dataclass(frozen=True, slots=True)
+class MalformedLine:
+    """A line that is not a JSON-RPC 2.0 message."""
+
+    reason: str
+    excerpt: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class UnroutedPermission:
+    """A permission request naming no attached session; ``reply`` is the error to send."""
+
+    session_id: Any
+    reply: bytes
+
+
+Event = (
+    Replied[W] | ReplyUnknown | PermissionAsked | UnsupportedRequest | UnroutedUpdate
+    | BadUpdate | NotificationIgnored | MalformedLine
+)
+
+
+@dataclass(slots=True)
+class Batch(Generic[S, W]):
+    """What one read batch meant.
+
+    ``updates`` maps each session that got updates to its sink and those updates (the agent's
+    compact JSON bytes of each ``update`` object, in stdout order), in the order the sessions
+    first appeared; ``events`` is everything else, in line order.
+    """
+
+    updates: dict[str, tuple[S, list[bytes]]]
+    events: list[Event[W]]
+
+
+# --------------------------------------------------------------------------------------------
+# The connection
+
+
+class AcpClient(Generic[S, W]):
+    """The client side of one agent connection: sessions, outstanding requests, loads."""
+
+    __slots__ = ("_load_of", "_loading", "_sinks", "pending")
+
+    def __init__(self) -> None:
+        self.pending: PendingRequests[W] = PendingRequests()
+        self._sinks: dict[str, S] = {}
+        # Sessions being loaded (a count: two loads of one session may overlap), and which
+        # request loads which session.
+        self._loading: dict[str, int] = {}
+        self._load_of: dict[int, str] = {}
+
+    # Sessions
+
+    def attach(self, acp_session_id: str, sink: S) -> None:
+        """Route the session's updates and permission requests to ``sink`` (replacing any)."""
+        self._sinks[acp_session_id] = sink
+
+    def detach(self, acp_session_id: str) -> None:
+        self._sinks.pop(acp_session_id, None)
+
+    def is_loading(self, acp_session_id: str) -> bool:
+        return acp_session_id in self._loading
+
+    # Requests
+
+    def request(
+        self, method: str, params: dict[str, Any], waiter: W, *, loading: str | None = None
+    ) -> tuple[int, bytes]:
+        """Register a request; returns its id and the line to write. ``loading`` names the
+        session a ``session/load`` restores: its replayed updates are consumed until the reply
+        is read or :meth:`finished` is called."""
+        request_id = self.pending.allocate(method, waiter)
+        if loading is not None:
+            self._loading[loading] = self._loading.get(loading, 0) + 1
+            self._load_of[request_id] = loading
+        return request_id, encode_request(request_id, method, params)
+
+    def finished(self, request_id: int) -> None:
+        """The caller stopped waiting for ``request_id`` (answered, failed, or cancelled): a
+        late reply is then reported as unknown, and a load it made ends."""
+        self.pending.discard(request_id)
+        self._release(request_id)
+
+    def drain(self) -> list[Pending[W]]:
+        """Remove and return every outstanding request (the connection closed). Loads end
+        when their callers call :meth:`finished`."""
+        return self.pending.drain()
+
+    def _release(self, request_id: int) -> None:
+        session_id = self._load_of.pop(request_id, None)
+        if session_id is None:
+            return
+        remaining = self._loading[session_id] - 1
+        if remaining > 0:
+            self._loading[session_id] = remaining
+        else:
+            del self._loading[session_id]
+
+    # Reading
+
+    def receive(self, lines: list[bytes], *, spaced: bool = True) -> Batch[S, W]:
+        """What a batch of complete lines means, read in order. ``spaced=False`` promises that
+        no line holds a space, tab or CR (so no update needs making compact)."""
+        updates: dict[str, tuple[S, list[bytes]]] = {}
+        events: list[Event[W]] = []
+        sinks = self._sinks
+        loading = self._loading
+        # The session of the previous routed update and its list: most reads are one session's.
+        last_id: str | None = None
+        last: list[bytes] = []
+        for line in lines:
+            fast = parse_update(line)
+            if fast is not None:
+                # The common line: an update, its bytes handed on undecoded.
+                session_id, raw = fast
+                if spaced:
+                    raw = compact(raw)
+            else:
+                msg = parse_message(line)
+                if isinstance(msg, Notification):
+                    if msg.method != "session/update":
+                        events.append(NotificationIgnored(msg.method))
+                        continue
+                    params = msg.params
+                    if type(params) is not dict:
+                        events.append(BadUpdate(line[:_EXCERPT_BYTES]))
+                        continue
+                    sid = params.get("sessionId")
+                    update = params.get("update")
+                    if type(sid) is not str or type(update) is not dict:
+                        events.append(BadUpdate(line[:_EXCERPT_BYTES]))
+                        continue
+                    session_id, raw = sid, encode_json(update)
+                elif isinstance(msg, Response):
+                    events.append(self._resolve(msg))
+                    continue
+                elif isinstance(msg, Request):
+                    events.append(self._agent_request(msg))
+                    continue
+                else:
+                    events.append(MalformedLine(msg.reason, msg.excerpt))
+                    continue
+            if session_id in loading:
+                continue  # session/load replay: the daemon already has this history.
+            if session_id == last_id:
+                last.append(raw)
+                continue
+            entry = updates.get(session_id)
+            if entry is None:
+                sink = sinks.get(session_id)
+                if sink is None:
+                    events.append(UnroutedUpdate(session_id))
+                    continue
+                entry = updates[session_id] = (sink, [])
+            last_id, last = session_id, entry[1]
+            last.append(raw)
+        return Batch(updates, events)
+
+    def _resolve(self, response: Response) -> Replied[W] | ReplyUnknown:
+        pending = self.pending.resolve(response)
+        if pending is None:
+            return ReplyUnknown(response.id)
+        self._release(pending.id)
+        error = response.error  # an error reply's result is None
+        return Replied(
+            pending.waiter,
+            pending.method,
+            response.result,
+            None if error is None else AgentRpcError(error.code, error.message),
+        )
+
+    def _agent_request(self, request: Request) -> PermissionAsked | UnsupportedRequest:
+        if request.method == "session/request_permission":
+            return PermissionAsked(request)
+        reply = encode_error(request.id, METHOD_NOT_FOUND, f"Method not found: {request.method}")
+        return UnsupportedRequest(request.method, request.id, reply)
+
+    def permission_target(
+        self, request: Request
+    ) -> tuple[S, dict[str, Any]] | UnroutedPermission:
+        """The sink that decides a permission request, and its params; looked up when the
+        shell's task starts, so a session detached meanwhile gets the error reply."""
+        params = request.params
+        session_id = params.get("sessionId") if type(params) is dict else None
+        sink = self._sinks.get(session_id) if type(session_id) is str else None
+        if sink is None:
+            reply = encode_error(request.id, INVALID_PARAMS, f"unknown session {session_id!r}")
+            return UnroutedPermission(session_id, reply)
+        assert type(params) is dict
+        return sink, params

@@ -1,0 +1,372 @@
+"""The ACP client's rules without a process: initialize checks, routing of updates to sessions,
+suppression of ``session/load`` replays, reply matching, and the answers to the agent's requests.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from daemon.core.acp_client import (
+    PROTOCOL_VERSION,
+    AcpClient,
+    AgentProtocolError,
+    AgentRpcError,
+    BadUpdate,
+    Batch,
+    Initialized,
+    MalformedLine,
+    NotificationIgnored,
+    PermissionAsked,
+    Replied,
+    ReplyUnknown,
+    UnroutedPermission,
+    UnroutedUpdate,
+    UnsupportedRequest,
+    cancel_line,
+    check_initialize,
+    initialize_params,
+    load_session_params,
+    new_session_params,
+    permission_failed,
+    permission_granted,
+    prompt_params,
+    prompt_result,
+    session_id_of,
+)
+from daemon.core.acp_codec import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, Request
+
+Client = AcpClient[str, str]
+
+
+def update(session_id: str, text: str, *, spaced: bool = False) -> bytes:
+    body: dict[str, Any] = {"sessionUpdate": "agent_message_chunk",
+                            "content": {"type": "text", "text": text}}
+    msg = {"jsonrpc": "2.0", "method": "session/update",
+           "params": {"sessionId": session_id, "update": body}}
+    return json.dumps(msg, separators=(", ", ": ") if spaced else (",", ":")).encode()
+
+
+def reply(request_id: Any, result: Any = None, **extra: Any) -> bytes:
+    msg: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id}
+    msg.update(extra if extra else {"result": result if result is not None else {}})
+    return json.dumps(msg).encode()
+
+
+def texts(batch: Batch[str, str], session_id: str) -> list[str]:
+    """The texts routed to one session in a batch (and check the sink is the attached one)."""
+    sink, raws = batch.updates[session_id]
+    assert sink == f"sink-{session_id}"
+    return [json.loads(raw)["content"]["text"] for raw in raws]
+
+
+def attached(*session_ids: str) -> Client:
+    client: Client = AcpClient()
+    for session_id in session_ids:
+        client.attach(session_id, f"sink-{session_id}")
+    return client
+
+
+# -- initialize ----------------------------------------------------------------------------------
+
+
+def test_initialize_request_offers_version_1_and_no_file_system() -> None:
+    info = {"name": "n", "version": "v"}
+    assert initialize_params(info) == {
+        "protocolVersion": 1,
+        "clientCapabilities": {"fs": {"readTextFile": False, "writeTextFile": False}},
+        "clientInfo": info,
+    }
+    assert PROTOCOL_VERSION == 1
+
+
+@pytest.mark.parametrize(
+    ("result", "supports_load"),
+    [
+        ({"protocolVersion": 1}, False),
+        ({"protocolVersion": 1, "agentCapabilities": None}, False),
+        ({"protocolVersion": 1, "agentCapabilities": {"loadSession": True}}, True),
+        ({"protocolVersion": 1, "agentCapabilities": {"loadSession": False}}, False),
+        ({"protocolVersion": 1, "agentCapabilities": {"loadSession": "yes"}}, False),
+        ({"protocolVersion": 1, "agentCapabilities": {"loadSession": 1}}, False),
+    ],
+)
+def test_a_valid_initialize_result(result: dict[str, Any], supports_load: bool) -> None:
+    outcome = check_initialize({**result, "agentInfo": {"name": "a"}})
+    assert isinstance(outcome, Initialized)
+    assert outcome.supports_load_session is supports_load
+    assert outcome.capabilities == (result.get("agentCapabilities") or {})
+    assert outcome.agent_info == {"name": "a"}
+
+
+@pytest.mark.parametrize(
+    ("result", "reason"),
+    [
+        ([1], "initialize result is not an object: [1]"),
+        (None, "initialize result is not an object: None"),
+        ({}, "unsupported protocolVersion None (we speak 1)"),
+        ({"protocolVersion": 2}, "unsupported protocolVersion 2 (we speak 1)"),
+        ({"protocolVersion": "1"}, "unsupported protocolVersion '1' (we speak 1)"),
+        ({"protocolVersion": True}, "unsupported protocolVersion True (we speak 1)"),
+        ({"protocolVersion": 1.0}, "unsupported protocolVersion 1.0 (we speak 1)"),
+        ({"protocolVersion": 1, "agentCapabilities": []},
+         "agentCapabilities is not an object: []"),
+        ({"protocolVersion": 1, "agentCapabilities": "x" * 300},
+         f"agentCapabilities is not an object: {('x' * 300)!r:.200}"),
+    ],
+)
+def test_an_invalid_initialize_result_says_why(result: Any, reason: str) -> None:
+    assert check_initialize(result) == reason
+
+
+def test_session_results_are_checked() -> None:
+    assert session_id_of({"sessionId": "s1"}) == "s1"
+    for bad in ({}, {"sessionId": ""}, {"sessionId": 3}, ["s1"], None):
+        with pytest.raises(AgentProtocolError, match="session/new result has no sessionId"):
+            session_id_of(bad)
+    assert prompt_result({"stopReason": "end_turn"}) == {"stopReason": "end_turn"}
+    with pytest.raises(AgentProtocolError, match="session/prompt result is not an object") as err:
+        prompt_result("end_turn")
+    assert err.value.code == INTERNAL_ERROR
+
+
+def test_request_bodies() -> None:
+    assert new_session_params("/w") == {"cwd": "/w", "mcpServers": []}
+    assert load_session_params("s", "/w") == {"sessionId": "s", "cwd": "/w", "mcpServers": []}
+    assert prompt_params("s", [{"type": "text"}]) == {"sessionId": "s",
+                                                      "prompt": [{"type": "text"}]}
+    assert json.loads(cancel_line("s")) == {"jsonrpc": "2.0", "method": "session/cancel",
+                                            "params": {"sessionId": "s"}}
+
+
+# -- routing -------------------------------------------------------------------------------------
+
+
+def test_updates_are_routed_by_session_in_stdout_order() -> None:
+    client = attached("a", "b")
+    batch = client.receive([update("b", "1"), update("a", "2"), update("b", "3"),
+                            update("a", "4"), update("a", "5")], spaced=False)
+    assert list(batch.updates) == ["b", "a"]  # first-appearance order: the flush order
+    assert texts(batch, "b") == ["1", "3"]
+    assert texts(batch, "a") == ["2", "4", "5"]
+    assert batch.events == []
+
+
+def test_an_update_for_an_unknown_session_is_dropped_and_reported() -> None:
+    client = attached("a")
+    batch = client.receive([update("ghost", "x"), update("a", "1"), update("ghost", "y")])
+    assert texts(batch, "a") == ["1"]
+    assert batch.events == [UnroutedUpdate("ghost"), UnroutedUpdate("ghost")]
+    client.detach("a")
+    client.detach("never-attached")
+    batch = client.receive([update("a", "2")])
+    assert batch.updates == {} and batch.events == [UnroutedUpdate("a")]
+    client.attach("a", "other")
+    assert client.receive([update("a", "3")]).updates["a"][0] == "other"
+
+
+def test_spaced_updates_are_handed_on_compact() -> None:
+    client = attached("a")
+    raws = client.receive([update("a", "two words", spaced=True)], spaced=True).updates["a"][1]
+    assert raws == [b'{"sessionUpdate":"agent_message_chunk",'
+                    b'"content":{"type":"text","text":"two words"}}']
+
+
+def test_an_update_off_the_fast_path_is_routed_the_same() -> None:
+    # "update" is not an object at the front of the Raw here: the slow path decodes and routes.
+    client = attached("a")
+    line = b'{"method":"session/update","params":{"update":{"k":[1, 2]},"sessionId":"a"},"x":1}'
+    batch = client.receive([line])
+    assert batch.updates["a"][1] == [b'{"k":[1,2]}']
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"jsonrpc":"2.0","method":"session/update","params":[1]}',
+        b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":1,"update":{}}}',
+        b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"a","update":[]}}',
+        b'{"jsonrpc":"2.0","method":"session/update"}',
+    ],
+)
+def test_a_bad_update_is_reported_with_an_excerpt(line: bytes) -> None:
+    batch = attached("a").receive([line])
+    assert batch.updates == {} and batch.events == [BadUpdate(line[:200])]
+
+
+def test_other_notifications_and_malformed_lines_are_reported() -> None:
+    batch = attached("a").receive([b'{"jsonrpc":"2.0","method":"x/ping","params":{}}',
+                                   b"not json", b'{"jsonrpc":"1.0","method":"m"}'])
+    assert batch.events[0] == NotificationIgnored("x/ping")
+    assert isinstance(batch.events[1], MalformedLine)
+    assert batch.events[1].reason.startswith("invalid JSON") and batch.events[1].excerpt == b"not json"
+    assert batch.events[2] == MalformedLine("unsupported jsonrpc version '1.0'",
+                                            b'{"jsonrpc":"1.0","method":"m"}')
+
+
+# -- session/load replays ------------------------------------------------------------------------
+
+
+def test_updates_replayed_during_a_load_are_consumed_until_its_reply() -> None:
+    client = attached("a", "b")
+    request_id, line = client.request("session/load", load_session_params("a", "/w"), "w",
+                                      loading="a")
+    assert json.loads(line)["method"] == "session/load" and client.is_loading("a")
+    batch = client.receive([update("a", "old-1"), update("b", "live"), update("a", "old-2"),
+                            reply(request_id), update("a", "new")])
+    # Only the update after the reply is routed; the other session is not affected.
+    assert texts(batch, "a") == ["new"]
+    assert texts(batch, "b") == ["live"]
+    assert batch.events == [Replied("w", "session/load", {}, None)]
+    assert not client.is_loading("a")
+
+
+def test_a_failed_load_also_ends_the_suppression_at_its_reply() -> None:
+    client = attached("a")
+    request_id, _ = client.request("session/load", {}, "w", loading="a")
+    error = {"code": -32002, "message": "no such session"}
+    batch = client.receive([update("a", "old"), reply(request_id, error=error),
+                            update("a", "new")])
+    assert texts(batch, "a") == ["new"]
+    (event,) = batch.events
+    assert isinstance(event, Replied) and isinstance(event.error, AgentRpcError)
+    assert (event.error.code, event.error.message) == (-32002, "no such session")
+
+
+def test_a_load_whose_caller_gave_up_stops_suppressing() -> None:
+    client = attached("a")
+    request_id, _ = client.request("session/load", {}, "w", loading="a")
+    assert client.receive([update("a", "old")]).updates == {}
+    client.finished(request_id)  # cancelled: no reply was read
+    assert texts(client.receive([update("a", "new")]), "a") == ["new"]
+    # Its late reply is then unknown, and changes nothing.
+    batch = client.receive([reply(request_id), update("a", "after")])
+    assert batch.events == [ReplyUnknown(request_id)] and texts(batch, "a") == ["after"]
+
+
+def test_overlapping_loads_of_one_session_suppress_until_the_last_ends() -> None:
+    client = attached("a")
+    first, _ = client.request("session/load", {}, "w1", loading="a")
+    second, _ = client.request("session/load", {}, "w2", loading="a")
+    batch = client.receive([reply(first), update("a", "still-replayed")])
+    assert batch.updates == {}
+    client.finished(first)  # the first caller's own cleanup must not end the second load
+    assert client.receive([update("a", "still-replayed")]).updates == {}
+    batch = client.receive([reply(second), update("a", "new")])
+    assert texts(batch, "a") == ["new"]
+    client.finished(second)
+    assert not client.is_loading("a")
+
+
+def test_a_closed_connection_keeps_suppressing_until_the_load_caller_finishes() -> None:
+    client = attached("a")
+    request_id, _ = client.request("session/load", {}, "w", loading="a")
+    assert [p.waiter for p in client.drain()] == ["w"]
+    assert client.receive([update("a", "old")]).updates == {}
+    client.finished(request_id)
+    assert texts(client.receive([update("a", "new")]), "a") == ["new"]
+
+
+def test_other_requests_do_not_suppress_anything() -> None:
+    client = attached("a")
+    client.request("session/prompt", prompt_params("a", []), "w")
+    assert texts(client.receive([update("a", "1")]), "a") == ["1"]
+
+
+# -- replies -------------------------------------------------------------------------------------
+
+
+def test_interleaved_replies_reach_their_own_waiters() -> None:
+    client = attached("a")
+    ids = [client.request(m, {}, w)[0] for m, w in
+           [("session/new", "w-new"), ("session/prompt", "w-prompt"), ("session/new", "w-2")]]
+    assert len(set(ids)) == 3
+    error = {"code": -32603, "message": "boom"}
+    batch = client.receive([reply(ids[2], {"sessionId": "s2"}), update("a", "mid"),
+                            reply(ids[0], {"sessionId": "s1"}), reply(ids[1], error=error),
+                            reply(ids[1], {})])
+    first, second, third, fourth = batch.events
+    assert first == Replied("w-2", "session/new", {"sessionId": "s2"}, None)
+    assert second == Replied("w-new", "session/new", {"sessionId": "s1"}, None)
+    assert isinstance(third, Replied) and third.waiter == "w-prompt" and third.result is None
+    assert isinstance(third.error, AgentRpcError) and str(third.error) == "agent error -32603: boom"
+    assert fourth == ReplyUnknown(ids[1])  # answered twice
+    assert texts(batch, "a") == ["mid"]
+    assert len(client.pending) == 0
+
+
+def test_a_reply_nobody_waits_for_is_reported() -> None:
+    client: Client = AcpClient()
+    request_id, line = client.request("initialize", {}, "w")
+    assert json.loads(line) == {"jsonrpc": "2.0", "id": request_id, "method": "initialize",
+                                "params": {}}
+    parse_error = {"code": -32700, "message": "Parse error"}
+    batch = client.receive([reply(999), reply(str(request_id)), reply(None, error=parse_error)])
+    assert batch.events == [ReplyUnknown(999), ReplyUnknown(str(request_id)), ReplyUnknown(None)]
+    assert request_id in client.pending
+    client.finished(request_id)
+    assert client.receive([reply(request_id)]).events == [ReplyUnknown(request_id)]
+
+
+def test_ids_are_never_reused() -> None:
+    client: Client = AcpClient()
+    first, _ = client.request("a", {}, "w")
+    client.finished(first)
+    client.drain()
+    second, _ = client.request("b", {}, "w")
+    assert second > first
+
+
+# -- the agent's requests ------------------------------------------------------------------------
+
+
+def _permission(session_id: Any, request_id: Any = 7) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "method": "session/request_permission",
+                       "params": {"sessionId": session_id, "options": []}}).encode()
+
+
+def test_a_permission_request_goes_to_the_session_it_names() -> None:
+    client = attached("a")
+    (event,) = client.receive([_permission("a")]).events
+    assert isinstance(event, PermissionAsked)
+    assert client.permission_target(event.request) == ("sink-a",
+                                                       {"sessionId": "a", "options": []})
+    granted = permission_granted(event.request, {"outcome": {"outcome": "cancelled"}})
+    assert json.loads(granted) == {"jsonrpc": "2.0", "id": 7,
+                                   "result": {"outcome": {"outcome": "cancelled"}}}
+    failed = json.loads(permission_failed(event.request, ValueError("nope")))
+    assert failed["error"] == {"code": INTERNAL_ERROR, "message": "permission failed: nope"}
+
+
+@pytest.mark.parametrize("session_id", ["ghost", 5, None])
+def test_a_permission_request_for_no_session_gets_invalid_params(session_id: Any) -> None:
+    client = attached("a")
+    target = client.permission_target(
+        Request(id="r", method="session/request_permission", params={"sessionId": session_id}))
+    assert isinstance(target, UnroutedPermission) and target.session_id == session_id
+    assert json.loads(target.reply) == {"jsonrpc": "2.0", "id": "r", "error": {
+        "code": INVALID_PARAMS, "message": f"unknown session {session_id!r}"}}
+    no_params = client.permission_target(Request(id=1, method="session/request_permission"))
+    assert isinstance(no_params, UnroutedPermission) and no_params.session_id is None
+
+
+def test_a_session_detached_before_the_answer_gets_invalid_params() -> None:
+    client = attached("a")
+    (event,) = client.receive([_permission("a")]).events
+    assert isinstance(event, PermissionAsked)
+    client.detach("a")
+    assert isinstance(client.permission_target(event.request), UnroutedPermission)
+
+
+@pytest.mark.parametrize("method", ["fs/read_text_file", "session/request_permissions",
+                                    "session/update", "terminal/create"])
+def test_any_other_agent_request_gets_method_not_found(method: str) -> None:
+    line = json.dumps({"jsonrpc": "2.0", "id": "q", "method": method,
+                       "params": {"sessionId": "a"}}).encode()
+    (event,) = attached("a").receive([line]).events
+    assert isinstance(event, UnsupportedRequest)
+    assert (event.method, event.id) == (method, "q")
+    assert json.loads(event.reply) == {"jsonrpc": "2.0", "id": "q", "error": {
+        "code": METHOD_NOT_FOUND, "message": f"Method not found: {method}"}}
