@@ -19,6 +19,7 @@ from sdk.protocol.envelope import (
     event_prompt_id,
     names_prompt,
     normalize_page_event,
+    read_payload,
     valid_event_id,
 )
 from sdk.protocol.events import TurnCompleteData, TurnErrorData
@@ -143,3 +144,33 @@ def test_wrapping_keeps_the_envelope_and_leaves_the_original_alone() -> None:
     assert wrapped is not None and wrapped is not event
     assert (wrapped.id, wrapped.prompt_id, wrapped.type) == (2, "p", "session_update")
     assert event.data == UPDATE
+
+
+# --- reading a payload without keeping it ------------------------------------------------------------
+
+
+def test_read_payload_types_like_payload_but_keeps_nothing() -> None:
+    built = DaemonEvent(type="turn_complete", data={"promptId": "p"})
+    assert read_payload(built) == TurnCompleteData(prompt_id="p")
+    assert "_payload" not in built.__dict__
+    built.data = {"promptId": "q"}  # nothing was kept, so the next read sees the new data
+    assert read_payload(built) == TurnCompleteData(prompt_id="q")
+    decoded = decode_event(encode_envelope("turn_error", {"promptId": "p", "message": "sent"}))
+    assert decoded is not None
+    decoded.data["message"] = "changed"
+    # From the frame's bytes, and the bytes stay for the next reader.
+    assert read_payload(decoded) == TurnErrorData(prompt_id="p", message="sent")
+    assert "_payload" not in decoded.__dict__
+    assert decoded.payload == TurnErrorData(prompt_id="p", message="sent")
+
+
+def test_read_payload_answers_the_payload_already_kept() -> None:
+    event = DaemonEvent(type="turn_complete", data={"promptId": "p"})
+    kept = event.payload
+    event.data = {"promptId": "q"}
+    assert read_payload(event) is kept
+    unknown = DaemonEvent(type="future_event", data={"a": 1})
+    assert unknown.payload is None
+    unknown.type = "turn_complete"  # a kept None is an answer too
+    unknown.data = {"promptId": "p"}
+    assert read_payload(unknown) is None

@@ -46,6 +46,7 @@ __all__ = [
     "event_prompt_id",
     "names_prompt",
     "normalize_page_event",
+    "read_payload",
     "valid_event_id",
 ]
 
@@ -86,6 +87,34 @@ class DaemonEvent(msgspec.Struct, omit_defaults=True, dict=True):
             payload = codec.payload_from_data(self.type, self.data)
         cache["_payload"] = payload
         return payload
+
+
+def read_payload(event: DaemonEvent) -> EventPayload | None:
+    """The typed payload, as :attr:`DaemonEvent.payload` gives it, without keeping it.
+
+    For a reader that looks at each of many events once (a snapshot replay of 200,000
+    events): keeping a typed copy of every payload on its event costs more than the decode,
+    because the collector has to scan each kept copy again and again. A payload already kept
+    is returned; a decoded frame keeps its raw bytes for later reads.
+    """
+    kept = getattr(event, "_payload", _MISSING)
+    if not isinstance(kept, _Missing):
+        payload: EventPayload | None = kept
+        return payload
+    codec = _payload_codec()
+    raw = getattr(event, "_raw_frame", None)
+    if raw is not None:
+        payload = codec.decode_payload(event.type, raw, event.data)
+    else:
+        payload = codec.payload_from_data(event.type, event.data)
+    return payload
+
+
+class _Missing:
+    __slots__ = ()
+
+
+_MISSING: Final = _Missing()
 
 
 @functools.cache
