@@ -8,6 +8,8 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sdk.protocol.constants import MAX_EVENT_ID
 from sdk.protocol.envelope import (
@@ -174,3 +176,42 @@ def test_read_payload_answers_the_payload_already_kept() -> None:
     unknown.type = "turn_complete"  # a kept None is an answer too
     unknown.data = {"promptId": "p"}
     assert read_payload(unknown) is None
+
+
+# --- the one-pass envelope decode agrees with the field-by-field rules ----------------------------
+
+_JSON_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 2**53 + 2), st.sampled_from([1.0, 7.0, 2.5, -0.0]),
+    st.sampled_from(["", "p", "session_update"]), st.just([1]), st.just({"k": 1}),
+)
+_ENVELOPE_KEYS = ["id", "v", "type", "data", "promptId", "originatorClientId", "_meta", "other"]
+
+
+@given(
+    fields=st.dictionaries(st.sampled_from(_ENVELOPE_KEYS), _JSON_VALUES, max_size=8),
+    well_formed=st.booleans(),
+)
+def test_decoding_bytes_applies_the_same_rules_as_a_parsed_object(
+    fields: dict[str, Any], well_formed: bool
+) -> None:
+    if well_formed:  # most frames are valid: make sure both paths see many of them
+        fields = {"v": 1, "type": "t", **{k: v for k, v in fields.items() if k not in ("v", "type")}}
+        if isinstance(fields.get("id"), bool) or fields.get("id") is None:
+            fields.pop("id", None)
+    raw = msgspec.json.encode(fields)
+    from_bytes = decode_event(raw)
+    from_mapping = event_from_mapping(msgspec.json.decode(raw))
+    assert from_bytes == from_mapping
+    if from_bytes is not None:
+        assert type(from_bytes.id) is type(from_mapping.id if from_mapping else None)
+
+
+@pytest.mark.parametrize("raw", [b'[1]', b'"x"', b'{"v":1,"type":"t"', b'\xff', b'',
+                                 b'{"v":1,"type":"t","id":1,"id":null}',
+                                 b'{"v":1,"type":"t","id":null,"id":2}'])
+def test_frames_that_are_not_envelopes_or_json(raw: bytes) -> None:
+    try:
+        expected = event_from_mapping(msgspec.json.decode(raw))
+    except msgspec.DecodeError:
+        expected = None
+    assert decode_event(raw) == expected
