@@ -33,6 +33,7 @@ from types import FrameType
 from typing import Any
 
 from benchmarks import (
+    client,
     crash_loss,
     e2e,
     launcher,
@@ -142,6 +143,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark(repair_cost.NAME, repair_cost.TITLE, repair_cost.add_arguments, repair_cost.run),
     Benchmark(crash_loss.NAME, crash_loss.TITLE, crash_loss.add_arguments, crash_loss.run),
     Benchmark(stall_cut.NAME, stall_cut.TITLE, stall_cut.add_arguments, stall_cut.run),
+    Benchmark(client.NAME, client.TITLE, client.add_arguments, client.run),
 )
 
 

@@ -24,8 +24,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from benchmarks import client as client_bench
 from benchmarks.__main__ import journal_rows
-from benchmarks.harness import CpuUse
+from benchmarks.harness import Context, CpuUse, Progress
 from benchmarks.journal import check_pipeline_ran
 from benchmarks.loadgen import LoadGenError, SSECounter, check_delivery, delivery_problems
 from daemon.bus import BusLimits, SessionBus
@@ -46,6 +47,8 @@ EXPECTED_ROWS: dict[str, list[str]] = {
                     "model: repair commit"],
     "crash_loss": ["ms of output lost at SIGKILL", "events lost at SIGKILL"],
     "stall_cut": ["eviction -> connection closed", "408 and EOF"],
+    "client": ["SSE bytes -> parser -> reducer/store", "SessionHandle subscription",
+               "replay history + live journal", "load answer bytes"],
 }
 TABLE_HEADER = ("benchmark", "parameters", "value", "spread", "baseline", "ratio", "target",
                 "result", "cpu ms d/a/c")
@@ -110,7 +113,9 @@ def test_rows_with_targets_and_cpu(quick_run: tuple[Any, dict[str, Any]]) -> Non
     _, results = quick_run
     rows = results["rows"]
     targeted = {row["benchmark"] for row in rows if row["target"]}
-    assert targeted == set(EXPECTED_ROWS), targeted
+    # The client rows' target is another checkout (--compare-tree): informational without one
+    # (their comparison logic is checked below, without child processes).
+    assert targeted == set(EXPECTED_ROWS) - {"client"}, targeted
     # Out-of-process rows account the daemon's CPU beside the clients'.
     for benchmark in ("e2e", "resume", "transcript_cost", "repair_cost"):
         assert any(_is_number(row["cpu"]["daemon_ms"]) for row in rows
@@ -137,6 +142,47 @@ def test_table_is_printed(quick_run: tuple[subprocess.CompletedProcess[str], Any
     # Progress goes to stderr, one line per step with the elapsed time.
     assert "load_latency: start" in proc.stderr and "s] " in proc.stderr
     assert "journal: step 8/8 " in proc.stderr  # journal reports each step and trial
+
+
+# --- the client benchmark's comparison of two checkouts ---------------------------------------------
+
+
+def _client_rows(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                 results: dict[str, dict[str, Any]]) -> list[Any]:
+    """``benchmarks client --compare-tree OTHER`` with each checkout's child results given."""
+    other = tmp_path / "other"
+    (other / "sdk").mkdir(parents=True)
+
+    def child(tree: Path, rows: str, sizes: dict[str, int]) -> tuple[dict[str, Any], float]:
+        mine = tree == client_bench.ROOT
+        return {row: {"seconds": [results[row]["mine" if mine else "theirs"]], "events": 10,
+                      "digest": results[row]["digest_mine" if mine else "digest_theirs"]}
+                for row in rows.split(",")}, 0.5
+
+    monkeypatch.setattr(client_bench, "_child", child)
+    parser = __import__("argparse").ArgumentParser()
+    client_bench.add_arguments(parser)
+    args = parser.parse_args(["--compare-tree", str(other), "--rows", ",".join(results)])
+    return client_bench.run(Context(quick=True, progress=Progress(enabled=False)), args)
+
+
+def test_client_compare_is_not_slower_and_needs_equal_digests(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    same = {"blocks": 3, "text_chars": 12}
+    rows = _client_rows(monkeypatch, tmp_path, {
+        "model_sse": {"mine": 1.0, "theirs": 2.0, "digest_mine": same, "digest_theirs": same},
+        "replay": {"mine": 3.0, "theirs": 2.0, "digest_mine": same, "digest_theirs": same},
+        "load_replay": {"mine": 1.0, "theirs": 1.0, "digest_mine": same,
+                        "digest_theirs": {"blocks": 2, "text_chars": 12}},
+    })
+    by_row = {row.name: row for row in rows}
+    faster = by_row[client_bench.ROW_NAMES["model_sse"]]
+    assert (faster.ok, faster.ratio, faster.baseline, faster.error) == (True, 0.5, 2000.0, None)
+    slower = by_row[client_bench.ROW_NAMES["replay"]]
+    assert (slower.ok, slower.ratio, slower.error) == (False, 1.5, None)
+    different = by_row[client_bench.ROW_NAMES["load_replay"]]
+    assert different.error is not None and "different results" in different.error
 
 
 # --- the load generator's frame counter ----------------------------------------------------------

@@ -30,6 +30,7 @@ from sdk.protocol.events import (
     finite_number,
     parse_truncation,
     payload_from_data,
+    record_ids_of,
     server_timestamp,
 )
 
@@ -357,3 +358,58 @@ def test_an_untyped_update_is_typed_when_its_payload_is() -> None:
     assert isinstance(payload, SessionUpdateData)
     payload.update["sessionUpdate"] = "changed later"
     assert isinstance(payload.acp, RawUpdate) and payload.acp.kind == "odd"
+
+
+# --- record ids without typing the payload -------------------------------------------------------------
+
+_RID = {"qwen.session.recordId": "r1", "qwenTranscript": {"sourceRecordIds": ["r2", "r1", 3]}}
+_TEXT = {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "x"}}
+
+
+@pytest.mark.parametrize(
+    ("event_type", "data", "expected"),
+    [
+        ("session_update", {"sessionId": "s", "update": {**_TEXT, "_meta": _RID}}, ("r1", "r2")),
+        ("session_update", {"update": {**_TEXT, "_meta": {"qwen.session.recordId": "r"}}},
+         ("r",)),
+        ("session_update", {"sessionId": "s", "update": _TEXT}, ()),
+        ("session_update", {"update": {**_TEXT, "_meta": None}}, ()),
+        ("session_update", {"update": {**_TEXT, "_meta": ["r1"]}}, ()),
+        # _meta of the wrong shape: the update does not fit, the raw update has no meta either.
+        ("session_update", {"update": {**_TEXT, "_meta": {**_RID, "source": 7}}}, ()),
+        ("session_update", {"update": {"sessionUpdate": "new_kind", "_meta": _RID}}, ("r1", "r2")),
+        ("session_update", {**_TEXT, "sessionId": "s", "_meta": _RID}, ("r1", "r2")),  # page shape
+        ("session_update", {**_TEXT, "sessionId": "s"}, ()),
+        ("session_update", {"update": "not an object", "sessionUpdate": "x", "_meta": _RID}, ()),
+        ("session_update", {"sessionUpdate": 3, "_meta": _RID}, ()),
+        ("session_update", ["not", "an", "object"], ()),
+        ("session_update", None, ()),
+        ("turn_complete", {"promptId": "p", "update": {**_TEXT, "_meta": _RID}}, ()),
+    ],
+)
+@pytest.mark.parametrize("origin", ["built", "decoded", "kept"])
+def test_record_ids_of_answers_what_the_typed_payload_says(
+    event_type: str, data: Any, expected: tuple[str, ...], origin: str
+) -> None:
+    def make() -> DaemonEvent:
+        if origin == "built":
+            return DaemonEvent(type=event_type, data=msgspec.json.decode(msgspec.json.encode(data)))
+        return _frame(event_type, data)
+
+    typed = make().payload
+    assert (typed.acp.record_ids if isinstance(typed, SessionUpdateData) else ()) == expected
+    event = make()
+    if origin == "kept":
+        event.payload  # noqa: B018 - the payload kept on the event is the one read
+    assert record_ids_of(event) == expected
+
+
+def test_record_ids_of_reads_a_kept_payload_and_the_frame_bytes() -> None:
+    event = _frame("session_update", {"update": {**_TEXT, "_meta": _RID}})
+    event.data["update"]["_meta"]["qwen.session.recordId"] = "changed"
+    assert record_ids_of(event) == ("r1", "r2")  # typed from the bytes, not from data
+    built = DaemonEvent(type="session_update", data={"update": {**_TEXT, "_meta": _RID}})
+    kept = built.payload
+    assert isinstance(kept, SessionUpdateData)
+    built.data = {"update": _TEXT}
+    assert record_ids_of(built) == ("r1", "r2")  # the kept payload, not the new data

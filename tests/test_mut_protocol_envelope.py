@@ -8,6 +8,8 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sdk.protocol.constants import MAX_EVENT_ID
 from sdk.protocol.envelope import (
@@ -19,6 +21,7 @@ from sdk.protocol.envelope import (
     event_prompt_id,
     names_prompt,
     normalize_page_event,
+    read_payload,
     valid_event_id,
 )
 from sdk.protocol.events import TurnCompleteData, TurnErrorData
@@ -143,3 +146,72 @@ def test_wrapping_keeps_the_envelope_and_leaves_the_original_alone() -> None:
     assert wrapped is not None and wrapped is not event
     assert (wrapped.id, wrapped.prompt_id, wrapped.type) == (2, "p", "session_update")
     assert event.data == UPDATE
+
+
+# --- reading a payload without keeping it ------------------------------------------------------------
+
+
+def test_read_payload_types_like_payload_but_keeps_nothing() -> None:
+    built = DaemonEvent(type="turn_complete", data={"promptId": "p"})
+    assert read_payload(built) == TurnCompleteData(prompt_id="p")
+    assert "_payload" not in built.__dict__
+    built.data = {"promptId": "q"}  # nothing was kept, so the next read sees the new data
+    assert read_payload(built) == TurnCompleteData(prompt_id="q")
+    decoded = decode_event(encode_envelope("turn_error", {"promptId": "p", "message": "sent"}))
+    assert decoded is not None
+    decoded.data["message"] = "changed"
+    # From the frame's bytes, and the bytes stay for the next reader.
+    assert read_payload(decoded) == TurnErrorData(prompt_id="p", message="sent")
+    assert "_payload" not in decoded.__dict__
+    assert decoded.payload == TurnErrorData(prompt_id="p", message="sent")
+
+
+def test_read_payload_answers_the_payload_already_kept() -> None:
+    event = DaemonEvent(type="turn_complete", data={"promptId": "p"})
+    kept = event.payload
+    event.data = {"promptId": "q"}
+    assert read_payload(event) is kept
+    unknown = DaemonEvent(type="future_event", data={"a": 1})
+    assert unknown.payload is None
+    unknown.type = "turn_complete"  # a kept None is an answer too
+    unknown.data = {"promptId": "p"}
+    assert read_payload(unknown) is None
+
+
+# --- the one-pass envelope decode agrees with the field-by-field rules ----------------------------
+
+_JSON_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 2**53 + 2), st.sampled_from([1.0, 7.0, 2.5, -0.0]),
+    st.sampled_from(["", "p", "session_update"]), st.just([1]), st.just({"k": 1}),
+)
+_ENVELOPE_KEYS = ["id", "v", "type", "data", "promptId", "originatorClientId", "_meta", "other"]
+
+
+@given(
+    fields=st.dictionaries(st.sampled_from(_ENVELOPE_KEYS), _JSON_VALUES, max_size=8),
+    well_formed=st.booleans(),
+)
+def test_decoding_bytes_applies_the_same_rules_as_a_parsed_object(
+    fields: dict[str, Any], well_formed: bool
+) -> None:
+    if well_formed:  # most frames are valid: make sure both paths see many of them
+        fields = {"v": 1, "type": "t", **{k: v for k, v in fields.items() if k not in ("v", "type")}}
+        if isinstance(fields.get("id"), bool) or fields.get("id") is None:
+            fields.pop("id", None)
+    raw = msgspec.json.encode(fields)
+    from_bytes = decode_event(raw)
+    from_mapping = event_from_mapping(msgspec.json.decode(raw))
+    assert from_bytes == from_mapping
+    if from_bytes is not None:
+        assert type(from_bytes.id) is type(from_mapping.id if from_mapping else None)
+
+
+@pytest.mark.parametrize("raw", [b'[1]', b'"x"', b'{"v":1,"type":"t"', b'\xff', b'',
+                                 b'{"v":1,"type":"t","id":1,"id":null}',
+                                 b'{"v":1,"type":"t","id":null,"id":2}'])
+def test_frames_that_are_not_envelopes_or_json(raw: bytes) -> None:
+    try:
+        expected = event_from_mapping(msgspec.json.decode(raw))
+    except msgspec.DecodeError:
+        expected = None
+    assert decode_event(raw) == expected

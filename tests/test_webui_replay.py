@@ -124,6 +124,24 @@ def test_restored_sample_shape_replays_like_the_reference() -> None:
     assert [b.id for b in checkpoint.state.blocks] == [b.id for b in state.blocks[:4]]
 
 
+def test_a_replay_keeps_no_typed_payload_on_its_session_updates() -> None:
+    # A snapshot is read once: a typed copy kept on each of 200,000 updates costs more in
+    # garbage-collector scans than the decode itself (benchmarks/client.py, replay rows).
+    # (Terminals and markers, a few per snapshot, are read through event.payload.)
+    tool = DaemonEvent(type="session_update", id=3, data={"sessionId": SID, "update": {
+        "sessionUpdate": "tool_call", "toolCallId": "t1", "title": "Read", "status": "pending"}})
+    compacted = [user("q1", "r1", prompt="p1"), tool, agent("a1", prompt="p1"), done("p1")]
+    live = [live_marker(), agent("partial", prompt="p-live")]
+    result = replay_snapshot(compacted, live, configured_max_blocks=100, pagination_enabled=True)
+    assert texts(b for b in result.state.blocks if isinstance(b, TextBlock)) == [
+        "q1", "a1", "partial"]
+    assert result.state.tools.keys() == {"t1"}
+    assert result.marker_event is live[0]
+    updates = [e for e in [*compacted, *live] if e.type == "session_update"]
+    assert len(updates) == 4
+    assert [e for e in updates if "_payload" in e.__dict__] == []
+
+
 # --- marker hiding -----------------------------------------------------------------------------
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from sdk.protocol.envelope import DaemonEvent
-from sdk.protocol.events import DaemonHistoryTruncatedData, SessionUpdateData
+from sdk.protocol.events import DaemonHistoryTruncatedData, record_ids_of
 
 __all__ = [
     "first_record_id",
@@ -26,8 +26,7 @@ __all__ = [
 
 def transcript_record_ids(event: DaemonEvent) -> tuple[str, ...]:
     """The transcript record ids stamped on a compacted ``session_update`` (may be empty)."""
-    payload = event.payload
-    return payload.acp.record_ids if isinstance(payload, SessionUpdateData) else ()
+    return record_ids_of(event)
 
 
 def first_record_id(event: DaemonEvent) -> str | None:

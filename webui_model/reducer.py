@@ -95,6 +95,7 @@ from sdk.protocol.events import (
     ClientEvictedData,
     CurrentModeUpdate,
     DaemonHistoryTruncatedData,
+    EventPayload,
     PendingPromptAddedData,
     PendingPromptCompletedData,
     PendingPromptStartedData,
@@ -163,6 +164,7 @@ __all__ = [
     "WorkspaceSignal",
     "apply_event",
     "apply_events",
+    "apply_typed",
     "assistant_done",
     "first_record_id",
     "is_recoverable_live_marker",
@@ -708,9 +710,16 @@ assert TERMINAL_TYPES <= _MALFORMED.keys()
 
 def apply_event(draft: TranscriptDraft, event: DaemonEvent) -> list[SideEffect]:
     """Reduce ``event`` into ``draft`` (not trimmed); return the side effects it calls for."""
+    return apply_typed(draft, event, event.payload)
+
+
+def apply_typed(
+    draft: TranscriptDraft, event: DaemonEvent, payload: EventPayload | None
+) -> list[SideEffect]:
+    """:func:`apply_event` given ``event``'s typed payload (``event.payload``, or
+    :func:`~sdk.protocol.envelope.read_payload` for a one-pass replay that keeps none)."""
     if event.type == ASSISTANT_DONE:
         return _assistant_done_event(draft, event)
-    payload = event.payload
     if payload is not None:
         return _BY_PAYLOAD[type(payload)](draft, event, payload)
     handler = _MALFORMED.get(event.type)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import msgspec
 
-from sdk.protocol.envelope import DaemonEvent
+from sdk.protocol.envelope import DaemonEvent, read_payload
 from sdk.protocol.events import parse_truncation
 from webui_model.blocks import Block, MessageBlock
 from webui_model.draft import StoreState, TranscriptDraft, prepend_blocks
@@ -35,7 +35,7 @@ from webui_model.pagination import (
     initial_pagination,
 )
 from webui_model.records import is_recoverable_live_marker, transcript_record_ids
-from webui_model.reducer import apply_event, settle_streaming
+from webui_model.reducer import apply_event, apply_typed, settle_streaming
 
 EffectFilter = Callable[[int, DaemonEvent], bool]
 """``(index in the replayed list, event) -> keep its side effects?``"""
@@ -72,7 +72,8 @@ def run_events(
         pre_marker = (
             draft.to_state(max_blocks=draft.max_blocks or max(1, before)) if capture else None
         )
-        produced = apply_event(draft, event)
+        # Each event is read once here, so its typed payload is not kept on it (see read_payload).
+        produced = apply_typed(draft, event, read_payload(event))
         if pre_marker is not None and len(draft) > before:
             marker_state = pre_marker
             marker_event = event

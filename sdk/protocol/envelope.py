@@ -5,9 +5,10 @@ Every frame — SSE, WebSocket, load answers, transcript pages — is one JSON o
     {"id": 3, "v": 1, "type": "session_update", "data": {...}, "promptId": "...",
      "originatorClientId": "...", "_meta": {"serverTimestamp": 1796204622728}}
 
-Decoding: one :class:`msgspec.json.Decoder` reads the frame into plain values, which become the
-envelope fields and ``data`` (the payload as sent, unknown keys included, because a client must
-keep frames it does not understand whole). The typed payload (:attr:`DaemonEvent.payload`) is
+Decoding: one :class:`msgspec.json.Decoder` reads the frame's envelope fields typed and ``data``
+as plain values (the payload as sent, unknown keys included, because a client must keep frames
+it does not understand whole); a frame whose envelope fields have other JSON types is read into
+plain values and checked field by field, with the same result. The typed payload (:attr:`DaemonEvent.payload`) is
 decoded from the frame's bytes by the decoder of the frame's ``type`` (see
 :mod:`sdk.protocol.events`), on first use — never converted from the already-built dict, and
 never at all for a consumer that does not look at it. (A first decoder with ``data`` as
@@ -47,6 +48,7 @@ __all__ = [
     "event_prompt_id",
     "names_prompt",
     "normalize_page_event",
+    "read_payload",
     "valid_event_id",
 ]
 
@@ -87,6 +89,34 @@ class DaemonEvent(msgspec.Struct, omit_defaults=True, dict=True):
             payload = codec.payload_from_data(self.type, self.data)
         cache["_payload"] = payload
         return payload
+
+
+def read_payload(event: DaemonEvent) -> EventPayload | None:
+    """The typed payload, as :attr:`DaemonEvent.payload` gives it, without keeping it.
+
+    For a reader that looks at each of many events once (a snapshot replay of 200,000
+    events): keeping a typed copy of every payload on its event costs more than the decode,
+    because the collector has to scan each kept copy again and again. A payload already kept
+    is returned; a decoded frame keeps its raw bytes for later reads.
+    """
+    kept = getattr(event, "_payload", _MISSING)
+    if not isinstance(kept, _Missing):
+        payload: EventPayload | None = kept
+        return payload
+    codec = _payload_codec()
+    raw = getattr(event, "_raw_frame", None)
+    if raw is not None:
+        payload = codec.decode_payload(event.type, raw, event.data)
+    else:
+        payload = codec.payload_from_data(event.type, event.data)
+    return payload
+
+
+class _Missing:
+    __slots__ = ()
+
+
+_MISSING: Final = _Missing()
 
 
 @functools.cache
@@ -170,12 +200,53 @@ def event_from_mapping(obj: Any) -> DaemonEvent | None:
     return event
 
 
+class _WireFrame(msgspec.Struct, gc=False):
+    # The envelope as the common, well-formed frame has it: one typed pass builds no dict for
+    # the envelope itself. Any field of another JSON type (``v: true``, ``id: null``, a numeric
+    # ``promptId``, a non-object frame) fails this type and the frame takes the general path,
+    # which applies the rules field by field.
+    type: str
+    v: int | float
+    id: int | float | msgspec.UnsetType = msgspec.UNSET
+    data: Any = None
+    prompt_id: str | None = msgspec.field(default=None, name="promptId")
+    originator_client_id: str | None = msgspec.field(default=None, name="originatorClientId")
+    meta: dict[str, Any] | None = msgspec.field(default=None, name="_meta")
+
+
+_wire_frame: Final = msgspec.json.Decoder(_WireFrame).decode
+
+
 def decode_event(
     raw: bytes | bytearray | memoryview | msgspec.Raw | str | dict[str, Any],
 ) -> DaemonEvent | None:
     """Decode one frame (JSON text or an already-parsed object); ``None`` if it must be skipped."""
     if isinstance(raw, dict):
         return event_from_mapping(raw)
+    try:
+        frame = _wire_frame(raw)
+    except msgspec.ValidationError:
+        return _decode_general(raw)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return None
+    if frame.v != 1:
+        return None
+    ident = frame.id
+    if ident is msgspec.UNSET:
+        event_id = None
+    else:
+        event_id = valid_event_id(ident)
+        if event_id is None:
+            return None
+    event = DaemonEvent(
+        frame.type, ENVELOPE_VERSION, event_id, frame.data, frame.prompt_id,
+        frame.originator_client_id, frame.meta,
+    )
+    event.__dict__["_raw_frame"] = raw
+    return event
+
+
+def _decode_general(raw: bytes | bytearray | memoryview | msgspec.Raw | str) -> DaemonEvent | None:
     try:
         obj = _json_decoder.decode(raw)
     except (msgspec.DecodeError, UnicodeDecodeError):

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypeVar
 import msgspec
 
 from sdk.protocol.constants import LIVE_JOURNAL_SCOPE, RECORD_ID_META_KEY, REPLAY_WINDOW_EXCEEDED
+from sdk.protocol.envelope import read_payload
 
 if TYPE_CHECKING:
     from sdk.protocol.envelope import DaemonEvent
@@ -74,6 +75,7 @@ __all__ = [
     "decode_payload",
     "event_type_of",
     "payload_from_data",
+    "record_ids_of",
     "server_timestamp",
 ]
 
@@ -733,6 +735,28 @@ def payload_from_data(event_type: str, data: Any) -> EventPayload | None:
     except msgspec.ValidationError:
         return None
     return payload
+
+
+def record_ids_of(event: DaemonEvent) -> tuple[str, ...]:
+    """The transcript record ids of a ``session_update`` (``payload.acp.record_ids``), else ().
+
+    The same answer as reading the typed payload, but an update without a ``_meta`` object —
+    which can carry no record id — answers ``()`` without typing the payload, so a scan for
+    the first stamped event over a long replay does not type every event twice.
+    """
+    if event.type != "session_update":
+        return ()
+    data = event.data
+    if isinstance(data, dict) and getattr(event, "_payload", None) is None:
+        update = data.get("update")
+        if not isinstance(update, dict):
+            if "update" in data or not isinstance(data.get("sessionUpdate"), str):
+                return ()
+            update = data  # the page shape: data is the update itself
+        if not isinstance(update.get("_meta"), dict):
+            return ()
+    payload = read_payload(event)
+    return payload.acp.record_ids if isinstance(payload, SessionUpdateData) else ()
 
 
 def server_timestamp(event: DaemonEvent) -> float | None:

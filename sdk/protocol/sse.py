@@ -118,10 +118,29 @@ class SSEParser:
         out: list[DaemonEvent] = []
         start = 0
         find = buf.find
-        while (nl := find(b"\n", pos)) != -1:
-            end = nl - 1 if nl > start and buf[nl - 1] == 0x0D else nl
-            self._line(bytes(buf[start:end]), out)
-            start = pos = nl + 1
+        startswith = buf.startswith
+        data = self._data
+        # The common lines are handled here without a call or a copy: a blank line ends the
+        # frame, a ``data:`` line is copied once (out of the view), and ``id:``/``event:``
+        # lines and comments are skipped where they lie. A BOM at the stream's start and
+        # ``retry:`` lines take the general path (:meth:`_line`).
+        with memoryview(buf) as view:
+            while (nl := find(b"\n", pos)) != -1:
+                end = nl - 1 if nl > start and buf[nl - 1] == 0x0D else nl
+                if self._at_start or startswith(b"retry:", start, end):
+                    self._line(bytes(view[start:end]), out)
+                elif end == start:
+                    if data:
+                        self._dispatch(out)
+                elif startswith(b"data:", start, end):
+                    value_at = start + 6 if end > start + 5 and buf[start + 5] == 0x20 else start + 5
+                    data.append(bytes(view[value_at:end]))
+                    self._data_bytes += end - value_at + 1
+                elif end - start == 4 and startswith(b"data", start, end):
+                    # A field name without a colon has the empty string as its value.
+                    data.append(b"")
+                    self._data_bytes += 1
+                start = pos = nl + 1
         if start:
             del buf[:start]
         if len(buf) + self._data_bytes > self._max_buffer:
