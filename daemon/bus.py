@@ -50,6 +50,14 @@ FLOW_STALL_S = 0.5
 # would without flow control.
 FLOW_BUDGET_RATE = 0.1
 FLOW_BUDGET_MAX = FLOW_STALL_S
+# The agent reader publishes at most this many lines of a read before it yields so that
+# subscribers write (SessionBus.dispatch_group_lines): a quarter of the smallest subscriber's
+# maxQueued, so that one group moves a subscriber that flow control let through (under half
+# its cap) to under three quarters of it, never over; without subscribers, DISPATCH_GROUP_MAX.
+# Every group costs a flush, a wake-up and a write per subscriber whatever its size, so the
+# largest safe group is the cheapest.
+DISPATCH_GROUP_FRACTION = 0.25
+DISPATCH_GROUP_MAX = 1024
 
 
 def now_ms() -> int:
@@ -406,6 +414,15 @@ class SessionBus:
                     >= FLOW_FRACTION * state.max_queued_bytes):
                 behind.append(sub)
         self._lot.unpark_all()
+
+    def dispatch_group_lines(self) -> int:
+        """How many agent lines may be published between two yields to the subscribers (see
+        DISPATCH_GROUP_FRACTION)."""
+        subscribers = self.subscribers
+        if not subscribers:
+            return DISPATCH_GROUP_MAX
+        smallest = min(sub.state.max_queued for sub in subscribers)
+        return max(1, min(DISPATCH_GROUP_MAX, int(smallest * DISPATCH_GROUP_FRACTION)))
 
     async def wait_for_subscribers(self, stall_s: float = FLOW_STALL_S) -> None:
         """Flow control for the publisher (the agent reader): wait for the writes in flight
