@@ -24,7 +24,7 @@ from .core.envelope import Event, JsonObject, decode_json, make_event
 from .core.live_journal import LiveJournals, plain_chunk_key
 from .core.replay_window import Record, ReplayWindow, SegmentHandle, SpilledTurn
 from .core.ring import DEFAULT_RING_BYTES, EventRing
-from .core.splice import EnvelopeSplicer, plain_chunk
+from .core.splice import EnvelopeSplicer, plain_chunk, plain_chunk_run
 from .core.sse_frames import SharedFrames
 from .core.subscriber import Eviction, SubscriberState, Warning
 from .malloc import trim
@@ -235,6 +235,21 @@ class SessionBus:
         """
         if self.closed:
             return
+        run = plain_chunk_run(updates)
+        if run is not None:
+            # The usual read: nothing but text chunks of one kind. One decode for the batch,
+            # the envelopes formatted in one pass, the ring filled a slice at a time.
+            kind, texts = run
+            first = self.ring.next_id
+            raws = EnvelopeSplicer(self.session_id, prompt_id, originator_client_id,
+                                   self.clock_ms()).envelopes(first, updates)
+            spliced = Event.spliced
+            events = [spliced(raw, event_id, "session_update", prompt_id)
+                      for event_id, raw in zip(range(first, first + len(raws)), raws,
+                                               strict=True)]
+            self.ring.extend(events)
+            self._publish_chunk_run(kind, events, texts, prompt_id, originator_client_id, raws)
+            return
         ring = self.ring
         splicer: EnvelopeSplicer | None = None
         run_kind: str | None = None
@@ -270,7 +285,8 @@ class SessionBus:
                                     originator_client_id)
 
     def _publish_chunk_run(self, kind: str, events: list[Event], texts: list[str],
-                           prompt_id: str | None, originator_client_id: str | None) -> None:
+                           prompt_id: str | None, originator_client_id: str | None,
+                           raws: list[bytes] | None = None) -> None:
         """The journals, the compactor and the transcript for a run of spliced chunks that are
         already in the ring."""
         self.journals.append_chunks(
@@ -285,7 +301,7 @@ class SessionBus:
             # their encodings joined by newlines, which is exactly this.
             self.last_write_seq = self.writer.submit(AppendEvent(
                 self.session_id, events[-1].id or 0, prompt_id,
-                b"\n".join([event.raw for event in events])))
+                b"\n".join(raws if raws is not None else [event.raw for event in events])))
         self._dirty = True
 
     def _publish_decoded_update(self, update: bytes, prompt_id: str | None,

@@ -18,6 +18,7 @@ live delivery continues. It never yields a duplicate, and every gap it leaves is
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Final
 
 from daemon.core.envelope import Event, JsonObject, synthetic
@@ -103,6 +104,49 @@ class EventRing:
         self._ends[slot] = self._total
         self.next_id += 1
         self._count += 1
+        if self._held > self.max_bytes:
+            self._drop_for_bytes()
+
+    def extend(self, events: list[Event]) -> None:
+        """:meth:`append` of each of ``events`` (ids ``next_id`` onwards, consecutive), with
+        the slots, offsets and counts updated a slice at a time."""
+        count = len(events)
+        if not count:
+            return
+        first = self.next_id
+        if events[0].id != first or events[-1].id != first + count - 1:
+            raise ValueError(
+                f"event ring expects ids {first}..{first + count - 1} next, got "
+                f"{events[0].id!r}..{events[-1].id!r}")
+        capacity = self.capacity
+        if count > capacity:  # only the newest capacity of them could stay
+            for event in events:
+                self.append(event)
+            return
+        slots = self._events
+        sizes = [event.size for event in events]
+        # Slots the run overwrites still hold the oldest events (or None once dropped for
+        # bytes): they leave now, as append would have made them leave one by one.
+        overflow = self._count + count - capacity
+        if overflow > 0:
+            start = (first - self._count) % capacity
+            gone = [slots[(start + k) % capacity] for k in range(overflow)]
+            self._held -= sum(event.size for event in gone if event is not None)
+            self._count -= overflow
+        lo = first % capacity
+        ends = list(accumulate(sizes, initial=self._total))
+        del ends[0]
+        head = min(count, capacity - lo)
+        slots[lo:lo + head] = events[:head]
+        self._ends[lo:lo + head] = ends[:head]
+        if head < count:
+            slots[:count - head] = events[head:]
+            self._ends[:count - head] = ends[head:]
+        added = ends[-1] - self._total
+        self._total = ends[-1]
+        self._held += added
+        self.next_id = first + count
+        self._count += count
         if self._held > self.max_bytes:
             self._drop_for_bytes()
 
