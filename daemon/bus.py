@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
+from itertools import repeat
 from typing import Any
 
 import msgspec
@@ -243,10 +244,8 @@ class SessionBus:
             first = self.ring.next_id
             raws = EnvelopeSplicer(self.session_id, prompt_id, originator_client_id,
                                    self.clock_ms()).envelopes(first, updates)
-            spliced = Event.spliced
-            events = [spliced(raw, event_id, "session_update", prompt_id)
-                      for event_id, raw in zip(range(first, first + len(raws)), raws,
-                                               strict=True)]
+            events = list(map(Event.spliced, raws, range(first, first + len(raws)),
+                              repeat("session_update"), repeat(prompt_id)))
             self.ring.extend(events)
             self._publish_chunk_run(kind, events, texts, prompt_id, originator_client_id, raws)
             return

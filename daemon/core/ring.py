@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import accumulate
+from operator import attrgetter
 from typing import Final
 
 from daemon.core.envelope import Event, JsonObject, synthetic
@@ -36,6 +37,8 @@ DEFAULT_RING_SIZE: Final = 8000
 # Twice the replay budget: any cursor a replay could serve in full is still in the ring.
 DEFAULT_RING_BYTES: Final = 16 * 1024 * 1024
 REPLAY_BUDGET_BYTES: Final = 8 * 1024 * 1024
+
+_size = attrgetter("size")
 
 
 class EventRing:
@@ -124,14 +127,17 @@ class EventRing:
                 self.append(event)
             return
         slots = self._events
-        sizes = [event.size for event in events]
+        sizes = list(map(_size, events))
         # Slots the run overwrites still hold the oldest events (or None once dropped for
         # bytes): they leave now, as append would have made them leave one by one.
         overflow = self._count + count - capacity
         if overflow > 0:
-            start = (first - self._count) % capacity
-            gone = [slots[(start + k) % capacity] for k in range(overflow)]
-            self._held -= sum(event.size for event in gone if event is not None)
+            # Their bytes from the offsets (all of them are held, so their offsets are valid).
+            oldest = (first - self._count) % capacity
+            newest_gone = (first - self._count + overflow - 1) % capacity
+            oldest_event = slots[oldest]
+            assert oldest_event is not None
+            self._held -= self._ends[newest_gone] - self._ends[oldest] + oldest_event.size
             self._count -= overflow
         lo = first % capacity
         ends = list(accumulate(sizes, initial=self._total))

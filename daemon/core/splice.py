@@ -15,6 +15,7 @@ Pure: no trio, no clock, no I/O.
 from __future__ import annotations
 
 import re
+from operator import attrgetter
 from typing import Final
 
 import msgspec
@@ -40,6 +41,9 @@ class _PlainChunk(msgspec.Struct, forbid_unknown_fields=True, gc=False):
 
 _decode_chunk = msgspec.json.Decoder(_PlainChunk).decode
 _decode_chunks = msgspec.json.Decoder(list[_PlainChunk]).decode
+_kind_of = attrgetter("sessionUpdate")
+_type_of = attrgetter("content.type")
+_text_of = attrgetter("content.text")
 
 
 _WHITESPACE: Final = re.compile(rb"[ \t\n\r]").search
@@ -84,13 +88,13 @@ def plain_chunk_run(updates: list[bytes]) -> tuple[str, list[str]] | None:
         return None
     if len(chunks) != len(updates):  # an update that was not one value: judge each alone
         return None
-    kinds = {chunk.sessionUpdate for chunk in chunks}
+    kinds = set(map(_kind_of, chunks))
     if len(kinds) != 1:
         return None
     kind = kinds.pop()
-    if kind not in TEXT_CHUNK_KINDS or {chunk.content.type for chunk in chunks} != {"text"}:
+    if kind not in TEXT_CHUNK_KINDS or set(map(_type_of, chunks)) != {"text"}:
         return None
-    return kind, [chunk.content.text for chunk in chunks]
+    return kind, list(map(_text_of, chunks))
 
 
 class EnvelopeSplicer:
@@ -124,6 +128,5 @@ class EnvelopeSplicer:
 
     def envelopes(self, first_id: int, updates: list[bytes]) -> list[bytes]:
         """:meth:`envelope` of each update, the ids counting up from ``first_id``."""
-        fmt = self._format
-        return [fmt % pair for pair in zip(range(first_id, first_id + len(updates)), updates,
-                                           strict=True)]
+        return list(map(self._format.__mod__,
+                        zip(range(first_id, first_id + len(updates)), updates, strict=True)))
