@@ -61,6 +61,8 @@ __all__ = [
 log = logging.getLogger("daemon.agent")
 
 READ_CHUNK_BYTES: Final = 256 * 1024
+# Lines dispatched between two yields when no sink says otherwise (see
+# SessionSink.dispatch_group_lines).
 DISPATCH_GROUP_LINES: Final = 64
 PIPE_BYTES: Final = 1024 * 1024
 # How long a closing agent gets between stdin EOF and SIGKILL.
@@ -93,6 +95,11 @@ class SessionSink(Protocol):
     async def wait_subscribers(self) -> None:
         """After a flush: return once the session's subscribers can take more (flow
         control; the sink bounds how long that may take)."""
+
+    def dispatch_group_lines(self) -> int:
+        """How many stdout lines the reader may dispatch before it yields, so that the
+        session's subscribers write (and flow control checks them) at least that often."""
+        ...
 
     async def on_permission_request(self, params: dict[str, Any]) -> dict[str, Any]:
         """Decide a ``session/request_permission``; returns the JSON-RPC result. Own task."""
@@ -430,11 +437,14 @@ class AgentChannel:
                 # Dispatch in small groups and yield between them, so subscribers are woken
                 # and write while a large read is still being published: a burst never
                 # builds up more lag than one group. A session whose subscribers fell behind
-                # holds the next group back for a moment (its flow control).
-                for start in range(0, len(lines), DISPATCH_GROUP_LINES):
+                # holds the next group back for a moment (its flow control). The group is as
+                # large as the attached sessions allow: each group costs a flush, a wake-up
+                # and a write per subscriber, whatever its size.
+                step = self._dispatch_group_lines()
+                for start in range(0, len(lines), step):
                     if start:
                         await trio.lowlevel.checkpoint()
-                    group = lines[start:start + DISPATCH_GROUP_LINES]
+                    group = lines[start:start + step]
                     for sink in self._dispatch(group, spaced=may_be_spaced):
                         await sink.wait_subscribers()
             # Stdout ended: the agent is usually exiting. Learn how before failing the pending
@@ -444,6 +454,13 @@ class AgentChannel:
                 await proc.wait()
         finally:
             self._end_of_stdout(f"agent pid {proc.pid} closed its stdout")
+
+    def _dispatch_group_lines(self) -> int:
+        """The smallest group any attached sink allows (the default without sinks)."""
+        sinks = self._sinks
+        if not sinks:
+            return DISPATCH_GROUP_LINES
+        return max(1, min(sink.dispatch_group_lines() for sink in sinks.values()))
 
     def _end_of_stdout(self, reason: str) -> None:
         if not self._stdout_eof.is_set():

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
+from itertools import repeat
 from typing import Any, Final
 
 import msgspec
@@ -27,7 +28,7 @@ from .core.envelope import Event, JsonObject, decode_json, make_event, typed_eve
 from .core.live_journal import LiveJournals, plain_chunk_key
 from .core.replay_window import Record, ReplayWindow, SegmentHandle, SpilledTurn
 from .core.ring import DEFAULT_RING_BYTES, EventRing
-from .core.splice import EnvelopeSplicer, plain_chunk
+from .core.splice import EnvelopeSplicer, plain_chunk, plain_chunk_run
 from .core.sse_frames import SharedFrames
 from .core.subscriber import Eviction, SubscriberState, Warning
 from .malloc import trim
@@ -53,6 +54,14 @@ FLOW_STALL_S = 0.5
 # would without flow control.
 FLOW_BUDGET_RATE = 0.1
 FLOW_BUDGET_MAX = FLOW_STALL_S
+# The agent reader publishes at most this many lines of a read before it yields so that
+# subscribers write (SessionBus.dispatch_group_lines): a quarter of the smallest subscriber's
+# maxQueued, so that one group moves a subscriber that flow control let through (under half
+# its cap) to under three quarters of it, never over; without subscribers, DISPATCH_GROUP_MAX.
+# Every group costs a flush, a wake-up and a write per subscriber whatever its size, so the
+# largest safe group is the cheapest.
+DISPATCH_GROUP_FRACTION = 0.25
+DISPATCH_GROUP_MAX = 1024
 
 # ``publish(event_type, data)``: the untyped form, for callers outside the daemon (the
 # benchmarks) that publish plain values. The daemon itself publishes typed payloads.
@@ -235,6 +244,19 @@ class SessionBus:
         """
         if self.closed:
             return
+        run = plain_chunk_run(updates)
+        if run is not None:
+            # The usual read: nothing but text chunks of one kind. One decode for the batch,
+            # the envelopes formatted in one pass, the ring filled a slice at a time.
+            kind, texts = run
+            first = self.ring.next_id
+            raws = EnvelopeSplicer(self.session_id, prompt_id, originator_client_id,
+                                   self.clock_ms()).envelopes(first, updates)
+            events = list(map(Event.spliced, raws, range(first, first + len(raws)),
+                              repeat("session_update"), repeat(prompt_id)))
+            self.ring.extend(events)
+            self._publish_chunk_run(kind, events, texts, prompt_id, originator_client_id, raws)
+            return
         ring = self.ring
         splicer: EnvelopeSplicer | None = None
         run_kind: str | None = None
@@ -270,7 +292,8 @@ class SessionBus:
                                     originator_client_id)
 
     def _publish_chunk_run(self, kind: str, events: list[Event], texts: list[str],
-                           prompt_id: str | None, originator_client_id: str | None) -> None:
+                           prompt_id: str | None, originator_client_id: str | None,
+                           raws: list[bytes] | None = None) -> None:
         """The journals, the compactor and the transcript for a run of spliced chunks that are
         already in the ring."""
         self.journals.append_chunks(
@@ -285,7 +308,7 @@ class SessionBus:
             # their encodings joined by newlines, which is exactly this.
             self.last_write_seq = self.writer.submit(AppendEvent(
                 self.session_id, events[-1].id or 0, prompt_id,
-                b"\n".join([event.raw for event in events])))
+                b"\n".join(raws if raws is not None else [event.raw for event in events])))
         self._dirty = True
 
     def _publish_decoded_update(self, update: bytes, prompt_id: str | None,
@@ -426,6 +449,15 @@ class SessionBus:
                     >= FLOW_FRACTION * state.max_queued_bytes):
                 behind.append(sub)
         self._lot.unpark_all()
+
+    def dispatch_group_lines(self) -> int:
+        """How many agent lines may be published between two yields to the subscribers (see
+        DISPATCH_GROUP_FRACTION)."""
+        subscribers = self.subscribers
+        if not subscribers:
+            return DISPATCH_GROUP_MAX
+        smallest = min(sub.state.max_queued for sub in subscribers)
+        return max(1, min(DISPATCH_GROUP_MAX, int(smallest * DISPATCH_GROUP_FRACTION)))
 
     async def wait_for_subscribers(self, stall_s: float = FLOW_STALL_S) -> None:
         """Flow control for the publisher (the agent reader): wait for the writes in flight

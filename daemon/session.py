@@ -384,6 +384,9 @@ class Session:
     async def wait_subscribers(self) -> None:
         await self.bus.wait_for_subscribers()
 
+    def dispatch_group_lines(self) -> int:
+        return self.bus.dispatch_group_lines()
+
     async def on_permission_request(self, params: dict[str, Any]) -> dict[str, Any]:
         prompt = self.active
         request_id = str(uuid.uuid4())

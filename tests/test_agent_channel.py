@@ -45,7 +45,9 @@ def text_prompt(text: str) -> list[dict[str, Any]]:
 class RecordingSink:
     """A SessionSink that records everything and lets a test wait for a condition."""
 
-    def __init__(self, permission_result: dict[str, Any] | None = None) -> None:
+    def __init__(self, permission_result: dict[str, Any] | None = None,
+                 group_lines: int = 64) -> None:
+        self.group_lines = group_lines
         self.updates: list[dict[str, Any]] = []
         self.raw_updates: list[bytes] = []
         self.flushed_at: list[int] = []  # len(updates) at each flush
@@ -68,6 +70,9 @@ class RecordingSink:
 
     async def wait_subscribers(self) -> None:
         pass
+
+    def dispatch_group_lines(self) -> int:
+        return self.group_lines
 
     async def on_permission_request(self, params: dict[str, Any]) -> dict[str, Any]:
         self.permission_requests.append(params)
@@ -186,6 +191,24 @@ async def test_prompt_streams_chunks_in_order_then_end_turn(tmp_path: Path) -> N
         assert sink.flushed_at[-1] == 2000
         assert sink.flushed_at == sorted(set(sink.flushed_at))  # once per batch, never empty
         assert len(sink.flushed_at) < 2000  # batched, not per line
+
+
+async def test_the_reader_yields_after_the_group_its_sinks_allow(tmp_path: Path) -> None:
+    # Flow control relies on it: between two flushes (the points where subscribers are
+    # checked and woken) the reader publishes at most the smallest group an attached session
+    # allows, however much one read held.
+    env = agent_env(MOCK_ACP_EMIT_CHUNKS="3000", MOCK_ACP_PROMPT_DELAY_MS="0")
+    async with open_channel(MOCK, tmp_path, env=env) as channel:
+        sid = await channel.new_session(str(tmp_path))
+        other = await channel.new_session(str(tmp_path))
+        sink, wide = RecordingSink(group_lines=7), RecordingSink(group_lines=1000)
+        channel.attach(sid, sink)
+        channel.attach(other, wide)
+        await channel.prompt(sid, text_prompt("hello"))
+        assert sink.flushed_at[-1] == 3000
+        steps = [b - a for a, b in zip([0, *sink.flushed_at], sink.flushed_at, strict=False)]
+        assert max(steps) <= 7
+        assert len(steps) < 3000  # still whole groups, not one flush per line
 
 
 async def test_updates_route_to_their_own_session(tmp_path: Path) -> None:

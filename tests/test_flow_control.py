@@ -7,6 +7,7 @@ import trio
 import trio.testing
 
 from daemon.bus import (
+    DISPATCH_GROUP_MAX,
     FLOW_BUDGET_MAX,
     FLOW_BUDGET_RATE,
     FLOW_STALL_S,
@@ -116,3 +117,34 @@ async def test_slow_but_steady_readers_cannot_pace_the_agent(
     elapsed = trio.current_time() - start
     assert bus.flow_wait_s > 0  # it did wait for the reader at first
     assert bus.flow_wait_s <= FLOW_BUDGET_MAX + FLOW_BUDGET_RATE * elapsed + 1e-9
+
+
+def test_the_dispatch_group_is_a_quarter_of_the_smallest_cap() -> None:
+    bus = SessionBus("s", BusLimits(10_000, 8 << 20, 4 << 20, 8000), None)
+    assert bus.dispatch_group_lines() == DISPATCH_GROUP_MAX  # nobody to fall behind
+    wide = Subscription(SubscriberState(0, max_queued=2048))
+    bus.add_subscriber(wide)
+    assert bus.dispatch_group_lines() == 512
+    narrow = Subscription(SubscriberState(0, max_queued=256))
+    bus.add_subscriber(narrow)
+    assert bus.dispatch_group_lines() == 64  # the smallest cap decides
+    bus.add_subscriber(Subscription(SubscriberState(0, max_queued=16)))
+    assert bus.dispatch_group_lines() == 4
+    bus.remove_subscriber(narrow)
+    bus.add_subscriber(Subscription(SubscriberState(0, max_queued=1)))
+    assert bus.dispatch_group_lines() == 1  # never zero
+
+
+def test_a_group_never_takes_a_checked_subscriber_past_its_cap() -> None:
+    # What the quarter buys: a subscriber with a write in flight that flow control let
+    # through (under half its cap) is still under its cap, and not evicted, after the next
+    # group, however large its maxQueued.
+    for max_queued in (16, 100, 256, 2048):
+        bus = SessionBus("s", BusLimits(10_000, 8 << 20, 4 << 20, 8000), None)
+        sub = Subscription(SubscriberState(0, max_queued=max_queued))
+        bus.add_subscriber(sub)
+        sub.begin_write()
+        chunk(bus, max_queued // 2 - 1)  # just under half: not behind
+        assert not bus._behind
+        chunk(bus, bus.dispatch_group_lines())
+        assert sub.state.evicted is None and sub in bus.subscribers

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -221,3 +222,70 @@ def test_journals_pair_summary_is_the_filtered_stream(
             assert journals.snapshot(
                 mode, active_prompt_id=None, full_transcript_available=False
             ) == reference.snapshot(active_prompt_id=None, full_transcript_available=False)
+
+
+# -- runs of spliced chunks -----------------------------------------------------------------------
+
+
+@given(
+    st.lists(st.one_of(st.integers(0, 3), st.integers(0, 300)), min_size=1, max_size=700),
+    st.lists(st.integers(1, 300), min_size=1, max_size=20),
+    st.integers(2, 12),
+    st.one_of(st.integers(400, 60_000), st.integers(150_000, 400_000)),
+    st.booleans(),
+)
+def test_append_chunks_is_append_of_each(pads: list[int], runs: list[int], max_events: int,
+                                         max_bytes: int, user_first: bool) -> None:
+    # The run path (one search per entry for how many events it takes) leaves both journals
+    # exactly as appending each event: the same entries (256 sources at most, within the byte
+    # cap), the same evictions and counters. Runs longer than an entry and byte caps that
+    # cut entries short are both generated.
+    check_runs_against_each(pads, runs, max_events, max_bytes, user_first)
+
+
+def test_append_chunks_fills_entries_to_256_sources_across_runs() -> None:
+    entries = check_runs_against_each([0] * 600, [100, 37, 300], 10, 8 << 20, False)
+    assert [len(entry.pieces) for entry in entries] == [256, 256, 88]
+
+
+def check_runs_against_each(pads: list[int], runs: list[int], max_events: int, max_bytes: int,
+                            user_first: bool) -> list[Any]:
+    from daemon.core.live_journal import plain_chunk_key
+    from daemon.core.splice import EnvelopeSplicer
+
+    session, prompt, client = "s1", "p1", "c1"
+    splicer = EnvelopeSplicer(session, prompt, client, 1)
+    one = LiveJournals(max_events, max_bytes)
+    many = LiveJournals(max_events, max_bytes)
+    next_id = 1
+    if user_first:
+        first = Event.from_env({"id": 1, "v": 1, "type": "session_update", "data": {
+            "sessionId": session, "update": {"sessionUpdate": "user_message_chunk",
+                                             "content": {"type": "text", "text": "u"}}}})
+        one.append(first)
+        many.append(first)
+        next_id = 2
+    texts = [f"t{i}-" + "x" * pad for i, pad in enumerate(pads)]
+    events = []
+    for i, text in enumerate(texts):
+        update = json.dumps({"sessionUpdate": "agent_message_chunk",
+                             "content": {"type": "text", "text": text}},
+                            separators=(",", ":")).encode()
+        events.append(Event.spliced(splicer.envelope(next_id + i, update), next_id + i,
+                                    "session_update", prompt))
+    for event in events:
+        one.append(event)
+    key = plain_chunk_key("agent_message_chunk", prompt, client, session)
+    at, k = 0, 0
+    while at < len(events):
+        step = runs[k % len(runs)]
+        many.append_chunks(events[at:at + step], texts[at:at + step], key)
+        at += step
+        k += 1
+    for mode in ("full", "summary"):
+        a, b = one.journal(mode), many.journal(mode)
+        assert (len(b), b.total_bytes, b.retained_events, b.truncated_events) == (
+            len(a), a.total_bytes, a.retained_events, a.truncated_events)
+        assert b.snapshot(active_prompt_id=prompt, full_transcript_available=True) == \
+            a.snapshot(active_prompt_id=prompt, full_transcript_available=True)
+    return list(many.full._entries)

@@ -486,3 +486,40 @@ def test_property_resume_never_duplicates_and_announces_gaps(
         assert any(
             d["lastDeliveredId"] < missing < d["earliestAvailableId"] for d in announced
         ), f"id {missing} skipped without a state_resync_required announcing it"
+
+
+# -- EventRing.extend ---------------------------------------------------------------------------
+
+
+@given(st.integers(1, 12), st.lists(st.integers(0, 60), max_size=60),
+       st.lists(st.integers(1, 15), min_size=1, max_size=60), st.integers(150, 2000),
+       st.integers(1, 5))
+def test_extend_is_append_of_each(capacity: int, pads: list[int], runs: list[int],
+                                  max_bytes: int, start: int) -> None:
+    # A run appended at once leaves the ring exactly as appending its events one by one:
+    # same ids held, same bytes, same suffix sizes, the same slots freed.
+    events = [ev(start + i, pad) for i, pad in enumerate(pads)]
+    one = EventRing(capacity, next_id=start, max_bytes=max_bytes)
+    for event in events:
+        one.append(event)
+    many = EventRing(capacity, next_id=start, max_bytes=max_bytes)
+    at, k = 0, 0
+    while at < len(events):
+        step = runs[k % len(runs)]
+        many.extend(events[at:at + step])
+        at += step
+        k += 1
+    many.extend([])
+    assert (many.first_id, many.last_id, len(many), many.total_bytes, many.next_id) == (
+        one.first_id, one.last_id, len(one), one.total_bytes, one.next_id)
+    assert ids(many.since(0)) == ids(one.since(0))
+    for after in range(start - 1, start + len(pads) + 1):
+        assert many.bytes_since(after) == one.bytes_since(after)
+    assert [e is None for e in many._events] == [e is None for e in one._events]
+
+
+def test_extend_refuses_ids_out_of_order() -> None:
+    ring = filled(3, capacity=10)
+    with pytest.raises(ValueError, match=r"expects ids 4\.\.5"):
+        ring.extend([ev(5), ev(6)])
+    assert ring.last_id == 3

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from daemon.bus import BusLimits, SessionBus
 from daemon.core.envelope import decode_json, encode_json, make_event
 from daemon.core.live_journal import LiveJournal, merge_key, plain_chunk_key
-from daemon.core.splice import EnvelopeSplicer, compact, plain_chunk
+from daemon.core.splice import EnvelopeSplicer, compact, plain_chunk, plain_chunk_run
 from daemon.transcript_store import AppendEvent
 from sdk.protocol.events import SessionUpdateData
 
@@ -191,6 +191,42 @@ def test_plain_chunk_takes_only_exact_text_chunks() -> None:
     assert plain_chunk(b'{"sessionUpdate":"agent_message_chunk","content":{"type":"text",'
                        b'"text":"\xff"}}') is None  # invalid UTF-8 is refused, never spliced
     assert plain_chunk(b"[1]") is None
+
+
+# Raw update bytes as an agent channel could hand them on: encoded updates of every kind, plus
+# spellings the decoder must judge (escapes, bad UTF-8, bad JSON, values that are not objects).
+raw_updates = st.one_of(
+    st.builds(encode_json, plain), st.builds(encode_json, plain), st.builds(encode_json, others),
+    st.sampled_from([
+        b'{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"\\u00e9\\n"}}',
+        b'{"content":{"text":"a","type":"text"},"sessionUpdate":"agent_message_chunk"}',
+        b'{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"\xff"}}',
+        b'{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"a"}',
+        b'{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"a"}},{}',
+        b'{"sessionUpdate":"agent_message_chunk","content":{"type":"image","text":"a"}}',
+        b"[1]", b"7", b"",
+    ]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(raw_updates, max_size=12))
+def test_plain_chunk_run_is_the_verdict_of_each(updates: list[bytes]) -> None:
+    each = [plain_chunk(update) for update in updates]
+    kinds = {chunk[0] for chunk in each if chunk is not None}
+    expected = None
+    if updates and None not in each and len(kinds) == 1:
+        expected = (kinds.pop(), [chunk[1] for chunk in each if chunk is not None])
+    assert plain_chunk_run(updates) == expected
+
+
+def test_envelopes_are_envelope_of_each() -> None:
+    updates = [encode_json(text_chunk("agent_message_chunk", t)) for t in ("a", "100%", "%d")]
+    for session_id, prompt_id, client_id in ((SID, PROMPT, CLIENT), (SID, None, None),
+                                             ("s%d", "p%s", "c%b")):
+        splicer = EnvelopeSplicer(session_id, prompt_id, client_id, 1796204640885)
+        assert splicer.envelopes(41, updates) == [
+            splicer.envelope(41 + i, update) for i, update in enumerate(updates)]
 
 
 def test_agent_whitespace_is_removed_and_its_spelling_kept() -> None:

@@ -15,7 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daemon.transcript_store import (
+    PAGE_SIZE,
     SCHEMA_VERSION,
+    WAL_CHECKPOINT_BYTES,
     AdmitPrompt,
     AppendEvent,
     DeleteSession,
@@ -85,6 +87,34 @@ def test_new_database_has_schema_version_and_wal(tmp_path: Path) -> None:
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
     conn.close()
+
+
+def test_new_database_uses_large_pages_and_a_4_mib_wal(tmp_path: Path) -> None:
+    path = tmp_path / "t.db"
+    store = TranscriptStore(path)
+    conn = store._conn
+    assert conn.execute("PRAGMA page_size").fetchone()[0] == PAGE_SIZE == 65536
+    assert (conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+            == WAL_CHECKPOINT_BYTES // PAGE_SIZE == 64)
+    store.close()
+
+
+def test_an_existing_small_page_database_keeps_its_pages_and_works(tmp_path: Path) -> None:
+    # A transcript created with SQLite's default 4 KiB pages (an older daemon) is not rebuilt:
+    # it keeps its page size, checkpoints at the same WAL size, and reads back what it holds.
+    path = tmp_path / "t.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA page_size=4096")
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.close()
+    store = TranscriptStore(path)
+    store.apply([UpsertSession(S1, "/w", 100, None), append(S1, 1)])
+    store.close()
+    again = TranscriptStore(path)
+    assert again._conn.execute("PRAGMA page_size").fetchone()[0] == 4096
+    assert again._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1024
+    assert again.raw_events(S1) == [ev(1)]
+    again.close()
 
 
 def test_reopen_keeps_everything(tmp_path: Path) -> None:

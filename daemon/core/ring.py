@@ -18,6 +18,8 @@ live delivery continues. It never yields a duplicate, and every gap it leaves is
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
+from operator import attrgetter
 from typing import Final
 
 from daemon.core.envelope import Event, typed_synthetic
@@ -42,6 +44,8 @@ DEFAULT_RING_SIZE: Final = 8000
 # Twice the replay budget: any cursor a replay could serve in full is still in the ring.
 DEFAULT_RING_BYTES: Final = 16 * 1024 * 1024
 REPLAY_BUDGET_BYTES: Final = 8 * 1024 * 1024
+
+_size = attrgetter("size")
 
 
 class EventRing:
@@ -110,6 +114,52 @@ class EventRing:
         self._ends[slot] = self._total
         self.next_id += 1
         self._count += 1
+        if self._held > self.max_bytes:
+            self._drop_for_bytes()
+
+    def extend(self, events: list[Event]) -> None:
+        """:meth:`append` of each of ``events`` (ids ``next_id`` onwards, consecutive), with
+        the slots, offsets and counts updated a slice at a time."""
+        count = len(events)
+        if not count:
+            return
+        first = self.next_id
+        if events[0].id != first or events[-1].id != first + count - 1:
+            raise ValueError(
+                f"event ring expects ids {first}..{first + count - 1} next, got "
+                f"{events[0].id!r}..{events[-1].id!r}")
+        capacity = self.capacity
+        if count > capacity:  # only the newest capacity of them could stay
+            for event in events:
+                self.append(event)
+            return
+        slots = self._events
+        sizes = list(map(_size, events))
+        # Slots the run overwrites still hold the oldest events (or None once dropped for
+        # bytes): they leave now, as append would have made them leave one by one.
+        overflow = self._count + count - capacity
+        if overflow > 0:
+            # Their bytes from the offsets (all of them are held, so their offsets are valid).
+            oldest = (first - self._count) % capacity
+            newest_gone = (first - self._count + overflow - 1) % capacity
+            oldest_event = slots[oldest]
+            assert oldest_event is not None
+            self._held -= self._ends[newest_gone] - self._ends[oldest] + oldest_event.size
+            self._count -= overflow
+        lo = first % capacity
+        ends = list(accumulate(sizes, initial=self._total))
+        del ends[0]
+        head = min(count, capacity - lo)
+        slots[lo:lo + head] = events[:head]
+        self._ends[lo:lo + head] = ends[:head]
+        if head < count:
+            slots[:count - head] = events[head:]
+            self._ends[:count - head] = ends[head:]
+        added = ends[-1] - self._total
+        self._total = ends[-1]
+        self._held += added
+        self.next_id = first + count
+        self._count += count
         if self._held > self.max_bytes:
             self._drop_for_bytes()
 

@@ -15,28 +15,35 @@ Pure: no trio, no clock, no I/O.
 from __future__ import annotations
 
 import re
+from operator import attrgetter
 from typing import Final
 
 import msgspec
 
 from daemon.core.envelope import SCHEMA_VERSION, encode_json
 
-__all__ = ["TEXT_CHUNK_KINDS", "EnvelopeSplicer", "compact", "plain_chunk"]
+__all__ = ["TEXT_CHUNK_KINDS", "EnvelopeSplicer", "compact", "plain_chunk", "plain_chunk_run"]
 
 TEXT_CHUNK_KINDS: Final = frozenset({"agent_message_chunk", "agent_thought_chunk"})
 
 
-class _TextContent(msgspec.Struct, forbid_unknown_fields=True):
+# gc=False: they hold only strings, and a batch of them would otherwise set off the
+# collector on every read.
+class _TextContent(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     type: str
     text: str
 
 
-class _PlainChunk(msgspec.Struct, forbid_unknown_fields=True):
+class _PlainChunk(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     sessionUpdate: str
     content: _TextContent
 
 
 _decode_chunk = msgspec.json.Decoder(_PlainChunk).decode
+_decode_chunks = msgspec.json.Decoder(list[_PlainChunk]).decode
+_kind_of = attrgetter("sessionUpdate")
+_type_of = attrgetter("content.type")
+_text_of = attrgetter("content.text")
 
 
 _WHITESPACE: Final = re.compile(rb"[ \t\n\r]").search
@@ -69,6 +76,27 @@ def plain_chunk(update: bytes) -> tuple[str, str] | None:
     return kind, chunk.content.text
 
 
+def plain_chunk_run(updates: list[bytes]) -> tuple[str, list[str]] | None:
+    """``(kind, texts)`` when every one of ``updates`` (each one JSON value, as the agent
+    channel hands them on) is a plain text chunk and all are of one kind, else ``None``: the
+    same verdict as :func:`plain_chunk` of each, reached in one decode of the whole batch."""
+    if not updates:
+        return None
+    try:
+        chunks = _decode_chunks(b"[" + b",".join(updates) + b"]")
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    if len(chunks) != len(updates):  # an update that was not one value: judge each alone
+        return None
+    kinds = set(map(_kind_of, chunks))
+    if len(kinds) != 1:
+        return None
+    kind = kinds.pop()
+    if kind not in TEXT_CHUNK_KINDS or set(map(_type_of, chunks)) != {"text"}:
+        return None
+    return kind, list(map(_text_of, chunks))
+
+
 class EnvelopeSplicer:
     """Builds ``session_update`` envelopes around pre-encoded ``update`` bytes.
 
@@ -78,7 +106,7 @@ class EnvelopeSplicer:
     same envelope with the agent's spelling of ``update`` otherwise.
     """
 
-    __slots__ = ("_head", "_tail")
+    __slots__ = ("_format", "_head", "_tail")
 
     def __init__(
         self, session_id: str, prompt_id: str | None, originator_client_id: str | None,
@@ -92,6 +120,13 @@ class EnvelopeSplicer:
         if originator_client_id is not None:
             tail += b',"originatorClientId":' + encode_json(originator_client_id)
         self._tail = tail + b',"_meta":{"serverTimestamp":%d}}' % now_ms
+        self._format = (b'{"id":%d' + self._head.replace(b"%", b"%%") + b"%b"
+                        + self._tail.replace(b"%", b"%%"))
 
     def envelope(self, event_id: int, update: bytes) -> bytes:
         return b'{"id":%d%b%b%b' % (event_id, self._head, update, self._tail)
+
+    def envelopes(self, first_id: int, updates: list[bytes]) -> list[bytes]:
+        """:meth:`envelope` of each update, the ids counting up from ``first_id``."""
+        return list(map(self._format.__mod__,
+                        zip(range(first_id, first_id + len(updates)), updates, strict=True)))

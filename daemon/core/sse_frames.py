@@ -14,6 +14,8 @@ builds its own bytes from the ring, as every subscriber did before.
 from __future__ import annotations
 
 from collections import deque
+from itertools import chain, repeat
+from operator import attrgetter
 from typing import Final, Protocol
 
 from daemon.core.envelope import Event
@@ -29,9 +31,24 @@ class _Ring(Protocol):
     def since(self, after_id: int) -> list[Event]: ...
 
 
+_type = attrgetter("type")
+_raw = attrgetter("raw")
+
+
 def frames_of(events: list[Event]) -> bytes:
     """The SSE frames of ``events`` (ring events: each has an id), joined; the same bytes as
     :func:`daemon.core.envelope.sse_chunks` without caching a head on every event."""
+    if not events:
+        return b""
+    first, last = events[0].id, events[-1].id
+    kind = events[0].type
+    if (first is not None and last == first + len(events) - 1
+            and list(map(_type, events)).count(kind) == len(events)):
+        # The usual wake-up: consecutive ring events of one type (a run of chunks). Each head
+        # differs only in its id: formatted, then joined with the envelopes, at C speed.
+        head = (b"id: %d\nevent: " + kind.encode().replace(b"%", b"%%") + b"\ndata: ").__mod__
+        return b"".join(chain.from_iterable(zip(
+            map(head, range(first, last + 1)), map(_raw, events), repeat(b"\n\n"))))
     types: dict[str, bytes] = {}
     return b"".join([
         b"id: %d\nevent: %b\ndata: %b\n\n" % (
