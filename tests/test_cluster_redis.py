@@ -1,0 +1,70 @@
+"""The Redis test fixtures themselves (tests/cluster_support.py): a real redis-server with AOF
+on, reaped when its context ends; a real 3-master Redis Cluster on which the session keys'
+``{sessionId}`` hash tag keeps a multi-key script on one slot, for sessions spread over every
+master. coredis drives both under Trio."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.cluster_support import (
+    HAVE_REDIS,
+    SKIP_REASON,
+    RedisServer,
+    redis_cluster,
+    redis_server,
+)
+
+pytestmark = pytest.mark.skipif(not HAVE_REDIS, reason=SKIP_REASON)
+coredis = pytest.importorskip("coredis", reason="coredis is not installed (pip install '.[cluster]')")
+
+
+async def test_server_has_aof_on_and_is_reaped(tmp_path: Path) -> None:
+    with redis_server(tmp_path / "r") as server:
+        client = coredis.Redis(host="127.0.0.1", port=server.port)
+        async with client:
+            assert await client.config_get(["appendonly"]) == {b"appendonly": b"yes"}
+            await client.set("k", "v")
+            assert await client.get("k") == b"v"
+        proc = server.proc
+    assert proc.poll() is not None  # stopped and reaped, not left behind
+
+
+async def test_server_without_aof(tmp_path: Path) -> None:
+    with redis_server(tmp_path / "r", appendonly=False) as server:
+        assert server.cli("CONFIG", "GET", "appendonly").split() == ["appendonly", "no"]
+
+
+async def test_cluster_runs_hash_tagged_scripts_on_every_master(tmp_path: Path) -> None:
+    with redis_cluster(tmp_path / "c") as cluster:
+        ports = [m.port for m in cluster.masters]
+        client = coredis.RedisCluster(host="127.0.0.1", port=ports[0])
+        script = ("redis.call('SET', KEYS[1], ARGV[1]); "
+                  "return redis.call('INCR', KEYS[2])")
+        owners: set[int] = set()
+        async with client:
+            fenced = client.register_script(script)
+            for n in range(12):
+                sid = f"session-{n}"
+                assert await fenced(keys=[f"tk:{{{sid}}}:a", f"tk:{{{sid}}}:b"],
+                                    args=[sid]) == 1
+                assert await client.get(f"tk:{{{sid}}}:a") == sid.encode()
+                slot = int(cluster.masters[0].cli("CLUSTER", "KEYSLOT", f"tk:{{{sid}}}:a"))
+                owners.add(_master_of(cluster.masters, slot))
+        procs = [m.proc for m in cluster.masters]
+    assert len(owners) == 3  # the sessions really were spread over the three masters
+    assert all(proc.poll() is not None for proc in procs)
+
+
+def _master_of(masters: list[RedisServer], slot: int) -> int:
+    """The port of the master serving ``slot`` (from ``CLUSTER NODES``)."""
+    for line in masters[0].cli("CLUSTER", "NODES").splitlines():
+        fields = line.split()
+        port = int(fields[1].split(":")[1].split("@")[0])
+        for part in fields[8:]:
+            lo, _, hi = part.partition("-")
+            if int(lo) <= slot <= int(hi or lo):
+                return port
+    raise AssertionError(f"no master serves slot {slot}")
