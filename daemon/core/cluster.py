@@ -223,13 +223,14 @@ end
 return 1
 """
 
-# KEYS: directory, lease. ARGV: node id, generation, epoch.
-# The owner's new event epoch (after a restore), fenced like an append.
+# KEYS: directory, lease. ARGV: node id, generation, epoch, first event id.
+# The owner's new bus (a new session, or a restore): its event epoch and the id its events
+# start at, fenced like an append.
 SET_EPOCH_SCRIPT: Final = """
 if redis.call('HGET', KEYS[1], 'gen') ~= ARGV[2] then
   return 0
 end
-redis.call('HSET', KEYS[1], 'epoch', ARGV[3])
+redis.call('HSET', KEYS[1], 'epoch', ARGV[3], 'base', ARGV[4])
 return 1
 """
 
