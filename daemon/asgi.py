@@ -176,9 +176,10 @@ class DaemonASGI:
             await _send_json(send, 413, {"error": "Request body too large (max 10 MB)",
                                          "code": "body_too_large"}, close=True)
             return
-        if self.cluster is not None and await self.cluster.handle(scope, receive, send, headers,
-                                                                  request_body):
-            return
+        if self.cluster is not None:
+            if await self.cluster.handle(scope, receive, send, headers, request_body):
+                return
+            send = self.cluster.wrap_send(method, path, send)
         replay, shielded = _replay(request_body, receive), _shield_last_body(send)
         await self.app(scope, replay, shielded)  # type: ignore[arg-type]
 

@@ -65,7 +65,9 @@ log = logging.getLogger("daemon.cluster")
 logging.getLogger("coredis").setLevel(logging.WARNING)
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
-FORWARD_TIMEOUT_S = 30.0
+# A forwarded request is answered by the owner from memory or its local store; one that is not
+# answered in this time counts as an owner that does not answer (503 while its lease runs).
+FORWARD_TIMEOUT = httpx.Timeout(10.0, connect=2.0)
 FORWARDED_HEADER = "x-turnkeeper-forwarded"
 # Hop-by-hop headers and those the HTTP client sets itself.
 _DROP_REQUEST = frozenset({"host", "content-length", "connection", "keep-alive",
@@ -165,9 +167,10 @@ class ClusterNode:
                     one: coredis.Redis[bytes] = coredis.Redis(host=str(host), port=int(port or 0))
                     async with one:
                         await self._check_aof(one, f"{host}:{port}")
-        except ClusterStartError:
-            raise
-        except Exception as exc:
+        except Exception as raised:
+            exc = _leaf(raised)  # coredis' task groups wrap what went wrong
+            if isinstance(exc, ClusterStartError):
+                raise exc from None
             raise ClusterStartError(
                 f"cannot join the cluster at {self.url}: {type(exc).__name__}: {exc}") from None
         client: coredis.Redis[bytes] | coredis.RedisCluster[bytes] = (
@@ -277,6 +280,10 @@ class ClusterNode:
                 await self.release(session_id, closed=False)
 
     # -- shipping the transcript ------------------------------------------------------------
+
+    @property
+    def last_seq(self) -> int:
+        return self._last_seq
 
     def enqueue(self, seq: int, op: Op | LocalOnly) -> None:
         self._last_seq = seq
@@ -448,7 +455,7 @@ class ClusterRouter:
         self.node = node
         self.manager = manager
         self.writer = writer
-        self.http = httpx.AsyncClient(timeout=FORWARD_TIMEOUT_S)
+        self.http = httpx.AsyncClient(timeout=FORWARD_TIMEOUT)
         self.mirrors: dict[str, Mirror] = {}
         self._takeover_locks: dict[str, trio.Lock] = {}
         self.forwarded = 0
@@ -501,6 +508,21 @@ class ClusterRouter:
 
     # -- the ASGI side ----------------------------------------------------------------------
 
+    def wrap_send(self, method: str, path: str, send: Any) -> Any:
+        """``POST /session`` answers once Redis holds what it created (the directory entry and
+        the lease): a client may take the session id to any other node at once."""
+        if method != "POST" or path != "/session":
+            return send
+        node = self.node
+
+        async def send_when_shipped(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                with trio.move_on_after(FORWARD_TIMEOUT.connect or 2.0):
+                    await node.wait_acked(node.last_seq)
+            await send(message)
+
+        return send_when_shipped
+
     async def handle(self, scope: MutableMapping[str, Any], receive: Any, send: Any,
                      headers: dict[str, str], body: bytes | None) -> bool:
         """Answer a request for a session this node does not run; False to let the app (or
@@ -517,7 +539,7 @@ class ClusterRouter:
         assert isinstance(decision, Forward)
         try:
             await self._forward(scope, send, headers, body or b"", decision)
-        except httpx.TransportError as exc:
+        except (httpx.TransportError, httpx.TimeoutException) as exc:
             log.info("event=owner_unreachable session=%s owner=%s error=%r", session_id,
                      decision.owner_node_id, exc)
             entry, pttl, _ = await self.node.lookup(session_id)
@@ -656,6 +678,12 @@ class ClusterRouter:
 
     async def aclose(self) -> None:
         await self.http.aclose()
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _text(value: str | bytes) -> str:

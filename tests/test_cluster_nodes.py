@@ -1,0 +1,275 @@
+"""Cluster mode with real parts: a real redis-server (AOF on) and real daemon processes on
+loopback, the bundled mock agent behind each.
+
+- A node refuses a Redis without AOF: exit status 1, one line, nothing served.
+- Three nodes: a session created on A, subscribers on B and C, a prompt through C, a mid-turn
+  load through B equal to A's, SIGKILL of A mid-turn, 503 + Retry-After while its lease runs,
+  takeover by C, every event up to the last durableEventId survives, exactly one terminal
+  (interrupted) for the cut prompt, resync of a new epoch for the surviving subscribers, and a
+  new prompt that works.
+- Fencing: the owner SIGSTOPped past its lease, a takeover, SIGCONT: its late events never
+  reach Redis.
+- One flow on a 3-master Redis Cluster.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from daemon.core.cluster import decode_op, session_keys
+from daemon.core.envelope import decode_json
+from daemon.core.transcript_ops import AppendEvent, FinishTurn
+from tests.cluster_support import HAVE_REDIS, SKIP_REASON, redis_cluster, redis_server
+from tests.harness import RunningDaemon, start_daemon
+from tests.sse_client import Subscriber, chunk_kind, is_terminal_for
+
+pytestmark = pytest.mark.skipif(not HAVE_REDIS, reason=SKIP_REASON)
+coredis = pytest.importorskip("coredis", reason="coredis is not installed (pip install '.[cluster]')")
+
+LEASE_MS = 1500
+TIMEOUT = httpx.Timeout(30)
+
+
+@contextmanager
+def nodes(base: Path, redis_url: str, names: str, *extra: str) -> Iterator[list[RunningDaemon]]:
+    with ExitStack() as stack:
+        out = []
+        for name in names:
+            daemon = start_daemon(base, ["--cluster-redis", redis_url, "--node-id", name,
+                                         "--lease-ms", str(LEASE_MS), *extra], tag=name)
+            stack.callback(daemon.kill)
+            stack.callback(_resume, daemon)  # a SIGSTOPped node must be able to die
+            out.append(daemon)
+        yield out
+
+
+def _resume(daemon: RunningDaemon) -> None:
+    if daemon.proc.poll() is None:
+        daemon.proc.send_signal(signal.SIGCONT)
+
+
+async def op_log(redis_port: int, sid: str) -> list[Any]:
+    client = coredis.Redis(host="127.0.0.1", port=redis_port)
+    async with client:
+        return [decode_op(raw) for raw in await client.lrange(session_keys(sid).ops, 0, -1)]
+
+
+async def stream_entries(redis_port: int, sid: str) -> list[dict[bytes, bytes]]:
+    client = coredis.Redis(host="127.0.0.1", port=redis_port)
+    async with client:
+        return [dict(e.field_values) for e in await client.xrange(session_keys(sid).events)]
+
+
+async def wait_status(client: httpx.AsyncClient, sid: str, *, timeout: float = 20
+                      ) -> tuple[list[httpx.Response], dict[str, Any]]:
+    """Ask for the session's status until one answers 200 (a takeover may be needed first);
+    every answer before it is returned too."""
+    seen: list[httpx.Response] = []
+    with trio.fail_after(timeout):
+        while True:
+            resp = await client.get(f"/session/{sid}/status")
+            if resp.status_code == 200:
+                return seen, resp.json()
+            seen.append(resp)
+            await trio.sleep(0.1)  # polling the cluster's own answer
+
+
+async def cut_quietly(sub: Subscriber, *,
+                      task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    try:
+        await sub.run(task_status=task_status)
+    except (httpx.RemoteProtocolError, httpx.ReadError):
+        pass
+
+
+def without_client(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k != "clientId"}
+
+
+def test_node_refuses_redis_without_aof(tmp_path: Path) -> None:
+    with redis_server(tmp_path / "redis", appendonly=False) as server:
+        done = subprocess.run(
+            [sys.executable, "-m", "daemon", "--port", "0", "--data-dir", str(tmp_path / "d"),
+             "--workspace", str(tmp_path), "--cluster-redis", server.url],
+            capture_output=True, timeout=60, cwd=str(tmp_path))
+    assert done.returncode == 1
+    assert b"listening" not in done.stdout  # nothing was served
+    lines = [line for line in done.stderr.decode().splitlines() if line.startswith("daemon:")]
+    assert len(lines) == 1, done.stderr.decode()
+    assert "AOF persistence off" in lines[0] and f"127.0.0.1:{server.port}" in lines[0]
+
+
+async def test_three_nodes_subscribe_forward_load_kill_take_over(tmp_path: Path) -> None:
+    with redis_server(tmp_path / "redis") as redis, \
+            nodes(tmp_path, redis.url, "ABC") as (a, b, c):
+        async with httpx.AsyncClient(base_url=a.url, timeout=TIMEOUT) as ca, \
+                httpx.AsyncClient(base_url=b.url, timeout=TIMEOUT) as cb, \
+                httpx.AsyncClient(base_url=c.url, timeout=TIMEOUT) as cc, \
+                trio.open_nursery() as nursery:
+            created = (await ca.post("/session", json={})).json()
+            sid, epoch_a = created["sessionId"], created["eventEpoch"]
+            _, status = await wait_status(cc, sid)
+            assert status["ownerNodeId"] == "A"  # placement: the node that got POST /session
+            assert status["eventEpoch"] == epoch_a
+            subs = [Subscriber(client, f"/session/{sid}/events", {"Last-Event-ID": "0"})
+                    for client in (cb, cc)]
+            for sub in subs:
+                await nursery.start(cut_quietly, sub)
+                assert sub.status == 200
+                assert sub.response_headers is not None
+                assert sub.response_headers["x-qwen-event-epoch"] == epoch_a
+            # A prompt through C, held by its gate after five chunks.
+            resp = await cc.post(f"/session/{sid}/prompt", json={"prompt": [
+                {"type": "text", "text": "first mock:chunks=5 mock:gate=g1"}]})
+            assert resp.status_code == 202, resp.text
+            p1 = resp.json()["promptId"]
+            for sub in subs:
+                await sub.wait_for(lambda e: e.prompt_id == p1 and chunk_kind(e)
+                                   == "agent_message_chunk" and e.data["update"]["content"]
+                                   ["text"] == "chunk-4")
+            # Both readers saw the same frames with the owner's ids.
+            seen = [[(e.id, e.type) for e in sub.events if e.id is not None] for sub in subs]
+            assert seen[0] == seen[1] and seen[0]
+            # A mid-turn load through B answers what the owner answers (markers included).
+            load_b = (await cb.post(f"/session/{sid}/load", json={})).json()
+            load_a = (await ca.post(f"/session/{sid}/load", json={})).json()
+            assert load_b["hasActivePrompt"] is True and load_b["liveJournal"]
+            assert without_client(load_b) == without_client(load_a)
+            # Everything published is acknowledged by Redis while the turn waits at its gate.
+            last_chunk = max(i for i, _ in seen[0])
+            with trio.fail_after(10):
+                while True:
+                    durable = (await cb.get(f"/session/{sid}/status")).json()["durableEventId"]
+                    if durable >= last_chunk:
+                        break
+                    await trio.sleep(0.05)  # the group commit to Redis is under way
+
+            a.proc.send_signal(signal.SIGKILL)
+            await trio.to_thread.run_sync(a.proc.wait)
+            killed_at = trio.current_time()
+            survived = [op for op in await op_log(redis.port, sid)
+                        if isinstance(op, AppendEvent)]
+            ids = [int(decode_json(line)["id"]) for op in survived for line in op.raw.split(b"\n")]
+            assert ids == list(range(ids[0], ids[0] + len(ids)))
+            assert ids[-1] >= durable  # every event up to the last durableEventId survived
+
+            # While A's lease runs, B answers 503 with Retry-After (the owner is gone).
+            early = await cb.get(f"/session/{sid}/status")
+            if trio.current_time() - killed_at < LEASE_MS / 1000 * 0.6:
+                assert early.status_code == 503, early.text
+            if early.status_code == 503:
+                body = early.json()
+                assert body["retryable"] is True and body["code"] == "session_owner_unavailable"
+                assert 1 <= int(early.headers["retry-after"]) <= 2
+            # After it ran out, the first request takes the session over (here: C).
+            _, status = await wait_status(cc, sid)
+            assert status["ownerNodeId"] == "C"
+            epoch_c = status["eventEpoch"]
+            assert epoch_c != epoch_a
+            # The readers' streams end at the new epoch; resuming gives the resync of a new
+            # epoch, then the new owner's events.
+            for sub in subs:
+                await sub.wait_ended()
+            last_id = max(i for i, _ in seen[0])
+            again = Subscriber(cb, f"/session/{sid}/events", {
+                "Last-Event-ID": str(last_id), "X-Qwen-Event-Epoch": epoch_a})
+            await nursery.start(cut_quietly, again)
+            resync = await again.wait_for(lambda e: e.type == "state_resync_required")
+            assert resync.data["reason"] == "epoch_reset"
+            assert resync.data.get("detail") == "epoch_mismatch"
+
+            # Exactly one terminal for the cut prompt: interrupted, after what survived.
+            load = (await cb.post(f"/session/{sid}/load", json={})).json()
+            ledger = [t for t in load["promptTerminals"] if t["promptId"] == p1]
+            assert [t["terminal"] for t in ledger] == ["interrupted"]
+            records = (await cb.get(f"/session/{sid}/transcript", params={"limit": 500})
+                       ).json()["events"]
+            mine = [e for e in records if e.get("promptId") == p1]
+            terminals = [e for e in mine if e["type"] in ("turn_complete", "turn_error")]
+            assert len(terminals) == 1 and terminals[0]["data"]["code"] == "interrupted"
+            text = "".join(e["data"]["update"]["content"]["text"] for e in mine
+                           if e["type"] == "session_update" and e["data"]["update"]
+                           .get("sessionUpdate") == "agent_message_chunk")
+            assert text == "".join(f"chunk-{n}" for n in range(5))
+
+            # A new prompt works, through B, on the new owner.
+            resp = await cb.post(f"/session/{sid}/prompt", json={"prompt": [
+                {"type": "text", "text": "second"}]})
+            assert resp.status_code == 202, resp.text
+            p2 = resp.json()["promptId"]
+            done = await again.wait_for(is_terminal_for(p2))
+            assert done.type == "turn_complete"
+            nursery.cancel_scope.cancel()
+
+
+async def test_fencing_a_paused_owner_cannot_append_after_a_takeover(tmp_path: Path) -> None:
+    with redis_server(tmp_path / "redis") as redis, \
+            nodes(tmp_path, redis.url, "AB") as (a, b):
+        async with httpx.AsyncClient(base_url=a.url, timeout=TIMEOUT) as ca, \
+                httpx.AsyncClient(base_url=b.url, timeout=TIMEOUT) as cb:
+            sid = (await ca.post("/session", json={})).json()["sessionId"]
+            resp = await ca.post(f"/session/{sid}/prompt", json={"prompt": [
+                {"type": "text", "text": "late mock:chunks=2 mock:gate=g2"}]})
+            p1 = resp.json()["promptId"]
+            with trio.fail_after(10):
+                while (await ca.get(f"/session/{sid}/status")).json()["durableEventId"] < 3:
+                    await trio.sleep(0.05)  # the chunks reach Redis
+            a.proc.send_signal(signal.SIGSTOP)
+            # Past the lease: Redis drops it; then B takes the session over.
+            with trio.fail_after(10):
+                while redis.cli("PTTL", session_keys(sid).lease) != "-2":
+                    await trio.sleep(0.05)
+            _, status = await wait_status(cb, sid)
+            assert status["ownerNodeId"] == "B"
+            before = await stream_entries(redis.port, sid)
+            # The old owner's agent finishes the turn while its daemon is paused; then the
+            # daemon resumes and publishes the late events.
+            a.open_gate("g2")
+            a.proc.send_signal(signal.SIGCONT)
+            with trio.fail_after(15):
+                while "event=lease_lost" not in a.stderr():
+                    await trio.sleep(0.05)  # the old owner finds out from Redis
+            after = await stream_entries(redis.port, sid)
+            assert after[:len(before)] == before
+            late = [e for e in after[len(before):] if e[b"e"].decode() != status["eventEpoch"]]
+            assert late == []  # nothing of the old owner's epoch after the takeover
+            assert b"turn_complete" not in b"".join(e[b"b"] for e in after)
+            ops = await op_log(redis.port, sid)
+            finishes = [op for op in ops if isinstance(op, FinishTurn) and op.prompt_id == p1]
+            assert [op.terminal for op in finishes] == ["interrupted"]
+            load = (await cb.post(f"/session/{sid}/load", json={})).json()
+            assert [t["terminal"] for t in load["promptTerminals"]
+                    if t["promptId"] == p1] == ["interrupted"]
+
+
+async def test_one_flow_on_a_redis_cluster(tmp_path: Path) -> None:
+    with redis_cluster(tmp_path / "rc") as cluster, \
+            nodes(tmp_path, cluster.url, "AB") as (a, b):
+        async with httpx.AsyncClient(base_url=a.url, timeout=TIMEOUT) as ca, \
+                httpx.AsyncClient(base_url=b.url, timeout=TIMEOUT) as cb, \
+                trio.open_nursery() as nursery:
+            assert "redis_cluster=True" in a.stderr()
+            for _ in range(3):  # sessions land on different slots
+                sid = (await ca.post("/session", json={"sessionScope": "thread"})).json()[
+                    "sessionId"]
+                sub = Subscriber(cb, f"/session/{sid}/events", {"Last-Event-ID": "0"})
+                await nursery.start(cut_quietly, sub)
+                resp = await cb.post(f"/session/{sid}/prompt", json={"prompt": [
+                    {"type": "text", "text": "hello"}]})
+                assert resp.status_code == 202, resp.text
+                done = await sub.wait_for(is_terminal_for(resp.json()["promptId"]))
+                assert done.type == "turn_complete"
+                _, status = await wait_status(cb, sid)
+                assert status["ownerNodeId"] == "A"
+                assert status["durableEventId"] == status["lastEventId"]
+            nursery.cancel_scope.cancel()
