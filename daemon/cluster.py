@@ -21,6 +21,7 @@ runs them:
 from __future__ import annotations
 
 import logging
+import uuid
 from collections import deque
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
@@ -314,15 +315,23 @@ class ClusterNode:
             for item in batch:
                 by_session.setdefault(item.op.session_id, []).append(item)
             for session_id, items in by_session.items():
-                try:
-                    ok = await self._ship_session(session_id, items)
-                except Exception as exc:
-                    log.warning("event=cluster_append_failed session=%s error=%r", session_id,
-                                exc)
-                    ok = False
-                if not ok:
+                if not await self._ship_with_retry(session_id, items):
                     failed += [item.seq for item in items]
             self._resolve(batch[-1].seq, failed)
+
+    async def _ship_with_retry(self, session_id: str, items: list[_Pending]) -> bool:
+        """Ship one session's ops; Redis unreachable or failing is retried (with a growing
+        pause, up to a second) until it answers, so the op log never gets a hole: nothing
+        after a failed batch can land before it. Only fencing ends it with ``False``."""
+        pause = 0.05
+        while True:
+            try:
+                return await self._ship_session(session_id, items)
+            except Exception as exc:
+                log.warning("event=cluster_append_failed session=%s error=%r retry_s=%.2f",
+                            session_id, exc, pause)
+            await trio.sleep(pause)
+            pause = min(1.0, pause * 2)
 
     async def _ship_session(self, session_id: str, items: list[_Pending]) -> bool:
         if all(isinstance(item.op, LocalOnly) for item in items):
@@ -528,6 +537,9 @@ class ClusterRouter:
         """Answer a request for a session this node does not run; False to let the app (or
         the local stream) answer it as in single-node mode."""
         session_id = self.session_id_of(scope["path"])
+        if session_id is None and scope["path"] == "/session" and scope.get("method") == "POST" \
+                and body:
+            session_id = _requested_session_id(body)  # attach to a session of the cluster
         if session_id is None or headers.get(FORWARDED_HEADER) == "1":
             return False
         decision = await self.decide(session_id)
@@ -678,6 +690,16 @@ class ClusterRouter:
 
     async def aclose(self) -> None:
         await self.http.aclose()
+
+
+def _requested_session_id(body: bytes) -> str | None:
+    """The ``sessionId`` a ``POST /session`` body asks for (lower-case, as the app keeps it),
+    if it is a well-formed one; anything else is the app's to answer."""
+    try:
+        value = decode_json(body).get("sessionId")
+        return str(uuid.UUID(value)) if isinstance(value, str) else None
+    except Exception:  # not JSON, not an object, not a UUID: the app answers it
+        return None
 
 
 def _leaf(exc: BaseException) -> BaseException:

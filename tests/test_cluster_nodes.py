@@ -272,4 +272,8 @@ async def test_one_flow_on_a_redis_cluster(tmp_path: Path) -> None:
                 _, status = await wait_status(cb, sid)
                 assert status["ownerNodeId"] == "A"
                 assert status["durableEventId"] == status["lastEventId"]
+                # POST /session naming it, on B: attached to A's session, not a new one.
+                attached = (await cb.post("/session", json={"sessionId": sid})).json()
+                assert attached["attached"] is True and attached["sessionId"] == sid
+                assert attached["eventEpoch"] == status["eventEpoch"]
             nursery.cancel_scope.cancel()

@@ -68,3 +68,55 @@ def _master_of(masters: list[RedisServer], slot: int) -> int:
             if int(lo) <= slot <= int(hi or lo):
                 return port
     raise AssertionError(f"no master serves slot {slot}")
+
+
+async def test_lease_and_fencing_scripts_on_a_real_redis(tmp_path: Path) -> None:
+    """The scripts of daemon/core/cluster.py as Redis runs them: a claim while another node
+    holds the lease is refused; after the lease is gone the next claim raises the generation;
+    from then on the old generation can neither renew nor append (nothing of it lands), the
+    new one can."""
+    from daemon.core.cluster import (
+        APPEND_SCRIPT,
+        CLAIM_SCRIPT,
+        RELEASE_SCRIPT,
+        RENEW_SCRIPT,
+        append_args,
+        session_keys,
+    )
+
+    keys = session_keys("s1")
+    with redis_server(tmp_path / "r") as server:
+        client = coredis.Redis(host="127.0.0.1", port=server.port)
+        async with client:
+            claim = client.register_script(CLAIM_SCRIPT)
+            renew = client.register_script(RENEW_SCRIPT)
+            append = client.register_script(APPEND_SCRIPT)
+            release = client.register_script(RELEASE_SCRIPT)
+            lease = [keys.directory, keys.lease]
+            assert await claim(keys=lease, args=["A", "http://a", "/w", "e1", 60_000]) == [1, 1]
+            refused = await claim(keys=lease, args=["B", "http://b", "/w", "e1", 60_000])
+            assert refused[0] == 0 and 0 < refused[1] <= 60_000  # the lease's remaining ms
+            assert await client.get(keys.lease) == b"A 1"
+            log = [keys.directory, keys.ops, keys.events]
+            assert await append(keys=log, args=append_args(1, "e1", 100, [b"op1"],
+                                                          [(1, 2, b"x\ny")])) == 1
+            # The lease runs out (here: dropped, as its TTL would); B takes over.
+            await client.delete([keys.lease])
+            assert await claim(keys=lease, args=["B", "http://b", "/w", "e2", 60_000]) == [1, 2]
+            assert await renew(keys=lease, args=["A", 1, 60_000]) == 0
+            assert await append(keys=log, args=append_args(1, "e1", 100, [b"late"],
+                                                          [(3, 3, b"z")])) == 0
+            assert await client.lrange(keys.ops, 0, -1) == [b"op1"]
+            assert await client.xlen(keys.events) == 1
+            assert await renew(keys=lease, args=["B", 2, 60_000]) == 1
+            assert await append(keys=log, args=append_args(2, "e2", 100, [b"op2"], [])) == 1
+            assert await client.lrange(keys.ops, 0, -1) == [b"op1", b"op2"]
+            entry = (await client.xrange(keys.events))[0].field_values
+            assert (entry[b"e"], entry[b"f"], entry[b"l"], entry[b"b"]) == (
+                b"e1", b"1", b"2", b"x\ny")
+            # A stale release does nothing; the owner's frees the lease at once.
+            assert await release(keys=lease, args=["A", 1, "1"]) == 0
+            assert await client.exists([keys.lease]) == 1
+            assert await release(keys=lease, args=["B", 2, "1"]) == 1
+            assert await client.exists([keys.lease]) == 0
+            assert await client.hget(keys.directory, "closed") == b"1"
