@@ -125,3 +125,17 @@ def test_event_runs() -> None:
 def test_append_args_layout() -> None:
     assert append_args(4, "ep", 8000, [b"o1", b"o2"], [(1, 2, b"x\ny")]) == [
         "4", "ep", 8000, 2, b"o1", b"o2", 1, 2, b"x\ny"]
+
+
+def test_single_node_mode_never_imports_the_cluster_code() -> None:
+    """Every module a single-node daemon loads, loaded in a fresh interpreter: neither the
+    cluster shell nor its Redis client is among them (idle RSS stays what it was)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, daemon.__main__, daemon.server, daemon.asgi, daemon.http_api, "
+             "daemon.manager; print(sorted(m for m in sys.modules if m == 'daemon.cluster' "
+             "or m.split('.')[0] == 'coredis'))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert done.stdout.strip() == "[]"
