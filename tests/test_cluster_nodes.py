@@ -277,3 +277,44 @@ async def test_one_flow_on_a_redis_cluster(tmp_path: Path) -> None:
                 assert attached["attached"] is True and attached["sessionId"] == sid
                 assert attached["eventEpoch"] == status["eventEpoch"]
             nursery.cancel_scope.cancel()
+
+
+async def test_webui_repair_episode_across_nodes(tmp_path: Path) -> None:
+    """The WebUI model's repair of a truncated live turn (its tab on B, the prompt on A):
+    B forwards both loads to A and serves the stream from A's Redis stream."""
+    from sdk.client import DaemonClient
+    from sdk.repair_driver import RepairOutcomeKind
+    from tests.test_webui_e2e import TWENTY, CountingTransport, chunk_counts, is_live_marker
+    from webui_model import WebUIProvider
+
+    token = "cluster-repair"
+    with redis_server(tmp_path / "redis") as redis, \
+            nodes(tmp_path, redis.url, "AB", "--max-journal-events", "3",
+                  "--max-journal-bytes", "300") as (a, b):
+        counted = CountingTransport()
+        async with DaemonClient(a.url) as direct, \
+                DaemonClient(b.url, transport=counted) as ui_client, \
+                WebUIProvider(ui_client) as provider:
+            sid = (await direct.create_session(scope="thread")).session_id
+            accepted = await direct.send_prompt(sid, f"{token} mock:chunks=20 mock:gate={token}")
+            with trio.fail_after(30):
+                async with direct.events(sid, 0) as stream:
+                    async for event in stream:
+                        if chunk_kind(event) == "agent_message_chunk" \
+                                and event.data["update"]["content"]["text"] == "chunk-19":
+                            break
+            await provider.open_session(sid)
+            markers = [blk for blk in provider.store.blocks if is_live_marker(blk)]
+            assert len(markers) == 1 and markers[0].prompt_id == accepted.prompt_id
+            counts = chunk_counts(provider)
+            assert 0 not in counts and counts[19] == 1
+            assert counted.loads == 1
+            a.open_gate(token)
+            with trio.fail_after(30):
+                await provider.wait_for(lambda: provider.repair_attempts == 1)
+            (outcome,) = provider.repair_outcomes
+            assert outcome.kind is RepairOutcomeKind.REPAIRED
+            assert counted.loads == 2
+            assert chunk_counts(provider) == TWENTY
+            assert not any(is_live_marker(blk) for blk in provider.store.blocks)
+            assert [h for h in counted.requests if h[1].endswith("/events")]  # streamed from B
