@@ -41,12 +41,14 @@ TIMEOUT = httpx.Timeout(30)
 
 
 @contextmanager
-def nodes(base: Path, redis_url: str, names: str, *extra: str) -> Iterator[list[RunningDaemon]]:
+def nodes(base: Path, redis_url: str, names: str, *extra: str,
+          token: str | None = None) -> Iterator[list[RunningDaemon]]:
+    env = {"QWEN_SERVER_TOKEN": token} if token is not None else None
     with ExitStack() as stack:
         out = []
         for name in names:
             daemon = start_daemon(base, ["--cluster-redis", redis_url, "--node-id", name,
-                                         "--lease-ms", str(LEASE_MS), *extra], tag=name)
+                                         "--lease-ms", str(LEASE_MS), *extra], env, tag=name)
             stack.callback(daemon.kill)
             stack.callback(_resume, daemon)  # a SIGSTOPped node must be able to die
             out.append(daemon)
@@ -253,10 +255,11 @@ async def test_fencing_a_paused_owner_cannot_append_after_a_takeover(tmp_path: P
 
 
 async def test_one_flow_on_a_redis_cluster(tmp_path: Path) -> None:
+    auth = {"Authorization": "Bearer cluster-secret"}
     with redis_cluster(tmp_path / "rc") as cluster, \
-            nodes(tmp_path, cluster.url, "AB") as (a, b):
-        async with httpx.AsyncClient(base_url=a.url, timeout=TIMEOUT) as ca, \
-                httpx.AsyncClient(base_url=b.url, timeout=TIMEOUT) as cb, \
+            nodes(tmp_path, cluster.url, "AB", token="cluster-secret") as (a, b):
+        async with httpx.AsyncClient(base_url=a.url, timeout=TIMEOUT, headers=auth) as ca, \
+                httpx.AsyncClient(base_url=b.url, timeout=TIMEOUT, headers=auth) as cb, \
                 trio.open_nursery() as nursery:
             assert "redis_cluster=True" in a.stderr()
             for _ in range(3):  # sessions land on different slots
@@ -276,6 +279,9 @@ async def test_one_flow_on_a_redis_cluster(tmp_path: Path) -> None:
                 attached = (await cb.post("/session", json={"sessionId": sid})).json()
                 assert attached["attached"] is True and attached["sessionId"] == sid
                 assert attached["eventEpoch"] == status["eventEpoch"]
+                # The same auth on the forwarded path: without the token, 401 (B's guard).
+                bare = await cb.get(f"/session/{sid}/status", headers={"Authorization": ""})
+                assert bare.status_code == 401
             nursery.cancel_scope.cancel()
 
 
