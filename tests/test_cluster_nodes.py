@@ -324,3 +324,33 @@ async def test_webui_repair_episode_across_nodes(tmp_path: Path) -> None:
             assert chunk_counts(provider) == TWENTY
             assert not any(is_live_marker(blk) for blk in provider.store.blocks)
             assert [h for h in counted.requests if h[1].endswith("/events")]  # streamed from B
+
+
+async def test_durable_event_id_is_what_redis_acknowledged(tmp_path: Path) -> None:
+    """With Redis paused (SIGSTOP), the owner keeps publishing, but durableEventId does not
+    move: it counts what Redis acknowledged, not what the local store committed. Once Redis
+    resumes, the queued ops land and it catches up."""
+    with redis_server(tmp_path / "redis") as redis, \
+            nodes(tmp_path, redis.url, "A") as (a,):
+        async with httpx.AsyncClient(base_url=a.url, timeout=TIMEOUT) as ca:
+            sid = (await ca.post("/session", json={})).json()["sessionId"]
+            before = (await ca.get(f"/session/{sid}/status")).json()
+            redis.proc.send_signal(signal.SIGSTOP)
+            try:
+                resp = await ca.post(f"/session/{sid}/prompt", json={"prompt": [
+                    {"type": "text", "text": "paused mock:chunks=3 mock:gate=g3"}]})
+                assert resp.status_code == 202
+                with trio.fail_after(10):
+                    while True:
+                        status = (await ca.get(f"/session/{sid}/status")).json()
+                        if status["lastEventId"] >= before["lastEventId"] + 4:
+                            break
+                        await trio.sleep(0.02)  # the echo and the three chunks are published
+                assert status["durableEventId"] == before["durableEventId"]
+            finally:
+                redis.proc.send_signal(signal.SIGCONT)
+            with trio.fail_after(10):
+                while (await ca.get(f"/session/{sid}/status")).json()["durableEventId"] \
+                        < status["lastEventId"]:
+                    await trio.sleep(0.02)  # the queued ops reach Redis
+            a.open_gate("g3")
