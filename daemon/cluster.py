@@ -57,6 +57,7 @@ from .core.cluster import (
 )
 from .core.envelope import Event, decode_json, encode_json
 from .core.transcript_ops import AppendEvent, DeleteSession, MarkClosed, Op, UpsertSession
+from .manager import _KeyedLocks
 from .transcript_store import TranscriptStore
 from .transcript_writer import TranscriptWriter
 
@@ -466,7 +467,7 @@ class ClusterRouter:
         self.writer = writer
         self.http = httpx.AsyncClient(timeout=FORWARD_TIMEOUT)
         self.mirrors: dict[str, Mirror] = {}
-        self._takeover_locks: dict[str, trio.Lock] = {}
+        self._takeover_locks = _KeyedLocks()
         self.forwarded = 0
         self.takeovers = 0
 
@@ -487,8 +488,7 @@ class ClusterRouter:
     async def take_over(self, session_id: str) -> bool:
         """Restore the session here after its owner's lease ran out: claim the lease, replay
         its op log into the local store, then the single-node cold restore."""
-        lock = self._takeover_locks.setdefault(session_id, trio.Lock())
-        async with lock:
+        async with self._takeover_locks.hold(session_id):
             if self.manager.get(session_id) is not None:
                 return True
             entry, pttl, _ = await self.node.lookup(session_id)
@@ -542,33 +542,44 @@ class ClusterRouter:
             session_id = _requested_session_id(body)  # attach to a session of the cluster
         if session_id is None or headers.get(FORWARDED_HEADER) == "1":
             return False
-        decision = await self.decide(session_id)
-        if isinstance(decision, Local | Unknown):
-            return False
-        if isinstance(decision, TakeOver):
-            await self.take_over(session_id)
-            return False
-        assert isinstance(decision, Forward)
-        try:
-            await self._forward(scope, send, headers, body or b"", decision)
-        except (httpx.TransportError, httpx.TimeoutException) as exc:
-            log.info("event=owner_unreachable session=%s owner=%s error=%r", session_id,
-                     decision.owner_node_id, exc)
-            entry, pttl, _ = await self.node.lookup(session_id)
+        for _ in range(3):  # a takeover lost to another node is routed again
+            entry, pttl, _fields = (None, -2, {}) if self.manager.get(session_id) is not None \
+                else await self.node.lookup(session_id)
+            decision = route(entry, pttl, self.node.node_id,
+                             live_here=self.manager.get(session_id) is not None)
+            if isinstance(decision, Local):
+                return False
+            if isinstance(decision, Unknown):
+                if entry is None:
+                    return False  # not in the cluster: the app answers (404)
+                # Closed for good: never restored from a stale local copy.
+                await _send_json(send, 404, {"error": f'No session with id "{session_id}"',
+                                             "code": "session_not_found",
+                                             "sessionId": session_id}, [])
+                return True
+            if isinstance(decision, TakeOver):
+                if await self.take_over(session_id):
+                    return False
+                continue
+            assert isinstance(decision, Forward)
+            try:
+                await self._forward(scope, send, headers, body or b"", decision)
+                return True
+            except (httpx.TransportError, httpx.TimeoutException) as exc:
+                log.info("event=owner_unreachable session=%s owner=%s error=%r", session_id,
+                         decision.owner_node_id, exc)
+            entry, pttl, _fields = await self.node.lookup(session_id)
             again = route(entry, pttl, self.node.node_id, live_here=False,
                           owner_unreachable=True)
-            if isinstance(again, TakeOver):
-                await self.take_over(session_id)
-                return False
-            if not isinstance(again, Unavailable):
-                return False
-            wait = again.retry_after_s
-            await _send_json(send, 503, {
-                "error": "The session's node does not answer; retry once its lease expires",
-                "code": "session_owner_unavailable", "retryable": True,
-                "sessionId": session_id, "retryAfterMs": wait * 1000},
-                [(b"retry-after", str(wait).encode())])
-        return True
+            if isinstance(again, Unavailable):
+                wait = again.retry_after_s
+                await _send_json(send, 503, {
+                    "error": "The session's node does not answer; retry once its lease "
+                             "expires", "code": "session_owner_unavailable", "retryable": True,
+                    "sessionId": session_id, "retryAfterMs": wait * 1000},
+                    [(b"retry-after", str(wait).encode())])
+                return True
+        return False
 
     async def _forward(self, scope: MutableMapping[str, Any], send: Any,
                        headers: dict[str, str], body: bytes, target: Forward) -> None:

@@ -201,6 +201,7 @@ async def run_daemon(
                 await manager.shutdown()
                 if cluster is not None:
                     await cluster.release_all()
+                    await asgi.cluster.aclose()
                 stop_http.set()
                 if writer is not None:
                     await writer.aclose()

@@ -282,6 +282,13 @@ async def test_one_flow_on_a_redis_cluster(tmp_path: Path) -> None:
                 # The same auth on the forwarded path: without the token, 401 (B's guard).
                 bare = await cb.get(f"/session/{sid}/status", headers={"Authorization": ""})
                 assert bare.status_code == 401
+            # Deleted through B (forwarded to A): gone on every node, never restored.
+            assert (await cb.delete(f"/session/{sid}")).status_code == 204
+            for client in (ca, cb):
+                for method, path in (("GET", "status"), ("POST", "load")):
+                    gone = await client.request(method, f"/session/{sid}/{path}", json={})
+                    assert gone.status_code == 404, (method, path, gone.text)
+                    assert gone.json()["code"] == "session_not_found"
             nursery.cancel_scope.cancel()
 
 
