@@ -31,7 +31,7 @@ import coredis
 import httpx
 import trio
 
-from .bus import SessionBus
+from .bus import SessionBus, Subscription, now_ms
 from .core.cluster import (
     APPEND_SCRIPT,
     CLAIM_SCRIPT,
@@ -55,7 +55,8 @@ from .core.cluster import (
     session_keys,
     split_run,
 )
-from .core.envelope import Event, decode_json, encode_json
+from .core.envelope import Event, decode_json, encode_json, synthetic
+from .core.ring import EventRing
 from .core.transcript_ops import AppendEvent, DeleteSession, MarkClosed, Op, UpsertSession
 from .manager import _KeyedLocks
 from .transcript_store import TranscriptStore
@@ -107,12 +108,47 @@ class _Pending:
     op: Op | LocalOnly
 
 
+class MirrorBus(SessionBus):
+    """A writer-less bus whose ring is fed from a remote owner's Redis stream. At a takeover
+    it moves to the new owner's epoch in place: every reader keeps its stream, is sent the
+    resync a client with the old epoch would get on reconnecting, and reads on from the new
+    epoch's first event."""
+
+    def __init__(self, session_id: str, limits: Any, epoch: str, first_id: int) -> None:
+        super().__init__(session_id, limits, None, first_id=first_id)
+        self.epoch = epoch
+        self._resyncs: dict[Subscription, Event] = {}
+
+    def switch_epoch(self, epoch: str, first_id: int) -> None:
+        old = self.ring
+        self.ring = EventRing(old.capacity, next_id=max(1, first_id), max_bytes=old.max_bytes)
+        self.epoch = epoch
+        self.frames.clear()  # built for the old epoch's ids
+        stamp = now_ms()
+        for sub in self.subscribers:
+            state = sub.state
+            self._resyncs[sub] = synthetic("state_resync_required", {
+                "reason": "epoch_reset", "detail": "epoch_mismatch",
+                "lastDeliveredId": state.cursor, "earliestAvailableId": self.ring.next_id,
+            }, now_ms=stamp)
+            state.cursor = self.ring.next_id - 1
+        self._dirty = True
+        self.flush()
+
+    def take_resync(self, sub: Subscription) -> Event | None:
+        return self._resyncs.pop(sub, None)
+
+    def remove_subscriber(self, sub: Subscription) -> None:
+        self._resyncs.pop(sub, None)
+        super().remove_subscriber(sub)
+
+
 @dataclass
 class Mirror:
     """The local view of a remote owner's event stream: a writer-less bus whose ring is fed
     from Redis, so the single-node SSE/WebSocket code serves it unchanged."""
 
-    bus: SessionBus
+    bus: MirrorBus
     stream_pos: str
     done: trio.Event = field(default_factory=trio.Event)
 
@@ -631,8 +667,7 @@ class ClusterRouter:
         entries = await self.node.client.xrange(session_keys(session_id).events)
         current = [e for e in entries if _text(e.field_values.get(b"e", b"")) == entry.epoch]
         first = int(current[0].field_values[b"f"]) if current else base
-        bus = SessionBus(session_id, limits, None, first_id=first)
-        bus.epoch = entry.epoch
+        bus = MirrorBus(session_id, limits, entry.epoch, first)
         mirror = Mirror(bus, _text(entries[-1].identifier) if entries else "0-0")
         for item in current:
             self._feed(mirror, item.field_values)
@@ -662,9 +697,15 @@ class ClusterRouter:
                 ended = True
         return not ended
 
+    @staticmethod
+    def _new_epoch(session_id: str, mirror: Mirror, epoch: str, first_id: int) -> None:
+        log.info("event=mirror_epoch_changed session=%s readers=%d", session_id,
+                 len(mirror.bus.subscribers))
+        mirror.bus.switch_epoch(epoch, first_id)
+
     async def _follow(self, session_id: str, mirror: Mirror) -> None:
-        """Feed the mirror from the stream until the session ends, gets a new epoch (a
-        takeover: readers reconnect and get the resync of a new epoch), or nobody reads it."""
+        """Feed the mirror from the stream until the session ends or nobody reads it; a new
+        epoch (a takeover) moves the mirror to it, its readers keep their streams."""
         client = self.node.client
         assert client is not None
         key = session_keys(session_id).events
@@ -677,17 +718,20 @@ class ClusterRouter:
                 for item in entries:
                     mirror.stream_pos = _text(item.identifier)
                     values = item.field_values
-                    if _text(values.get(b"e", b"")) != mirror.bus.epoch:
-                        log.info("event=mirror_epoch_changed session=%s", session_id)
-                        return
+                    epoch = _text(values.get(b"e", b""))
+                    if epoch != mirror.bus.epoch:
+                        self._new_epoch(session_id, mirror, epoch, int(values[b"f"]))
                     if not self._feed(mirror, values):
                         mirror.bus.flush()
                         return
                 mirror.bus.flush()
                 if not entries:
-                    entry, _, _ = await self.node.lookup(session_id)
-                    if entry is None or entry.closed or entry.epoch != mirror.bus.epoch:
+                    entry, _, fields = await self.node.lookup(session_id)
+                    if entry is None or entry.closed:
                         return
+                    if entry.epoch and entry.epoch != mirror.bus.epoch:
+                        self._new_epoch(session_id, mirror, entry.epoch,
+                                        int(fields.get("base") or 1))
                     idle_rounds = idle_rounds + 1 if not mirror.bus.subscribers else 0
                     if idle_rounds >= 4:
                         return

@@ -178,11 +178,16 @@ async def test_three_nodes_subscribe_forward_load_kill_take_over(tmp_path: Path)
             assert status["ownerNodeId"] == "C"
             epoch_c = status["eventEpoch"]
             assert epoch_c != epoch_a
-            # The readers' streams end at the new epoch; resuming gives the resync of a new
-            # epoch, then the new owner's events.
-            for sub in subs:
-                await sub.wait_ended()
+            # The readers on B and C keep their streams: the resync of a new epoch, then the
+            # new owner's events.
             last_id = max(i for i, _ in seen[0])
+            for sub in subs:
+                resync = await sub.wait_for(lambda e: e.type == "state_resync_required")
+                assert resync.data["reason"] == "epoch_reset"
+                assert resync.data["detail"] == "epoch_mismatch"
+                assert resync.data["lastDeliveredId"] == last_id
+                assert not sub.ended
+            # A reader that reconnects with the old epoch gets the same resync.
             again = Subscriber(cb, f"/session/{sid}/events", {
                 "Last-Event-ID": str(last_id), "X-Qwen-Event-Epoch": epoch_a})
             await nursery.start(cut_quietly, again)
@@ -209,8 +214,17 @@ async def test_three_nodes_subscribe_forward_load_kill_take_over(tmp_path: Path)
                 {"type": "text", "text": "second"}]})
             assert resp.status_code == 202, resp.text
             p2 = resp.json()["promptId"]
-            done = await again.wait_for(is_terminal_for(p2))
-            assert done.type == "turn_complete"
+            for reader in (again, *subs):
+                done = await reader.wait_for(is_terminal_for(p2))
+                assert done.type == "turn_complete"
+            # After the resync, the kept streams carry exactly the new epoch's events, in order.
+            for sub in subs:
+                at = next(i for i, e in enumerate(sub.events)
+                          if e.type == "state_resync_required")
+                ids = [e.id for e in sub.events[at + 1:] if e.id is not None]
+                assert ids == list(range(ids[0], ids[0] + len(ids)))
+                assert not [e for e in sub.events[at + 1:] if e.prompt_id == p1
+                            and e.type in ("turn_complete", "turn_error")]
             nursery.cancel_scope.cancel()
 
 
