@@ -724,7 +724,12 @@ class ClusterRouter:
                     if not self._feed(mirror, values):
                         mirror.bus.flush()
                         return
-                mirror.bus.flush()
+                    # One entry is one of the owner's publish batches: published here as one,
+                    # with the owner's flow control (wait, rationed, for the readers that are
+                    # behind). Redis holds what is not read yet, so the owner never waits.
+                    mirror.bus.flush()
+                    await trio.lowlevel.checkpoint()  # the woken readers take their batch
+                    await mirror.bus.wait_for_subscribers()
                 if not entries:
                     entry, _, fields = await self.node.lookup(session_id)
                     if entry is None or entry.closed:
