@@ -375,3 +375,25 @@ async def test_durable_event_id_is_what_redis_acknowledged(tmp_path: Path) -> No
                         < status["lastEventId"]:
                     await trio.sleep(0.02)  # the queued ops reach Redis
             a.open_gate("g3")
+
+
+async def test_a_full_speed_turn_reaches_a_reader_on_another_node_whole(tmp_path: Path) -> None:
+    """20,000 chunks at the agent's full speed, read on B through A's Redis stream: every id,
+    in order, the terminal last, no eviction (the mirror publishes the owner's batches one by
+    one with the owner's flow control)."""
+    with redis_server(tmp_path / "redis") as redis, \
+            nodes(tmp_path, redis.url, "AB") as (a, b):
+        async with httpx.AsyncClient(base_url=a.url, timeout=TIMEOUT) as ca, \
+                httpx.AsyncClient(base_url=b.url, timeout=TIMEOUT) as cb, \
+                trio.open_nursery() as nursery:
+            sid = (await ca.post("/session", json={})).json()["sessionId"]
+            sub = Subscriber(cb, f"/session/{sid}/events?maxQueued=2048")
+            await nursery.start(cut_quietly, sub)
+            resp = await ca.post(f"/session/{sid}/prompt", json={"prompt": [
+                {"type": "text", "text": "fast mock:chunks=20000 mock:delay_ms=0"}]})
+            done = await sub.wait_for(is_terminal_for(resp.json()["promptId"]), timeout=60)
+            assert done.type == "turn_complete"
+            ids = sub.ids()
+            assert ids == list(range(1, done.id + 1))  # type: ignore[operator]
+            assert not sub.of_type("client_evicted") and not sub.of_type("state_resync_required")
+            nursery.cancel_scope.cancel()
