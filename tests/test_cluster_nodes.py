@@ -397,3 +397,45 @@ async def test_a_full_speed_turn_reaches_a_reader_on_another_node_whole(tmp_path
             assert ids == list(range(1, done.id + 1))  # type: ignore[operator]
             assert not sub.of_type("client_evicted") and not sub.of_type("state_resync_required")
             nursery.cancel_scope.cancel()
+
+
+async def test_votes_and_cancel_through_a_non_owner(tmp_path: Path) -> None:
+    """A permission vote and a cancel sent to B reach the session on A (forwarded), with the
+    client id B's caller registered through a forwarded load."""
+    with redis_server(tmp_path / "redis") as redis, \
+            nodes(tmp_path, redis.url, "AB") as (a, b):
+        async with httpx.AsyncClient(base_url=a.url, timeout=TIMEOUT) as ca, \
+                httpx.AsyncClient(base_url=b.url, timeout=TIMEOUT) as cb, \
+                trio.open_nursery() as nursery:
+            sid = (await ca.post("/session", json={})).json()["sessionId"]
+            client_id = (await cb.post(f"/session/{sid}/load", json={})).json()["clientId"]
+            mine = {"X-Qwen-Client-Id": client_id}
+            sub = Subscriber(cb, f"/session/{sid}/events")
+            await nursery.start(cut_quietly, sub)
+            resp = await cb.post(f"/session/{sid}/prompt", headers=mine, json={"prompt": [
+                {"type": "text", "text": "ask mock:chunks=1 mock:permission=ask"}]})
+            assert resp.status_code == 202, resp.text
+            p1 = resp.json()["promptId"]
+            ask = await sub.wait_for(lambda e: e.type == "permission_request")
+            vote = await cb.post(f"/session/{sid}/permission/{ask.data['requestId']}",
+                                 json={"optionId": "allow-once"})
+            assert vote.status_code == 200, vote.text
+            done = await sub.wait_for(is_terminal_for(p1))
+            assert done.type == "turn_complete"
+            assert any(e.type == "session_update" and e.data["update"]["content"]["text"]
+                       == "permission:allow-once" for e in sub.events if chunk_kind(e))
+            unknown = await cb.post(f"/session/{sid}/permission/nope", json={"optionId": "x"})
+            assert unknown.status_code == 404  # the owner's answer, as it is
+            assert unknown.json()["code"] == "permission_not_found"
+            # A held turn, cancelled through B.
+            resp = await cb.post(f"/session/{sid}/prompt", headers=mine, json={"prompt": [
+                {"type": "text", "text": "hold mock:chunks=1 mock:gate=never"}]})
+            p2 = resp.json()["promptId"]
+            await sub.wait_for(lambda e: e.prompt_id == p2 and chunk_kind(e)
+                               == "agent_message_chunk")
+            assert (await cb.post(f"/session/{sid}/cancel", headers=mine)).status_code == 204
+            done = await sub.wait_for(is_terminal_for(p2))
+            assert done.data["stopReason"] == "cancelled"
+            cancelled = [e for e in sub.of_type("prompt_cancelled") if e.prompt_id == p2]
+            assert len(cancelled) == 1 and cancelled[0].originator_client_id == client_id
+            nursery.cancel_scope.cancel()
