@@ -439,3 +439,34 @@ async def test_votes_and_cancel_through_a_non_owner(tmp_path: Path) -> None:
             cancelled = [e for e in sub.of_type("prompt_cancelled") if e.prompt_id == p2]
             assert len(cancelled) == 1 and cancelled[0].originator_client_id == client_id
             nursery.cancel_scope.cancel()
+
+
+async def test_websocket_and_heartbeats_on_another_node(tmp_path: Path) -> None:
+    """A WebSocket reader on B of a session owned by A (the mirror serves WebSocket as well),
+    and the SSE heartbeat of a quiet mirror stream."""
+    import msgspec
+    from trio_websocket import open_websocket_url
+
+    with redis_server(tmp_path / "redis") as redis, \
+            nodes(tmp_path, redis.url, "AB", "--heartbeat-ms", "300") as (a, b):
+        async with httpx.AsyncClient(base_url=a.url, timeout=TIMEOUT) as ca, \
+                httpx.AsyncClient(base_url=b.url, timeout=TIMEOUT) as cb, \
+                trio.open_nursery() as nursery:
+            sid = (await ca.post("/session", json={})).json()["sessionId"]
+            quiet = Subscriber(cb, f"/session/{sid}/events")
+            await nursery.start(cut_quietly, quiet)
+            await quiet.wait_raw(b": heartbeat\n\n")
+            url = b.url.replace("http://", "ws://") + f"/session/{sid}/ws?lastEventId=0"
+            async with open_websocket_url(url) as ws:
+                pid = (await ca.post(f"/session/{sid}/prompt", json={"prompt": [
+                    {"type": "text", "text": "mock:chunks=50 mock:delay_ms=0"}]})).json()[
+                    "promptId"]
+                frames: list[dict[str, Any]] = []
+                with trio.fail_after(20):
+                    while not frames or frames[-1].get("type") != "turn_complete":
+                        frames.append(msgspec.json.decode(await ws.get_message()))
+            assert frames[0]["type"] == "replay_complete"
+            ids = [f["id"] for f in frames if "id" in f]
+            assert ids == list(range(1, len(ids) + 1))
+            assert frames[-1]["data"]["promptId"] == pid
+            nursery.cancel_scope.cancel()
