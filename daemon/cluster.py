@@ -361,16 +361,22 @@ class ClusterNode:
         pause, up to a second) until it answers, so the op log never gets a hole: nothing
         after a failed batch can land before it. Only fencing ends it with ``False``."""
         pause = 0.05
+        progress = [0]  # items already in Redis: a retry starts after them
         while True:
             try:
-                return await self._ship_session(session_id, items)
+                return await self._ship_session(session_id, items, progress)
             except Exception as exc:
                 log.warning("event=cluster_append_failed session=%s error=%r retry_s=%.2f",
                             session_id, exc, pause)
             await trio.sleep(pause)
             pause = min(1.0, pause * 2)
 
-    async def _ship_session(self, session_id: str, items: list[_Pending]) -> bool:
+    async def _ship_session(self, session_id: str, items: list[_Pending],
+                            progress: list[int]) -> bool:
+        """Ship ``items[progress[0]:]``: one fenced script call per stretch between two
+        UpsertSessions (each of which first claims or sets the new bus's epoch). ``progress``
+        is advanced past every stretch Redis confirmed, so a retry after an error repeats
+        none of them."""
         if all(isinstance(item.op, LocalOnly) for item in items):
             return True
         if session_id in self.fenced:
@@ -379,13 +385,14 @@ class ClusterNode:
         runs: list[tuple[int, int, bytes]] = []
         last_event = 0
         closed = False
-        for index, item in enumerate(items):
-            op = item.op
+        for index in range(progress[0], len(items)):
+            op = items[index].op
             if isinstance(op, LocalOnly):
                 continue
             if isinstance(op, UpsertSession):
                 if not await self._flush(session_id, ops, runs, last_event):
                     return False
+                progress[0] = index
                 ops, runs, last_event = [], [], 0
                 if not await self._start_bus(session_id, op, items[index + 1:]):
                     return False
