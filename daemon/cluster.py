@@ -91,6 +91,7 @@ class Owned:
     """A session this node owns: its lease generation and what has been set up in Redis."""
 
     generation: int
+    log_len: int  # the op log's length in Redis, as this node's appends left it
     epoch: str | None = None  # the current bus's epoch once its UpsertSession was shipped
 
 
@@ -251,12 +252,12 @@ class ClusterNode:
         """Take the session's lease; its new generation, or ``None`` if another node has it."""
         keys = session_keys(session_id)
         result: Any = await self._claim(
-            keys=[keys.directory, keys.lease],
+            keys=[keys.directory, keys.lease, keys.ops],
             args=[self.node_id, self.node_url, workspace, epoch, self.lease_ms])
         ok, value = int(result[0]), int(result[1])
         if not ok:
             return None
-        self.owned[session_id] = Owned(value)
+        self.owned[session_id] = Owned(value, int(result[2]))
         self.fenced.discard(session_id)
         log.info("event=lease_claimed session=%s generation=%d", session_id, value)
         return value
@@ -442,12 +443,14 @@ class ClusterNode:
         keys = session_keys(session_id)
         ok: Any = await self._append(
             keys=[keys.directory, keys.ops, keys.events],
-            args=append_args(owned.generation, owned.epoch or "", self.events_cap, ops, runs))
+            args=append_args(owned.generation, owned.epoch or "", self.events_cap,
+                             owned.log_len, ops, runs))
         self.appends += 1
-        if not int(ok):
+        if int(ok) != 1:
             self.appends_fenced += 1
-            self._lost(session_id, "append fenced")
+            self._lost(session_id, "append fenced" if int(ok) == 0 else "op log diverged")
             return False
+        owned.log_len += len(ops)
         if last_event:
             self.durable[session_id] = max(self.durable.get(session_id, 0), last_event)
         return True

@@ -93,23 +93,33 @@ async def test_lease_and_fencing_scripts_on_a_real_redis(tmp_path: Path) -> None
             append = client.register_script(APPEND_SCRIPT)
             release = client.register_script(RELEASE_SCRIPT)
             lease = [keys.directory, keys.lease]
-            assert await claim(keys=lease, args=["A", "http://a", "/w", "e1", 60_000]) == [1, 1]
-            refused = await claim(keys=lease, args=["B", "http://b", "/w", "e1", 60_000])
+            claiming = [*lease, keys.ops]
+            assert await claim(keys=claiming, args=["A", "http://a", "/w", "e1", 60_000]) \
+                == [1, 1, 0]  # generation 1, an empty op log
+            refused = await claim(keys=claiming, args=["B", "http://b", "/w", "e1", 60_000])
             assert refused[0] == 0 and 0 < refused[1] <= 60_000  # the lease's remaining ms
             assert await client.get(keys.lease) == b"A 1"
             log = [keys.directory, keys.ops, keys.events]
-            assert await append(keys=log, args=append_args(1, "e1", 100, [b"op1"],
+            assert await append(keys=log, args=append_args(1, "e1", 100, 0, [b"op1"],
                                                           [(1, 2, b"x\ny")])) == 1
+            # The same batch again (its answer was lost): already there, not appended twice.
+            assert await append(keys=log, args=append_args(1, "e1", 100, 0, [b"op1"],
+                                                          [(1, 2, b"x\ny")])) == 1
+            assert await client.llen(keys.ops) == 1 and await client.xlen(keys.events) == 1
+            # A writer that lost track of the log is refused (-1), nothing lands.
+            assert await append(keys=log, args=append_args(1, "e1", 100, 5, [b"op?"], [])) == -1
+            assert await client.llen(keys.ops) == 1
             # The lease runs out (here: dropped, as its TTL would); B takes over.
             await client.delete([keys.lease])
-            assert await claim(keys=lease, args=["B", "http://b", "/w", "e2", 60_000]) == [1, 2]
+            assert await claim(keys=claiming, args=["B", "http://b", "/w", "e2", 60_000]) \
+                == [1, 2, 1]
             assert await renew(keys=lease, args=["A", 1, 60_000]) == 0
-            assert await append(keys=log, args=append_args(1, "e1", 100, [b"late"],
+            assert await append(keys=log, args=append_args(1, "e1", 100, 1, [b"late"],
                                                           [(3, 3, b"z")])) == 0
             assert await client.lrange(keys.ops, 0, -1) == [b"op1"]
             assert await client.xlen(keys.events) == 1
             assert await renew(keys=lease, args=["B", 2, 60_000]) == 1
-            assert await append(keys=log, args=append_args(2, "e2", 100, [b"op2"], [])) == 1
+            assert await append(keys=log, args=append_args(2, "e2", 100, 1, [b"op2"], [])) == 1
             assert await client.lrange(keys.ops, 0, -1) == [b"op1", b"op2"]
             entry = (await client.xrange(keys.events))[0].field_values
             assert (entry[b"e"], entry[b"f"], entry[b"l"], entry[b"b"]) == (

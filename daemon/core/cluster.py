@@ -173,9 +173,10 @@ def route(
 
 # --- the scripts (run atomically by Redis; every key in one slot) -----------------------------
 
-# KEYS: directory, lease. ARGV: node id, node url, workspace, epoch, lease ms.
+# KEYS: directory, lease, ops. ARGV: node id, node url, workspace, epoch, lease ms.
 # Claim the session when its lease is free or already ours; raise the generation.
-# Returns {1, generation} on success, {0, remaining lease ms} when another node holds it.
+# Returns {1, generation, op-log length} on success, {0, remaining lease ms} when another
+# node holds it.
 CLAIM_SCRIPT: Final = """
 local held = redis.call('GET', KEYS[2])
 if held then
@@ -188,7 +189,7 @@ local gen = redis.call('HINCRBY', KEYS[1], 'gen', 1)
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'url', ARGV[2], 'workspace', ARGV[3],
            'epoch', ARGV[4], 'closed', '0')
 redis.call('SET', KEYS[2], ARGV[1] .. ' ' .. gen, 'PX', ARGV[5])
-return {1, gen}
+return {1, gen, redis.call('LLEN', KEYS[3])}
 """
 
 # KEYS: directory, lease. ARGV: node id, generation, lease ms.
@@ -202,19 +203,30 @@ redis.call('SET', KEYS[2], ARGV[1] .. ' ' .. ARGV[2], 'PX', ARGV[3])
 return 1
 """
 
-# KEYS: directory, ops, events. ARGV: generation, epoch, events cap, n ops, then n encoded
-# ops, then triples (first id, last id, joined envelopes) for the event stream.
+# KEYS: directory, ops, events. ARGV: generation, epoch, events cap, the op log's length
+# before this batch, n ops, then n encoded ops, then triples (first id, last id, joined
+# envelopes) for the event stream.
 # Append only while the generation is the directory's: a stale owner's writes are refused
-# whole. Returns 1, or 0 when fenced.
+# whole. The expected length makes a resend idempotent: a batch that already landed (its
+# answer was lost) is not appended twice. Returns 1 (appended, or already there), 0 when
+# fenced, -1 when the op log is not where the owner thinks (it must not write on).
 APPEND_SCRIPT: Final = """
 if redis.call('HGET', KEYS[1], 'gen') ~= ARGV[1] then
   return 0
 end
-local n = tonumber(ARGV[4])
-for i = 5, 4 + n do
+local n = tonumber(ARGV[5])
+local have = redis.call('LLEN', KEYS[2])
+local expected = tonumber(ARGV[4])
+if n > 0 and have == expected + n then
+  return 1
+end
+if have ~= expected then
+  return -1
+end
+for i = 6, 5 + n do
   redis.call('RPUSH', KEYS[2], ARGV[i])
 end
-local i = 5 + n
+local i = 6 + n
 while i + 2 <= #ARGV do
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*',
              'e', ARGV[2], 'f', ARGV[i], 'l', ARGV[i + 1], 'b', ARGV[i + 2])
@@ -249,10 +261,11 @@ return 1
 """
 
 
-def append_args(generation: int, epoch: str, events_cap: int, ops: list[bytes],
+def append_args(generation: int, epoch: str, events_cap: int, log_len: int, ops: list[bytes],
                 runs: list[tuple[int, int, bytes]]) -> list[str | bytes | int]:
-    """``ARGV`` of :data:`APPEND_SCRIPT`."""
-    out: list[str | bytes | int] = [str(generation), epoch, events_cap, len(ops), *ops]
+    """``ARGV`` of :data:`APPEND_SCRIPT` (``log_len``: the op log's length before ``ops``)."""
+    out: list[str | bytes | int] = [str(generation), epoch, events_cap, log_len, len(ops),
+                                    *ops]
     for first, last, raw in runs:
         out += [first, last, raw]
     return out
