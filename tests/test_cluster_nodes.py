@@ -41,9 +41,11 @@ TIMEOUT = httpx.Timeout(30)
 
 
 @contextmanager
-def nodes(base: Path, redis_url: str, names: str, *extra: str,
-          token: str | None = None) -> Iterator[list[RunningDaemon]]:
-    env = {"QWEN_SERVER_TOKEN": token} if token is not None else None
+def nodes(base: Path, redis_url: str, names: str, *extra: str, token: str | None = None,
+          env: dict[str, str] | None = None) -> Iterator[list[RunningDaemon]]:
+    env = dict(env or {})
+    if token is not None:
+        env["QWEN_SERVER_TOKEN"] = token
     with ExitStack() as stack:
         out = []
         for name in names:
@@ -113,7 +115,7 @@ def test_node_refuses_redis_without_aof(tmp_path: Path) -> None:
 
 async def test_three_nodes_subscribe_forward_load_kill_take_over(tmp_path: Path) -> None:
     with redis_server(tmp_path / "redis") as redis, \
-            nodes(tmp_path, redis.url, "ABC") as (a, b, c):
+            nodes(tmp_path, redis.url, "ABC", env={"MOCK_ACP_LOAD_SESSION": "1"}) as (a, b, c):
         async with httpx.AsyncClient(base_url=a.url, timeout=TIMEOUT) as ca, \
                 httpx.AsyncClient(base_url=b.url, timeout=TIMEOUT) as cb, \
                 httpx.AsyncClient(base_url=c.url, timeout=TIMEOUT) as cc, \
@@ -176,6 +178,7 @@ async def test_three_nodes_subscribe_forward_load_kill_take_over(tmp_path: Path)
             # After it ran out, the first request takes the session over (here: C).
             _, status = await wait_status(cc, sid)
             assert status["ownerNodeId"] == "C"
+            assert "via=session/load" in c.stderr()  # the agent session itself came back
             epoch_c = status["eventEpoch"]
             assert epoch_c != epoch_a
             # The readers on B and C keep their streams: the resync of a new epoch, then the
