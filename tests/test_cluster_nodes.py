@@ -473,3 +473,39 @@ async def test_websocket_and_heartbeats_on_another_node(tmp_path: Path) -> None:
             assert ids == list(range(1, len(ids) + 1))
             assert frames[-1]["data"]["promptId"] == pid
             nursery.cancel_scope.cancel()
+
+
+async def test_slow_client_rules_on_another_node(tmp_path: Path) -> None:
+    """On B, a reader that stops reading (a raw socket with a small receive buffer) of a
+    session owned by A is warned and evicted by B's mirror, with the single-node rules, while
+    a healthy reader beside it on B loses nothing (turns of 1,500 events, each under the
+    healthy reader's caps even unread, the next one only once it has the terminal)."""
+    from tests.stalls import TURN_TEXT, open_stalled_sse
+
+    with redis_server(tmp_path / "redis") as redis, \
+            nodes(tmp_path, redis.url, "AB") as (a, b):
+        async with httpx.AsyncClient(base_url=a.url, timeout=TIMEOUT) as ca, \
+                httpx.AsyncClient(base_url=b.url, timeout=TIMEOUT) as cb, \
+                trio.open_nursery() as nursery:
+            sid = (await ca.post("/session", json={})).json()["sessionId"]
+            healthy = Subscriber(cb, f"/session/{sid}/events?maxQueued=2048",
+                                 {"Last-Event-ID": "0"})
+            await nursery.start(cut_quietly, healthy)
+            stalled = open_stalled_sse(b.url, sid)
+            last = None
+            for _ in range(10):
+                resp = await ca.post(f"/session/{sid}/prompt", json={"prompt": [
+                    {"type": "text", "text": TURN_TEXT}]})
+                last = await healthy.wait_for(is_terminal_for(resp.json()["promptId"]),
+                                              timeout=60)
+                if "event=client_evicted" in b.stderr():
+                    break
+            stalled.close()
+            log = b.stderr()
+            assert "event=slow_client_warning" in log and "event=client_evicted" in log
+            assert "event=client_evicted" not in a.stderr()  # B's rule, on B's readers
+            assert last is not None and last.type == "turn_complete" and last.id is not None
+            assert healthy.ids() == list(range(1, last.id + 1))
+            assert not healthy.of_type("client_evicted")
+            assert not healthy.of_type("state_resync_required")
+            nursery.cancel_scope.cancel()
