@@ -37,7 +37,18 @@ $(BROWSER_STAMP): $(STAMP)
 	@if command -v chromium >/dev/null; then touch $@; else \
 		echo "note: chromium is not installed, the browser tests will be skipped (apt-get install chromium)"; fi
 
-unit: $(STAMP) $(BROWSER_STAMP)
+# The cluster-mode tests start real redis-server processes (Debian's redis-server package, which
+# brings redis-cli too). Installed here when missing and run as root; otherwise those tests are
+# skipped with the reason. The stamp is only written once redis-server is there.
+REDIS_STAMP := $(VENV)/.redis
+$(REDIS_STAMP): $(STAMP)
+	@command -v redis-server >/dev/null || [ "$$(id -u)" != 0 ] || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; } || \
+		echo "note: apt-get install redis-server failed"
+	@if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then touch $@; else \
+		echo "note: redis-server is not installed, the cluster tests will be skipped (apt-get install redis-server)"; fi
+
+unit: $(STAMP) $(BROWSER_STAMP) $(REDIS_STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -n auto $(PYTEST_ARGS)
 
 test: check unit

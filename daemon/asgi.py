@@ -72,6 +72,9 @@ class DaemonASGI:
         self.stalled_write_s = manager.config.stalled_write_ms / 1000
         self.body_timeouts = LogThrottle(BODY_TIMEOUT_LOG_INTERVAL_S)
         self.ui = UiFiles()
+        # Cluster mode (daemon.cluster.ClusterRouter): routes requests for sessions this node
+        # does not run. None in single-node mode.
+        self.cluster: Any = None
 
     def _log_body_timeout(self, scope: Scope) -> None:
         count = self.body_timeouts.note(trio.current_time())
@@ -134,7 +137,10 @@ class DaemonASGI:
                 return
             if (kind == "http") == (which == "events"):
                 session = self.manager.get(session_id)
-                if session is None:
+                bus = session.bus if session is not None else None
+                if self.cluster is not None and session is None:
+                    bus = await self.cluster.stream_bus(session_id, self.manager.limits)
+                if bus is None:
                     body = {"error": f'No session with id "{session_id}"',
                             "code": "session_not_found", "sessionId": session_id}
                     if kind == "http":
@@ -143,10 +149,10 @@ class DaemonASGI:
                         await deny_ws(send, 404, body)
                     return
                 if kind == "http":
-                    await serve_sse(scope, receive, send, session.bus, headers, self.heartbeat_s,
+                    await serve_sse(scope, receive, send, bus, headers, self.heartbeat_s,
                                     self.stalled_write_s)
                 else:
-                    await serve_ws(scope, receive, send, session.bus, headers, self.heartbeat_s)
+                    await serve_ws(scope, receive, send, bus, headers, self.heartbeat_s)
                 return
         if kind == "websocket":
             await deny_ws(send, 404, {"error": "Route not found", "code": "route_not_found"})
@@ -170,6 +176,10 @@ class DaemonASGI:
             await _send_json(send, 413, {"error": "Request body too large (max 10 MB)",
                                          "code": "body_too_large"}, close=True)
             return
+        if self.cluster is not None:
+            if await self.cluster.handle(scope, receive, send, headers, request_body):
+                return
+            send = self.cluster.wrap_send(method, path, send)
         replay, shielded = _replay(request_body, receive), _shield_last_body(send)
         await self.app(scope, replay, shielded)  # type: ignore[arg-type]
 

@@ -512,6 +512,12 @@ class SessionBus:
 
     # -- subscribers ----------------------------------------------------------------------------
 
+    def take_resync(self, sub: Subscription) -> Event | None:
+        """A frame to send ``sub`` before its next events; only a cluster mirror
+        (``daemon.cluster.MirrorBus``) has any, when the session moved to a new epoch."""
+        del sub
+        return None
+
     def add_subscriber(self, sub: Subscription) -> None:
         self.subscribers.add(sub)
 

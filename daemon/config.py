@@ -35,6 +35,8 @@ DEFAULT_AGENT_IDLE_MS = 300_000
 DEFAULT_AGENT_INIT_TIMEOUT_MS = 30_000
 DEFAULT_BODY_TIMEOUT_MS = 10_000
 DEFAULT_STALLED_WRITE_MS = 30_000  # two heartbeat intervals
+DEFAULT_LEASE_MS = 10_000
+NODE_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 APPROVAL_MODES = ("default", "plan", "auto-edit", "auto", "yolo")
 TOKEN_ENV = "QWEN_SERVER_TOKEN"
 ENV_PREFIX = "TURNKEEPER_"
@@ -78,6 +80,13 @@ class DaemonConfig:
     body_timeout_ms: int = DEFAULT_BODY_TIMEOUT_MS
     # An SSE write that makes no progress this long is cut (the peer stopped reading).
     stalled_write_ms: int = DEFAULT_STALLED_WRITE_MS
+    # Cluster mode (daemon/cluster.py): the Redis URL it joins (None: single node), how other
+    # nodes reach this one (None: from the bound address), this node's id (None: random,
+    # chosen at start) and the session lease.
+    cluster_redis: str | None = None
+    node_url: str | None = None
+    node_id: str | None = None
+    lease_ms: int = DEFAULT_LEASE_MS
 
     @property
     def is_loopback(self) -> bool:
@@ -180,6 +189,9 @@ _DEFAULT_TEXT = {
     "agent": "the bundled mock agent",
     "workspace": "the directory the daemon starts in",
     "allow_origin": "none",
+    "cluster_redis": "none (single node)",
+    "node_url": "http://<--hostname>:<bound port>",
+    "node_id": "random, printed at start",
 }
 
 
@@ -280,6 +292,15 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                         "its headers (408)")
     p.add_argument("--stalled-write-ms", default=str(DEFAULT_STALLED_WRITE_MS),
                    help="cut an event stream whose write has made no progress this long")
+    p.add_argument("--cluster-redis", default=None, metavar="URL",
+                   help="join a cluster of daemons on this Redis (redis://host:port/db); "
+                        "the transcript and the event streams then live there")
+    p.add_argument("--node-url", default=None, metavar="URL",
+                   help="how the other nodes of the cluster reach this node's HTTP API")
+    p.add_argument("--node-id", default=None, metavar="ID",
+                   help="this node's id in the cluster (letters, digits, '-', '_', '.')")
+    p.add_argument("--lease-ms", default=str(DEFAULT_LEASE_MS),
+                   help="how long a node owns a session without renewing its lease")
     _document(p)
     return p
 
@@ -348,6 +369,21 @@ def _validate(ns: argparse.Namespace, env: Mapping[str, str]) -> DaemonConfig:
     for origin in ns.allow_origin:
         if not origin:
             raise ConfigError("--allow-origin must not be empty")
+    cluster_redis: str | None = ns.cluster_redis or None
+    if cluster_redis is not None:
+        if not cluster_redis.startswith(("redis://", "rediss://")):
+            raise ConfigError(f"--cluster-redis must be a redis:// or rediss:// URL, "
+                              f"got {cluster_redis!r}")
+        if ns.no_persistence:
+            raise ConfigError("--cluster-redis needs the transcript: it cannot be combined "
+                              "with --no-persistence")
+    node_url: str | None = ns.node_url or None
+    if node_url is not None and not node_url.startswith(("http://", "https://")):
+        raise ConfigError(f"--node-url must be an http:// or https:// URL, got {node_url!r}")
+    node_id: str | None = ns.node_id or None
+    if node_id is not None and (len(node_id) > 64 or not set(node_id) <= NODE_ID_CHARS):
+        raise ConfigError(f"--node-id must be 1-64 letters, digits, '-', '_' or '.', "
+                          f"got {node_id!r}")
     return DaemonConfig(
         hostname=hostname,
         port=port,
@@ -378,4 +414,8 @@ def _validate(ns: argparse.Namespace, env: Mapping[str, str]) -> DaemonConfig:
         ws_ping_ms=_positive_int("--ws-ping-ms", ns.ws_ping_ms),
         body_timeout_ms=_positive_int("--body-timeout-ms", ns.body_timeout_ms),
         stalled_write_ms=_positive_int("--stalled-write-ms", ns.stalled_write_ms),
+        cluster_redis=cluster_redis,
+        node_url=node_url,
+        node_id=node_id,
+        lease_ms=_positive_int("--lease-ms", ns.lease_ms),
     )

@@ -424,6 +424,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
                                        truncated_events=journal.truncated_events,
                                        retained_events=journal.retained_events),
             server_time=now_ms(),
+            owner_node_id=manager.node_id if manager.node_id is not None else msgspec.UNSET,
         ))
 
     @app.post("/session/<session_id>/detach")

@@ -130,6 +130,8 @@ class SessionManager:
             event_ring_bytes=config.event_ring_bytes,
         )
         self.shutting_down = False
+        # Cluster mode: this node's id (GET /session/{id}/status shows it as ownerNodeId).
+        self.node_id: str | None = None
 
     @property
     def restore_lock_count(self) -> int:

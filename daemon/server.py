@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+import uuid
 from functools import partial
 from pathlib import Path
 from typing import IO, Any
@@ -132,7 +133,21 @@ async def run_daemon(
     try:
         async with trio.open_nursery() as root:
             writer: TranscriptWriter | None = None
-            if store is not None:
+            cluster: Any = None
+            if config.cluster_redis is not None and store is not None:
+                # Only here is cluster mode (and coredis) imported: single-node mode never is.
+                from .cluster import ClusterNode, ClusterStartError, ClusterWriter
+                cluster = ClusterNode(
+                    config.cluster_redis, config.node_id or f"node-{uuid.uuid4().hex[:12]}",
+                    config.node_url or f"http://{config.hostname}:{config.port}",
+                    config.lease_ms, config.event_ring_size)
+                writer = cluster_writer = ClusterWriter(store, cluster)
+                await root.start(writer.run)
+                try:
+                    await root.start(cluster.run)
+                except ClusterStartError as exc:
+                    raise DaemonStartError(str(exc)) from None
+            elif store is not None:
                 writer = TranscriptWriter(store)
                 await root.start(writer.run)
             manager = SessionManager(config, writer, root)
@@ -142,6 +157,11 @@ async def run_daemon(
                           require_auth=config.require_auth)
             asgi = DaemonASGI(create_app(config, manager), manager, guard,
                               config.heartbeat_ms / 1000)
+            if cluster is not None:
+                from .cluster import ClusterRouter
+                cluster.attach(manager)
+                manager.node_id = cluster.node_id
+                asgi.cluster = ClusterRouter(cluster, manager, cluster_writer)
             stop_http = trio.Event()
             try:
                 binds: list[str] = await root.start(partial(
@@ -155,6 +175,11 @@ async def run_daemon(
                     f"cannot listen on {config.hostname}:{config.port}: "
                     f"{bind_error.strerror or bind_error}") from None
             url = binds[0] if binds else f"http://{config.hostname}:{config.port}"
+            if cluster is not None:
+                if config.node_url is None:
+                    cluster.node_url = url  # the bound port (--port 0 picks one)
+                print(f"cluster: node {cluster.node_id} at {cluster.node_url} on "
+                      f"{config.cluster_redis}", file=stream, flush=True)
             auth = ' -H "Authorization: Bearer $QWEN_SERVER_TOKEN"' if config.token else ""
             print(f"turnkeeper daemon listening on {url}", file=stream, flush=True)
             print(startup_hint(config), file=stream, flush=True)
@@ -174,6 +199,9 @@ async def run_daemon(
                 await trio.sleep_forever()
             with trio.move_on_after(SHUTDOWN_BUDGET_S) as budget:
                 await manager.shutdown()
+                if cluster is not None:
+                    await cluster.release_all()
+                    await asgi.cluster.aclose()
                 stop_http.set()
                 if writer is not None:
                     await writer.aclose()

@@ -198,6 +198,9 @@ class EventPump:
         return False
 
     def _take_warning(self) -> Event | None:
+        resync = self.bus.take_resync(self.sub)  # a cluster mirror moved to a new epoch
+        if resync is not None:
+            return resync
         warning = self.sub.pending_warning
         self.sub.pending_warning = None
         if warning is None:

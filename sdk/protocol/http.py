@@ -433,6 +433,8 @@ class SessionStatusResponse(_Body, kw_only=True):
     clients_evicted: int
     journal: JournalStatus
     server_time: int
+    # Cluster mode only: the node that runs the session.
+    owner_node_id: str | UnsetType = UNSET
 
 
 class HeartbeatResponse(_Body, kw_only=True):

@@ -1,0 +1,132 @@
+"""The Redis test fixtures themselves (tests/cluster_support.py): a real redis-server with AOF
+on, reaped when its context ends; a real 3-master Redis Cluster on which the session keys'
+``{sessionId}`` hash tag keeps a multi-key script on one slot, for sessions spread over every
+master. coredis drives both under Trio."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.cluster_support import (
+    HAVE_REDIS,
+    SKIP_REASON,
+    RedisServer,
+    redis_cluster,
+    redis_server,
+)
+
+pytestmark = pytest.mark.skipif(not HAVE_REDIS, reason=SKIP_REASON)
+coredis = pytest.importorskip("coredis", reason="coredis is not installed (pip install '.[cluster]')")
+
+
+async def test_server_has_aof_on_and_is_reaped(tmp_path: Path) -> None:
+    with redis_server(tmp_path / "r") as server:
+        client = coredis.Redis(host="127.0.0.1", port=server.port)
+        async with client:
+            assert await client.config_get(["appendonly"]) == {b"appendonly": b"yes"}
+            await client.set("k", "v")
+            assert await client.get("k") == b"v"
+        proc = server.proc
+    assert proc.poll() is not None  # stopped and reaped, not left behind
+
+
+async def test_server_without_aof(tmp_path: Path) -> None:
+    with redis_server(tmp_path / "r", appendonly=False) as server:
+        assert server.cli("CONFIG", "GET", "appendonly").split() == ["appendonly", "no"]
+
+
+async def test_cluster_runs_hash_tagged_scripts_on_every_master(tmp_path: Path) -> None:
+    with redis_cluster(tmp_path / "c") as cluster:
+        ports = [m.port for m in cluster.masters]
+        client = coredis.RedisCluster(host="127.0.0.1", port=ports[0])
+        script = ("redis.call('SET', KEYS[1], ARGV[1]); "
+                  "return redis.call('INCR', KEYS[2])")
+        owners: set[int] = set()
+        async with client:
+            fenced = client.register_script(script)
+            for n in range(12):
+                sid = f"session-{n}"
+                assert await fenced(keys=[f"tk:{{{sid}}}:a", f"tk:{{{sid}}}:b"],
+                                    args=[sid]) == 1
+                assert await client.get(f"tk:{{{sid}}}:a") == sid.encode()
+                slot = int(cluster.masters[0].cli("CLUSTER", "KEYSLOT", f"tk:{{{sid}}}:a"))
+                owners.add(_master_of(cluster.masters, slot))
+        procs = [m.proc for m in cluster.masters]
+    assert len(owners) == 3  # the sessions really were spread over the three masters
+    assert all(proc.poll() is not None for proc in procs)
+
+
+def _master_of(masters: list[RedisServer], slot: int) -> int:
+    """The port of the master serving ``slot`` (from ``CLUSTER NODES``)."""
+    for line in masters[0].cli("CLUSTER", "NODES").splitlines():
+        fields = line.split()
+        port = int(fields[1].split(":")[1].split("@")[0])
+        for part in fields[8:]:
+            lo, _, hi = part.partition("-")
+            if int(lo) <= slot <= int(hi or lo):
+                return port
+    raise AssertionError(f"no master serves slot {slot}")
+
+
+async def test_lease_and_fencing_scripts_on_a_real_redis(tmp_path: Path) -> None:
+    """The scripts of daemon/core/cluster.py as Redis runs them: a claim while another node
+    holds the lease is refused; after the lease is gone the next claim raises the generation;
+    from then on the old generation can neither renew nor append (nothing of it lands), the
+    new one can."""
+    from daemon.core.cluster import (
+        APPEND_SCRIPT,
+        CLAIM_SCRIPT,
+        RELEASE_SCRIPT,
+        RENEW_SCRIPT,
+        append_args,
+        session_keys,
+    )
+
+    keys = session_keys("s1")
+    with redis_server(tmp_path / "r") as server:
+        client = coredis.Redis(host="127.0.0.1", port=server.port)
+        async with client:
+            claim = client.register_script(CLAIM_SCRIPT)
+            renew = client.register_script(RENEW_SCRIPT)
+            append = client.register_script(APPEND_SCRIPT)
+            release = client.register_script(RELEASE_SCRIPT)
+            lease = [keys.directory, keys.lease]
+            claiming = [*lease, keys.ops]
+            assert await claim(keys=claiming, args=["A", "http://a", "/w", "e1", 60_000]) \
+                == [1, 1, 0]  # generation 1, an empty op log
+            refused = await claim(keys=claiming, args=["B", "http://b", "/w", "e1", 60_000])
+            assert refused[0] == 0 and 0 < refused[1] <= 60_000  # the lease's remaining ms
+            assert await client.get(keys.lease) == b"A 1"
+            log = [keys.directory, keys.ops, keys.events]
+            assert await append(keys=log, args=append_args(1, "e1", 100, 0, [b"op1"],
+                                                          [(1, 2, b"x\ny")])) == 1
+            # The same batch again (its answer was lost): already there, not appended twice.
+            assert await append(keys=log, args=append_args(1, "e1", 100, 0, [b"op1"],
+                                                          [(1, 2, b"x\ny")])) == 1
+            assert await client.llen(keys.ops) == 1 and await client.xlen(keys.events) == 1
+            # A writer that lost track of the log is refused (-1), nothing lands.
+            assert await append(keys=log, args=append_args(1, "e1", 100, 5, [b"op?"], [])) == -1
+            assert await client.llen(keys.ops) == 1
+            # The lease runs out (here: dropped, as its TTL would); B takes over.
+            await client.delete([keys.lease])
+            assert await claim(keys=claiming, args=["B", "http://b", "/w", "e2", 60_000]) \
+                == [1, 2, 1]
+            assert await renew(keys=lease, args=["A", 1, 60_000]) == 0
+            assert await append(keys=log, args=append_args(1, "e1", 100, 1, [b"late"],
+                                                          [(3, 3, b"z")])) == 0
+            assert await client.lrange(keys.ops, 0, -1) == [b"op1"]
+            assert await client.xlen(keys.events) == 1
+            assert await renew(keys=lease, args=["B", 2, 60_000]) == 1
+            assert await append(keys=log, args=append_args(2, "e2", 100, 1, [b"op2"], [])) == 1
+            assert await client.lrange(keys.ops, 0, -1) == [b"op1", b"op2"]
+            entry = (await client.xrange(keys.events))[0].field_values
+            assert (entry[b"e"], entry[b"f"], entry[b"l"], entry[b"b"]) == (
+                b"e1", b"1", b"2", b"x\ny")
+            # A stale release does nothing; the owner's frees the lease at once.
+            assert await release(keys=lease, args=["A", 1, "1"]) == 0
+            assert await client.exists([keys.lease]) == 1
+            assert await release(keys=lease, args=["B", 2, "1"]) == 1
+            assert await client.exists([keys.lease]) == 0
+            assert await client.hget(keys.directory, "closed") == b"1"
