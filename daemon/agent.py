@@ -457,10 +457,10 @@ class AgentChannel:
 
     def _dispatch_group_lines(self) -> int:
         """The smallest group any attached sink allows (the default without sinks)."""
-        sinks = self._sinks
+        sinks = self._client.attached()
         if not sinks:
             return DISPATCH_GROUP_LINES
-        return max(1, min(sink.dispatch_group_lines() for sink in sinks.values()))
+        return max(1, min(sink.dispatch_group_lines() for sink in sinks))
 
     def _end_of_stdout(self, reason: str) -> None:
         if not self._stdout_eof.is_set():

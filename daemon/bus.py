@@ -57,11 +57,13 @@ FLOW_BUDGET_MAX = FLOW_STALL_S
 # The agent reader publishes at most this many lines of a read before it yields so that
 # subscribers write (SessionBus.dispatch_group_lines): a quarter of the smallest subscriber's
 # maxQueued, so that one group moves a subscriber that flow control let through (under half
-# its cap) to under three quarters of it, never over; without subscribers, DISPATCH_GROUP_MAX.
+# its cap) to under three quarters of it, never over; and never more than DISPATCH_GROUP_MAX:
+# larger groups let one load generator feeding 64 subscribers fall behind until flow
+# control's budget ran out and readers were evicted (the e2e benchmark's 64-subscriber row).
 # Every group costs a flush, a wake-up and a write per subscriber whatever its size, so the
 # largest safe group is the cheapest.
 DISPATCH_GROUP_FRACTION = 0.25
-DISPATCH_GROUP_MAX = 1024
+DISPATCH_GROUP_MAX = 64
 
 # ``publish(event_type, data)``: the untyped form, for callers outside the daemon (the
 # benchmarks) that publish plain values. The daemon itself publishes typed payloads.

@@ -124,10 +124,10 @@ def test_the_dispatch_group_is_a_quarter_of_the_smallest_cap() -> None:
     assert bus.dispatch_group_lines() == DISPATCH_GROUP_MAX  # nobody to fall behind
     wide = Subscription(SubscriberState(0, max_queued=2048))
     bus.add_subscriber(wide)
-    assert bus.dispatch_group_lines() == 512
-    narrow = Subscription(SubscriberState(0, max_queued=256))
+    assert bus.dispatch_group_lines() == DISPATCH_GROUP_MAX == 64  # a quarter would be 512
+    narrow = Subscription(SubscriberState(0, max_queued=128))
     bus.add_subscriber(narrow)
-    assert bus.dispatch_group_lines() == 64  # the smallest cap decides
+    assert bus.dispatch_group_lines() == 32  # the smallest cap decides
     bus.add_subscriber(Subscription(SubscriberState(0, max_queued=16)))
     assert bus.dispatch_group_lines() == 4
     bus.remove_subscriber(narrow)

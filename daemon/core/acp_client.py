@@ -307,6 +307,10 @@ class AcpClient(Generic[S, W]):
     def detach(self, acp_session_id: str) -> None:
         self._sinks.pop(acp_session_id, None)
 
+    def attached(self) -> list[S]:
+        """The sinks attached now."""
+        return list(self._sinks.values())
+
     def is_loading(self, acp_session_id: str) -> bool:
         return acp_session_id in self._loading
 
