@@ -46,6 +46,7 @@ from daemon.core.subscriber import (
 )
 from daemon.session import Session
 from daemon.streams import SSE_HEARTBEAT, SSE_RETRY
+from sdk.protocol.envelope import decode_event, encode_envelope
 
 GOLDEN = Path(__file__).parent / "fixtures" / "wire_golden.txt"
 SAMPLES = Path(__file__).parent / "fixtures" / "wire_samples.json"
@@ -379,6 +380,30 @@ async def test_every_frame_is_byte_identical_to_the_golden_capture(ids: _Ids) ->
     types = {json.loads(raw)["type"] for name, items in got.items() if name != "sse"
              for raw in items}
     assert EXPECTED_TYPES <= types
+
+
+async def test_the_sdk_decodes_each_frame_into_the_struct_the_daemon_encoded(ids: _Ids) -> None:
+    """One definition per wire shape, both ways: every frame decodes (sdk.protocol) into its
+    typed payload, and that Struct encodes to the payload bytes that were sent (so the Struct
+    names every field the daemon sends, in its order); for frames the daemon laid out, the
+    envelope re-encoded from the decoded event is the frame itself."""
+    got = await produce(ids)
+    typed = 0
+    for name, items in got.items():
+        if name == "sse":
+            continue
+        for raw in items:
+            event = decode_event(raw)
+            assert event is not None, raw
+            payload = event.payload
+            assert payload is not None, raw
+            assert msgspec.json.encode(payload) == msgspec.json.encode(event.data), raw
+            typed += 1
+            if name in ("session", "died", "deadline", "resume", "slow_client"):
+                assert encode_envelope(
+                    event.type, payload, event_id=event.id, prompt_id=event.prompt_id,
+                    originator_client_id=event.originator_client_id, meta=event.meta) == raw
+    assert typed == sum(len(items) for name, items in got.items() if name != "sse")
 
 
 def _sample_payloads() -> dict[str, list[Any]]:
