@@ -33,11 +33,8 @@ from types import FrameType
 from typing import Any
 
 from benchmarks import (
-<<<<<<< HEAD
     client,
-=======
     cluster,
->>>>>>> wt3-cluster
     crash_loss,
     e2e,
     launcher,
@@ -149,13 +146,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark(repair_cost.NAME, repair_cost.TITLE, repair_cost.add_arguments, repair_cost.run),
     Benchmark(crash_loss.NAME, crash_loss.TITLE, crash_loss.add_arguments, crash_loss.run),
     Benchmark(stall_cut.NAME, stall_cut.TITLE, stall_cut.add_arguments, stall_cut.run),
-<<<<<<< HEAD
     Benchmark(client.NAME, client.TITLE, client.add_arguments, client.run),
-=======
     # Needs redis-server and starts three nodes: only when named.
     Benchmark(cluster.NAME, cluster.TITLE, cluster.add_arguments, cluster.run,
               in_default_run=False),
->>>>>>> wt3-cluster
 )
 
 

@@ -4,7 +4,7 @@ Run ``python -m benchmarks.journal [--quick]``; a harness calls :func:`run`. Eac
 median of several trials timed with ``time.perf_counter``; baselines are measured in the same
 run so the ratios survive a slow or busy machine better than the absolute rates do.
 
-Targets (SPEC §2.2 cost rule, DESIGN "Speed"):
+Targets:
 
 * ``LiveJournal.append`` at the caps (10,000 entries / 8 MiB prefilled) >= 300,000 events/s;
 * at-cap cost within 1.3x of the cost on an empty journal;
@@ -233,7 +233,7 @@ def _at_cap_trial(events: Sequence[Event], prefill: Sequence[Event], pair: bool 
 
 
 def _bus_limits() -> BusLimits:
-    """The daemon's default limits (SPEC §2.2, §4.1)."""
+    """The daemon's default limits."""
     return BusLimits(DEFAULT_MAX_EVENTS, DEFAULT_MAX_BYTES, 4 * 1024 * 1024, 8000)
 
 

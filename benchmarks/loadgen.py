@@ -257,7 +257,7 @@ def run_round(args: argparse.Namespace, out: IO[str], announce: bool, deadline: 
     """Open every subscriber, read until each is finished, return their reports.
 
     With ``--reconnect``, a subscriber that is evicted resumes from its last id with the
-    stream's epoch, as a client must (SPEC §4.2), and is finished only by ``--until`` or the
+    stream's epoch, as a client must, and is finished only by ``--until`` or the
     end of a stream; its report then says ``evicted`` and how many times it reconnected.
     """
     request = _request(args.host, args.port, args.session, args.max_queued, args.last_event_id,

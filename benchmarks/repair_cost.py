@@ -243,7 +243,7 @@ def _su(update: dict[str, object], event_id: int, prompt: str | None = None) -> 
 
 
 def scale_rows(ctx: Context) -> list[Row]:
-    """The model's side of a repair at scale (CLIENT-SPEC §4.4): replay a 200,000-block history
+    """The model's side of a repair at scale: replay a 200,000-block history
     plus a 10,000-entry live journal (with its marker), then commit a repair on top; reports the
     time of each step and checks the unchanged blocks are shared, not copied."""
     history_n, live_n = ctx.pick(200_000, 20_000), ctx.pick(10_000, 1_000)

@@ -1,4 +1,4 @@
-"""The session bus: the publish pipeline and subscriber wake-ups (SPEC §4.1). Trio shell.
+"""The session bus: the publish pipeline and subscriber wake-ups. Trio shell.
 
 Publishing takes a typed payload (:mod:`sdk.protocol.events`), assigns the id, encodes once
 (``envelope.typed_event``), appends to the ring, feeds

@@ -141,7 +141,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         return session
 
     async def live_or_restored(session_id: str) -> Session:
-        """Load and resume (and only they) bring a persisted session back (SPEC §6.2)."""
+        """Load and resume (and only they) bring a persisted session back."""
         try:
             session = await manager.restore(session_id)
         except AgentUnavailable as exc:

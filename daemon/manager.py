@@ -288,7 +288,7 @@ class SessionManager:
         return session
 
     async def restore(self, session_id: str) -> Session | None:
-        """Bring a persisted session back (SPEC §6.2); ``None`` if there is nothing to restore.
+        """Bring a persisted session back; ``None`` if there is nothing to restore.
 
         Closes interrupted prompts in one transaction, seeds the replay window from the newest
         stored turns, and restores the agent session with ``session/load`` when the agent

@@ -1,4 +1,4 @@
-"""SSE and WebSocket event streams (SPEC §4.2–§4.4), as plain ASGI handlers. Trio shell.
+"""SSE and WebSocket event streams, as plain ASGI handlers. Trio shell.
 
 Written against ASGI directly rather than as Quart streaming responses so that each stream owns
 its cancel scope in an ordinary coroutine (never across an async-generator ``yield``), writes
@@ -269,7 +269,7 @@ def replay_groups(events: Sequence[Event], max_bytes: int = REPLAY_CHUNK_BYTES
 async def replay_events(sub: Subscription, events: Sequence[Event],
                         write: Callable[[Sequence[Event]], Awaitable[None]]) -> bool:
     """Replay ``events`` group by group, keeping the subscriber's replay position current so
-    the slow-client rules see a stalled replay (SPEC §4.3). False if it was evicted meanwhile
+    the slow-client rules see a stalled replay. False if it was evicted meanwhile
     (the rest of the replay is not sent)."""
     state = sub.state
     if not events:

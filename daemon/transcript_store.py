@@ -1,4 +1,4 @@
-"""The durable transcript: schema and SQL over one SQLite file (SPEC §5, store side of §6.2).
+"""The durable transcript: schema and SQL over one SQLite file.
 
 Synchronous and trio-free: :class:`~daemon.transcript_writer.TranscriptWriter` calls it from a
 worker thread, one call at a time, on the one connection this object owns.
@@ -127,8 +127,7 @@ class TranscriptSchemaError(Exception):
 
 
 class InvalidCursor(ValueError):
-    """A page cursor or ``beforeRecordId`` that names no record of the session (SPEC §5: 400
-    ``invalid_transcript_cursor``)."""
+    """A page cursor or ``beforeRecordId`` that names no record of the session."""
 
 
 def _encode_cursor(record_id: str) -> str:
@@ -390,7 +389,7 @@ class TranscriptStore:
 
     def prompt_terminals(self, session_id: str, limit: int = 64) -> list[dict[str, Any]]:
         """The last ``limit`` ledger terminals, oldest first, in the load body's shape
-        ``{v:1, promptId, terminal, stopReason?, at}`` (SPEC §6.3)."""
+        ``{v:1, promptId, terminal, stopReason?, at}``."""
         rows = self._conn.execute(
             "SELECT prompt_id, state, stop_reason, ended_at FROM ("
             "  SELECT prompt_id, state, stop_reason, ended_at, terminal_seq FROM prompts"
@@ -471,7 +470,7 @@ class TranscriptStore:
         cursor: str | None = None,
         before_record_id: str | None = None,
     ) -> TranscriptPage:
-        """A page of the transcript, going back in time (SPEC §5).
+        """A page of the transcript, going back in time.
 
         No cursor and no ``before_record_id``: the newest ``limit`` records, then the raw
         events of the unfinished turn (not counted in ``limit``). ``before_record_id=X``: the
@@ -522,7 +521,7 @@ class TranscriptStore:
         """The newest whole turns whose records fit ``max_bytes`` together (always at least the
         newest turn, like the replay window keeps its newest segment), oldest turn first; plus
         the number of older records and of older turns left out. For seeding the replay window
-        on restore (SPEC §6.2)."""
+        on restore."""
         conn = self._conn
         keep_from: int | None = None  # lowest turn number kept
         total = 0

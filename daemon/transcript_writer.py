@@ -1,4 +1,4 @@
-"""The transcript writer: a Trio task that group-commits transcript ops (SPEC §5).
+"""The transcript writer: a Trio task that group-commits transcript ops.
 
 The bus calls :meth:`TranscriptWriter.submit` on its publish path; that only appends to an
 in-memory queue. One loop takes everything queued (up to ``max_batch``) and applies it to the

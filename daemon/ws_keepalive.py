@@ -1,4 +1,4 @@
-"""WebSocket keepalive: a ping every interval, and close 1011 after two missed pongs (SPEC §4.4).
+"""WebSocket keepalive: a ping every interval, and close 1011 after two missed pongs.
 
 Hypercorn sends pings when ``websocket_ping_interval`` is set but ignores the pongs, and ASGI
 gives an application no access to either. This module adds the missing half to Hypercorn's

@@ -1,4 +1,4 @@
-"""The Trio HTTP client for the daemon (CLIENT-SPEC §2, SPEC §6.1) and its SSE event stream.
+"""The Trio HTTP client for the daemon and its SSE event stream.
 
 One :class:`DaemonClient` owns one ``httpx.AsyncClient`` (one connection pool); httpx runs on
 Trio through anyio. Every route returns a typed msgspec Struct; every failure is mapped to the

@@ -1,4 +1,4 @@
-"""The SDK's one small error hierarchy (CLIENT-SPEC §2) and the retriable/final predicate.
+"""The SDK's one small error hierarchy and the retriable/final predicate.
 
     DaemonError
     ├── DaemonHTTPError(status, body, code)      any non-2xx answer

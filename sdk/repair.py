@@ -1,4 +1,4 @@
-"""Live-journal repair: the pure rules (CLIENT-SPEC §3.1–§3.4).
+"""Live-journal repair: the pure rules.
 
 When a load snapshot shows a recoverable live-turn marker, the visible tail of that turn is
 incomplete. After the turn's formal terminal the daemon's compacted turn is complete again, so

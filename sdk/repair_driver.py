@@ -1,4 +1,4 @@
-"""The Trio driver of a live-journal repair episode (CLIENT-SPEC §3.2–§3.3).
+"""The Trio driver of a live-journal repair episode.
 
 The rules are pure and live in :mod:`sdk.repair`; this module owns the lifetimes. A
 :class:`RepairDriver` follows one session for a UI (the WebUI model's provider, a CLI, a test):

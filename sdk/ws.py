@@ -1,4 +1,4 @@
-"""The WebSocket variant of the event stream (SPEC §4.4) over ``trio-websocket``.
+"""The WebSocket variant of the event stream over ``trio-websocket``.
 
 ``GET /session/{id}/ws?lastEventId=&epoch=&maxQueued=`` carries the same envelopes as the SSE
 stream, one JSON text message each, with the same resume algorithm. The cursor travels in the

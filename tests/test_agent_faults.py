@@ -1,4 +1,4 @@
-"""Misbehaving agents against the real daemon (SPEC §6.4): garbage and oversized stdout lines
+"""Misbehaving agents against the real daemon: garbage and oversized stdout lines
 mid-turn, replies for requests nobody sent, and agents that never finish ``initialize``.
 
 One daemon runs ``tests/agents/faulty_agent.py``; the daemon starts one agent per workspace,

@@ -1,4 +1,4 @@
-"""TurnCompactor (SPEC §3.1) and stamp_record (SPEC §5)."""
+"""TurnCompactor and stamp_record."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Memory replay vs configured replay (SPEC §6.2), the replay-window marker and its paging
-anchor (SPEC §3.2), and transcript pages over HTTP (SPEC §5)."""
+"""Memory replay vs configured replay, the replay-window marker and its paging
+anchor, and transcript pages over HTTP."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Cold restore (SPEC §6.2): SIGKILL the daemon while a full-speed turn streams, restart it on
+"""Cold restore: SIGKILL the daemon while a full-speed turn streams, restart it on
 the same data directory, and load the old session: nothing up to the last durableEventId read
 is lost, what survived is exactly what the subscriber received (in order, no duplicates), the
 interrupted prompt is closed with exactly one terminal, and the session keeps working. The

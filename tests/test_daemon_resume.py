@@ -1,4 +1,4 @@
-"""SSE resume against the real daemon (SPEC §4.2): cursor inside the ring, before the ring,
+"""SSE resume against the real daemon: cursor inside the ring, before the ring,
 wrong epoch, and no gap or duplicate while events keep flowing during the replay."""
 
 from __future__ import annotations

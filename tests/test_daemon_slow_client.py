@@ -1,4 +1,4 @@
-"""Slow clients (SPEC §4.3): a subscriber that stops reading — a raw socket with a small receive
+"""Slow clients: a subscriber that stops reading — a raw socket with a small receive
 buffer, never a sleep — is warned, evicted, and its stalled connection cut within the bound,
 while a healthy subscriber on the same session is never evicted and receives every event in
 order.

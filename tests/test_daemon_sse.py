@@ -1,4 +1,4 @@
-"""SSE wire details (SPEC §4.2): response headers, the retry preamble, frame format, and the
+"""SSE wire details: response headers, the retry preamble, frame format, and the
 heartbeat comment on idle streams (daemon started with a short --heartbeat-ms)."""
 
 from __future__ import annotations

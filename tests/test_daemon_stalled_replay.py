@@ -1,4 +1,4 @@
-"""Subscribers that stall while replaying are evicted like live ones (SPEC §4.3), over SSE and
+"""Subscribers that stall while replaying are evicted like live ones, over SSE and
 WebSocket alike (issue: 64 subscribers replaying a full ring and never reading held every
 subscriber slot for good, and every new subscriber got 429).
 

@@ -1,4 +1,4 @@
-"""The WebSocket variant (SPEC §4.4) against the real daemon: same envelopes as JSON text
+"""The WebSocket variant against the real daemon: same envelopes as JSON text
 messages, the same resume algorithm, plain HTTP answers to bad upgrades, close 1000 at the
 session's end."""
 

@@ -1,4 +1,4 @@
-"""A full disk, injected for real, never makes ``durableEventId`` lie (SPEC §5, §6.2).
+"""A full disk, injected for real, never makes ``durableEventId`` lie.
 
 The daemon subprocess gets a file-size limit (``RLIMIT_FSIZE``, set on the running process with
 ``prlimit``; CPython ignores ``SIGXFSZ``, so SQLite's writes past the limit fail with ``EFBIG``)

@@ -1,4 +1,4 @@
-"""Hostile HTTP input against the real daemon on loopback (SPEC §6 common rules).
+"""Hostile HTTP input against the real daemon on loopback.
 
 Every route of ``daemon.core.openapi.ROUTES`` (which ``test_openapi`` holds against the routes the
 daemon really serves) is fuzzed with hypothesis over raw sockets, so nothing is normalised on
@@ -422,7 +422,7 @@ def test_event_stream_cursor_garbage(daemon: RunningDaemon, idle_session_id: str
     assert resp.status == 200, resp
     assert resp.headers["content-type"] == "text/event-stream"
     assert re.fullmatch(r"[0-9a-f-]{36}", resp.headers["x-qwen-event-epoch"])
-    # Headers win as soon as either is present (SPEC §4.2 extension).
+    # Headers win as soon as either is present.
     cursor = expected_cursor(last_event_id, header_mode=not via_query)
     if cursor is None:
         assert resp.body == b"retry: 3000\n\n" + HEARTBEAT, resp.body[:300]  # live only
@@ -501,7 +501,7 @@ def ws_exchange(daemon: RunningDaemon, target: str) -> RawResponse:
 def test_websocket_upgrades_with_hostile_input(daemon: RunningDaemon, idle_session_id: str,
                                                sid: str | None,
                                                query: list[tuple[str, str]]) -> None:
-    """Refusals of an upgrade are plain HTTP answers with the JSON body (SPEC §4.4)."""
+    """Refusals of an upgrade are plain HTTP answers with the JSON body."""
     live = sid is None
     target = f"/session/{idle_session_id if live else sid}/ws"
     if query:

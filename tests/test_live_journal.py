@@ -1,4 +1,4 @@
-"""Unit tests of the live journal core (SPEC §2): merging, limits, marker, summary filter."""
+"""Unit tests of the live journal core: merging, limits, marker, summary filter."""
 
 from __future__ import annotations
 

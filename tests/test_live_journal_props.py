@@ -1,4 +1,4 @@
-"""Property tests of the live journal (SPEC §2) over random event sequences.
+"""Property tests of the live journal over random event sequences.
 
 Each generated event carries the parameters it was made from, so a naive model of §2.1–§2.2
 (lists of source events, sums recomputed every step) can predict the entries independently of

@@ -1,5 +1,5 @@
 """Load on loopback: 50 sessions x 4 SSE subscribers, 3 turns of 200 chunks per session, all at
-once (SPEC §4.2, §4.3).
+once.
 
 Every subscriber must end up with every event of its session exactly once and in id order. A
 subscriber may be told ``state_resync_required`` or ``client_evicted`` when the slow-client
@@ -31,7 +31,7 @@ CHUNKS = 200
 MAX_QUEUED = 2048
 DEADLINE_S = 120.0
 TERMINALS = ("turn_complete", "turn_error")
-# Id-less frames the stream may carry (SPEC §1, §4.2, §4.3).
+# Id-less frames the stream may carry.
 ALLOWED_SYNTHETIC = {"replay_complete", "state_resync_required", "slow_client_warning",
                      "client_evicted"}
 

@@ -1,4 +1,4 @@
-"""Compactor details pinned down by mutation testing (SPEC §3.1): which frames are kept as
+"""Compactor details pinned down by mutation testing: which frames are kept as
 is, how odd ``sourceRecordIds`` compare, tool-call folding of nested values, and the bounded
 text pieces."""
 

@@ -1,4 +1,4 @@
-"""Request-guard details pinned down by mutation testing (SPEC §6): Host parsing, the bearer
+"""Request-guard details pinned down by mutation testing: Host parsing, the bearer
 scheme, the order Host → Origin → auth with its exact denials, the CORS headers, preflights,
 the viewer's assets and the same-origin page."""
 

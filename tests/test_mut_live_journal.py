@@ -1,5 +1,4 @@
-"""Live-journal details pinned down by mutation testing (SPEC §2.1 merge conditions on
-``qwenTranscript``, §2.5 summary filter on odd frames, the pair's load snapshot)."""
+"""Live-journal details pinned down by mutation testing."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""History-pagination details pinned down by mutation testing (CLIENT-SPEC §4.2): the
+"""History-pagination details pinned down by mutation testing: the
 transient-error notice, a good page clearing a latched error, the defaults and bounds of the
 initial state, and re-anchoring after a rebuild."""
 

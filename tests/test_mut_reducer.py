@@ -1,4 +1,4 @@
-"""Reducer details pinned down by mutation testing (CLIENT-SPEC §4.1, §4.3): the exact block
+"""Reducer details pinned down by mutation testing: the exact block
 and notice each connection/lifecycle event produces, including the fallbacks for payloads that
 lack their optional fields."""
 

@@ -1,4 +1,4 @@
-"""SDK repair-rule details pinned down by mutation testing (CLIENT-SPEC §3.1–§3.4): the
+"""SDK repair-rule details pinned down by mutation testing: the
 signature of a fractional count, what counts as the target's user input, and an episode's
 initial and final slots."""
 

@@ -1,4 +1,4 @@
-"""Repair-commit details pinned down by mutation testing (CLIENT-SPEC §3.3–§3.4): the
+"""Repair-commit details pinned down by mutation testing: the
 argument bounds, which replayed events of a rebuild may repeat side effects, and the
 checkpoint of a second episode found by the rebuild."""
 

@@ -1,4 +1,4 @@
-"""Snapshot-replay details pinned down by mutation testing (CLIENT-SPEC §3.3, §4.2): what a
+"""Snapshot-replay details pinned down by mutation testing: what a
 replay reports besides its state (side effects, the live marker and the state before it), its
 defaults, and the exact page-capacity boundary."""
 

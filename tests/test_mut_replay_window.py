@@ -1,4 +1,4 @@
-"""Replay-window details pinned down by mutation testing (SPEC §3.2): the marker's every
+"""Replay-window details pinned down by mutation testing: the marker's every
 field, the spill threshold being strictly over the cap, the empty window, refusal texts."""
 
 from __future__ import annotations

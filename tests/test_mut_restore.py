@@ -1,4 +1,4 @@
-"""Cold-restore details pinned down by mutation testing (SPEC §6.2): the exact interrupted
+"""Cold-restore details pinned down by mutation testing: the exact interrupted
 terminal, the ledger state each durable terminal stands for, damaged rows, queued prompts, and
 seeding with fresh ids."""
 

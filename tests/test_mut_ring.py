@@ -1,4 +1,4 @@
-"""Ring and resume details pinned down by mutation testing (SPEC §4.1–§4.2): a gap of one
+"""Ring and resume details pinned down by mutation testing: a gap of one
 event, the oldest held id, a single replay event over the budget, ``next_id`` validation and
 the server timestamp on every synthetic frame."""
 

@@ -1,4 +1,4 @@
-"""Transcript-store details pinned down by mutation testing (CLIENT-SPEC §4.1): the version
+"""Transcript-store details pinned down by mutation testing: the version
 counter, the active pointers by kind, local status blocks, permission lookup."""
 
 from __future__ import annotations

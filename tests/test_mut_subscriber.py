@@ -1,4 +1,4 @@
-"""Slow-client rule details pinned down by mutation testing (SPEC §4.3): the exact warning and
+"""Slow-client rule details pinned down by mutation testing: the exact warning and
 eviction thresholds in frames and bytes, the re-arm boundary, a replay position that left the
 ring, and the frames' data. A fake ring view makes every count exact."""
 

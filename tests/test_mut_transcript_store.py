@@ -1,4 +1,4 @@
-"""Transcript-store details pinned down by mutation testing (SPEC §5): paging limits and
+"""Transcript-store details pinned down by mutation testing: paging limits and
 cursors, the refusal texts, and reading records back by id (more than one SQL batch)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``history_truncated`` validation details pinned down by mutation testing (CLIENT-SPEC §1.1):
+"""``history_truncated`` validation details pinned down by mutation testing:
 zero as a float, an empty prompt id, and every invariant of direct construction, by name."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Transcript faults against the real daemon and a real SQLite file (SPEC §2.3, §5).
+"""Transcript faults against the real daemon and a real SQLite file.
 
 A write failure is injected from outside, the way a full disk causes it: the test lowers the
 running daemon's file-size limit (``RLIMIT_FSIZE`` via ``prlimit``; CPython ignores

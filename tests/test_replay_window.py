@@ -1,4 +1,4 @@
-"""ReplayWindow (SPEC §3.2, seeding per §6.2)."""
+"""ReplayWindow."""
 
 from __future__ import annotations
 

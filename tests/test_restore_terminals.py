@@ -1,6 +1,6 @@
 """Restore's pure half (``daemon.core.restore.close_interrupted``): a turn whose terminal event is
 durable is closed with that terminal, never relabelled ``interrupted``; only a turn whose
-terminal truly did not commit gets the ``interrupted`` terminal (SPEC §6.2)."""
+terminal truly did not commit gets the ``interrupted`` terminal."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""EventRing and decide_resume (SPEC §4.1, §4.2 steps 1–4)."""
+"""EventRing and decide_resume."""
 
 from __future__ import annotations
 

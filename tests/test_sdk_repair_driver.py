@@ -1,4 +1,4 @@
-"""The repair driver (CLIENT-SPEC §3.3) with the real daemon and mock agent.
+"""The repair driver with the real daemon and mock agent.
 
 Daemon limits ``--max-journal-events 3 --max-journal-bytes 300`` and a 20-chunk turn held open
 by a gate file: a mid-turn load shows the recoverable live marker; after the terminal the

@@ -1,4 +1,4 @@
-"""The SDK's session handle (CLIENT-SPEC §2): reconnect rules, pause/resume and prompt().
+"""The SDK's session handle: reconnect rules, pause/resume and prompt().
 
 In-process tests drive the reconnect loop with an httpx mock transport and the autojump clock;
 integration tests run the real daemon and cut connections with the fault proxy at points the

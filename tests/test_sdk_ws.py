@@ -1,4 +1,4 @@
-"""The WebSocket transport (SPEC §4.4) against the real daemon: resume after a severed connection
+"""The WebSocket transport against the real daemon: resume after a severed connection
 with no gap and no duplicate, close code 1000 at session end, and HTTP errors on the upgrade."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The slow-client rules while a subscriber replays (SPEC §4.3): replayed frames do not count
+"""The slow-client rules while a subscriber replays: replayed frames do not count
 against the caps, live events published meanwhile do, and a replay whose next event left the
 ring is evicted. Pure cores: ``SubscriberState`` and the replay grouping of ``streams``."""
 

@@ -1,4 +1,4 @@
-"""A turn's terminal is durable history (SPEC §5): no subscriber sees a terminal before
+"""A turn's terminal is durable history: no subscriber sees a terminal before
 everything the session published ahead of it is committed.
 
 In-process and real except for the agent: a real :class:`TranscriptWriter` over a real SQLite

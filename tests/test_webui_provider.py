@@ -1,4 +1,4 @@
-"""The WebUI provider and the live-journal repair, end to end at the model level (CLIENT-SPEC §5).
+"""The WebUI provider and the live-journal repair, end to end at the model level.
 
 The daemon is an in-process fake behind ``httpx.MockTransport`` (a route table with scripted load
 and page answers, an SSE stream fed from a per-session ring); everything above the transport is

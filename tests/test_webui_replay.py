@@ -1,4 +1,4 @@
-"""Snapshot replay, marker hiding and history pagination (CLIENT-SPEC §4.2)."""
+"""Snapshot replay, marker hiding and history pagination."""
 
 from __future__ import annotations
 

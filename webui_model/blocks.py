@@ -1,4 +1,4 @@
-"""Transcript blocks: the immutable records the WebUI model renders (CLIENT-SPEC §4.1).
+"""Transcript blocks: the immutable records the WebUI model renders.
 
 Every block is a frozen msgspec Struct. A change never mutates a block: the reducer builds a
 new block with :func:`msgspec.structs.replace` and swaps it into the list. That is what lets a
@@ -51,7 +51,7 @@ TERMINAL_TOOL_STATUSES: Final[frozenset[str]] = frozenset({"completed", "failed"
 
 
 class _Block(msgspec.Struct, frozen=True, kw_only=True):
-    """The fields every block kind carries (CLIENT-SPEC §4.1)."""
+    """The fields every block kind carries."""
 
     id: str
     event_id: int | None = None

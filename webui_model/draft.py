@@ -1,4 +1,4 @@
-"""The transcript state as a value and as a working copy (CLIENT-SPEC §4.1).
+"""The transcript state as a value and as a working copy.
 
 - :class:`StoreState` is a frozen value: a tuple of block objects plus index maps, active
   pointers, ordinal counters, the effective cap and the pagination state. It is what a repair

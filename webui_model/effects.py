@@ -1,4 +1,4 @@
-"""The side effects the reducer asks for, as values (CLIENT-SPEC §3.4, §4.3).
+"""The side effects the reducer asks for, as values.
 
 The reducer never performs a side effect: it returns these, and the provider performs them
 (notices to the notice board, the rest to the side channels) — or drops them, when a rebuild

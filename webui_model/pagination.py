@@ -1,4 +1,4 @@
-"""History pagination state and its rules (CLIENT-SPEC §4.2), as pure values.
+"""History pagination state and its rules, as pure values.
 
 The provider does the HTTP; this module only decides *what* to ask for and what the answer
 means. Everything here is a function from plain data to a new frozen

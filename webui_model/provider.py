@@ -1,4 +1,4 @@
-"""The WebUI model's provider: the Trio shell around the pure store (CLIENT-SPEC §4.3, §4.4, §3).
+"""The WebUI model's provider: the Trio shell around the pure store.
 
 A :class:`WebUIProvider` is mounted with ``async with`` (that opens its nursery) and owns one
 session at a time:

@@ -52,6 +52,6 @@ def valid_marker_payload(event: DaemonEvent) -> dict[str, Any] | None:
 
 
 def is_recoverable_live_marker(event: DaemonEvent) -> bool:
-    """A valid live-turn marker with ``fullTranscriptAvailable: true`` (CLIENT-SPEC §3.1)."""
+    """A valid live-turn marker with ``fullTranscriptAvailable: true``."""
     marker = marker_of(event)
     return marker is not None and marker.is_recoverable_live

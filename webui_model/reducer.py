@@ -1,4 +1,4 @@
-"""The reducer: one daemon event → block changes + side effects (CLIENT-SPEC §4.1, §3.4).
+"""The reducer: one daemon event → block changes + side effects.
 
 :func:`apply_event` edits a :class:`~webui_model.store.TranscriptDraft` in place (always by
 copy-on-write: a changed block is a *new* block object swapped into the list) and returns the

@@ -1,4 +1,4 @@
-"""The pure half of the repair commit (CLIENT-SPEC §4.4, side effects per §3.4).
+"""The pure half of the repair commit.
 
 A :class:`Checkpoint` is the store state just before a replayed recoverable live marker, with
 the store's effective cap and pagination state at the time. While the episode lives, loaded

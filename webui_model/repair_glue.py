@@ -1,4 +1,4 @@
-"""Repair glue: the provider's side of the live-journal repair (CLIENT-SPEC §3, §4.4).
+"""Repair glue: the provider's side of the live-journal repair.
 
 The :class:`~sdk.repair_driver.RepairDriver` decides *when*; this job answers its guards, keeps
 the episode's :class:`~webui_model.repair_commit.Checkpoint` (adopting the one a commit computed

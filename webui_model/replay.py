@@ -1,4 +1,4 @@
-"""Snapshot replay and history pages, built off-store (CLIENT-SPEC §4.2).
+"""Snapshot replay and history pages, built off-store.
 
 Both produce a complete :class:`~webui_model.store.StoreState` that the provider commits with
 one ``store.reset``; nothing here touches a live store.

@@ -1,4 +1,4 @@
-"""Where the provider puts side effects: the notices list and the side channels (CLIENT-SPEC §4.3).
+"""Where the provider puts side effects: the notices list and the side channels.
 
 The reducer returns side effects as values (:mod:`webui_model.reducer`); something has to *do*
 them. In the browser that is toasts, a command palette refetch, a follow-up chip. Headless, the

@@ -1,4 +1,4 @@
-"""The transcript store: the live state, dispatch, reset and listeners (CLIENT-SPEC §4.1).
+"""The transcript store: the live state, dispatch, reset and listeners.
 
 :class:`TranscriptStore` owns one :class:`~webui_model.draft.TranscriptDraft`, reduces events
 into it (:mod:`webui_model.reducer`), keeps the newest ``max_blocks`` blocks after every
@@ -107,7 +107,7 @@ class TranscriptStore:
     def dispatch(self, event: DaemonEvent, *, side_effects: bool = True) -> list[SideEffect]:
         """Reduce one event, trim to ``max_blocks``, notify once; return its side effects.
 
-        ``side_effects=False`` rebuilds state without returning any (CLIENT-SPEC §3.4).
+        ``side_effects=False`` rebuilds state without returning any.
         """
         effects = apply_event(self._draft, event)
         self._draft.trim()

@@ -1,4 +1,4 @@
-"""Turn-boundary compaction (SPEC §3.1). Pure core: no trio, no clock, no I/O.
+"""Turn-boundary compaction. Pure core: no trio, no clock, no I/O.
 
 While a turn runs, the bus hands every non-transient event to :meth:`TurnCompactor.add`, which
 sorts it into an ordered *slot*:
@@ -15,7 +15,7 @@ sorts it into an ordered *slot*:
 
 :meth:`TurnCompactor.finish` renders the slots plus the terminal as envelope dicts: one segment
 of the replay window and the turn's transcript records. :func:`stamp_record` puts a record id
-on a compacted envelope (SPEC §5).
+on a compacted envelope.
 """
 
 from __future__ import annotations
@@ -356,7 +356,7 @@ class TurnCompactor:
 
 
 def stamp_record(env: JsonObject, record_id: str) -> JsonObject:
-    """A new envelope carrying transcript record id ``record_id`` (SPEC §5).
+    """A new envelope carrying transcript record id ``record_id``.
 
     For ``session_update``: ``update._meta["qwen.session.recordId"] = record_id`` and
     ``update._meta.qwenTranscript.sourceRecordIds = [record_id]`` (other ``qwenTranscript`` keys

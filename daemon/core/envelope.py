@@ -162,7 +162,7 @@ def build_envelope(
     originator_client_id: str | None = None,
     meta: JsonObject | None = None,
 ) -> JsonObject:
-    """The envelope dict as the bus publishes it (SPEC §1).
+    """The envelope dict as the bus publishes it.
 
     ``_meta.serverTimestamp`` is the caller's finite numeric one, else (for ``session_update``)
     the one lifted from ``update._meta``, else ``now_ms``.

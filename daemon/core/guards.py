@@ -1,4 +1,4 @@
-"""Request guards: Host (DNS rebinding), Origin (CORS) and bearer auth (SPEC §6). Pure.
+"""Request guards: Host (DNS rebinding), Origin (CORS) and bearer auth. Pure.
 
 Checks run in the order Host → Origin → auth; the first failure wins. A CORS preflight from
 an allowed origin skips auth (browsers never send credentials on a preflight) and is answered

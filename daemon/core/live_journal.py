@@ -1,4 +1,4 @@
-"""The live journal: a bounded record of the unfinished turn (SPEC §2).
+"""The live journal: a bounded record of the unfinished turn.
 
 The bus appends every non-transient published event; a turn terminal resets the journal. A
 load snapshot returns the retained entries, preceded by an id-less ``history_truncated`` marker
@@ -85,7 +85,7 @@ def _valid_transcript_meta(value: object) -> bool:
 
 
 def merge_key(env: JsonObject) -> MergeKey | None:
-    """What two events must share to merge into one entry (SPEC §2.1), or ``None`` when ``env``
+    """What two events must share to merge into one entry, or ``None`` when ``env``
     can never merge.
 
     Two events with keys ``a`` and ``b`` are merge-compatible iff neither is ``None`` and
@@ -182,7 +182,7 @@ def _chunk_text(event: Event) -> str:
 
 
 def in_summary(event: Event) -> bool:
-    """Whether ``event`` belongs in the summary journal (SPEC §2.5).
+    """Whether ``event`` belongs in the summary journal.
 
     Dropped: ``session_update`` frames from inside a subagent (``update._meta.parentToolCallId``
     a non-empty string), except the frame describing that tool call itself
@@ -255,7 +255,7 @@ def _check_cap(name: str, value: int) -> int:
 
 class LiveJournal:
     """The entries of the unfinished turn, bounded by ``max_events`` entries and ``max_bytes``
-    (SPEC §2.1–§2.3)."""
+   ."""
 
     __slots__ = (
         "_entries",

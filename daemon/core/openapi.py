@@ -1,4 +1,4 @@
-"""The OpenAPI 3.1 description of the daemon's HTTP API (SPEC §4.2, §4.4, §6), built from one
+"""The OpenAPI 3.1 description of the daemon's HTTP API, built from one
 table of routes and the protocol's body types. Pure: no trio, no I/O.
 
 ``ROUTES`` is the single source of the paths: the document served at ``GET /openapi.json`` is
@@ -198,7 +198,7 @@ ROUTES: Final[tuple[Route, ...]] = (
           params=(_SESSION_ID,), errors=(_SESSION_GONE,)),
 )
 
-# Answers any route can give, from the guards and the request plumbing (SPEC §6).
+# Answers any route can give, from the guards and the request plumbing.
 _GUARD_ERRORS: Final[tuple[ErrorSpec, ...]] = ((403, ("invalid_host", "origin_not_allowed")),)
 _AUTH_ERRORS: Final[tuple[ErrorSpec, ...]] = ((401, ("unauthorized",)),)
 _JSON_ERRORS: Final[tuple[ErrorSpec, ...]] = ((400, ("invalid_json",)),)

@@ -1,4 +1,4 @@
-"""Replay window of compacted completed turns (SPEC §3.2). Pure core: no trio, no clock, no I/O.
+"""Replay window of compacted completed turns. Pure core: no trio, no clock, no I/O.
 
 The window is a queue of *segments*, one per completed turn (the compactor's output, stamped with
 transcript record ids). It is capped in bytes (the sum of its events' sizes); past the cap the
@@ -186,7 +186,7 @@ class ReplayWindow:
     ) -> list[bytes | SpilledTurn]:
         """The retained events' encodings, oldest first, behind the marker if anything was
         dropped; a spilled segment appears as one :class:`SpilledTurn`. The marker has no
-        ``scope``, ``promptId`` or ``_meta`` (SPEC §3.2).
+        ``scope``, ``promptId`` or ``_meta``.
 
         ``lost``: spilled turns the transcript could not give back. They are left out and
         counted as truncated, as if the window had dropped them, and the anchor moves to the

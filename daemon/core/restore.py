@@ -1,4 +1,4 @@
-"""Cold restore of a persisted session (SPEC §6.2): the pure half.
+"""Cold restore of a persisted session: the pure half.
 
 Two steps happen before a restored session goes live again:
 

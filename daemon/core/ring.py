@@ -1,4 +1,4 @@
-"""Event ring and the resume decision (SPEC §4.1–§4.2). Pure core: no trio, no clock, no I/O.
+"""Event ring and the resume decision. Pure core: no trio, no clock, no I/O.
 
 The ring holds the last ``capacity`` published events of one bus, and no more than ``max_bytes``
 of them (the newest event always stays, however large). Ids are contiguous, so event ``i`` lives

@@ -1,4 +1,4 @@
-"""Agent updates spliced into envelopes: the agent's bytes are the event's ``update`` (SPEC §1).
+"""Agent updates spliced into envelopes: the agent's bytes are the event's ``update``.
 
 The hot path of a turn is a long run of text chunks. Decoding each one into dicts and encoding
 the envelope again costs more than everything else the daemon does with it, so a *plain text

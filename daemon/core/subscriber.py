@@ -1,10 +1,10 @@
-"""A subscriber's position in the shared ring and the slow-client rules (SPEC §4.3). Pure.
+"""A subscriber's position in the shared ring and the slow-client rules. Pure.
 
 Subscribers never hold a copy of events: each has a cursor into the bus's ring, and its *lag*
 is how far that cursor is behind the newest event. Lag in frames is ``last_id - cursor``; lag in
 bytes comes from the ring's cumulative byte offsets, so checking a subscriber is O(1).
 
-While a subscriber replays (SPEC §4.2), its cursor is already where live delivery will resume,
+While a subscriber replays, its cursor is already where live delivery will resume,
 so the replayed frames do not count against the caps, but what is published meanwhile does;
 and its replay position (the last replayed id handed to the transport) must stay in the ring:
 a replay stalled until its next event left the ring is evicted like a live subscriber would be.

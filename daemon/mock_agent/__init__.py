@@ -1,4 +1,4 @@
-"""The bundled deterministic mock ACP agent (SPEC §6.5), kept apart from the daemon proper.
+"""The bundled deterministic mock ACP agent, kept apart from the daemon proper.
 
 ``python -m daemon.mock_agent`` runs it; the daemon starts it when no ``--agent`` is given. It is
 a separate process speaking ACP over stdio (stdlib only, no trio), so it lives beside the daemon's

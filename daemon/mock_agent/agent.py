@@ -1,4 +1,4 @@
-"""The deterministic mock ACP agent, the daemon's embedded default (SPEC §6.5).
+"""The deterministic mock ACP agent, the daemon's embedded default.
 
 Run as ``python -m daemon.mock_agent`` (the package's ``__main__``). It speaks ACP over
 stdin/stdout, makes no network or model request, and is driven by environment variables and

@@ -1,4 +1,4 @@
-"""A scriptable misbehaving ACP agent for the daemon's fault tests (SPEC §6.4).
+"""A scriptable misbehaving ACP agent for the daemon's fault tests.
 
 Run as ``python tests/agents/faulty_agent.py``. The daemon starts one agent per workspace with
 the workspace as cwd, so the fault is chosen per workspace: the file ``faulty-agent-mode`` in the
