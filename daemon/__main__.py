@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import sys
 from collections.abc import Sequence
@@ -12,28 +10,17 @@ import trio
 
 import daemon
 
+from . import malloc
 from .clash import clash_message
 from .config import TOKEN_ENV, ConfigError, parse_config
 from .logs import configure_logging
 from .server import DaemonStartError, run_daemon
 
-M_ARENA_MAX = -8  # glibc mallopt parameter
 SWITCH_INTERVAL_S = 0.001  # GIL switch interval (see main)
 
 
-def limit_malloc_arenas() -> None:
-    """Malloc tuning for a long-running daemon (glibc only): one arena for the process. The transcript's worker thread would
-    otherwise get an arena of its own whose freed memory stays in the daemon's RSS; the
-    daemon's threads hardly contend for malloc, so one arena costs nothing measurable."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(M_ARENA_MAX, 1)
-    except (OSError, AttributeError):
-        pass  # not glibc: nothing to tune
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    limit_malloc_arenas()
+    malloc.tune()  # before the heap fills: the arena limit only binds threads started later
     clash = clash_message(daemon)
     if clash is not None:
         print(f"daemon: {clash}", file=sys.stderr)

@@ -1,29 +1,55 @@
-"""Hand freed heap memory back to the OS (glibc ``malloc_trim``); a no-op elsewhere.
+"""glibc malloc tuning and ``malloc_trim`` for a long-running daemon; no-ops elsewhere.
 
 After a very large turn (hundreds of MB of chunk text) the heap is left full of free holes
 between small live objects; glibc only returns memory from the top of the heap on its own, so the
 daemon's RSS would stay at the turn's peak. ``malloc_trim(0)`` releases every free page.
+
+The C library is found through the process's own symbol table (``dlopen(NULL)``): the running
+interpreter is linked against it, so no library search (``ctypes.util.find_library`` runs
+``ldconfig`` or a compiler in a subprocess) is needed.
 """
 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 from collections.abc import Callable
+from typing import Final
 
-__all__ = ["trim"]
+__all__ = ["ARENA_MAX", "MMAP_THRESHOLD", "trim", "tune"]
+
+# glibc mallopt parameters (malloc.h).
+_M_MMAP_THRESHOLD: Final = -3
+_M_ARENA_MAX: Final = -8
+
+ARENA_MAX: Final = 1
+# Blocks at least this big get pages of their own (mmap), handed back to the OS when freed.
+# glibc's default starts at 128 KiB but raises itself to the largest block freed so far (up to
+# 32 MiB): after one big turn's text is joined and freed, blocks of that size come from the
+# heap, and a freed one leaves a hole the heap cannot give back. A fixed value keeps it at
+# 256 KiB (setting it also stops glibc's matching raise of the heap's trim threshold).
+MMAP_THRESHOLD: Final = 256 * 1024
 
 
-def _load() -> Callable[[int], int] | None:
+def _load(name: str) -> Callable[..., int] | None:
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        fn: Callable[[int], int] = libc.malloc_trim
+        fn: Callable[..., int] = getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
         return None
     return fn
 
 
-_malloc_trim = _load()
+_malloc_trim = _load("malloc_trim")
+_mallopt = _load("mallopt")
+
+
+def tune() -> dict[str, bool]:
+    """One malloc arena for the process (the transcript's worker thread would otherwise get an
+    arena of its own whose freed memory stays in the daemon's RSS; the daemon's threads hardly
+    contend for malloc) and a fixed mmap threshold. Returns which settings glibc accepted."""
+    if _mallopt is None:
+        return {}
+    return {"arena_max": bool(_mallopt(_M_ARENA_MAX, ARENA_MAX)),
+            "mmap_threshold": bool(_mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))}
 
 
 def trim() -> bool:

@@ -17,7 +17,7 @@ import trio
 from hypercorn.config import Config as HyperConfig
 from hypercorn.trio import serve
 
-from . import server_patches
+from . import malloc, server_patches
 from .asgi import DaemonASGI
 from .config import DaemonConfig
 from .core.guards import Guard
@@ -180,6 +180,9 @@ async def run_daemon(
                     cluster.node_url = url  # the bound port (--port 0 picks one)
                 print(f"cluster: node {cluster.node_id} at {cluster.node_url} on "
                       f"{config.cluster_redis}", file=stream, flush=True)
+            # Start-up (imports, the schema, the app and its OpenAPI document) left freed heap
+            # pages behind, below live objects where glibc never returns them on its own.
+            malloc.trim()
             auth = ' -H "Authorization: Bearer $QWEN_SERVER_TOKEN"' if config.token else ""
             print(f"turnkeeper daemon listening on {url}", file=stream, flush=True)
             print(startup_hint(config), file=stream, flush=True)
