@@ -26,8 +26,9 @@ ARENA_MAX: Final = 1
 # glibc's default starts at 128 KiB but raises itself to the largest block freed so far (up to
 # 32 MiB): after one big turn's text is joined and freed, blocks of that size come from the
 # heap, and a freed one leaves a hole the heap cannot give back. A fixed value keeps it at
-# 256 KiB (setting it also stops glibc's matching raise of the heap's trim threshold).
-MMAP_THRESHOLD: Final = 256 * 1024
+# 512 KiB, above the agent reader's 256 KiB reads (a page-faulting mmap per read would cost the
+# hot path); setting it also stops glibc's matching raise of the heap's trim threshold.
+MMAP_THRESHOLD: Final = 512 * 1024
 
 
 def _load(name: str) -> Callable[..., int] | None:
