@@ -11,7 +11,7 @@ live journal, 4 MiB replay window, 8,000-event ring) and the transcript on:
 3. that turn ends; a second turn of ``--chunks`` (default 1,000,000) short chunks runs and is
    held open by a gate; RSS is read once every chunk is published and committed. The caps were
    already reached, so the growth over step 2 should be the open turn's compacted text (kept
-   until the terminal, SPEC §3.1) and little else.
+   until the terminal) and little else.
 
 Each step waits until the transcript has committed everything published (``durableEventId``),
 so a backlog in the writer queue is not counted as resident state.
@@ -74,6 +74,22 @@ def _rss_mb(daemon: Daemon) -> float:
     return daemon.rss_kib() * 1024 / MB
 
 
+def rss_split(pid: int) -> str:
+    """``VmRSS`` split into its anonymous part (heap, Python objects) and its file-backed part
+    (the interpreter and the shared libraries' pages), from ``/proc/<pid>/status``."""
+    fields: dict[str, float] = {}
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                key, _, rest = line.partition(":")
+                if key in ("RssAnon", "RssFile", "RssShmem"):
+                    fields[key] = int(rest.split()[0]) * 1024 / MB
+    except OSError:
+        return "split unavailable"
+    return (f"anon {fields.get('RssAnon', 0.0):.1f} MB + file {fields.get('RssFile', 0.0):.1f} MB"
+            + (f" + shmem {fields['RssShmem']:.1f} MB" if fields.get("RssShmem") else ""))
+
+
 @dataclass
 class FullCaps:
     """One session brought to full caps, its turn held open by ``gate``."""
@@ -110,6 +126,7 @@ class LongTurn:
     chunks: int
     rss_open_mb: float
     rss_ended_mb: float
+    split_open: str
     info: dict[str, Any]
     cpu: CpuUse
 
@@ -136,17 +153,19 @@ def long_turn(ctx: Context, daemon: Daemon, caps: FullCaps, chunks: int) -> Long
     elapsed = time.monotonic() - started
     info = session_info(daemon, caps.session_id)
     rss_open = _rss_mb(daemon)
+    split_open = rss_split(daemon.pid)
     ctx.progress(f"RSS with the long turn open {rss_open:.1f} MB "
                  f"({chunks / elapsed:,.0f} chunks/s ingested and committed)")
     daemon.open_gate(gate)
     daemon.wait_idle(caps.session_id)
-    return LongTurn(chunks, rss_open, _rss_mb(daemon), info, cpu)
+    return LongTurn(chunks, rss_open, _rss_mb(daemon), split_open, info, cpu)
 
 
 def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
     chunks = args.chunks or ctx.pick(1_000_000, 50_000)
     trials = ctx.trials(3, 1)
     floor: list[float] = []
+    splits: dict[str, str] = {}
     idle: list[float] = []
     full: list[float] = []
     caps: list[FullCaps] = []
@@ -159,9 +178,11 @@ def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
             for _ in range(5):
                 daemon.get_json("/health")
             idle.append(_rss_mb(daemon))
+            splits["idle"] = rss_split(daemon.pid)
             ctx.progress(f"idle RSS {idle[-1]:.1f} MB; filling the replay window")
             caps.append(fill_to_caps(ctx, daemon))
             full.append(_rss_mb(daemon))
+            splits["full"] = rss_split(daemon.pid)
             info = caps[-1].info
             ctx.progress(f"full-caps RSS {full[-1]:.1f} MB (journal "
                          f"{info['journalBytes'] / MIB:.2f} MiB, window "
@@ -170,11 +191,13 @@ def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
             if trial == trials - 1:
                 long = long_turn(ctx, daemon, caps[-1], chunks)
     assert long is not None
-    return rows_for(ctx, floor, idle, full, caps, long)
+    return rows_for(ctx, floor, idle, full, caps, long, splits)
 
 
 def rows_for(ctx: Context, floor: list[float], idle_mb: list[float], full_mb: list[float],
-             caps: list[FullCaps], long: LongTurn) -> list[Row]:
+             caps: list[FullCaps], long: LongTurn,
+             splits: dict[str, str] | None = None) -> list[Row]:
+    splits = splits or {}
     info = caps[-1].info
     fill_cpu = CpuUse()
     for each in caps:
@@ -187,11 +210,14 @@ def rows_for(ctx: Context, floor: list[float], idle_mb: list[float], full_mb: li
     idle = Row(benchmark=NAME, name="daemon RSS idle", params={"sessions": 0}, unit="MB",
                samples=idle_mb, baseline=statistics.median(floor), baseline_label="import floor",
                target=f"<= {IDLE_TARGET_MB:g} MB", cpu_note="-", quick=ctx.quick,
-               notes=["reference daemon: 212 MB idle"])
+               notes=["reference daemon: 212 MB idle",
+                      *([f"last trial: {splits['idle']}"] if "idle" in splits else [])])
     full = Row(benchmark=NAME, name="daemon RSS, one session at full caps", params=caps_params,
                unit="MB", samples=full_mb, baseline=idle.value, baseline_label="idle",
                target=f"<= {FULL_TARGET_MB:g} MB", cpu=fill_cpu, cpu_note="to fill",
-               quick=ctx.quick, notes=["reference daemon: 237 MB with a full journal"])
+               quick=ctx.quick, notes=["reference daemon: 237 MB with a full journal",
+                                       *([f"last trial: {splits['full']}"]
+                                         if "full" in splits else [])])
     for row, limit in ((idle, IDLE_TARGET_MB), (full, FULL_TARGET_MB)):
         assert row.value is not None and row.baseline
         row.ratio = row.value / row.baseline
@@ -208,7 +234,7 @@ def rows_for(ctx: Context, floor: list[float], idle_mb: list[float], full_mb: li
         cpu=long.cpu, cpu_note="whole turn", quick=ctx.quick,
         notes=[f"RSS {last_full:.1f} MB at full caps -> {long.rss_open_mb:.1f} MB with the turn "
                f"open (text {text_mb:.2f} MB) -> {long.rss_ended_mb:.1f} MB after its terminal "
-               "(one run, in the last trial's daemon)"])
+               f"(one run, in the last trial's daemon); with the turn open: {long.split_open}"])
     ended = Row(benchmark=NAME, name=f"daemon RSS after the {long.chunks:,}-chunk turn ended",
                 params=caps_params, unit="MB", samples=[long.rss_ended_mb], baseline=last_full,
                 baseline_label="full caps", ratio=long.rss_ended_mb / last_full, cpu_note="-",
