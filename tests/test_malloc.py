@@ -38,7 +38,7 @@ print(before, rss())
 def test_tune_is_accepted_by_glibc() -> None:
     out = subprocess.run([sys.executable, "-c", "from daemon import malloc; print(malloc.tune())"],
                          check=True, capture_output=True, text=True).stdout
-    assert out.strip() == "{'arena_max': True, 'mmap_threshold': True}"
+    assert out.strip() == "{'arena_max': True, 'mmap_threshold': True, 'trim_threshold': True}"
 
 
 @glibc_only
