@@ -28,7 +28,10 @@ from tests.sse_client import Subscriber, is_terminal_for
 from tests.stalls import TURN_TEXT, holds_connection, host_port, open_stalled_sse, poll, status
 
 MAX_TURNS = 10  # the stalled socket is full after ~2; a turn more evicts it
-CUT_BOUND_S = 5.0  # generous: the grace period is 1 s (measured ~1.0-1.1 s)
+# Without the cut the stalled connection is held for good (its reader never reads), so a deadline
+# far past the 1 s grace period tells "cut" from "held" on any machine; how soon the cut comes is
+# measured by `python -m benchmarks stall_cut`, not asserted here.
+CUT_DEADLINE_S = 30.0
 
 
 @pytest.fixture(scope="module")
@@ -103,9 +106,8 @@ async def test_stalled_subscriber_is_cut_and_the_healthy_one_loses_nothing(
                 break
         assert evicted_at, f"the stalled subscriber was not evicted in {MAX_TURNS} turns"
         # Its write stays stalled, so its connection is cut: the daemon closes its descriptor.
-        await poll(lambda: not holds_connection(pid, port, stalled_port), CUT_BOUND_S,
+        await poll(lambda: not holds_connection(pid, port, stalled_port), CUT_DEADLINE_S,
                    "the stalled connection to be cut")
-        cut_after = trio.current_time() - evicted_at[0]
         # One more turn after the eviction: the healthy reader is unaffected.
         resp = await client.post(f"/session/{sid}/prompt", json={"prompt": [
             {"type": "text", "text": TURN_TEXT}]})
@@ -114,7 +116,6 @@ async def test_stalled_subscriber_is_cut_and_the_healthy_one_loses_nothing(
         final = await status(client, sid)
         nursery.cancel_scope.cancel()
 
-    assert cut_after < CUT_BOUND_S, f"cut {cut_after:.2f} s after the eviction"
     # The healthy reader: one connection, never evicted, every event in order, no gap, no
     # duplicate, ending with the last turn's terminal.
     types = [e.type for e in healthy.events]

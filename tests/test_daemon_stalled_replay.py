@@ -16,7 +16,6 @@ from functools import partial
 
 import httpx
 import pytest
-import trio
 
 from daemon.streams import MAX_SUBSCRIBERS
 from tests.harness import RunningDaemon, running_daemon
@@ -33,7 +32,10 @@ from tests.stalls import (
 RING = 4000
 FILL = f"fill: mock:chunks={RING} mock:bytes=1000 mock:delay_ms=0"  # ~4.8 MB in the ring
 MORE = "more: mock:chunks=600 mock:bytes=100 mock:delay_ms=0"  # past the default 256 frames
-CUT_BOUND_S = 5.0  # generous: the grace period is 1 s
+# Without the cut a stalled connection is held for good, so a deadline far past the 1 s grace
+# period tells "cut" from "held" on any machine; how soon it comes is measured by
+# `python -m benchmarks stall_cut`, not asserted here.
+CUT_DEADLINE_S = 30.0
 
 
 @pytest.fixture(scope="module")
@@ -74,14 +76,12 @@ async def test_stalled_replayers_are_evicted_and_free_their_slots(
             evicted_before = (await status(client, sid))["clientsEvicted"]
 
             await run_turn(client, sid, MORE)
-            started = trio.current_time()
-            await poll(partial(_count_is, client, sid, 0), CUT_BOUND_S, "the evictions")
+            await poll(partial(_count_is, client, sid, 0), CUT_DEADLINE_S, "the evictions")
             after = await status(client, sid)
             assert after["clientsEvicted"] - evicted_before == MAX_SUBSCRIBERS
             # Their writes stayed stalled: every connection is cut within the bound.
             peers = [sock.getsockname()[1] for sock in stalled]
-            await poll(partial(_none_held, pid, port, peers), CUT_BOUND_S, "the cuts")
-            assert trio.current_time() - started < CUT_BOUND_S
+            await poll(partial(_none_held, pid, port, peers), CUT_DEADLINE_S, "the cuts")
             assert await _subscribe_status(client, events) == 200
         finally:
             for sock in stalled:
@@ -126,7 +126,7 @@ async def test_stalled_sse_replayers_in_a_quiet_session_are_cut(quiet: RunningDa
             # Cut 2-2.5 s after their writes stalled; the bound is generous.
             await poll(partial(_count_is, client, sid, 0), 15, "the stalled-write cuts")
             peers = [sock.getsockname()[1] for sock in stalled]
-            await poll(partial(_none_held, pid, port, peers), CUT_BOUND_S, "the cuts")
+            await poll(partial(_none_held, pid, port, peers), CUT_DEADLINE_S, "the cuts")
             assert await _subscribe_status(client, events) == 200
             assert (await status(client, sid))["lastEventId"] == last_id  # nothing published
         finally:
@@ -156,7 +156,7 @@ async def test_stalled_ws_replayers_in_a_quiet_session_fail_keepalive_and_are_cu
             # Two missed pongs take 4-6 s here; the bound is generous.
             await poll(partial(_count_is, client, sid, 0), 20, "the keepalive cuts")
             peers = [sock.getsockname()[1] for sock in stalled]
-            await poll(partial(_none_held, pid, port, peers), CUT_BOUND_S, "the cuts")
+            await poll(partial(_none_held, pid, port, peers), CUT_DEADLINE_S, "the cuts")
             assert await _subscribe_status(client, f"/session/{sid}/events") == 200
             assert (await status(client, sid))["lastEventId"] == last_id  # nothing published
         finally:
