@@ -27,8 +27,8 @@ from typing import Any
 import trio
 
 from daemon.core.envelope import Event, encode_json
-from daemon.core.sse_frames import frames_of
 from daemon.core.splice import EnvelopeSplicer
+from daemon.core.sse_frames import frames_of
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
