@@ -1,0 +1,117 @@
+"""The machine's ceiling for SSE fan-out on this stack: bare Hypercorn on Trio, no daemon.
+
+Run as ``python -m benchmarks.ceiling --chunks N``: a raw ASGI app under Hypercorn's Trio worker
+(the daemon's HTTP server, with nothing of the daemon in front of it) that answers every
+``GET`` with an SSE stream and, once ``POST /start`` arrives, writes to each open stream the
+frames the daemon would write for a turn of ``N`` mock chunks: ids 1..N of ``session_update``
+envelopes spliced exactly as the daemon splices them (``daemon.core.splice``), framed by
+``daemon.core.sse_frames``, pre-built before the start and written in the daemon's wake-up size
+(512 frames, a quarter of ``maxQueued=2048``), then a ``turn_complete`` frame with id N+1. Its
+first stdout line is ``listening on http://127.0.0.1:PORT``.
+
+The e2e benchmark reads it with the same load generator as the daemon (same ids check, the
+terminal last), so the daemon's rate over this one is how close the daemon comes to what
+Hypercorn, Trio, Python and the client allow on this machine; no daemon can beat it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from typing import Any
+
+import trio
+
+from daemon.core.envelope import Event, encode_json
+from daemon.core.splice import EnvelopeSplicer
+from daemon.core.sse_frames import frames_of
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+WAKEUP_FRAMES = 512
+
+
+def turn_segments(chunks: int, group: int = WAKEUP_FRAMES) -> list[bytes]:
+    """The SSE bytes of a ``chunks``-chunk turn as the daemon frames them, one per wake-up."""
+    session, prompt, client = str(uuid.uuid4()), str(uuid.uuid4()), "client_" + "0" * 8
+    splicer = EnvelopeSplicer(session, prompt, client, int(time.time() * 1000))
+    segments: list[bytes] = []
+    for start in range(0, chunks, group):
+        count = min(group, chunks - start)
+        updates = [encode_json({"sessionUpdate": "agent_message_chunk",
+                                "content": {"type": "text", "text": f"chunk-{start + i}"}})
+                   for i in range(count)]
+        raws = splicer.envelopes(start + 1, updates)
+        segments.append(frames_of([Event.spliced(raw, start + 1 + i, "session_update", prompt)
+                                   for i, raw in enumerate(raws)]))
+    terminal = Event.from_env({"id": chunks + 1, "v": 1, "type": "turn_complete",
+                               "data": {"sessionId": session, "stopReason": "end_turn"},
+                               "promptId": prompt})
+    segments.append(frames_of([terminal]))
+    return segments
+
+
+class CeilingApp:
+    def __init__(self, segments: list[bytes]) -> None:
+        self.segments = segments
+        self.started = trio.Event()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        if scope["method"] == "POST":
+            self.started.set()
+            await send({"type": "http.response.start", "status": 204, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
+        await send({"type": "http.response.body", "body": b"retry: 3000\n\n",
+                    "more_body": True})
+        await self.started.wait()
+        for segment in self.segments:
+            await send({"type": "http.response.body", "body": segment, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from hypercorn.config import Config
+    from hypercorn.trio import serve
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.ceiling", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--chunks", type=int, required=True)
+    args = parser.parse_args(argv)
+    app = CeilingApp(turn_segments(args.chunks))
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    sock.set_inheritable(True)
+    config = Config()
+    config.bind = [f"fd://{sock.fileno()}"]
+    config.accesslog = None
+    config.errorlog = None
+    config.keep_alive_timeout = 30
+    print(f"listening on http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
+    sys.setswitchinterval(0.001)  # as the daemon runs
+    trio.run(serve, app, config)  # type: ignore[arg-type]
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
