@@ -36,7 +36,14 @@ from daemon.core.acp_client import (
     prompt_result,
     session_id_of,
 )
-from daemon.core.acp_codec import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, Request
+from daemon.core.acp_codec import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
+    Request,
+    parse_update,
+    parse_updates,
+)
 
 Client = AcpClient[str, str]
 
@@ -370,3 +377,86 @@ def test_any_other_agent_request_gets_method_not_found(method: str) -> None:
     assert (event.method, event.id) == (method, "q")
     assert json.loads(event.reply) == {"jsonrpc": "2.0", "id": "q", "error": {
         "code": METHOD_NOT_FOUND, "message": f"Method not found: {method}"}}
+
+
+# -- one decode per batch ------------------------------------------------------------------------
+
+# Lines a batch may hold: plain updates (fast path), updates the batch decoder refuses but the
+# per-line path accepts (an extra member, a missing jsonrpc, spaces), replies, bad updates and
+# lines that are not JSON at all.
+_MIXED = [
+    update("a", "1"),
+    update("b", "2"),
+    update("a", "three words", spaced=True),
+    b'{"method":"session/update","params":{"sessionId":"a","update":{"k":1}}}',
+    b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"a","update":{}},"x":1}',
+    b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"a","update":[]}}',
+    b'{"jsonrpc":"1.0","method":"session/update","params":{"sessionId":"a","update":{}}}',
+    b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"ghost","update":{}}}',
+    b'{"jsonrpc":"2.0","id":null,"method":"session/update","params":{"sessionId":"a","update":{}}}',
+    reply(99),
+    b"not json",
+    b"{",
+]
+
+
+def _one_by_one(lines: list[bytes]) -> tuple[list[tuple[str, list[bytes]]], list[Any]]:
+    """What the lines mean read one per batch (no batch ever spans two lines)."""
+    client = attached("a", "b")
+    routed: list[tuple[str, list[bytes]]] = []
+    events: list[Any] = []
+    for line in lines:
+        batch = client.receive([line])
+        routed += [(sid, raws) for sid, (_, raws) in batch.updates.items()]
+        events += batch.events
+    return routed, events
+
+
+def _merged(routed: list[tuple[str, list[bytes]]]) -> dict[str, list[bytes]]:
+    out: dict[str, list[bytes]] = {}
+    for session_id, raws in routed:
+        out.setdefault(session_id, []).extend(raws)
+    return out
+
+
+@pytest.mark.parametrize("start", range(len(_MIXED)))
+@pytest.mark.parametrize("size", [1, 2, 3, 5, len(_MIXED)])
+def test_a_batch_means_what_its_lines_mean_one_by_one(start: int, size: int) -> None:
+    lines = (_MIXED * 2)[start:start + size]
+    batch = attached("a", "b").receive(lines)
+    routed, events = _one_by_one(lines)
+    assert {sid: raws for sid, (_, raws) in batch.updates.items()} == _merged(routed)
+    assert batch.events == events
+
+
+def test_a_batch_of_plain_updates_is_decoded_at_once_and_routed_in_order() -> None:
+    lines = [update("a", "1"), update("b", "2"), update("a", "3 4", spaced=True)]
+    ids_and_raws = parse_updates(lines)
+    assert ids_and_raws is not None
+    assert ids_and_raws == ([parse_update(line)[0] for line in lines],  # type: ignore[index]
+                            [parse_update(line)[1] for line in lines])  # type: ignore[index]
+    batch = attached("a", "b").receive(lines)
+    assert texts(batch, "a") == ["1", "3 4"] and texts(batch, "b") == ["2"]
+
+
+def test_lines_that_are_json_only_when_joined_are_still_malformed() -> None:
+    # Joined as "[A,B]" these two lines are a valid two-element array of session/update
+    # notifications; neither line alone is JSON. Each must be reported, nothing routed.
+    head = b'{"method":"session/update","params":{"sessionId":"a","update":{"k":[{}'
+    tail = b'{}]}}}'
+    first = update("a", "0")
+    lines = [first + b"," + head, tail]
+    assert parse_updates(lines) is None
+    batch = attached("a").receive(lines)
+    assert batch.updates == {}
+    assert [type(event) for event in batch.events] == [MalformedLine, MalformedLine]
+    # The same with whitespace standing in for the brackets' and commas' room.
+    assert parse_updates([first + b", " + head[:-1], b" " + tail]) is None
+
+
+def test_a_batch_for_one_session_being_loaded_or_unattached() -> None:
+    client = attached("a")
+    client.request("session/load", {}, "w", loading="a")
+    assert client.receive([update("a", "1"), update("a", "2")]) == Batch({}, [])
+    batch = client.receive([update("ghost", "1"), update("ghost", "2")])
+    assert batch.updates == {} and batch.events == [UnroutedUpdate("ghost")] * 2

@@ -27,6 +27,7 @@ waiter for one reply; the core stores both and never calls them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
@@ -47,6 +48,7 @@ from .acp_codec import (
     encode_result,
     parse_message,
     parse_update,
+    parse_updates,
 )
 from .envelope import encode_json
 from .splice import compact
@@ -354,6 +356,14 @@ class AcpClient(Generic[S, W]):
     def receive(self, lines: list[bytes], *, spaced: bool = True) -> Batch[S, W]:
         """What a batch of complete lines means, read in order. ``spaced=False`` promises that
         no line holds a space, tab or CR (so no update needs making compact)."""
+        batch = parse_updates(lines)
+        if batch is not None:
+            session_ids, raws = batch
+            if spaced:
+                raws = list(map(compact, raws))
+            if len(set(session_ids)) == 1:
+                return self._route_one(session_ids[0], raws)
+            return self._route(zip(session_ids, raws, strict=True))
         updates: dict[str, tuple[S, list[bytes]]] = {}
         events: list[Event[W]] = []
         sinks = self._sinks
@@ -407,6 +417,32 @@ class AcpClient(Generic[S, W]):
                 entry = updates[session_id] = (sink, [])
             last_id, last = session_id, entry[1]
             last.append(raw)
+        return Batch(updates, events)
+
+    def _route_one(self, session_id: str, raws: list[bytes]) -> Batch[S, W]:
+        """A batch of updates all for one session (the usual read)."""
+        if session_id in self._loading:
+            return Batch({}, [])
+        sink = self._sinks.get(session_id)
+        if sink is None:
+            return Batch({}, [UnroutedUpdate(session_id) for _ in raws])
+        return Batch({session_id: (sink, raws)}, [])
+
+    def _route(self, pairs: Iterable[tuple[str, bytes]]) -> Batch[S, W]:
+        """A batch of updates for several sessions, routed as :meth:`receive` routes them."""
+        updates: dict[str, tuple[S, list[bytes]]] = {}
+        events: list[Event[W]] = []
+        for session_id, raw in pairs:
+            if session_id in self._loading:
+                continue
+            entry = updates.get(session_id)
+            if entry is None:
+                sink = self._sinks.get(session_id)
+                if sink is None:
+                    events.append(UnroutedUpdate(session_id))
+                    continue
+                entry = updates[session_id] = (sink, [])
+            entry[1].append(raw)
         return Batch(updates, events)
 
     def _resolve(self, response: Response) -> Replied[W] | ReplyUnknown:

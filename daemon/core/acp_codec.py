@@ -14,7 +14,8 @@ single flat Struct plus a few attribute checks.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final, Generic, TypeVar
+from operator import itemgetter
+from typing import Any, Final, Generic, Literal, TypeVar
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -42,6 +43,7 @@ __all__ = [
     "encode_result",
     "parse_message",
     "parse_update",
+    "parse_updates",
 ]
 
 MAX_LINE_BYTES: Final = 16 * 1024 * 1024
@@ -282,6 +284,51 @@ def parse_update(line: bytes) -> tuple[str, bytes] | None:
     if update[0] != 123:
         return None
     return wire.params.sessionId, update
+
+
+class _BatchUpdate(msgspec.Struct, forbid_unknown_fields=True):
+    """A plain ``session/update`` notification in a batch: anything else (a reply, a request,
+    another member) fails the batch, whose lines then go through :func:`parse_update` one by
+    one."""
+
+    method: Literal["session/update"]
+    params: _UpdateParams
+    jsonrpc: Literal["2.0"] | UnsetType = UNSET
+
+
+_decode_batch = msgspec.json.Decoder(list[_BatchUpdate]).decode
+_decode_values = msgspec.json.Decoder(list[msgspec.Raw]).decode
+_first_byte = itemgetter(0)
+
+
+def parse_updates(lines: list[bytes]) -> tuple[list[str], list[bytes]] | None:
+    """The session ids and update bytes of ``lines`` when every one of them is a plain
+    ``session/update`` notification that :func:`parse_update` accepts, decoded in one msgspec
+    call for the batch; else ``None`` (the caller reads the lines one at a time, so one bad
+    line never costs the others their meaning).
+
+    The lines are decoded as one JSON array, ``[line,line,...]``. That the array has one
+    element per line is not enough (``{"a":[{}`` and ``{}]}`` are two elements joined, and
+    neither line is JSON): every element must also be exactly as long as its line, which,
+    with the lengths summing to the whole array less its brackets and commas, pins each
+    element to its own line.
+    """
+    if not lines:
+        return [], []
+    doc = b"[" + b",".join(lines) + b"]"
+    try:
+        values = _decode_values(doc)
+        if len(values) != len(lines) or list(map(len, values)) != list(map(len, lines)):
+            return None
+        wires = _decode_batch(doc)
+    except (msgspec.DecodeError, RecursionError):  # ValidationError is a DecodeError
+        return None
+    params = [wire.params for wire in wires]
+    updates = [bytes(p.update) for p in params]
+    # A Raw starts at the value's first byte: "{" is an object (else: the per-line path).
+    if min(map(_first_byte, updates)) != 123 or max(map(_first_byte, updates)) != 123:
+        return None
+    return [p.sessionId for p in params], updates
 
 
 # --------------------------------------------------------------------------------------------
