@@ -5,9 +5,13 @@ Run as ``python -m benchmarks.ceiling --chunks N``: a raw ASGI app under Hyperco
 ``GET`` with an SSE stream and, once ``POST /start`` arrives, writes to each open stream the
 frames the daemon would write for a turn of ``N`` mock chunks: ids 1..N of ``session_update``
 envelopes spliced exactly as the daemon splices them (``daemon.core.splice``), framed by
-``daemon.core.sse_frames``, pre-built before the start and written in the daemon's wake-up size
-(512 frames, a quarter of ``maxQueued=2048``), then a ``turn_complete`` frame with id N+1. Its
-first stdout line is ``listening on http://127.0.0.1:PORT``.
+``daemon.core.sse_frames``, pre-built before the start and written one send per the daemon's
+wake-up (its dispatch group: a quarter of ``--max-queued``, at most
+``daemon.bus.DISPATCH_GROUP_MAX`` frames; 64 for ``maxQueued=2048``; ``--group`` overrides it),
+then a ``turn_complete`` frame with id N+1. Its first stdout line is
+``listening on http://127.0.0.1:PORT``. Nothing else runs in it: no agent to read, no ring,
+journals, compactor or transcript, every frame built before the clock starts; so it is an
+upper bound on the daemon's delivered rate with the same write pattern, not a model of it.
 
 The e2e benchmark reads it with the same load generator as the daemon (same ids check, the
 terminal last), so the daemon's rate over this one is how close the daemon comes to what
@@ -26,6 +30,7 @@ from typing import Any
 
 import trio
 
+from daemon.bus import DISPATCH_GROUP_FRACTION, DISPATCH_GROUP_MAX
 from daemon.core.envelope import Event, encode_json
 from daemon.core.splice import EnvelopeSplicer
 from daemon.core.sse_frames import frames_of
@@ -34,10 +39,12 @@ Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
-WAKEUP_FRAMES = 512
+def daemon_group(max_queued: int) -> int:
+    """Frames per wake-up of a daemon subscriber with ``max_queued`` (``SessionBus``'s rule)."""
+    return max(1, min(DISPATCH_GROUP_MAX, int(max_queued * DISPATCH_GROUP_FRACTION)))
 
 
-def turn_segments(chunks: int, group: int = WAKEUP_FRAMES) -> list[bytes]:
+def turn_segments(chunks: int, group: int) -> list[bytes]:
     """The SSE bytes of a ``chunks``-chunk turn as the daemon frames them, one per wake-up."""
     session, prompt, client = str(uuid.uuid4()), str(uuid.uuid4()), "client_" + "0" * 8
     splicer = EnvelopeSplicer(session, prompt, client, int(time.time() * 1000))
@@ -95,8 +102,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ceiling", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--chunks", type=int, required=True)
+    parser.add_argument("--max-queued", type=int, default=2048,
+                        help="the subscribers' maxQueued, which sets the daemon's wake-up size")
+    parser.add_argument("--group", type=int, default=None,
+                        help="frames per send (default: the daemon's wake-up size)")
     args = parser.parse_args(argv)
-    app = CeilingApp(turn_segments(args.chunks))
+    group = args.group or daemon_group(args.max_queued)
+    app = CeilingApp(turn_segments(args.chunks, group))
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))

@@ -12,6 +12,12 @@ daemon waits for before publishing the terminal.
 
 Baseline: the same mock agent's raw emission rate, measured in the same run with a pipe reader
 that only counts lines (no daemon).
+
+Ceiling rows (informational; ``--no-ceiling`` skips them): after each daemon turn, the same
+turn's frames written by bare Hypercorn on Trio (``benchmarks.ceiling``: no daemon, every frame
+pre-built, one send per the daemon's wake-up size) to the same load generator with as many
+subscribers, checked the same way. No daemon on this stack can deliver more to this client on
+this machine; the row says how far the daemon is from it and what the fan-out targets need.
 """
 
 from __future__ import annotations
@@ -173,7 +179,8 @@ def ceiling_turn(chunks: int, subscribers: int, max_queued: int = 2048,
     load generator: the most this stack delivers on this machine. Checked like a daemon turn
     (ids 1..chunks+1, the terminal last)."""
     server = subprocess.Popen([sys.executable, "-m", "benchmarks.ceiling", "--chunks",
-                               str(chunks)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                               str(chunks), "--max-queued", str(max_queued)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert server.stdout is not None
         line = server.stdout.readline()
@@ -282,7 +289,7 @@ def ceiling_rows(ctx: Context, chunks: int, runs: dict[int, list[TurnRun]],
         daemon = statistics.median(t.rate for t in runs[n]) if runs.get(n) else None
         if daemon and row.value:
             row.baseline, row.baseline_label = daemon, "daemon"
-            row.ratio, row.ratio_label = row.value / daemon, "x the daemon"
+            row.ratio, row.ratio_label = row.value / daemon, "of the daemon"
             row.notes.append(f"the daemon delivers {daemon / row.value:.0%} of what bare "
                              "Hypercorn writes to the same client (same frames, same wake-up "
                              "size; the cpu column's d is the bare server)")
