@@ -64,10 +64,45 @@ def turn_segments(chunks: int, group: int) -> list[bytes]:
     return segments
 
 
+class _Reader:
+    """One SSE stream of the ceiling server: its cursor (segments handed to the transport) and
+    whether a write is in flight."""
+
+    __slots__ = ("cursor", "idle", "sending")
+
+    def __init__(self) -> None:
+        self.cursor = 0
+        self.sending = False
+        self.idle = trio.Event()
+
+
 class CeilingApp:
-    def __init__(self, segments: list[bytes]) -> None:
+    """Writes the pre-built segments to every open stream, paced as the daemon paces its
+    subscribers: one segment is *published* per scheduling round (the daemon's publisher
+    yields once per dispatch group), every idle stream is woken and writes everything it has
+    not written yet in one send, and the publisher waits for a stream whose write is in flight
+    while it is half its ``max_queued`` frames behind (the daemon's flow control). Unpaced,
+    every stream would race the others to the end of the turn and fill the kernel's socket
+    buffers, which is slower with many streams than the daemon itself, so no ceiling."""
+
+    def __init__(self, segments: list[bytes], group: int, max_queued: int) -> None:
         self.segments = segments
+        self.group = group
+        self.max_queued = max_queued
         self.started = trio.Event()
+        self.available = 0  # segments published
+        self.readers: set[_Reader] = set()
+        self.lot = trio.lowlevel.ParkingLot()
+
+    async def publish(self) -> None:
+        behind_frames = self.max_queued // 2
+        for k in range(len(self.segments)):
+            for reader in list(self.readers):
+                if reader.sending and (k - reader.cursor) * self.group >= behind_frames:
+                    await reader.idle.wait()
+            self.available = k + 1
+            self.lot.unpark_all()
+            await trio.lowlevel.checkpoint()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -81,17 +116,35 @@ class CeilingApp:
         if scope["type"] != "http":
             return
         if scope["method"] == "POST":
-            self.started.set()
             await send({"type": "http.response.start", "status": 204, "headers": []})
             await send({"type": "http.response.body", "body": b""})
+            self.started.set()
+            await self.publish()
             return
         await send({"type": "http.response.start", "status": 200, "headers": [
             (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
         await send({"type": "http.response.body", "body": b"retry: 3000\n\n",
                     "more_body": True})
-        await self.started.wait()
-        for segment in self.segments:
-            await send({"type": "http.response.body", "body": segment, "more_body": True})
+        reader = _Reader()
+        self.readers.add(reader)
+        segments, total = self.segments, len(self.segments)
+        try:
+            await self.started.wait()
+            while reader.cursor < total:
+                available = self.available
+                if reader.cursor >= available:
+                    await self.lot.park()
+                    continue
+                body = (segments[reader.cursor] if available == reader.cursor + 1
+                        else b"".join(segments[reader.cursor:available]))
+                reader.cursor = available
+                reader.sending = True
+                reader.idle = trio.Event()
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+                reader.sending = False
+                reader.idle.set()
+        finally:
+            self.readers.discard(reader)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
@@ -108,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="frames per send (default: the daemon's wake-up size)")
     args = parser.parse_args(argv)
     group = args.group or daemon_group(args.max_queued)
-    app = CeilingApp(turn_segments(args.chunks, group))
+    app = CeilingApp(turn_segments(args.chunks, group), group, args.max_queued)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
