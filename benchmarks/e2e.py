@@ -12,6 +12,12 @@ daemon waits for before publishing the terminal.
 
 Baseline: the same mock agent's raw emission rate, measured in the same run with a pipe reader
 that only counts lines (no daemon).
+
+Ceiling rows (informational; ``--no-ceiling`` skips them): after each daemon turn, the same
+turn's frames written by bare Hypercorn on Trio (``benchmarks.ceiling``: no daemon, every frame
+pre-built, one send per the daemon's wake-up size) to the same load generator with as many
+subscribers, checked the same way. No daemon on this stack can deliver more to this client on
+this machine; the row says how far the daemon is from it and what the fan-out targets need.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -163,6 +170,54 @@ def agent_raw_emission(chunks: int) -> RawRun:
     return RawRun(seconds, chunks, cpu)
 
 
+LISTEN_PREFIX = b"listening on http://"
+
+
+def ceiling_turn(chunks: int, subscribers: int, max_queued: int = 2048,
+                 timeout: float = 600.0) -> TurnRun:
+    """The same turn's frames written by bare Hypercorn (``benchmarks.ceiling``) to the same
+    load generator: the most this stack delivers on this machine. Checked like a daemon turn
+    (ids 1..chunks+1, the terminal last)."""
+    server = subprocess.Popen([sys.executable, "-m", "benchmarks.ceiling", "--chunks",
+                               str(chunks), "--max-queued", str(max_queued)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        if not line.startswith(LISTEN_PREFIX):
+            server.kill()
+            err = server.stderr.read().decode(errors="replace") if server.stderr else ""
+            raise RuntimeError(f"ceiling server did not start: {line!r} {err[-2000:]}")
+        host, port = line[len(LISTEN_PREFIX):].strip().decode().rsplit(":", 1)
+        meter = CpuMeter(server.pid)
+        loadgen = LoadGen(host, int(port), "ceiling", subscribers=subscribers,
+                          max_queued=max_queued, until="turn_complete", timeout=timeout)
+        try:
+            loadgen.wait_ready()
+            meter.start()
+            t0 = time.monotonic()
+            with socket.create_connection((host, int(port))) as conn:
+                conn.sendall(b"POST /start HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+                conn.recv(4096)
+            result = loadgen.result()
+            meter.add_client(float(result["cpu_s"]))
+            cpu = meter.stop()
+        finally:
+            loadgen.close()
+        subs = result["rounds"][0]
+        check_delivery(subs, 1, chunks + 1)
+        t_end = max(float(sub["t_done"]) for sub in subs)
+        delivered = sum(int(sub["ids"]) for sub in subs)
+        return TurnRun(subscribers, chunks + 1, delivered, t_end - t0, 0, cpu)
+    finally:
+        if server.poll() is None:
+            server.kill()
+        server.wait(10)
+        for stream in (server.stdout, server.stderr):
+            if stream is not None:
+                stream.close()
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunks", type=int, default=None,
                         help="chunks in the measured turn (default 100,000; quick 5,000)")
@@ -171,6 +226,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-queued", type=int, default=2048)
     parser.add_argument("--no-persistence", action="store_true",
                         help="run the daemon without the SQLite transcript")
+    parser.add_argument("--no-ceiling", action="store_true",
+                        help="skip the bare-Hypercorn ceiling rows")
 
 
 def _mean_cpu(cpus: Sequence[CpuUse]) -> CpuUse:
@@ -186,6 +243,7 @@ def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
     trials = ctx.trials(3, 1)
     persistence = not args.no_persistence
     runs: dict[int, list[TurnRun]] = {n: [] for n in counts}
+    ceilings: dict[int, list[TurnRun]] = {n: [] for n in counts}
     raw: list[RawRun] = []
     ctx.progress(f"starting daemon (transcript {'on' if persistence else 'off'})")
     with start_daemon(persistence=persistence) as daemon:
@@ -200,7 +258,49 @@ def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
                 runs[n].append(turn)
                 ctx.progress(f"  {turn.rate:,.0f} events/s delivered in {turn.seconds:.2f}s, "
                              f"evicted {turn.evicted}")
-    return rows_for(ctx, chunks, args.max_queued, persistence, raw, runs)
+                if not args.no_ceiling:
+                    ctx.progress(f"trial {trial + 1}/{trials}: bare Hypercorn ceiling, "
+                                 f"{n} subscriber(s)")
+                    ceiling = ceiling_turn(chunks, n, args.max_queued)
+                    ceilings[n].append(ceiling)
+                    ctx.progress(f"  {ceiling.rate:,.0f} events/s delivered in "
+                                 f"{ceiling.seconds:.2f}s")
+    rows = rows_for(ctx, chunks, args.max_queued, persistence, raw, runs)
+    if not args.no_ceiling:
+        rows += ceiling_rows(ctx, chunks, runs, ceilings)
+    return rows
+
+
+def ceiling_rows(ctx: Context, chunks: int, runs: dict[int, list[TurnRun]],
+                 ceilings: dict[int, list[TurnRun]]) -> list[Row]:
+    """One informational row per subscriber count: bare Hypercorn's rate, against the
+    daemon's rate with as many subscribers (ratio: how many times the daemon's rate the
+    stack allows), and what the fan-out targets would need."""
+    rows: list[Row] = []
+    single = statistics.median(t.rate for t in runs[1]) if runs.get(1) else None
+    for n, turns in ceilings.items():
+        if not turns:
+            continue
+        row = Row(benchmark=NAME, name=f"bare Hypercorn ceiling, {n} subscriber"
+                                       f"{'s' if n > 1 else ''}",
+                  params={"chunks": chunks, "subscribers": n}, unit="events/s",
+                  samples=[t.rate for t in turns], cpu=_mean_cpu([t.cpu for t in turns]),
+                  quick=ctx.quick)
+        daemon = statistics.median(t.rate for t in runs[n]) if runs.get(n) else None
+        if daemon and row.value:
+            row.baseline, row.baseline_label = daemon, "daemon"
+            row.ratio, row.ratio_label = row.value / daemon, "of the daemon"
+            row.notes.append(f"the daemon delivers {daemon / row.value:.0%} of what bare "
+                             "Hypercorn writes to the same client (same frames, same wake-up "
+                             "size; the cpu column's d is the bare server)")
+        fanout = {8: FANOUT_8_TARGET, 64: FANOUT_64_TARGET}.get(n)
+        if fanout is not None and single and row.value:
+            need = fanout * single
+            verdict = "within" if need <= row.value else "above"
+            row.notes.append(f"the {fanout:g}x fan-out target needs {need:,.0f} events/s, "
+                             f"{verdict} this ceiling ({need / row.value:.2f}x it)")
+        rows.append(row)
+    return rows
 
 
 def rows_for(ctx: Context, chunks: int, max_queued: int, persistence: bool,

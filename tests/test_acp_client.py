@@ -36,7 +36,15 @@ from daemon.core.acp_client import (
     prompt_result,
     session_id_of,
 )
-from daemon.core.acp_codec import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, Request
+from daemon.core.acp_codec import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
+    Request,
+    parse_update,
+    splice_updates,
+    update_prefix,
+)
 
 Client = AcpClient[str, str]
 
@@ -370,3 +378,126 @@ def test_any_other_agent_request_gets_method_not_found(method: str) -> None:
     assert (event.method, event.id) == (method, "q")
     assert json.loads(event.reply) == {"jsonrpc": "2.0", "id": "q", "error": {
         "code": METHOD_NOT_FOUND, "message": f"Method not found: {method}"}}
+
+
+# -- one decode per batch ------------------------------------------------------------------------
+
+# Lines a batch may hold: plain updates (fast path), updates the batch decoder refuses but the
+# per-line path accepts (an extra member, a missing jsonrpc, spaces), replies, bad updates and
+# lines that are not JSON at all.
+_MIXED = [
+    update("a", "1"),
+    update("b", "2"),
+    update("a", "three words", spaced=True),
+    b'{"method":"session/update","params":{"sessionId":"a","update":{"k":1}}}',
+    b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"a","update":{}},"x":1}',
+    b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"a","update":[]}}',
+    b'{"jsonrpc":"1.0","method":"session/update","params":{"sessionId":"a","update":{}}}',
+    b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"ghost","update":{}}}',
+    b'{"jsonrpc":"2.0","id":null,"method":"session/update","params":{"sessionId":"a","update":{}}}',
+    reply(99),
+    b"not json",
+    b"{",
+]
+
+
+def _one_by_one(lines: list[bytes]) -> tuple[list[tuple[str, list[bytes]]], list[Any]]:
+    """What the lines mean read one per batch (no batch ever spans two lines)."""
+    client = attached("a", "b")
+    routed: list[tuple[str, list[bytes]]] = []
+    events: list[Any] = []
+    for line in lines:
+        batch = client.receive([line])
+        routed += [(sid, raws) for sid, (_, raws) in batch.updates.items()]
+        events += batch.events
+    return routed, events
+
+
+def _merged(routed: list[tuple[str, list[bytes]]]) -> dict[str, list[bytes]]:
+    out: dict[str, list[bytes]] = {}
+    for session_id, raws in routed:
+        out.setdefault(session_id, []).extend(raws)
+    return out
+
+
+@pytest.mark.parametrize("start", range(len(_MIXED)))
+@pytest.mark.parametrize("size", [1, 2, 3, 5, len(_MIXED)])
+def test_a_batch_means_what_its_lines_mean_one_by_one(start: int, size: int) -> None:
+    lines = (_MIXED * 2)[start:start + size]
+    batch = attached("a", "b").receive(lines)
+    routed, events = _one_by_one(lines)
+    assert {sid: raws for sid, (_, raws) in batch.updates.items()} == _merged(routed)
+    assert batch.events == events
+
+
+def test_a_read_of_one_sessions_plain_updates_is_checked_at_once() -> None:
+    lines = [update("a", "1"), update("a", "2"), update("a", "3 4")]
+    prefix = update_prefix("a")
+    assert all(line.startswith(prefix) for line in lines)
+    assert splice_updates(lines, prefix) == [parse_update(line)[1]  # type: ignore[index]
+                                             for line in lines]
+    assert splice_updates(lines, update_prefix("b")) is None
+    assert splice_updates([], prefix) == []
+    batch = attached("a", "b").receive(lines)
+    assert texts(batch, "a") == ["1", "2", "3 4"] and batch.events == []
+    # An agent that puts spaces between the members is read line by line, made compact.
+    spaced = [update("a", "1", spaced=True), update("a", "2 3", spaced=True)]
+    assert not spaced[0].startswith(prefix)
+    assert attached("a").receive(spaced, spaced=True).updates["a"][1] == [
+        b'{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"1"}}',
+        b'{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"2 3"}}']
+
+
+def test_spaces_inside_the_updates_of_a_prefixed_read_are_made_compact() -> None:
+    line = update_prefix("a") + b'{"k": [1, 2]}}}'
+    assert attached("a").receive([line, line], spaced=True).updates["a"][1] == [
+        b'{"k":[1,2]}', b'{"k":[1,2]}']
+
+
+@pytest.mark.parametrize("middle", [
+    b'[]', b'"x"', b'{"k":1} ', b' {"k":1}', b'{"k":', b'{"k":1},{"k":2}', b'{"k":1}{"k":2}',
+    b"",
+])
+def test_a_line_that_only_looks_like_the_prefix_is_read_alone(middle: bytes) -> None:
+    good = update("a", "1")
+    line = update_prefix("a") + middle + b"}}"
+    assert splice_updates([good, line], update_prefix("a")) is None
+    batch = attached("a").receive([good, line])
+    routed, events = _one_by_one([good, line])
+    assert {sid: raws for sid, (_, raws) in batch.updates.items()} == _merged(routed)
+    assert batch.events == events
+
+
+def test_lines_that_are_json_only_when_joined_are_still_malformed() -> None:
+    # Joined as "[A,B]" the two middles are a valid two-element array; neither line alone is
+    # JSON. Each must be reported, nothing routed.
+    prefix = update_prefix("a")
+    lines = [prefix + b'{"k":1},{"k":[{}' + b"}}", prefix + b'{}]}' + b"}}"]
+    assert splice_updates(lines, prefix) is None
+    batch = attached("a").receive(lines)
+    assert batch.updates == {}
+    assert [type(event) for event in batch.events] == [MalformedLine, MalformedLine]
+    # The same with whitespace making room for the brackets and the commas.
+    assert splice_updates([prefix + b'{"k":1}, {"k":[{}}}', prefix + b' {}]}}}'],
+                          prefix) is None
+
+
+def test_a_read_for_a_session_being_loaded_is_consumed() -> None:
+    client = attached("a")
+    client.request("session/load", {}, "w", loading="a")
+    assert client.receive([update("a", "1"), update("a", "2")]) == Batch({}, [])
+    client.finished(1)
+    client.detach("a")
+    batch = client.receive([update("a", "1"), update("a", "2")])
+    assert batch.updates == {} and batch.events == [UnroutedUpdate("a")] * 2
+
+
+@pytest.mark.parametrize("tail", [b"]}", b"}]", b"} ", b"}", b"}}}", b'},"x":1}'])
+def test_a_prefixed_line_must_end_as_the_prefix_opened_it(tail: bytes) -> None:
+    good = update("a", "1")
+    line = update_prefix("a") + b'{"k":1}' + tail
+    assert splice_updates([good, line], update_prefix("a")) is None
+    batch = attached("a").receive([good, line])
+    routed, events = _one_by_one([good, line])
+    assert {sid: raws for sid, (_, raws) in batch.updates.items()} == _merged(routed)
+    assert batch.events == events

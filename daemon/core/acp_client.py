@@ -47,6 +47,8 @@ from .acp_codec import (
     encode_result,
     parse_message,
     parse_update,
+    splice_updates,
+    update_prefix,
 )
 from .envelope import encode_json
 from .splice import compact
@@ -288,11 +290,13 @@ class Batch(Generic[S, W]):
 class AcpClient(Generic[S, W]):
     """The client side of one agent connection: sessions, outstanding requests, loads."""
 
-    __slots__ = ("_load_of", "_loading", "_sinks", "pending")
+    __slots__ = ("_load_of", "_loading", "_prefixes", "_sinks", "pending")
 
     def __init__(self) -> None:
         self.pending: PendingRequests[W] = PendingRequests()
         self._sinks: dict[str, S] = {}
+        # What each attached session's update lines start with (acp_codec.update_prefix).
+        self._prefixes: dict[str, bytes] = {}
         # Sessions being loaded (a count: two loads of one session may overlap), and which
         # request loads which session.
         self._loading: dict[str, int] = {}
@@ -303,9 +307,11 @@ class AcpClient(Generic[S, W]):
     def attach(self, acp_session_id: str, sink: S) -> None:
         """Route the session's updates and permission requests to ``sink`` (replacing any)."""
         self._sinks[acp_session_id] = sink
+        self._prefixes[acp_session_id] = update_prefix(acp_session_id)
 
     def detach(self, acp_session_id: str) -> None:
         self._sinks.pop(acp_session_id, None)
+        self._prefixes.pop(acp_session_id, None)
 
     def attached(self) -> list[S]:
         """The sinks attached now."""
@@ -354,6 +360,18 @@ class AcpClient(Generic[S, W]):
     def receive(self, lines: list[bytes], *, spaced: bool = True) -> Batch[S, W]:
         """What a batch of complete lines means, read in order. ``spaced=False`` promises that
         no line holds a space, tab or CR (so no update needs making compact)."""
+        if lines:
+            # The usual read: one session's updates, each line the session's prefix, an
+            # update object and "}}". Checked for all lines at once; else line by line.
+            first = lines[0]
+            for session_id, prefix in self._prefixes.items():
+                if first.startswith(prefix):
+                    raws = splice_updates(lines, prefix)
+                    if raws is not None:
+                        if spaced:
+                            raws = list(map(compact, raws))
+                        return self._route_one(session_id, raws)
+                    break
         updates: dict[str, tuple[S, list[bytes]]] = {}
         events: list[Event[W]] = []
         sinks = self._sinks
@@ -408,6 +426,12 @@ class AcpClient(Generic[S, W]):
             last_id, last = session_id, entry[1]
             last.append(raw)
         return Batch(updates, events)
+
+    def _route_one(self, session_id: str, raws: list[bytes]) -> Batch[S, W]:
+        """A batch of updates all for one attached session (the usual read)."""
+        if session_id in self._loading:
+            return Batch({}, [])  # session/load replay: the daemon already has this history.
+        return Batch({session_id: (self._sinks[session_id], raws)}, [])
 
     def _resolve(self, response: Response) -> Replied[W] | ReplyUnknown:
         pending = self.pending.resolve(response)

@@ -7,13 +7,17 @@ clock, no I/O; what the messages mean is :mod:`daemon.core.acp_client`, and the 
 (``daemon.agent``) is the shell that moves the bytes.
 
 This is the hot path: an agent may stream 100,000 ``session/update`` lines per turn, so splitting
-is done with ``bytes.split`` on whole read chunks and each line costs one msgspec decode into a
-single flat Struct plus a few attribute checks.
+is done with ``bytes.split`` on whole read chunks; a read of one session's updates written the
+usual way (:func:`update_prefix`) is checked in one msgspec call for all its lines
+(:func:`splice_updates`), and any other line costs one msgspec decode into a single flat Struct
+plus a few attribute checks.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import repeat
+from operator import itemgetter
 from typing import Any, Final, Generic, TypeVar
 
 import msgspec
@@ -42,6 +46,8 @@ __all__ = [
     "encode_result",
     "parse_message",
     "parse_update",
+    "splice_updates",
+    "update_prefix",
 ]
 
 MAX_LINE_BYTES: Final = 16 * 1024 * 1024
@@ -282,6 +288,51 @@ def parse_update(line: bytes) -> tuple[str, bytes] | None:
     if update[0] != 123:
         return None
     return wire.params.sessionId, update
+
+
+_decode_values = msgspec.json.Decoder(list[msgspec.Raw]).decode
+_first_byte = itemgetter(0)
+_UPDATE_SUFFIX: Final = b"}}"
+
+
+def update_prefix(session_id: str) -> bytes:
+    """What a ``session/update`` line for ``session_id`` starts with when the agent writes it
+    compact, members in the order ACP lists them (as most agents do): the line is then this
+    prefix, the ``update`` object and ``}}``."""
+    return (b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":'
+            + _encode(session_id) + b',"update":')
+
+
+def splice_updates(lines: list[bytes], prefix: bytes) -> list[bytes] | None:
+    """The ``update`` bytes of ``lines`` when every line is ``prefix`` (see
+    :func:`update_prefix`), one JSON object and ``}}``: the same bytes :func:`parse_update`
+    finds, read without decoding any line on its own; else ``None`` (the caller reads the
+    lines one at a time, so one bad line never costs the others their meaning).
+
+    Such a line is valid JSON exactly when its middle is one JSON value, so the middles are
+    checked together, in one decode of ``[middle,middle,...]``. That the array has one element
+    per line is not enough (``{"a":[{}`` and ``{}]}`` are two elements joined, and neither is
+    JSON): every element must also be exactly as long as its middle, which, with the lengths
+    summing to the whole array less its brackets and commas, pins each element to its line.
+    """
+    count = len(lines)
+    if not count:
+        return []
+    if (sum(map(bytes.startswith, lines, repeat(prefix))) != count
+            or sum(map(bytes.endswith, lines, repeat(_UPDATE_SUFFIX))) != count):
+        return None
+    start = len(prefix)
+    updates = [line[start:-2] for line in lines]
+    try:
+        values = _decode_values(b"[" + b",".join(updates) + b"]")
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    if len(values) != count or list(map(len, values)) != list(map(len, updates)):
+        return None
+    # Each middle is one value; "{" first makes it an object (else: the per-line path).
+    if min(map(_first_byte, updates)) != 123 or max(map(_first_byte, updates)) != 123:
+        return None
+    return updates
 
 
 # --------------------------------------------------------------------------------------------
