@@ -26,10 +26,10 @@ import httpx
 import pytest
 import trio
 
+from benchmarks.redis_launcher import HAVE_REDIS, SKIP_REASON, redis_cluster, redis_server
 from daemon.core.cluster import decode_op, session_keys
 from daemon.core.envelope import decode_json
 from daemon.core.transcript_ops import AppendEvent, FinishTurn
-from tests.cluster_support import HAVE_REDIS, SKIP_REASON, redis_cluster, redis_server
 from tests.harness import RunningDaemon, start_daemon
 from tests.sse_client import Subscriber, chunk_kind, is_terminal_for
 

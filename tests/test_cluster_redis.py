@@ -1,4 +1,4 @@
-"""The Redis test fixtures themselves (tests/cluster_support.py): a real redis-server with AOF
+"""The Redis test fixtures themselves (benchmarks/redis_launcher.py): a real redis-server with AOF
 on, reaped when its context ends; a real 3-master Redis Cluster on which the session keys'
 ``{sessionId}`` hash tag keeps a multi-key script on one slot, for sessions spread over every
 master. coredis drives both under Trio."""
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster_support import (
+from benchmarks.redis_launcher import (
     HAVE_REDIS,
     SKIP_REASON,
     RedisServer,
