@@ -35,16 +35,22 @@ from .bus import SessionBus, Subscription, now_ms
 from .core.cluster import (
     APPEND_SCRIPT,
     CLAIM_SCRIPT,
+    CLOSED_RETENTION_MS,
+    COMPACT_SCRIPT,
+    IDLE_RETENTION_MS,
     RELEASE_SCRIPT,
     RENEW_SCRIPT,
     SET_EPOCH_SCRIPT,
+    Compaction,
     DirectoryEntry,
     Forward,
     Local,
+    LogTail,
     TakeOver,
     Unavailable,
     Unknown,
     append_args,
+    compact_ops,
     decode_op,
     encode_op,
     event_run,
@@ -57,7 +63,14 @@ from .core.cluster import (
 )
 from .core.envelope import Event, decode_json, encode_json, synthetic
 from .core.ring import EventRing
-from .core.transcript_ops import AppendEvent, DeleteSession, MarkClosed, Op, UpsertSession
+from .core.transcript_ops import (
+    AppendEvent,
+    DeleteSession,
+    FinishTurn,
+    MarkClosed,
+    Op,
+    UpsertSession,
+)
 from .manager import _KeyedLocks
 from .transcript_store import TranscriptStore
 from .transcript_writer import TranscriptWriter
@@ -93,6 +106,7 @@ class Owned:
     generation: int
     log_len: int  # the op log's length in Redis, as this node's appends left it
     epoch: str | None = None  # the current bus's epoch once its UpsertSession was shipped
+    tail: LogTail = field(default_factory=lambda: LogTail(0))  # since the last turn boundary
 
 
 @dataclass(frozen=True)
@@ -163,8 +177,11 @@ class ClusterNode:
     """This daemon's membership of the cluster (owned by the server's root nursery)."""
 
     def __init__(self, url: str, node_id: str, node_url: str, lease_ms: int,
-                 events_cap: int) -> None:
+                 events_cap: int, *, idle_retention_ms: int = IDLE_RETENTION_MS,
+                 closed_retention_ms: int = CLOSED_RETENTION_MS) -> None:
         self.url = url
+        self.idle_retention_ms = idle_retention_ms
+        self.closed_retention_ms = closed_retention_ms
         self.node_id = node_id
         self.node_url = node_url
         self.lease_ms = lease_ms
@@ -184,6 +201,7 @@ class ClusterNode:
         self._last_seq = 0
         self.appends = 0
         self.appends_fenced = 0
+        self.compactions = 0
 
     def attach(self, manager: Any) -> None:
         self.manager = manager
@@ -220,6 +238,7 @@ class ClusterNode:
             self._append = client.register_script(APPEND_SCRIPT)
             self._set_epoch = client.register_script(SET_EPOCH_SCRIPT)
             self._release = client.register_script(RELEASE_SCRIPT)
+            self._compact = client.register_script(COMPACT_SCRIPT)
             await self._register()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._ship_loop)
@@ -256,12 +275,16 @@ class ClusterNode:
         """Take the session's lease; its new generation, or ``None`` if another node has it."""
         keys = session_keys(session_id)
         result: Any = await self._claim(
-            keys=[keys.directory, keys.lease, keys.ops],
-            args=[self.node_id, self.node_url, workspace, epoch, self.lease_ms])
+            keys=keys.all(),
+            args=[self.node_id, self.node_url, workspace, epoch, self.lease_ms,
+                  self.idle_retention_ms])
         ok, value = int(result[0]), int(result[1])
         if not ok:
             return None
-        self.owned[session_id] = Owned(value, int(result[2]))
+        log_len = int(result[2])
+        # What the log holds already is compacted at a takeover (compact_log); this node's
+        # own turns are compacted as they end.
+        self.owned[session_id] = Owned(value, log_len, tail=LogTail(log_len))
         self.fenced.discard(session_id)
         log.info("event=lease_claimed session=%s generation=%d", session_id, value)
         return value
@@ -278,8 +301,8 @@ class ClusterNode:
                             and self._ship_idle(session_id):
                         await self.release(session_id, closed=False)
                         continue
-                    ok: Any = await self._renew(keys=[keys.directory, keys.lease],
-                                           args=[self.node_id, owned.generation, self.lease_ms])
+                    ok: Any = await self._renew(keys=keys.all(), args=[
+                        self.node_id, owned.generation, self.lease_ms, self.idle_retention_ms])
                     if not int(ok):
                         self._lost(session_id, "renew refused")
             except Exception as exc:  # Redis unreachable for a moment: the next round retries
@@ -296,8 +319,8 @@ class ClusterNode:
         if owned is None:
             return
         keys = session_keys(session_id)
-        await self._release(keys=[keys.directory, keys.lease],
-                            args=[self.node_id, owned.generation, "1" if closed else "0"])
+        await self._release(keys=keys.all(), args=[
+            self.node_id, owned.generation, "1" if closed else "0", self.closed_retention_ms])
         log.info("event=lease_released session=%s closed=%s", session_id, closed)
 
     def _lost(self, session_id: str, why: str) -> None:
@@ -386,7 +409,7 @@ class ClusterNode:
             return True
         if session_id in self.fenced:
             return False
-        ops: list[bytes] = []
+        ops: list[Op] = []
         runs: list[tuple[int, int, bytes]] = []
         last_event = 0
         closed = False
@@ -401,13 +424,20 @@ class ClusterNode:
                 ops, runs, last_event = [], [], 0
                 if not await self._start_bus(session_id, op, items[index + 1:]):
                     return False
-            ops.append(encode_op(op))
+            ops.append(op)
             owned = self.owned.get(session_id)
             if isinstance(op, AppendEvent) and owned is not None and owned.epoch is not None:
                 runs.append(event_run(op))
                 last_event = op.event_id
             if isinstance(op, MarkClosed):
                 closed = True
+            if isinstance(op, FinishTurn):
+                # The turn boundary ends a stretch: once Redis has it, the turn's raw events
+                # are compacted away (a script of their own, retried until it answers).
+                if not await self._flush(session_id, ops, runs, last_event):
+                    return False
+                progress[0] = index + 1
+                ops, runs, last_event = [], [], 0
         if not await self._flush(session_id, ops, runs, last_event):
             return False
         if closed:
@@ -437,7 +467,7 @@ class ClusterNode:
         owned.epoch = epoch
         return True
 
-    async def _flush(self, session_id: str, ops: list[bytes],
+    async def _flush(self, session_id: str, ops: list[Op],
                      runs: list[tuple[int, int, bytes]], last_event: int) -> bool:
         if not ops:
             return True
@@ -448,7 +478,8 @@ class ClusterNode:
         ok: Any = await self._append(
             keys=[keys.directory, keys.ops, keys.events],
             args=append_args(owned.generation, owned.epoch or "", self.events_cap,
-                             owned.log_len, ops, runs))
+                             owned.log_len, [encode_op(op) for op in ops], runs,
+                             self.idle_retention_ms))
         self.appends += 1
         if int(ok) != 1:
             self.appends_fenced += 1
@@ -457,7 +488,49 @@ class ClusterNode:
         owned.log_len += len(ops)
         if last_event:
             self.durable[session_id] = max(self.durable.get(session_id, 0), last_event)
+        compaction = None
+        for op in ops:  # a stretch holds at most one FinishTurn, as its last op
+            compaction = owned.tail.add(op) or compaction
+        if compaction is not None:
+            return await self.compact(session_id, owned, compaction)
         return True
+
+    async def compact(self, session_id: str, owned: Owned, compaction: Compaction) -> bool:
+        """Run one compaction of the op log, retried (like an append) until Redis answers:
+        its outcome decides the log's length the next append expects."""
+        keys = session_keys(session_id)
+        pause = 0.05
+        while True:
+            try:
+                ok: Any = await self._compact(keys=[keys.directory, keys.ops],
+                                              args=compaction.args(owned.generation))
+                break
+            except Exception as exc:
+                log.warning("event=cluster_compact_failed session=%s error=%r retry_s=%.2f",
+                            session_id, exc, pause)
+            await trio.sleep(pause)
+            pause = min(1.0, pause * 2)
+        if int(ok) != 1:
+            self._lost(session_id, "compaction fenced" if int(ok) == 0 else "op log diverged")
+            return False
+        owned.log_len = compaction.new_length
+        self.compactions += 1
+        return True
+
+    async def compact_log(self, session_id: str, ops: list[Op]) -> list[Op]:
+        """At a takeover: compact the whole op log just read (what its previous owner left
+        uncompacted: the interrupted turn's raw events stay, a finished turn's go) and set the
+        tail this node appends after. The ops kept, which replay to the same transcript."""
+        owned = self.owned[session_id]
+        keep = compact_ops(ops)
+        kept = [ops[i] for i in keep]
+        if len(keep) < len(ops) and not await self.compact(
+                session_id, owned, Compaction(0, len(ops), tuple(keep))):
+            raise RuntimeError(f"the op log of {session_id} changed during its takeover")
+        tail = LogTail.of(kept)
+        owned.tail = tail
+        owned.log_len = tail.start + tail.length
+        return kept
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -550,7 +623,8 @@ class ClusterRouter:
                 generation = await self.node.claim(session_id, entry.workspace, entry.epoch)
                 if generation is None:
                     return False
-                ops = await self.node.op_log(session_id)
+                ops = await self.node.compact_log(session_id,
+                                                  await self.node.op_log(session_id))
                 self.writer.submit_local(DeleteSession(session_id))
                 for op in ops:
                     self.writer.submit_local(op)

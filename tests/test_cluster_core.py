@@ -123,8 +123,8 @@ def test_event_runs() -> None:
 
 
 def test_append_args_layout() -> None:
-    assert append_args(4, "ep", 8000, 7, [b"o1", b"o2"], [(1, 2, b"x\ny")]) == [
-        "4", "ep", 8000, 7, 2, b"o1", b"o2", 1, 2, b"x\ny"]
+    assert append_args(4, "ep", 8000, 7, [b"o1", b"o2"], [(1, 2, b"x\ny")], 60_000) == [
+        "4", "ep", 8000, 7, 60_000, 2, b"o1", b"o2", 1, 2, b"x\ny"]
 
 
 def test_single_node_mode_never_imports_the_cluster_code() -> None:

@@ -17,6 +17,8 @@ from benchmarks.redis_launcher import (
     redis_server,
 )
 
+DAY = 86_400_000
+HOUR = 3_600_000
 pytestmark = pytest.mark.skipif(not HAVE_REDIS, reason=SKIP_REASON)
 coredis = pytest.importorskip("coredis", reason="coredis is not installed (pip install '.[cluster]')")
 
@@ -92,11 +94,10 @@ async def test_lease_and_fencing_scripts_on_a_real_redis(tmp_path: Path) -> None
             renew = client.register_script(RENEW_SCRIPT)
             append = client.register_script(APPEND_SCRIPT)
             release = client.register_script(RELEASE_SCRIPT)
-            lease = [keys.directory, keys.lease]
-            claiming = [*lease, keys.ops]
-            assert await claim(keys=claiming, args=["A", "http://a", "/w", "e1", 60_000]) \
+            lease = claiming = keys.all()
+            assert await claim(keys=claiming, args=["A", "http://a", "/w", "e1", 60_000, DAY]) \
                 == [1, 1, 0]  # generation 1, an empty op log
-            refused = await claim(keys=claiming, args=["B", "http://b", "/w", "e1", 60_000])
+            refused = await claim(keys=claiming, args=["B", "http://b", "/w", "e1", 60_000, DAY])
             assert refused[0] == 0 and 0 < refused[1] <= 60_000  # the lease's remaining ms
             assert await client.get(keys.lease) == b"A 1"
             log = [keys.directory, keys.ops, keys.events]
@@ -111,22 +112,22 @@ async def test_lease_and_fencing_scripts_on_a_real_redis(tmp_path: Path) -> None
             assert await client.llen(keys.ops) == 1
             # The lease runs out (here: dropped, as its TTL would); B takes over.
             await client.delete([keys.lease])
-            assert await claim(keys=claiming, args=["B", "http://b", "/w", "e2", 60_000]) \
+            assert await claim(keys=claiming, args=["B", "http://b", "/w", "e2", 60_000, DAY]) \
                 == [1, 2, 1]
-            assert await renew(keys=lease, args=["A", 1, 60_000]) == 0
+            assert await renew(keys=lease, args=["A", 1, 60_000, DAY]) == 0
             assert await append(keys=log, args=append_args(1, "e1", 100, 1, [b"late"],
                                                           [(3, 3, b"z")])) == 0
             assert await client.lrange(keys.ops, 0, -1) == [b"op1"]
             assert await client.xlen(keys.events) == 1
-            assert await renew(keys=lease, args=["B", 2, 60_000]) == 1
+            assert await renew(keys=lease, args=["B", 2, 60_000, DAY]) == 1
             assert await append(keys=log, args=append_args(2, "e2", 100, 1, [b"op2"], [])) == 1
             assert await client.lrange(keys.ops, 0, -1) == [b"op1", b"op2"]
             entry = (await client.xrange(keys.events))[0].field_values
             assert (entry[b"e"], entry[b"f"], entry[b"l"], entry[b"b"]) == (
                 b"e1", b"1", b"2", b"x\ny")
             # A stale release does nothing; the owner's frees the lease at once.
-            assert await release(keys=lease, args=["A", 1, "1"]) == 0
+            assert await release(keys=lease, args=["A", 1, "1", HOUR]) == 0
             assert await client.exists([keys.lease]) == 1
-            assert await release(keys=lease, args=["B", 2, "1"]) == 1
+            assert await release(keys=lease, args=["B", 2, "1", HOUR]) == 1
             assert await client.exists([keys.lease]) == 0
             assert await client.hget(keys.directory, "closed") == b"1"
