@@ -274,6 +274,63 @@ async def test_fencing_a_paused_owner_cannot_append_after_a_takeover(tmp_path: P
                     if t["promptId"] == p1] == ["interrupted"]
 
 
+async def test_fencing_a_paused_owner_s_late_appends_meet_the_generation_check(
+        tmp_path: Path) -> None:
+    """The append path's own fence. The owner is paused right after a renewal (its next one is
+    lease/3 away), its lease is gone (dropped here as its expiry would drop it) and another
+    node claims the session: the window between a new owner's claim and its first write,
+    where the op log is still exactly as the old owner left it, so only the generation tells
+    the old owner's appends apart. On SIGCONT the old owner publishes the rest of its turn
+    before any renewal could tell it anything: its append is refused by the generation check
+    (nothing of it lands), then the session goes on on a real node."""
+    from daemon.core.cluster import CLAIM_SCRIPT, IDLE_RETENTION_MS
+
+    lease_ms = 15_000
+    keys = session_keys
+    with redis_server(tmp_path / "redis") as redis, \
+            nodes(tmp_path, redis.url, "AB", "--lease-ms", str(lease_ms)) as (a, b):
+        async with httpx.AsyncClient(base_url=a.url, timeout=TIMEOUT) as ca, \
+                httpx.AsyncClient(base_url=b.url, timeout=TIMEOUT) as cb:
+            sid = (await ca.post("/session", json={})).json()["sessionId"]
+            resp = await ca.post(f"/session/{sid}/prompt", json={"prompt": [
+                {"type": "text", "text": "late mock:chunks=2 mock:gate=g3"}]})
+            p1 = resp.json()["promptId"]
+            with trio.fail_after(10):
+                while (await ca.get(f"/session/{sid}/status")).json()["durableEventId"] < 3:
+                    await trio.sleep(0.05)  # the chunks reach Redis
+            with trio.fail_after(10):  # a renewal just happened (its PX was set < 1 s ago)
+                while int(redis.cli("PTTL", keys(sid).lease)) < lease_ms - 1000:
+                    await trio.sleep(0.02)
+            a.proc.send_signal(signal.SIGSTOP)
+            redis.cli("DEL", keys(sid).lease)  # what its expiry does
+            client = coredis.Redis(host="127.0.0.1", port=redis.port)
+            async with client:
+                claim = client.register_script(CLAIM_SCRIPT)
+                # Node T claims it (its URL answers nothing: until its short lease runs out,
+                # requests elsewhere get 503) and has not written anything yet.
+                got = await claim(keys=keys(sid).all(), args=[
+                    "T", "http://127.0.0.1:9", str(tmp_path), "epoch-t", 800,
+                    IDLE_RETENTION_MS])
+                assert got[0] == 1
+            before = await stream_entries(redis.port, sid)
+            ops_before = await op_log(redis.port, sid)
+            a.open_gate("g3")
+            a.proc.send_signal(signal.SIGCONT)
+            with trio.fail_after(15):
+                while "event=lease_lost" not in a.stderr():
+                    await trio.sleep(0.05)  # the old owner finds out from Redis
+            assert await stream_entries(redis.port, sid) == before  # nothing landed
+            assert await op_log(redis.port, sid) == ops_before
+            # ... because its append met the generation check (not a renewal, not the length).
+            assert f'event=lease_lost session={sid} reason="append fenced"' in a.stderr()
+            # B takes the session over once T's lease is gone: one interrupted terminal.
+            _, status = await wait_status(cb, sid)
+            assert status["ownerNodeId"] == "B"
+            finishes = [op for op in await op_log(redis.port, sid)
+                        if isinstance(op, FinishTurn) and op.prompt_id == p1]
+            assert [op.terminal for op in finishes] == ["interrupted"]
+
+
 async def test_one_flow_on_a_redis_cluster(tmp_path: Path) -> None:
     auth = {"Authorization": "Bearer cluster-secret"}
     with redis_cluster(tmp_path / "rc") as cluster, \
