@@ -331,6 +331,58 @@ async def test_fencing_a_paused_owner_s_late_appends_meet_the_generation_check(
             assert [op.terminal for op in finishes] == ["interrupted"]
 
 
+async def test_op_log_is_compacted_and_a_closed_session_expires(tmp_path: Path) -> None:
+    """Each finished turn's raw events leave the Redis op log (its FinishTurn holds the
+    compacted records); a takeover of the compacted log restores exactly the transcript the
+    owner served; the session's keys carry the idle retention while it lives and the closed
+    retention once a client deleted it."""
+    from daemon.core.cluster import CLOSED_RETENTION_MS, IDLE_RETENTION_MS
+
+    keys = session_keys
+    with redis_server(tmp_path / "redis") as redis, \
+            nodes(tmp_path, redis.url, "AB", env={"MOCK_ACP_LOAD_SESSION": "1"}) as (a, b):
+        async with httpx.AsyncClient(base_url=a.url, timeout=TIMEOUT) as ca, \
+                httpx.AsyncClient(base_url=b.url, timeout=TIMEOUT) as cb, \
+                trio.open_nursery() as nursery:
+            sid = (await ca.post("/session", json={})).json()["sessionId"]
+            sub = Subscriber(ca, f"/session/{sid}/events")
+            await nursery.start(cut_quietly, sub)
+            for n in range(2):
+                resp = await ca.post(f"/session/{sid}/prompt", json={"prompt": [
+                    {"type": "text", "text": f"turn{n} mock:chunks=4"}]})
+                assert resp.status_code == 202, resp.text
+                await sub.wait_for(is_terminal_for(resp.json()["promptId"]))
+            with trio.fail_after(10):
+                while True:  # the second turn's compaction follows its terminal
+                    ops = await op_log(redis.port, sid)
+                    if not any(isinstance(op, AppendEvent) for op in ops):
+                        break
+                    await trio.sleep(0.05)  # polling Redis' own state
+            assert [type(op).__name__ for op in ops].count("FinishTurn") == 2
+            for key in (keys(sid).directory, keys(sid).ops, keys(sid).events):
+                assert IDLE_RETENTION_MS - 60_000 < int(redis.cli("PTTL", key)) \
+                    <= IDLE_RETENTION_MS
+            served = (await ca.get(f"/session/{sid}/transcript", params={"limit": 500})
+                      ).json()["events"]
+            assert len(served) > 2
+            nursery.cancel_scope.cancel()
+        a.kill()
+        async with httpx.AsyncClient(base_url=b.url, timeout=TIMEOUT) as cb:
+            _, status = await wait_status(cb, sid)
+            assert status["ownerNodeId"] == "B"
+            restored = (await cb.get(f"/session/{sid}/transcript", params={"limit": 500})
+                        ).json()["events"]
+            assert restored == served
+            assert (await cb.delete(f"/session/{sid}")).status_code == 204
+            with trio.fail_after(10):
+                while redis.cli("HGET", keys(sid).directory, "closed") != "1":
+                    await trio.sleep(0.05)
+            for key in (keys(sid).directory, keys(sid).ops, keys(sid).events):
+                assert 0 < int(redis.cli("PTTL", key)) <= CLOSED_RETENTION_MS
+            assert redis.cli("EXISTS", keys(sid).lease) == "0"
+            assert (await cb.get(f"/session/{sid}/status")).status_code == 404
+
+
 async def test_one_flow_on_a_redis_cluster(tmp_path: Path) -> None:
     auth = {"Authorization": "Bearer cluster-secret"}
     with redis_cluster(tmp_path / "rc") as cluster, \

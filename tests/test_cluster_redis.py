@@ -131,3 +131,52 @@ async def test_lease_and_fencing_scripts_on_a_real_redis(tmp_path: Path) -> None
             assert await release(keys=lease, args=["B", 2, "1", HOUR]) == 1
             assert await client.exists([keys.lease]) == 0
             assert await client.hget(keys.directory, "closed") == b"1"
+
+
+async def test_compaction_and_retention_scripts_on_a_real_redis(tmp_path: Path) -> None:
+    """COMPACT_SCRIPT replaces the stretch from its start to the log's end by the kept ops,
+    once (a resend is recognised), only for the current generation and only on the log the
+    owner knows; every write gives the session's keys the idle retention, a close the closed
+    one."""
+    from daemon.core.cluster import (
+        APPEND_SCRIPT,
+        CLAIM_SCRIPT,
+        COMPACT_SCRIPT,
+        RELEASE_SCRIPT,
+        Compaction,
+        append_args,
+        session_keys,
+    )
+
+    keys = session_keys("s2")
+    with redis_server(tmp_path / "r") as server:
+        client = coredis.Redis(host="127.0.0.1", port=server.port)
+        async with client:
+            claim = client.register_script(CLAIM_SCRIPT)
+            append = client.register_script(APPEND_SCRIPT)
+            compact = client.register_script(COMPACT_SCRIPT)
+            release = client.register_script(RELEASE_SCRIPT)
+            assert (await claim(keys=keys.all(), args=["A", "u", "/w", "e1", 60_000, DAY]))[0]
+            assert 0 < await client.pttl(keys.directory) <= DAY
+            log = [keys.directory, keys.ops, keys.events]
+            batch = [b"up", b"admit", b"ev1", b"ev2", b"finish"]
+            assert await append(keys=log, args=append_args(1, "e1", 100, 0, batch,
+                                                          [(1, 1, b"x")], DAY)) == 1
+            for key in (keys.ops, keys.events):
+                assert 0 < await client.pttl(key) <= DAY
+            turn = Compaction(1, 5, (0, 3))  # from "admit": keep admit and finish
+            ops = [keys.directory, keys.ops]
+            assert await compact(keys=ops, args=turn.args(2)) == 0  # another generation
+            assert await client.llen(keys.ops) == 5
+            assert await compact(keys=ops, args=Compaction(1, 6, (0, 3)).args(1)) == -1
+            assert await compact(keys=ops, args=turn.args(1)) == 1
+            assert await client.lrange(keys.ops, 0, -1) == [b"up", b"admit", b"finish"]
+            assert await compact(keys=ops, args=turn.args(1)) == 1  # resent: already done
+            assert await client.lrange(keys.ops, 0, -1) == [b"up", b"admit", b"finish"]
+            assert await compact(keys=ops, args=Compaction(0, 3, ()).args(1)) == 1
+            assert await client.exists([keys.ops]) == 0
+            # A client deletes the session: its keys live the closed retention, then go.
+            await append(keys=log, args=append_args(1, "e1", 100, 0, [b"again"], [], DAY))
+            assert await release(keys=keys.all(), args=["A", 1, "1", 1_000]) == 1
+            for key in (keys.directory, keys.ops, keys.events):
+                assert 0 < await client.pttl(key) <= 1_000
