@@ -30,6 +30,7 @@ from benchmarks.redis_launcher import HAVE_REDIS, SKIP_REASON, redis_cluster, re
 from daemon.core.cluster import decode_op, session_keys
 from daemon.core.envelope import decode_json
 from daemon.core.transcript_ops import AppendEvent, FinishTurn
+from sdk.client import DaemonClient
 from tests.harness import RunningDaemon, start_daemon
 from tests.sse_client import Subscriber, chunk_kind, is_terminal_for
 
@@ -367,9 +368,14 @@ async def test_op_log_is_compacted_and_a_closed_session_expires(tmp_path: Path) 
             assert len(served) > 2
             nursery.cancel_scope.cancel()
         a.kill()
+        # The SDK asks B at once: 503 + Retry-After while A's lease runs, resent until B
+        # took the session over.
+        async with DaemonClient(b.url) as sdk_client:
+            sdk_status = await sdk_client.session_status(sid)
+            stats = sdk_client.statistics()
+        assert sdk_status.raw["ownerNodeId"] == "B"
+        assert stats.count("status") >= 2 and stats.failures == stats.count("status") - 1
         async with httpx.AsyncClient(base_url=b.url, timeout=TIMEOUT) as cb:
-            _, status = await wait_status(cb, sid)
-            assert status["ownerNodeId"] == "B"
             restored = (await cb.get(f"/session/{sid}/transcript", params={"limit": 500})
                         ).json()["events"]
             assert restored == served
