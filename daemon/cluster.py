@@ -38,6 +38,10 @@ from .core.cluster import (
     CLOSED_RETENTION_MS,
     COMPACT_SCRIPT,
     IDLE_RETENTION_MS,
+    READERS_FRESH_MS,
+    READERS_GET_SCRIPT,
+    READERS_REFRESH_MS,
+    READERS_SET_SCRIPT,
     RELEASE_SCRIPT,
     RENEW_SCRIPT,
     SET_EPOCH_SCRIPT,
@@ -56,6 +60,7 @@ from .core.cluster import (
     event_run,
     node_key,
     node_ttl_ms,
+    readers_by_node,
     renew_interval_ms,
     route,
     session_keys,
@@ -133,6 +138,7 @@ class MirrorBus(SessionBus):
         super().__init__(session_id, limits, None, first_id=first_id)
         self.epoch = epoch
         self._resyncs: dict[Subscription, Event] = {}
+        self.readers_changed = trio.Event()  # set when a reader comes or goes
 
     def switch_epoch(self, epoch: str, first_id: int) -> None:
         old = self.ring
@@ -153,9 +159,14 @@ class MirrorBus(SessionBus):
     def take_resync(self, sub: Subscription) -> Event | None:
         return self._resyncs.pop(sub, None)
 
+    def add_subscriber(self, sub: Subscription) -> None:
+        super().add_subscriber(sub)
+        self.readers_changed.set()
+
     def remove_subscriber(self, sub: Subscription) -> None:
         self._resyncs.pop(sub, None)
         super().remove_subscriber(sub)
+        self.readers_changed.set()
 
 
 @dataclass
@@ -239,6 +250,8 @@ class ClusterNode:
             self._set_epoch = client.register_script(SET_EPOCH_SCRIPT)
             self._release = client.register_script(RELEASE_SCRIPT)
             self._compact = client.register_script(COMPACT_SCRIPT)
+            self._readers_set = client.register_script(READERS_SET_SCRIPT)
+            self._readers_get = client.register_script(READERS_GET_SCRIPT)
             await self._register()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._ship_loop)
@@ -542,6 +555,21 @@ class ClusterNode:
         pttl = int(await self.client.pttl(keys.lease))
         return DirectoryEntry.from_hash(fields), pttl, fields
 
+    async def readers(self, session_id: str, own: int) -> dict[str, int]:
+        """The session's subscribers per node: ``own`` here (the owner) and what the mirrors
+        on other nodes report (see ``READERS_GET_SCRIPT``)."""
+        try:
+            flat: Any = await self._readers_get(keys=[session_keys(session_id).readers],
+                                                args=[READERS_FRESH_MS])
+        except Exception as exc:  # Redis away: the owner's own count still answers
+            log.warning("event=mirror_readers_failed session=%s error=%r", session_id, exc)
+            flat = []
+        return readers_by_node(list(flat), self.node_id, own)
+
+    async def report_readers(self, session_id: str, count: int) -> None:
+        await self._readers_set(keys=[session_keys(session_id).readers],
+                                args=[self.node_id, count, READERS_FRESH_MS])
+
     async def op_log(self, session_id: str) -> list[Op]:
         assert self.client is not None
         raw = await self.client.lrange(session_keys(session_id).ops, 0, -1)
@@ -762,7 +790,35 @@ class ClusterRouter:
         bus.flush()
         self.mirrors[session_id] = mirror
         self.manager.nursery.start_soon(self._follow, session_id, mirror)
+        self.manager.nursery.start_soon(self._report_readers, session_id, mirror)
         return mirror
+
+    async def _report_readers(self, session_id: str, mirror: Mirror) -> None:
+        """Keep this mirror's reader count in Redis for the owner's status: at once when it
+        changes, refreshed every READERS_REFRESH_MS; withdrawn when the mirror ends."""
+        bus = mirror.bus
+        try:
+            while not mirror.done.is_set():
+                bus.readers_changed = trio.Event()
+                try:
+                    await self.node.report_readers(session_id, len(bus.subscribers))
+                except Exception as exc:  # Redis away for a moment: the next round reports
+                    log.warning("event=mirror_readers_failed session=%s error=%r",
+                                session_id, exc)
+                with trio.move_on_after(READERS_REFRESH_MS / 1000):
+                    async with trio.open_nursery() as wait:
+                        async def on(event: trio.Event) -> None:
+                            await event.wait()
+                            wait.cancel_scope.cancel()
+                        wait.start_soon(on, bus.readers_changed)
+                        wait.start_soon(on, mirror.done)
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(2):
+                try:
+                    await self.node.report_readers(session_id, 0)
+                except Exception as exc:
+                    log.warning("event=mirror_readers_failed session=%s error=%r",
+                                session_id, exc)
 
     def _feed(self, mirror: Mirror, values: Any) -> bool:
         """Append one stream entry's events to the mirror's ring; False when the session

@@ -22,6 +22,7 @@ from daemon.core.cluster import (
     event_run,
     lease_value,
     node_key,
+    readers_by_node,
     renew_interval_ms,
     retry_after_s,
     route,
@@ -224,3 +225,9 @@ def test_log_tail_compacts_each_finished_turn_as_the_owner_appends() -> None:
     assert quiet.add(AdmitPrompt(SID, "p9", 1)) is None
     assert quiet.add(FinishTurn(SID, "p9", "error", None, 2)) is None
     assert (quiet.start, quiet.length) == (6, 0)
+
+
+def test_readers_by_node() -> None:
+    flat = [b"B", b"2", b"C", b"5", b"A", b"9"]  # a report naming the owner is not counted
+    assert readers_by_node(flat, "A", 1) == {"A": 1, "B": 2, "C": 5}
+    assert readers_by_node([], "A", 0) == {"A": 0}

@@ -389,6 +389,40 @@ async def test_op_log_is_compacted_and_a_closed_session_expires(tmp_path: Path) 
             assert (await cb.get(f"/session/{sid}/status")).status_code == 404
 
 
+async def test_status_counts_the_readers_of_mirrors_on_other_nodes(tmp_path: Path) -> None:
+    """``subscribers`` in a session's status is the whole cluster's (the owner's own readers
+    and those of the mirrors on other nodes), ``subscribersByNode`` the breakdown; the same on
+    every node. A reader leaving is withdrawn; a dead node's report goes stale and drops out."""
+    async def by_node(client: httpx.AsyncClient, sid: str, want: dict[str, int]) -> None:
+        with trio.fail_after(15):
+            while True:
+                status = (await client.get(f"/session/{sid}/status")).json()
+                if status.get("subscribersByNode") == want:
+                    assert status["subscribers"] == sum(want.values())
+                    return
+                await trio.sleep(0.05)  # polling the owner's own answer
+
+    with redis_server(tmp_path / "redis") as redis, \
+            nodes(tmp_path, redis.url, "ABC") as (a, b, c):
+        async with httpx.AsyncClient(base_url=a.url, timeout=TIMEOUT) as ca, \
+                httpx.AsyncClient(base_url=b.url, timeout=TIMEOUT) as cb, \
+                httpx.AsyncClient(base_url=c.url, timeout=TIMEOUT) as cc, \
+                trio.open_nursery() as nursery:
+            sid = (await ca.post("/session", json={})).json()["sessionId"]
+            async with trio.open_nursery() as leaves:
+                for client, where in ((ca, nursery), (cb, nursery), (cb, leaves), (cc, nursery)):
+                    await where.start(cut_quietly, Subscriber(client, f"/session/{sid}/events"))
+                await by_node(ca, sid, {"A": 1, "B": 2, "C": 1})
+                await by_node(cc, sid, {"A": 1, "B": 2, "C": 1})  # forwarded: the owner's
+                leaves.cancel_scope.cancel()  # one of B's readers leaves
+            await by_node(cb, sid, {"A": 1, "B": 1, "C": 1})
+            # C dies: its report is never withdrawn and goes stale (B's refreshes keep the
+            # hash itself alive), so it drops out.
+            c.kill()
+            await by_node(ca, sid, {"A": 1, "B": 1})
+            nursery.cancel_scope.cancel()
+
+
 async def test_one_flow_on_a_redis_cluster(tmp_path: Path) -> None:
     auth = {"Authorization": "Bearer cluster-secret"}
     with redis_cluster(tmp_path / "rc") as cluster, \

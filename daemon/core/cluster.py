@@ -57,14 +57,17 @@ class SessionKeys:
     lease: str  # string "<nodeId> <generation>" with the lease TTL
     ops: str  # list: the transcript op log (encoded ops, in commit order)
     events: str  # stream: the published events, capped at the ring size
+    readers: str  # hash: node id -> "<readers of its mirror> <Redis time ms>"
 
     def all(self) -> list[str]:
+        """The keys the lease scripts take (``readers`` is written by mirrors only)."""
         return [self.directory, self.lease, self.ops, self.events]
 
 
 def session_keys(session_id: str) -> SessionKeys:
     tag = f"{KEY_PREFIX}:{{{session_id}}}"
-    return SessionKeys(f"{tag}:dir", f"{tag}:lease", f"{tag}:ops", f"{tag}:events")
+    return SessionKeys(f"{tag}:dir", f"{tag}:lease", f"{tag}:ops", f"{tag}:events",
+                       f"{tag}:readers")
 
 
 def node_key(node_id: str) -> str:
@@ -319,6 +322,60 @@ end
 redis.call('DEL', KEYS[2])
 return 1
 """
+
+
+# --- readers of mirrors on other nodes -----------------------------------------------------
+#
+# A node that serves a session's stream from a mirror reports how many readers the mirror has,
+# stamped with Redis' own clock (so the nodes' clocks never matter); the owner's status adds
+# the fresh reports to its own subscribers. A report is fresh for READERS_FRESH_MS: a mirror
+# refreshes it every READERS_REFRESH_MS and whenever its count changes, and removes it when it
+# ends; a dead node's report goes stale and is dropped by the next reader of the hash.
+READERS_REFRESH_MS: Final = 1_000
+READERS_FRESH_MS: Final = 3_000
+
+# KEYS: readers. ARGV: node id, count, fresh ms. Report (count > 0) or withdraw (0) a mirror.
+READERS_SET_SCRIPT: Final = """
+if tonumber(ARGV[2]) > 0 then
+  local now = redis.call('TIME')
+  local ms = now[1] * 1000 + math.floor(now[2] / 1000)
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ' ' .. ms)
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+else
+  redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 1
+"""
+
+# KEYS: readers. ARGV: fresh ms. The fresh reports as a flat {node id, count, ...} list; the
+# stale ones are deleted.
+READERS_GET_SCRIPT: Final = """
+local now = redis.call('TIME')
+local ms = now[1] * 1000 + math.floor(now[2] / 1000)
+local all = redis.call('HGETALL', KEYS[1])
+local out = {}
+for i = 1, #all, 2 do
+  local count, at = string.match(all[i + 1], '^(%d+) (%d+)$')
+  if count and ms - tonumber(at) <= tonumber(ARGV[1]) then
+    out[#out + 1] = all[i]
+    out[#out + 1] = count
+  else
+    redis.call('HDEL', KEYS[1], all[i])
+  end
+end
+return out
+"""
+
+
+def readers_by_node(flat: list[Any], own_node_id: str, own_count: int) -> dict[str, int]:
+    """The subscribers of a session per node: the owner's own and the fresh mirror reports
+    (a flat ``READERS_GET_SCRIPT`` answer; a report naming the owner itself is ignored)."""
+    out = {own_node_id: own_count}
+    for i in range(0, len(flat) - 1, 2):
+        node = flat[i].decode() if isinstance(flat[i], bytes) else str(flat[i])
+        if node != own_node_id:
+            out[node] = int(flat[i + 1])
+    return out
 
 
 def append_args(generation: int, epoch: str, events_cap: int, log_len: int, ops: list[bytes],
