@@ -97,6 +97,7 @@ _DROP_RESPONSE = frozenset({"content-length", "connection", "keep-alive", "trans
                             "date", "server"})
 SESSION_PATH_PREFIX = "/session/"
 MIRROR_BLOCK_MS = 500
+READERS_LOOKUP_S = 0.2
 TERMINAL_SESSION_EVENTS = frozenset({b"session_closed", b"session_died"})
 
 
@@ -558,12 +559,15 @@ class ClusterNode:
     async def readers(self, session_id: str, own: int) -> dict[str, int]:
         """The session's subscribers per node: ``own`` here (the owner) and what the mirrors
         on other nodes report (see ``READERS_GET_SCRIPT``)."""
-        try:
-            flat: Any = await self._readers_get(keys=[session_keys(session_id).readers],
-                                                args=[READERS_FRESH_MS])
-        except Exception as exc:  # Redis away: the owner's own count still answers
-            log.warning("event=mirror_readers_failed session=%s error=%r", session_id, exc)
-            flat = []
+        flat: Any = []
+        # A status must not wait for a Redis that does not answer (paused, partitioned): past
+        # READERS_LOOKUP_S it shows the owner's own readers only.
+        with trio.move_on_after(READERS_LOOKUP_S):
+            try:
+                flat = await self._readers_get(keys=[session_keys(session_id).readers],
+                                               args=[READERS_FRESH_MS])
+            except Exception as exc:  # Redis away: the owner's own count still answers
+                log.warning("event=mirror_readers_failed session=%s error=%r", session_id, exc)
         return readers_by_node(list(flat), self.node_id, own)
 
     async def report_readers(self, session_id: str, count: int) -> None:
