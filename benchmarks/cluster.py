@@ -24,14 +24,11 @@ import argparse
 import json
 import shutil
 import signal
-import socket
 import statistics
-import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +37,7 @@ import httpx
 from benchmarks.harness import Context, CpuUse, Row
 from benchmarks.launcher import Daemon, start_daemon
 from benchmarks.loadgen import LoadGen, check_delivery
+from benchmarks.redis_launcher import redis_server
 
 NAME = "cluster"
 TITLE = "cluster mode: fan-out over 3 nodes, forwarding, event latency through Redis, failover"
@@ -54,46 +52,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prompts per forwarding figure (default 60; quick 10)")
     parser.add_argument("--lease-ms", type=int, default=2000,
                         help="the nodes' --lease-ms (the failover waits it out)")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@contextmanager
-def _redis(base: Path) -> Iterator[str]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
-    port = _free_port()
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--dir",
-                             str(base), "--appendonly", "yes", "--save", "", "--logfile",
-                             str(base / "redis.log")], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
-                    conn.sendall(b"PING\r\n")
-                    if conn.recv(64).startswith(b"+PONG"):
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError("redis-server did not start")
-            time.sleep(0.02)  # polling the server's answer
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 class _Reader:
@@ -208,7 +166,7 @@ def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
     with ExitStack() as stack:
         scratch = Path(tempfile.mkdtemp(prefix="tk-cluster-"))
         stack.callback(shutil.rmtree, scratch, True)
-        redis_url = stack.enter_context(_redis(scratch))
+        redis_url = stack.enter_context(redis_server(scratch / "redis")).url
         ctx.progress(f"redis-server at {redis_url}")
         nodes = []
         for name in "ABC":

@@ -35,21 +35,32 @@ from .bus import SessionBus, Subscription, now_ms
 from .core.cluster import (
     APPEND_SCRIPT,
     CLAIM_SCRIPT,
+    CLOSED_RETENTION_MS,
+    COMPACT_SCRIPT,
+    IDLE_RETENTION_MS,
+    READERS_FRESH_MS,
+    READERS_GET_SCRIPT,
+    READERS_REFRESH_MS,
+    READERS_SET_SCRIPT,
     RELEASE_SCRIPT,
     RENEW_SCRIPT,
     SET_EPOCH_SCRIPT,
+    Compaction,
     DirectoryEntry,
     Forward,
     Local,
+    LogTail,
     TakeOver,
     Unavailable,
     Unknown,
     append_args,
+    compact_ops,
     decode_op,
     encode_op,
     event_run,
     node_key,
     node_ttl_ms,
+    readers_by_node,
     renew_interval_ms,
     route,
     session_keys,
@@ -57,7 +68,14 @@ from .core.cluster import (
 )
 from .core.envelope import Event, decode_json, encode_json, synthetic
 from .core.ring import EventRing
-from .core.transcript_ops import AppendEvent, DeleteSession, MarkClosed, Op, UpsertSession
+from .core.transcript_ops import (
+    AppendEvent,
+    DeleteSession,
+    FinishTurn,
+    MarkClosed,
+    Op,
+    UpsertSession,
+)
 from .manager import _KeyedLocks
 from .transcript_store import TranscriptStore
 from .transcript_writer import TranscriptWriter
@@ -79,6 +97,7 @@ _DROP_RESPONSE = frozenset({"content-length", "connection", "keep-alive", "trans
                             "date", "server"})
 SESSION_PATH_PREFIX = "/session/"
 MIRROR_BLOCK_MS = 500
+READERS_LOOKUP_S = 0.2
 TERMINAL_SESSION_EVENTS = frozenset({b"session_closed", b"session_died"})
 
 
@@ -93,6 +112,7 @@ class Owned:
     generation: int
     log_len: int  # the op log's length in Redis, as this node's appends left it
     epoch: str | None = None  # the current bus's epoch once its UpsertSession was shipped
+    tail: LogTail = field(default_factory=lambda: LogTail(0))  # since the last turn boundary
 
 
 @dataclass(frozen=True)
@@ -119,6 +139,7 @@ class MirrorBus(SessionBus):
         super().__init__(session_id, limits, None, first_id=first_id)
         self.epoch = epoch
         self._resyncs: dict[Subscription, Event] = {}
+        self.readers_changed = trio.Event()  # set when a reader comes or goes
 
     def switch_epoch(self, epoch: str, first_id: int) -> None:
         old = self.ring
@@ -139,9 +160,14 @@ class MirrorBus(SessionBus):
     def take_resync(self, sub: Subscription) -> Event | None:
         return self._resyncs.pop(sub, None)
 
+    def add_subscriber(self, sub: Subscription) -> None:
+        super().add_subscriber(sub)
+        self.readers_changed.set()
+
     def remove_subscriber(self, sub: Subscription) -> None:
         self._resyncs.pop(sub, None)
         super().remove_subscriber(sub)
+        self.readers_changed.set()
 
 
 @dataclass
@@ -163,8 +189,11 @@ class ClusterNode:
     """This daemon's membership of the cluster (owned by the server's root nursery)."""
 
     def __init__(self, url: str, node_id: str, node_url: str, lease_ms: int,
-                 events_cap: int) -> None:
+                 events_cap: int, *, idle_retention_ms: int = IDLE_RETENTION_MS,
+                 closed_retention_ms: int = CLOSED_RETENTION_MS) -> None:
         self.url = url
+        self.idle_retention_ms = idle_retention_ms
+        self.closed_retention_ms = closed_retention_ms
         self.node_id = node_id
         self.node_url = node_url
         self.lease_ms = lease_ms
@@ -184,6 +213,7 @@ class ClusterNode:
         self._last_seq = 0
         self.appends = 0
         self.appends_fenced = 0
+        self.compactions = 0
 
     def attach(self, manager: Any) -> None:
         self.manager = manager
@@ -220,6 +250,9 @@ class ClusterNode:
             self._append = client.register_script(APPEND_SCRIPT)
             self._set_epoch = client.register_script(SET_EPOCH_SCRIPT)
             self._release = client.register_script(RELEASE_SCRIPT)
+            self._compact = client.register_script(COMPACT_SCRIPT)
+            self._readers_set = client.register_script(READERS_SET_SCRIPT)
+            self._readers_get = client.register_script(READERS_GET_SCRIPT)
             await self._register()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._ship_loop)
@@ -256,12 +289,16 @@ class ClusterNode:
         """Take the session's lease; its new generation, or ``None`` if another node has it."""
         keys = session_keys(session_id)
         result: Any = await self._claim(
-            keys=[keys.directory, keys.lease, keys.ops],
-            args=[self.node_id, self.node_url, workspace, epoch, self.lease_ms])
+            keys=keys.all(),
+            args=[self.node_id, self.node_url, workspace, epoch, self.lease_ms,
+                  self.idle_retention_ms])
         ok, value = int(result[0]), int(result[1])
         if not ok:
             return None
-        self.owned[session_id] = Owned(value, int(result[2]))
+        log_len = int(result[2])
+        # What the log holds already is compacted at a takeover (compact_log); this node's
+        # own turns are compacted as they end.
+        self.owned[session_id] = Owned(value, log_len, tail=LogTail(log_len))
         self.fenced.discard(session_id)
         log.info("event=lease_claimed session=%s generation=%d", session_id, value)
         return value
@@ -278,8 +315,8 @@ class ClusterNode:
                             and self._ship_idle(session_id):
                         await self.release(session_id, closed=False)
                         continue
-                    ok: Any = await self._renew(keys=[keys.directory, keys.lease],
-                                           args=[self.node_id, owned.generation, self.lease_ms])
+                    ok: Any = await self._renew(keys=keys.all(), args=[
+                        self.node_id, owned.generation, self.lease_ms, self.idle_retention_ms])
                     if not int(ok):
                         self._lost(session_id, "renew refused")
             except Exception as exc:  # Redis unreachable for a moment: the next round retries
@@ -296,8 +333,8 @@ class ClusterNode:
         if owned is None:
             return
         keys = session_keys(session_id)
-        await self._release(keys=[keys.directory, keys.lease],
-                            args=[self.node_id, owned.generation, "1" if closed else "0"])
+        await self._release(keys=keys.all(), args=[
+            self.node_id, owned.generation, "1" if closed else "0", self.closed_retention_ms])
         log.info("event=lease_released session=%s closed=%s", session_id, closed)
 
     def _lost(self, session_id: str, why: str) -> None:
@@ -386,7 +423,7 @@ class ClusterNode:
             return True
         if session_id in self.fenced:
             return False
-        ops: list[bytes] = []
+        ops: list[Op] = []
         runs: list[tuple[int, int, bytes]] = []
         last_event = 0
         closed = False
@@ -401,13 +438,20 @@ class ClusterNode:
                 ops, runs, last_event = [], [], 0
                 if not await self._start_bus(session_id, op, items[index + 1:]):
                     return False
-            ops.append(encode_op(op))
+            ops.append(op)
             owned = self.owned.get(session_id)
             if isinstance(op, AppendEvent) and owned is not None and owned.epoch is not None:
                 runs.append(event_run(op))
                 last_event = op.event_id
             if isinstance(op, MarkClosed):
                 closed = True
+            if isinstance(op, FinishTurn):
+                # The turn boundary ends a stretch: once Redis has it, the turn's raw events
+                # are compacted away (a script of their own, retried until it answers).
+                if not await self._flush(session_id, ops, runs, last_event):
+                    return False
+                progress[0] = index + 1
+                ops, runs, last_event = [], [], 0
         if not await self._flush(session_id, ops, runs, last_event):
             return False
         if closed:
@@ -437,7 +481,7 @@ class ClusterNode:
         owned.epoch = epoch
         return True
 
-    async def _flush(self, session_id: str, ops: list[bytes],
+    async def _flush(self, session_id: str, ops: list[Op],
                      runs: list[tuple[int, int, bytes]], last_event: int) -> bool:
         if not ops:
             return True
@@ -448,7 +492,8 @@ class ClusterNode:
         ok: Any = await self._append(
             keys=[keys.directory, keys.ops, keys.events],
             args=append_args(owned.generation, owned.epoch or "", self.events_cap,
-                             owned.log_len, ops, runs))
+                             owned.log_len, [encode_op(op) for op in ops], runs,
+                             self.idle_retention_ms))
         self.appends += 1
         if int(ok) != 1:
             self.appends_fenced += 1
@@ -457,7 +502,49 @@ class ClusterNode:
         owned.log_len += len(ops)
         if last_event:
             self.durable[session_id] = max(self.durable.get(session_id, 0), last_event)
+        compaction = None
+        for op in ops:  # a stretch holds at most one FinishTurn, as its last op
+            compaction = owned.tail.add(op) or compaction
+        if compaction is not None:
+            return await self.compact(session_id, owned, compaction)
         return True
+
+    async def compact(self, session_id: str, owned: Owned, compaction: Compaction) -> bool:
+        """Run one compaction of the op log, retried (like an append) until Redis answers:
+        its outcome decides the log's length the next append expects."""
+        keys = session_keys(session_id)
+        pause = 0.05
+        while True:
+            try:
+                ok: Any = await self._compact(keys=[keys.directory, keys.ops],
+                                              args=compaction.args(owned.generation))
+                break
+            except Exception as exc:
+                log.warning("event=cluster_compact_failed session=%s error=%r retry_s=%.2f",
+                            session_id, exc, pause)
+            await trio.sleep(pause)
+            pause = min(1.0, pause * 2)
+        if int(ok) != 1:
+            self._lost(session_id, "compaction fenced" if int(ok) == 0 else "op log diverged")
+            return False
+        owned.log_len = compaction.new_length
+        self.compactions += 1
+        return True
+
+    async def compact_log(self, session_id: str, ops: list[Op]) -> list[Op]:
+        """At a takeover: compact the whole op log just read (what its previous owner left
+        uncompacted: the interrupted turn's raw events stay, a finished turn's go) and set the
+        tail this node appends after. The ops kept, which replay to the same transcript."""
+        owned = self.owned[session_id]
+        keep = compact_ops(ops)
+        kept = [ops[i] for i in keep]
+        if len(keep) < len(ops) and not await self.compact(
+                session_id, owned, Compaction(0, len(ops), tuple(keep))):
+            raise RuntimeError(f"the op log of {session_id} changed during its takeover")
+        tail = LogTail.of(kept)
+        owned.tail = tail
+        owned.log_len = tail.start + tail.length
+        return kept
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -468,6 +555,24 @@ class ClusterNode:
         fields = await _decode_hash(await self.client.hgetall(keys.directory))
         pttl = int(await self.client.pttl(keys.lease))
         return DirectoryEntry.from_hash(fields), pttl, fields
+
+    async def readers(self, session_id: str, own: int) -> dict[str, int]:
+        """The session's subscribers per node: ``own`` here (the owner) and what the mirrors
+        on other nodes report (see ``READERS_GET_SCRIPT``)."""
+        flat: Any = []
+        # A status must not wait for a Redis that does not answer (paused, partitioned): past
+        # READERS_LOOKUP_S it shows the owner's own readers only.
+        with trio.move_on_after(READERS_LOOKUP_S):
+            try:
+                flat = await self._readers_get(keys=[session_keys(session_id).readers],
+                                               args=[READERS_FRESH_MS])
+            except Exception as exc:  # Redis away: the owner's own count still answers
+                log.warning("event=mirror_readers_failed session=%s error=%r", session_id, exc)
+        return readers_by_node(list(flat), self.node_id, own)
+
+    async def report_readers(self, session_id: str, count: int) -> None:
+        await self._readers_set(keys=[session_keys(session_id).readers],
+                                args=[self.node_id, count, READERS_FRESH_MS])
 
     async def op_log(self, session_id: str) -> list[Op]:
         assert self.client is not None
@@ -550,7 +655,8 @@ class ClusterRouter:
                 generation = await self.node.claim(session_id, entry.workspace, entry.epoch)
                 if generation is None:
                     return False
-                ops = await self.node.op_log(session_id)
+                ops = await self.node.compact_log(session_id,
+                                                  await self.node.op_log(session_id))
                 self.writer.submit_local(DeleteSession(session_id))
                 for op in ops:
                     self.writer.submit_local(op)
@@ -688,7 +794,35 @@ class ClusterRouter:
         bus.flush()
         self.mirrors[session_id] = mirror
         self.manager.nursery.start_soon(self._follow, session_id, mirror)
+        self.manager.nursery.start_soon(self._report_readers, session_id, mirror)
         return mirror
+
+    async def _report_readers(self, session_id: str, mirror: Mirror) -> None:
+        """Keep this mirror's reader count in Redis for the owner's status: at once when it
+        changes, refreshed every READERS_REFRESH_MS; withdrawn when the mirror ends."""
+        bus = mirror.bus
+        try:
+            while not mirror.done.is_set():
+                bus.readers_changed = trio.Event()
+                try:
+                    await self.node.report_readers(session_id, len(bus.subscribers))
+                except Exception as exc:  # Redis away for a moment: the next round reports
+                    log.warning("event=mirror_readers_failed session=%s error=%r",
+                                session_id, exc)
+                with trio.move_on_after(READERS_REFRESH_MS / 1000):
+                    async with trio.open_nursery() as wait:
+                        async def on(event: trio.Event) -> None:
+                            await event.wait()
+                            wait.cancel_scope.cancel()
+                        wait.start_soon(on, bus.readers_changed)
+                        wait.start_soon(on, mirror.done)
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(2):
+                try:
+                    await self.node.report_readers(session_id, 0)
+                except Exception as exc:
+                    log.warning("event=mirror_readers_failed session=%s error=%r",
+                                session_id, exc)
 
     def _feed(self, mirror: Mirror, values: Any) -> bool:
         """Append one stream entry's events to the mirror's ring; False when the session

@@ -405,6 +405,11 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         session = live_session(session_id)
         bus = session.bus
         journal = bus.journals.full
+        subscribers = len(bus.subscribers)
+        by_node: dict[str, int] | msgspec.UnsetType = msgspec.UNSET
+        if manager.cluster_readers is not None:  # cluster mode: mirrors' readers count too
+            by_node = await manager.cluster_readers(session.id, subscribers)
+            subscribers = sum(by_node.values())
         return json_response(wire.SessionStatusResponse(
             session_id=session.id,
             workspace_cwd=session.workspace_cwd,
@@ -417,7 +422,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
             transcript_degraded=bus.transcript_degraded,
             full_transcript_available=bus.full_transcript_available,
             replay_degraded=bus.degraded,
-            subscribers=len(bus.subscribers),
+            subscribers=subscribers,
             slow_client_warnings=bus.slow_client_warnings,
             clients_evicted=bus.clients_evicted,
             journal=wire.JournalStatus(entries=journal.entry_count, bytes=journal.total_bytes,
@@ -425,6 +430,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
                                        retained_events=journal.retained_events),
             server_time=now_ms(),
             owner_node_id=manager.node_id if manager.node_id is not None else msgspec.UNSET,
+            subscribers_by_node=by_node,
         ))
 
     @app.post("/session/<session_id>/detach")

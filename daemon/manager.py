@@ -132,6 +132,8 @@ class SessionManager:
         self.shutting_down = False
         # Cluster mode: this node's id (GET /session/{id}/status shows it as ownerNodeId).
         self.node_id: str | None = None
+        # Cluster mode: (session id, own subscribers) -> subscribers per node, for the status.
+        self.cluster_readers: Callable[[str, int], Awaitable[dict[str, int]]] | None = None
 
     @property
     def restore_lock_count(self) -> int:

@@ -161,6 +161,7 @@ async def run_daemon(
                 from .cluster import ClusterRouter
                 cluster.attach(manager)
                 manager.node_id = cluster.node_id
+                manager.cluster_readers = cluster.readers
                 asgi.cluster = ClusterRouter(cluster, manager, cluster_writer)
             stop_http = trio.Event()
             try:

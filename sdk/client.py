@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
 from typing import Any, Final, Literal, TypeVar
@@ -22,8 +22,16 @@ from urllib.parse import quote
 
 import httpx
 import msgspec
+import trio
 
-from sdk.errors import InvalidTokenError, SSEBufferOverflow, TransportError, error_for_status
+from sdk.errors import (
+    DaemonHTTPError,
+    InvalidTokenError,
+    SSEBufferOverflow,
+    TransportError,
+    error_for_status,
+    is_retriable,
+)
 from sdk.events import DaemonEvent, decode_events, normalize_page_event
 from sdk.protocol.cursor import FollowsCursor, ResumeCursor
 from sdk.protocol.sse import SSEParser
@@ -282,12 +290,33 @@ def _convert(body: Any, result_type: type[_R], what: str) -> _R:
 # --- the client -------------------------------------------------------------------------------
 
 
+# A cluster node answers this (503, ``retryable: true``, ``Retry-After``) while the session's
+# owner is gone but its lease still runs; once it expires the next request restores it.
+OWNER_UNAVAILABLE: Final = "session_owner_unavailable"
+_MIN_OWNER_RETRY_S: Final = 0.05
+
+
+def owner_retry_delay(error: DaemonHTTPError, waited_s: float, budget_s: float) -> float | None:
+    """How long to wait before resending a request answered ``503 session_owner_unavailable``
+    (its ``Retry-After``, 1 s without one), or ``None`` when it is not that answer or the wait
+    would go past ``budget_s`` in all (``waited_s`` so far)."""
+    if error.status != 503 or error.code != OWNER_UNAVAILABLE or not is_retriable(error):
+        return None
+    delay = max(error.retry_after if error.retry_after is not None else 1.0, _MIN_OWNER_RETRY_S)
+    return delay if waited_s + delay <= budget_s else None
+
+
 class DaemonClient:
     """An async context manager over one connection pool to one daemon.
 
     ``token`` falls back to the ``QWEN_SERVER_TOKEN`` environment variable. ``client_id`` is
     sent as ``X-Qwen-Client-Id`` once known; the id the daemon returns from create, load or
     resume is adopted. ``transport`` replaces the network (tests).
+
+    Against a cluster node, a request answered ``503 session_owner_unavailable`` (the
+    session's node died and its lease still runs) is sent again after the answer's
+    ``Retry-After``, for at most ``owner_wait_s`` seconds of waiting in all; then the error is
+    raised. ``sleep`` replaces ``trio.sleep`` (tests).
     """
 
     def __init__(
@@ -298,6 +327,8 @@ class DaemonClient:
         *,
         timeout: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        owner_wait_s: float = 30.0,
+        sleep: Callable[[float], Awaitable[None]] | None = None,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
@@ -314,6 +345,8 @@ class DaemonClient:
                 " an HTTP Authorization header cannot carry anything else")
         self.client_id = client_id
         self.timeout = timeout
+        self.owner_wait_s = owner_wait_s
+        self._sleep: Callable[[float], Awaitable[None]] = sleep or trio.sleep
         self._http = httpx.AsyncClient(
             base_url=self.base_url, timeout=timeout, transport=transport, follow_redirects=False
         )
@@ -334,6 +367,8 @@ class DaemonClient:
         view.token = self.token
         view.client_id = client_id
         view.timeout = self.timeout
+        view.owner_wait_s = self.owner_wait_s
+        view._sleep = self._sleep
         view._http = self._http
         view._owns_pool = False
         view._counters = self._counters
@@ -393,21 +428,28 @@ class DaemonClient:
         if body is not None:
             content = _json_encode(body)
             headers["Content-Type"] = "application/json"
-        self._count(method, path)
-        try:
-            response = await self._http.request(
-                method, path, content=content, params=params, headers=headers
-            )
-        except httpx.TimeoutException as exc:
+        waited = 0.0
+        while True:
+            self._count(method, path)
+            try:
+                response = await self._http.request(
+                    method, path, content=content, params=params, headers=headers
+                )
+            except httpx.TimeoutException as exc:
+                self._count_failure()
+                raise TransportError(f"{method} {path}: timed out: {exc!r}") from exc
+            except httpx.TransportError as exc:
+                self._count_failure()
+                raise TransportError(f"{method} {path}: {exc!r}") from exc
+            if 200 <= response.status_code < 300:
+                return response
             self._count_failure()
-            raise TransportError(f"{method} {path}: timed out: {exc!r}") from exc
-        except httpx.TransportError as exc:
-            self._count_failure()
-            raise TransportError(f"{method} {path}: {exc!r}") from exc
-        if not 200 <= response.status_code < 300:
-            self._count_failure()
-            raise error_for_status(response.status_code, response.content, response.headers)
-        return response
+            error = error_for_status(response.status_code, response.content, response.headers)
+            delay = owner_retry_delay(error, waited, self.owner_wait_s)
+            if delay is None:
+                raise error
+            await self._sleep(delay)
+            waited += delay
 
     async def _json(
         self,

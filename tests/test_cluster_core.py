@@ -3,21 +3,26 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from daemon.core.cluster import (
     DirectoryEntry,
     Forward,
     Local,
+    LogTail,
     TakeOver,
     Unavailable,
     Unknown,
     append_args,
+    compact_ops,
     decode_op,
     encode_op,
     event_run,
     lease_value,
     node_key,
+    readers_by_node,
     renew_interval_ms,
     retry_after_s,
     route,
@@ -30,8 +35,10 @@ from daemon.core.transcript_ops import (
     DeleteSession,
     FinishTurn,
     MarkClosed,
+    Op,
     UpsertSession,
 )
+from daemon.transcript_store import TranscriptStore
 
 SID = "0b9c1d2e-0000-4000-8000-000000000001"
 ENTRY = DirectoryEntry("node-a", "http://127.0.0.1:1", "/w", "ep1", 3)
@@ -123,8 +130,8 @@ def test_event_runs() -> None:
 
 
 def test_append_args_layout() -> None:
-    assert append_args(4, "ep", 8000, 7, [b"o1", b"o2"], [(1, 2, b"x\ny")]) == [
-        "4", "ep", 8000, 7, 2, b"o1", b"o2", 1, 2, b"x\ny"]
+    assert append_args(4, "ep", 8000, 7, [b"o1", b"o2"], [(1, 2, b"x\ny")], 60_000) == [
+        "4", "ep", 8000, 7, 60_000, 2, b"o1", b"o2", 1, 2, b"x\ny"]
 
 
 def test_single_node_mode_never_imports_the_cluster_code() -> None:
@@ -139,3 +146,88 @@ def test_single_node_mode_never_imports_the_cluster_code() -> None:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           timeout=60, check=True)
     assert done.stdout.strip() == "[]"
+
+
+# --- compaction of the op log -----------------------------------------------------------------
+
+
+def _turns() -> list[Op]:
+    """Two finished turns (a run of events each), a restore's UpsertSession in between, and a
+    third turn still in flight."""
+    def ev(n: int, prompt: str) -> AppendEvent:
+        return AppendEvent(SID, n, prompt, f'{{"id":{n}}}'.encode())
+    return [
+        UpsertSession(SID, "/w", 1, "agent-1"),
+        AdmitPrompt(SID, "p1", 2), ev(1, "p1"), ev(2, "p1"),
+        FinishTurn(SID, "p1", "completed", "end_turn", 3, [("r1", b'{"r":1}')]),
+        AdmitPrompt(SID, "p2", 4), ev(3, "p2"),
+        UpsertSession(SID, "/w2", 9, None), ev(4, "p2"),
+        FinishTurn(SID, "p2", "interrupted", None, 5, [("r2", b'{"r":2}'), ("r3", b'{"r":3}')]),
+        AdmitPrompt(SID, "p3", 6), ev(5, "p3"), ev(6, "p3"),
+    ]
+
+
+def _replayed(tmp_path: Path, name: str, ops: list[Op]) -> tuple[object, ...]:
+    store = TranscriptStore(tmp_path / f"{name}.sqlite")
+    try:
+        store.apply(ops)
+        page = store.page(SID, limit=100)
+        return (store.get_session(SID), [store.get_prompt(SID, p) for p in ("p1", "p2", "p3")],
+                store.in_flight_prompts(SID), page.events, store.raw_events(SID),
+                store.prompt_terminals(SID), store.record_count(SID))
+    finally:
+        store.close()
+
+
+def test_compacted_log_replays_to_the_same_transcript(tmp_path: Path) -> None:
+    ops = _turns()
+    keep = compact_ops(ops)
+    # The finished turns' raw events go; everything else stays, in order.
+    assert keep == [0, 1, 4, 5, 7, 9, 10, 11, 12]
+    kept = [ops[i] for i in keep]
+    replayed = _replayed(tmp_path, "kept", kept)
+    assert _replayed(tmp_path, "all", ops) == replayed
+    assert replayed[4] == [b'{"id":5}', b'{"id":6}']  # the turn in flight keeps its events
+    assert replayed[6] == 3
+    # Everything up to a DeleteSession goes too (a takeover replays into an emptied store).
+    again = [*ops, DeleteSession(SID), UpsertSession(SID, "/w3", 7, None)]
+    assert compact_ops(again) == [len(ops) + 1]
+    assert _replayed(tmp_path, "deleted", again) == _replayed(
+        tmp_path, "deleted-kept", [again[-1]])
+
+
+def test_log_tail_compacts_each_finished_turn_as_the_owner_appends() -> None:
+    """The owner's incremental compactions (one per turn end, applied to the list as the
+    COMPACT script does) leave the same log as compacting it whole."""
+    ops = _turns()
+    log: list[Op] = []
+    tail = LogTail(0)
+    compactions = []
+    for op in ops:
+        log.append(op)
+        compaction = tail.add(op)
+        if compaction is not None:
+            assert compaction.end == len(log)
+            stretch = log[compaction.start:]
+            log[compaction.start:] = [stretch[i] for i in compaction.keep]
+            assert compaction.new_length == len(log)
+            compactions.append(compaction)
+        assert tail.start + tail.length == len(log)
+    assert log == [ops[i] for i in compact_ops(ops)]
+    assert [(c.start, c.end, c.keep) for c in compactions] == [(0, 5, (0, 1, 4)),
+                                                              (3, 8, (0, 2, 4))]
+    assert compactions[0].args(7) == ["7", 5, 0, 0, 1, 4]
+    # The tail of a log read at a takeover: what follows its last FinishTurn.
+    resumed = LogTail.of(log)
+    assert (resumed.start, resumed.length, resumed.keep) == (6, 3, [0])
+    # A turn without raw events needs no compaction; the tail moves past it.
+    quiet = LogTail(4)
+    assert quiet.add(AdmitPrompt(SID, "p9", 1)) is None
+    assert quiet.add(FinishTurn(SID, "p9", "error", None, 2)) is None
+    assert (quiet.start, quiet.length) == (6, 0)
+
+
+def test_readers_by_node() -> None:
+    flat = [b"B", b"2", b"C", b"5", b"A", b"9"]  # a report naming the owner is not counted
+    assert readers_by_node(flat, "A", 1) == {"A": 1, "B": 2, "C": 5}
+    assert readers_by_node([], "A", 0) == {"A": 0}

@@ -26,10 +26,11 @@ import httpx
 import pytest
 import trio
 
+from benchmarks.redis_launcher import HAVE_REDIS, SKIP_REASON, redis_cluster, redis_server
 from daemon.core.cluster import decode_op, session_keys
 from daemon.core.envelope import decode_json
 from daemon.core.transcript_ops import AppendEvent, FinishTurn
-from tests.cluster_support import HAVE_REDIS, SKIP_REASON, redis_cluster, redis_server
+from sdk.client import DaemonClient
 from tests.harness import RunningDaemon, start_daemon
 from tests.sse_client import Subscriber, chunk_kind, is_terminal_for
 
@@ -272,6 +273,154 @@ async def test_fencing_a_paused_owner_cannot_append_after_a_takeover(tmp_path: P
             load = (await cb.post(f"/session/{sid}/load", json={})).json()
             assert [t["terminal"] for t in load["promptTerminals"]
                     if t["promptId"] == p1] == ["interrupted"]
+
+
+async def test_fencing_a_paused_owner_s_late_appends_meet_the_generation_check(
+        tmp_path: Path) -> None:
+    """The append path's own fence. The owner is paused right after a renewal (its next one is
+    lease/3 away), its lease is gone (dropped here as its expiry would drop it) and another
+    node claims the session: the window between a new owner's claim and its first write,
+    where the op log is still exactly as the old owner left it, so only the generation tells
+    the old owner's appends apart. On SIGCONT the old owner publishes the rest of its turn
+    before any renewal could tell it anything: its append is refused by the generation check
+    (nothing of it lands), then the session goes on on a real node."""
+    from daemon.core.cluster import CLAIM_SCRIPT, IDLE_RETENTION_MS
+
+    lease_ms = 15_000
+    keys = session_keys
+    with redis_server(tmp_path / "redis") as redis, \
+            nodes(tmp_path, redis.url, "AB", "--lease-ms", str(lease_ms)) as (a, b):
+        async with httpx.AsyncClient(base_url=a.url, timeout=TIMEOUT) as ca, \
+                httpx.AsyncClient(base_url=b.url, timeout=TIMEOUT) as cb:
+            sid = (await ca.post("/session", json={})).json()["sessionId"]
+            resp = await ca.post(f"/session/{sid}/prompt", json={"prompt": [
+                {"type": "text", "text": "late mock:chunks=2 mock:gate=g3"}]})
+            p1 = resp.json()["promptId"]
+            with trio.fail_after(10):
+                while (await ca.get(f"/session/{sid}/status")).json()["durableEventId"] < 3:
+                    await trio.sleep(0.05)  # the chunks reach Redis
+            with trio.fail_after(10):  # a renewal just happened (its PX was set < 1 s ago)
+                while int(redis.cli("PTTL", keys(sid).lease)) < lease_ms - 1000:
+                    await trio.sleep(0.02)
+            a.proc.send_signal(signal.SIGSTOP)
+            redis.cli("DEL", keys(sid).lease)  # what its expiry does
+            client = coredis.Redis(host="127.0.0.1", port=redis.port)
+            async with client:
+                claim = client.register_script(CLAIM_SCRIPT)
+                # Node T claims it (its URL answers nothing: until its short lease runs out,
+                # requests elsewhere get 503) and has not written anything yet.
+                got = await claim(keys=keys(sid).all(), args=[
+                    "T", "http://127.0.0.1:9", str(tmp_path), "epoch-t", 800,
+                    IDLE_RETENTION_MS])
+                assert got[0] == 1
+            before = await stream_entries(redis.port, sid)
+            ops_before = await op_log(redis.port, sid)
+            a.open_gate("g3")
+            a.proc.send_signal(signal.SIGCONT)
+            with trio.fail_after(15):
+                while "event=lease_lost" not in a.stderr():
+                    await trio.sleep(0.05)  # the old owner finds out from Redis
+            assert await stream_entries(redis.port, sid) == before  # nothing landed
+            assert await op_log(redis.port, sid) == ops_before
+            # ... because its append met the generation check (not a renewal, not the length).
+            assert f'event=lease_lost session={sid} reason="append fenced"' in a.stderr()
+            # B takes the session over once T's lease is gone: one interrupted terminal.
+            _, status = await wait_status(cb, sid)
+            assert status["ownerNodeId"] == "B"
+            finishes = [op for op in await op_log(redis.port, sid)
+                        if isinstance(op, FinishTurn) and op.prompt_id == p1]
+            assert [op.terminal for op in finishes] == ["interrupted"]
+
+
+async def test_op_log_is_compacted_and_a_closed_session_expires(tmp_path: Path) -> None:
+    """Each finished turn's raw events leave the Redis op log (its FinishTurn holds the
+    compacted records); a takeover of the compacted log restores exactly the transcript the
+    owner served; the session's keys carry the idle retention while it lives and the closed
+    retention once a client deleted it."""
+    from daemon.core.cluster import CLOSED_RETENTION_MS, IDLE_RETENTION_MS
+
+    keys = session_keys
+    with redis_server(tmp_path / "redis") as redis, \
+            nodes(tmp_path, redis.url, "AB", env={"MOCK_ACP_LOAD_SESSION": "1"}) as (a, b):
+        async with httpx.AsyncClient(base_url=a.url, timeout=TIMEOUT) as ca, \
+                httpx.AsyncClient(base_url=b.url, timeout=TIMEOUT) as cb, \
+                trio.open_nursery() as nursery:
+            sid = (await ca.post("/session", json={})).json()["sessionId"]
+            sub = Subscriber(ca, f"/session/{sid}/events")
+            await nursery.start(cut_quietly, sub)
+            for n in range(2):
+                resp = await ca.post(f"/session/{sid}/prompt", json={"prompt": [
+                    {"type": "text", "text": f"turn{n} mock:chunks=4"}]})
+                assert resp.status_code == 202, resp.text
+                await sub.wait_for(is_terminal_for(resp.json()["promptId"]))
+            with trio.fail_after(10):
+                while True:  # the second turn's compaction follows its terminal
+                    ops = await op_log(redis.port, sid)
+                    if not any(isinstance(op, AppendEvent) for op in ops):
+                        break
+                    await trio.sleep(0.05)  # polling Redis' own state
+            assert [type(op).__name__ for op in ops].count("FinishTurn") == 2
+            for key in (keys(sid).directory, keys(sid).ops, keys(sid).events):
+                assert IDLE_RETENTION_MS - 60_000 < int(redis.cli("PTTL", key)) \
+                    <= IDLE_RETENTION_MS
+            served = (await ca.get(f"/session/{sid}/transcript", params={"limit": 500})
+                      ).json()["events"]
+            assert len(served) > 2
+            nursery.cancel_scope.cancel()
+        a.kill()
+        # The SDK asks B at once: 503 + Retry-After while A's lease runs, resent until B
+        # took the session over.
+        async with DaemonClient(b.url) as sdk_client:
+            sdk_status = await sdk_client.session_status(sid)
+            stats = sdk_client.statistics()
+        assert sdk_status.raw["ownerNodeId"] == "B"
+        assert stats.count("status") >= 2 and stats.failures == stats.count("status") - 1
+        async with httpx.AsyncClient(base_url=b.url, timeout=TIMEOUT) as cb:
+            restored = (await cb.get(f"/session/{sid}/transcript", params={"limit": 500})
+                        ).json()["events"]
+            assert restored == served
+            assert (await cb.delete(f"/session/{sid}")).status_code == 204
+            with trio.fail_after(10):
+                while redis.cli("HGET", keys(sid).directory, "closed") != "1":
+                    await trio.sleep(0.05)
+            for key in (keys(sid).directory, keys(sid).ops, keys(sid).events):
+                assert 0 < int(redis.cli("PTTL", key)) <= CLOSED_RETENTION_MS
+            assert redis.cli("EXISTS", keys(sid).lease) == "0"
+            assert (await cb.get(f"/session/{sid}/status")).status_code == 404
+
+
+async def test_status_counts_the_readers_of_mirrors_on_other_nodes(tmp_path: Path) -> None:
+    """``subscribers`` in a session's status is the whole cluster's (the owner's own readers
+    and those of the mirrors on other nodes), ``subscribersByNode`` the breakdown; the same on
+    every node. A reader leaving is withdrawn; a dead node's report goes stale and drops out."""
+    async def by_node(client: httpx.AsyncClient, sid: str, want: dict[str, int]) -> None:
+        with trio.fail_after(15):
+            while True:
+                status = (await client.get(f"/session/{sid}/status")).json()
+                if status.get("subscribersByNode") == want:
+                    assert status["subscribers"] == sum(want.values())
+                    return
+                await trio.sleep(0.05)  # polling the owner's own answer
+
+    with redis_server(tmp_path / "redis") as redis, \
+            nodes(tmp_path, redis.url, "ABC") as (a, b, c):
+        async with httpx.AsyncClient(base_url=a.url, timeout=TIMEOUT) as ca, \
+                httpx.AsyncClient(base_url=b.url, timeout=TIMEOUT) as cb, \
+                httpx.AsyncClient(base_url=c.url, timeout=TIMEOUT) as cc, \
+                trio.open_nursery() as nursery:
+            sid = (await ca.post("/session", json={})).json()["sessionId"]
+            async with trio.open_nursery() as leaves:
+                for client, where in ((ca, nursery), (cb, nursery), (cb, leaves), (cc, nursery)):
+                    await where.start(cut_quietly, Subscriber(client, f"/session/{sid}/events"))
+                await by_node(ca, sid, {"A": 1, "B": 2, "C": 1})
+                await by_node(cc, sid, {"A": 1, "B": 2, "C": 1})  # forwarded: the owner's
+                leaves.cancel_scope.cancel()  # one of B's readers leaves
+            await by_node(cb, sid, {"A": 1, "B": 1, "C": 1})
+            # C dies: its report is never withdrawn and goes stale (B's refreshes keep the
+            # hash itself alive), so it drops out.
+            c.kill()
+            await by_node(ca, sid, {"A": 1, "B": 1})
+            nursery.cancel_scope.cancel()
 
 
 async def test_one_flow_on_a_redis_cluster(tmp_path: Path) -> None:

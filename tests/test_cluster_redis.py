@@ -1,4 +1,4 @@
-"""The Redis test fixtures themselves (tests/cluster_support.py): a real redis-server with AOF
+"""The Redis test fixtures themselves (benchmarks/redis_launcher.py): a real redis-server with AOF
 on, reaped when its context ends; a real 3-master Redis Cluster on which the session keys'
 ``{sessionId}`` hash tag keeps a multi-key script on one slot, for sessions spread over every
 master. coredis drives both under Trio."""
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster_support import (
+from benchmarks.redis_launcher import (
     HAVE_REDIS,
     SKIP_REASON,
     RedisServer,
@@ -17,6 +17,8 @@ from tests.cluster_support import (
     redis_server,
 )
 
+DAY = 86_400_000
+HOUR = 3_600_000
 pytestmark = pytest.mark.skipif(not HAVE_REDIS, reason=SKIP_REASON)
 coredis = pytest.importorskip("coredis", reason="coredis is not installed (pip install '.[cluster]')")
 
@@ -92,11 +94,10 @@ async def test_lease_and_fencing_scripts_on_a_real_redis(tmp_path: Path) -> None
             renew = client.register_script(RENEW_SCRIPT)
             append = client.register_script(APPEND_SCRIPT)
             release = client.register_script(RELEASE_SCRIPT)
-            lease = [keys.directory, keys.lease]
-            claiming = [*lease, keys.ops]
-            assert await claim(keys=claiming, args=["A", "http://a", "/w", "e1", 60_000]) \
+            lease = claiming = keys.all()
+            assert await claim(keys=claiming, args=["A", "http://a", "/w", "e1", 60_000, DAY]) \
                 == [1, 1, 0]  # generation 1, an empty op log
-            refused = await claim(keys=claiming, args=["B", "http://b", "/w", "e1", 60_000])
+            refused = await claim(keys=claiming, args=["B", "http://b", "/w", "e1", 60_000, DAY])
             assert refused[0] == 0 and 0 < refused[1] <= 60_000  # the lease's remaining ms
             assert await client.get(keys.lease) == b"A 1"
             log = [keys.directory, keys.ops, keys.events]
@@ -111,22 +112,71 @@ async def test_lease_and_fencing_scripts_on_a_real_redis(tmp_path: Path) -> None
             assert await client.llen(keys.ops) == 1
             # The lease runs out (here: dropped, as its TTL would); B takes over.
             await client.delete([keys.lease])
-            assert await claim(keys=claiming, args=["B", "http://b", "/w", "e2", 60_000]) \
+            assert await claim(keys=claiming, args=["B", "http://b", "/w", "e2", 60_000, DAY]) \
                 == [1, 2, 1]
-            assert await renew(keys=lease, args=["A", 1, 60_000]) == 0
+            assert await renew(keys=lease, args=["A", 1, 60_000, DAY]) == 0
             assert await append(keys=log, args=append_args(1, "e1", 100, 1, [b"late"],
                                                           [(3, 3, b"z")])) == 0
             assert await client.lrange(keys.ops, 0, -1) == [b"op1"]
             assert await client.xlen(keys.events) == 1
-            assert await renew(keys=lease, args=["B", 2, 60_000]) == 1
+            assert await renew(keys=lease, args=["B", 2, 60_000, DAY]) == 1
             assert await append(keys=log, args=append_args(2, "e2", 100, 1, [b"op2"], [])) == 1
             assert await client.lrange(keys.ops, 0, -1) == [b"op1", b"op2"]
             entry = (await client.xrange(keys.events))[0].field_values
             assert (entry[b"e"], entry[b"f"], entry[b"l"], entry[b"b"]) == (
                 b"e1", b"1", b"2", b"x\ny")
             # A stale release does nothing; the owner's frees the lease at once.
-            assert await release(keys=lease, args=["A", 1, "1"]) == 0
+            assert await release(keys=lease, args=["A", 1, "1", HOUR]) == 0
             assert await client.exists([keys.lease]) == 1
-            assert await release(keys=lease, args=["B", 2, "1"]) == 1
+            assert await release(keys=lease, args=["B", 2, "1", HOUR]) == 1
             assert await client.exists([keys.lease]) == 0
             assert await client.hget(keys.directory, "closed") == b"1"
+
+
+async def test_compaction_and_retention_scripts_on_a_real_redis(tmp_path: Path) -> None:
+    """COMPACT_SCRIPT replaces the stretch from its start to the log's end by the kept ops,
+    once (a resend is recognised), only for the current generation and only on the log the
+    owner knows; every write gives the session's keys the idle retention, a close the closed
+    one."""
+    from daemon.core.cluster import (
+        APPEND_SCRIPT,
+        CLAIM_SCRIPT,
+        COMPACT_SCRIPT,
+        RELEASE_SCRIPT,
+        Compaction,
+        append_args,
+        session_keys,
+    )
+
+    keys = session_keys("s2")
+    with redis_server(tmp_path / "r") as server:
+        client = coredis.Redis(host="127.0.0.1", port=server.port)
+        async with client:
+            claim = client.register_script(CLAIM_SCRIPT)
+            append = client.register_script(APPEND_SCRIPT)
+            compact = client.register_script(COMPACT_SCRIPT)
+            release = client.register_script(RELEASE_SCRIPT)
+            assert (await claim(keys=keys.all(), args=["A", "u", "/w", "e1", 60_000, DAY]))[0]
+            assert 0 < await client.pttl(keys.directory) <= DAY
+            log = [keys.directory, keys.ops, keys.events]
+            batch = [b"up", b"admit", b"ev1", b"ev2", b"finish"]
+            assert await append(keys=log, args=append_args(1, "e1", 100, 0, batch,
+                                                          [(1, 1, b"x")], DAY)) == 1
+            for key in (keys.ops, keys.events):
+                assert 0 < await client.pttl(key) <= DAY
+            turn = Compaction(1, 5, (0, 3))  # from "admit": keep admit and finish
+            ops = [keys.directory, keys.ops]
+            assert await compact(keys=ops, args=turn.args(2)) == 0  # another generation
+            assert await client.llen(keys.ops) == 5
+            assert await compact(keys=ops, args=Compaction(1, 6, (0, 3)).args(1)) == -1
+            assert await compact(keys=ops, args=turn.args(1)) == 1
+            assert await client.lrange(keys.ops, 0, -1) == [b"up", b"admit", b"finish"]
+            assert await compact(keys=ops, args=turn.args(1)) == 1  # resent: already done
+            assert await client.lrange(keys.ops, 0, -1) == [b"up", b"admit", b"finish"]
+            assert await compact(keys=ops, args=Compaction(0, 3, ()).args(1)) == 1
+            assert await client.exists([keys.ops]) == 0
+            # A client deletes the session: its keys live the closed retention, then go.
+            await append(keys=log, args=append_args(1, "e1", 100, 0, [b"again"], [], DAY))
+            assert await release(keys=keys.all(), args=["A", 1, "1", 1_000]) == 1
+            for key in (keys.directory, keys.ops, keys.events):
+                assert 0 < await client.pttl(key) <= 1_000

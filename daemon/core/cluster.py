@@ -17,7 +17,7 @@ it any more, however late it wakes up.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
 import msgspec
@@ -39,6 +39,14 @@ DEFAULT_LEASE_MS: Final = 10_000
 RENEWALS_PER_LEASE: Final = 3
 # Node registrations live this many lease periods without a heartbeat.
 NODE_TTL_LEASES: Final = 3
+# RETENTION. A session's keys (directory, op log, event stream) expire this long after its
+# owner last wrote or renewed them: a session nobody runs any more (its owner died and no
+# request ever came back for it) is dropped from Redis a week later, while any request before
+# then restores it. Every claim, renewal and append pushes the expiry out again.
+IDLE_RETENTION_MS: Final = 7 * 24 * 3600 * 1000
+# A session deleted by a client keeps its keys this long (its ``closed`` entry answers 404 on
+# every node, and mirrors behind on its stream still read its end), then Redis drops them.
+CLOSED_RETENTION_MS: Final = 3600 * 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,14 +57,17 @@ class SessionKeys:
     lease: str  # string "<nodeId> <generation>" with the lease TTL
     ops: str  # list: the transcript op log (encoded ops, in commit order)
     events: str  # stream: the published events, capped at the ring size
+    readers: str  # hash: node id -> "<readers of its mirror> <Redis time ms>"
 
     def all(self) -> list[str]:
+        """The keys the lease scripts take (``readers`` is written by mirrors only)."""
         return [self.directory, self.lease, self.ops, self.events]
 
 
 def session_keys(session_id: str) -> SessionKeys:
     tag = f"{KEY_PREFIX}:{{{session_id}}}"
-    return SessionKeys(f"{tag}:dir", f"{tag}:lease", f"{tag}:ops", f"{tag}:events")
+    return SessionKeys(f"{tag}:dir", f"{tag}:lease", f"{tag}:ops", f"{tag}:events",
+                       f"{tag}:readers")
 
 
 def node_key(node_id: str) -> str:
@@ -173,8 +184,10 @@ def route(
 
 # --- the scripts (run atomically by Redis; every key in one slot) -----------------------------
 
-# KEYS: directory, lease, ops. ARGV: node id, node url, workspace, epoch, lease ms.
-# Claim the session when its lease is free or already ours; raise the generation.
+# KEYS: directory, lease, ops, events. ARGV: node id, node url, workspace, epoch, lease ms,
+# idle retention ms.
+# Claim the session when its lease is free or already ours; raise the generation; the
+# session's keys live the idle retention from now (see RETENTION below).
 # Returns {1, generation, op-log length} on success, {0, remaining lease ms} when another
 # node holds it.
 CLAIM_SCRIPT: Final = """
@@ -189,32 +202,40 @@ local gen = redis.call('HINCRBY', KEYS[1], 'gen', 1)
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'url', ARGV[2], 'workspace', ARGV[3],
            'epoch', ARGV[4], 'closed', '0')
 redis.call('SET', KEYS[2], ARGV[1] .. ' ' .. gen, 'PX', ARGV[5])
+for k = 1, 4 do
+  if k ~= 2 then redis.call('PEXPIRE', KEYS[k], ARGV[6]) end
+end
 return {1, gen, redis.call('LLEN', KEYS[3])}
 """
 
-# KEYS: directory, lease. ARGV: node id, generation, lease ms.
+# KEYS: directory, lease, ops, events. ARGV: node id, generation, lease ms, idle retention ms.
 # Extend our lease while the generation is still ours (also after it expired, if nobody took
-# over meanwhile). Returns 1, or 0 when the session is someone else's now.
+# over meanwhile), and the session keys' idle retention with it. Returns 1, or 0 when the
+# session is someone else's now.
 RENEW_SCRIPT: Final = """
 if redis.call('HGET', KEYS[1], 'gen') ~= ARGV[2] or redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then
   return 0
 end
 redis.call('SET', KEYS[2], ARGV[1] .. ' ' .. ARGV[2], 'PX', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('PEXPIRE', KEYS[3], ARGV[4])
+redis.call('PEXPIRE', KEYS[4], ARGV[4])
 return 1
 """
 
 # KEYS: directory, ops, events. ARGV: generation, epoch, events cap, the op log's length
-# before this batch, n ops, then n encoded ops, then triples (first id, last id, joined
-# envelopes) for the event stream.
+# before this batch, idle retention ms, n ops, then n encoded ops, then triples (first id,
+# last id, joined envelopes) for the event stream.
 # Append only while the generation is the directory's: a stale owner's writes are refused
 # whole. The expected length makes a resend idempotent: a batch that already landed (its
-# answer was lost) is not appended twice. Returns 1 (appended, or already there), 0 when
-# fenced, -1 when the op log is not where the owner thinks (it must not write on).
+# answer was lost) is not appended twice. The keys written live the idle retention from now.
+# Returns 1 (appended, or already there), 0 when fenced, -1 when the op log is not where the
+# owner thinks (it must not write on).
 APPEND_SCRIPT: Final = """
 if redis.call('HGET', KEYS[1], 'gen') ~= ARGV[1] then
   return 0
 end
-local n = tonumber(ARGV[5])
+local n = tonumber(ARGV[6])
 local have = redis.call('LLEN', KEYS[2])
 local expected = tonumber(ARGV[4])
 if n > 0 and have == expected + n then
@@ -223,14 +244,50 @@ end
 if have ~= expected then
   return -1
 end
-for i = 6, 5 + n do
+for i = 7, 6 + n do
   redis.call('RPUSH', KEYS[2], ARGV[i])
 end
-local i = 6 + n
+local i = 7 + n
 while i + 2 <= #ARGV do
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*',
              'e', ARGV[2], 'f', ARGV[i], 'l', ARGV[i + 1], 'b', ARGV[i + 2])
   i = i + 3
+end
+redis.call('PEXPIRE', KEYS[2], ARGV[5])
+redis.call('PEXPIRE', KEYS[3], ARGV[5])
+return 1
+"""
+
+# KEYS: directory, ops. ARGV: generation, the op log's length now, the index its compacted
+# stretch starts at, then the positions (relative to that index) of the stretch's ops that
+# stay, ascending.
+# Compaction: replace the stretch from the start index to the end of the log by the ops
+# that stay (a finished turn's raw events go: its FinishTurn holds the compacted records and
+# deletes them on replay), atomically and fenced like an append. A resend after a lost answer
+# finds the log already at its compacted length (always shorter: a compaction drops at least
+# one op) and does nothing. Returns 1 (compacted, or already), 0 when fenced, -1 when the op
+# log is not where the owner thinks.
+COMPACT_SCRIPT: Final = """
+if redis.call('HGET', KEYS[1], 'gen') ~= ARGV[1] then
+  return 0
+end
+local have = redis.call('LLEN', KEYS[2])
+local expected = tonumber(ARGV[2])
+local start = tonumber(ARGV[3])
+if have == start + #ARGV - 3 and have < expected then
+  return 1
+end
+if have ~= expected then
+  return -1
+end
+local stretch = redis.call('LRANGE', KEYS[2], start, -1)
+if start == 0 then
+  redis.call('DEL', KEYS[2])
+else
+  redis.call('LTRIM', KEYS[2], 0, start - 1)
+end
+for i = 4, #ARGV do
+  redis.call('RPUSH', KEYS[2], stretch[tonumber(ARGV[i]) + 1])
 end
 return 1
 """
@@ -246,26 +303,87 @@ redis.call('HSET', KEYS[1], 'epoch', ARGV[3], 'base', ARGV[4])
 return 1
 """
 
-# KEYS: directory, lease. ARGV: node id, generation, closed ("1" when deleted for good).
+# KEYS: directory, lease, ops, events. ARGV: node id, generation, closed ("1" when deleted
+# for good), closed retention ms.
 # Give the session up (graceful stop, or closed by a client): the lease goes at once so the
-# next request anywhere restores it without waiting for the TTL.
+# next request anywhere restores it without waiting for the TTL. A closed session's keys live
+# the closed retention from now (its directory entry answers 404 everywhere meanwhile, and
+# readers behind on its stream still get its end), then Redis drops them.
 RELEASE_SCRIPT: Final = """
 if redis.call('HGET', KEYS[1], 'gen') ~= ARGV[2] then
   return 0
 end
 if ARGV[3] == '1' then
   redis.call('HSET', KEYS[1], 'closed', '1')
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  redis.call('PEXPIRE', KEYS[3], ARGV[4])
+  redis.call('PEXPIRE', KEYS[4], ARGV[4])
 end
 redis.call('DEL', KEYS[2])
 return 1
 """
 
 
+# --- readers of mirrors on other nodes -----------------------------------------------------
+#
+# A node that serves a session's stream from a mirror reports how many readers the mirror has,
+# stamped with Redis' own clock (so the nodes' clocks never matter); the owner's status adds
+# the fresh reports to its own subscribers. A report is fresh for READERS_FRESH_MS: a mirror
+# refreshes it every READERS_REFRESH_MS and whenever its count changes, and removes it when it
+# ends; a dead node's report goes stale and is dropped by the next reader of the hash.
+READERS_REFRESH_MS: Final = 1_000
+READERS_FRESH_MS: Final = 3_000
+
+# KEYS: readers. ARGV: node id, count, fresh ms. Report (count > 0) or withdraw (0) a mirror.
+READERS_SET_SCRIPT: Final = """
+if tonumber(ARGV[2]) > 0 then
+  local now = redis.call('TIME')
+  local ms = now[1] * 1000 + math.floor(now[2] / 1000)
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ' ' .. ms)
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+else
+  redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 1
+"""
+
+# KEYS: readers. ARGV: fresh ms. The fresh reports as a flat {node id, count, ...} list; the
+# stale ones are deleted.
+READERS_GET_SCRIPT: Final = """
+local now = redis.call('TIME')
+local ms = now[1] * 1000 + math.floor(now[2] / 1000)
+local all = redis.call('HGETALL', KEYS[1])
+local out = {}
+for i = 1, #all, 2 do
+  local count, at = string.match(all[i + 1], '^(%d+) (%d+)$')
+  if count and ms - tonumber(at) <= tonumber(ARGV[1]) then
+    out[#out + 1] = all[i]
+    out[#out + 1] = count
+  else
+    redis.call('HDEL', KEYS[1], all[i])
+  end
+end
+return out
+"""
+
+
+def readers_by_node(flat: list[Any], own_node_id: str, own_count: int) -> dict[str, int]:
+    """The subscribers of a session per node: the owner's own and the fresh mirror reports
+    (a flat ``READERS_GET_SCRIPT`` answer; a report naming the owner itself is ignored)."""
+    out = {own_node_id: own_count}
+    for i in range(0, len(flat) - 1, 2):
+        node = flat[i].decode() if isinstance(flat[i], bytes) else str(flat[i])
+        if node != own_node_id:
+            out[node] = int(flat[i + 1])
+    return out
+
+
 def append_args(generation: int, epoch: str, events_cap: int, log_len: int, ops: list[bytes],
-                runs: list[tuple[int, int, bytes]]) -> list[str | bytes | int]:
+                runs: list[tuple[int, int, bytes]],
+                retention_ms: int = IDLE_RETENTION_MS) -> list[str | bytes | int]:
     """``ARGV`` of :data:`APPEND_SCRIPT` (``log_len``: the op log's length before ``ops``)."""
-    out: list[str | bytes | int] = [str(generation), epoch, events_cap, log_len, len(ops),
-                                    *ops]
+    out: list[str | bytes | int] = [str(generation), epoch, events_cap, log_len, retention_ms,
+                                    len(ops), *ops]
     for first, last, raw in runs:
         out += [first, last, raw]
     return out
@@ -311,3 +429,84 @@ def split_run(first: int, last: int, raw: bytes) -> list[tuple[int, bytes]]:
     if len(parts) != last - first + 1:
         raise ValueError(f"stream entry {first}..{last} holds {len(parts)} envelopes")
     return [(first + i, part) for i, part in enumerate(parts)]
+
+
+# --- compacting the op log ----------------------------------------------------------------------
+#
+# A FinishTurn deletes every raw event the session holds when it is applied (they are the
+# turn's, now stored as its compacted records), so an AppendEvent followed anywhere later in the
+# log by a FinishTurn writes nothing that survives a replay: dropping it leaves the replayed
+# transcript exactly as it was. Likewise everything before a DeleteSession is gone once it is
+# applied. That is the whole rule: the compacted log keeps every other op, in order.
+
+
+def compact_ops(ops: list[Op]) -> list[int]:
+    """The positions of ``ops`` (one session's op log) that a compacted log keeps: all but
+    the AppendEvents that a later FinishTurn supersedes and everything up to the last
+    DeleteSession. Replaying the kept ops into an empty store gives the same transcript as
+    replaying all of them."""
+    keep: list[int] = []
+    finish_seen = False
+    for index in range(len(ops) - 1, -1, -1):
+        op = ops[index]
+        if isinstance(op, DeleteSession):
+            break
+        if isinstance(op, AppendEvent) and finish_seen:
+            continue
+        if isinstance(op, FinishTurn):
+            finish_seen = True
+        keep.append(index)
+    keep.reverse()
+    return keep
+
+
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    """Replace the op log from ``start`` to its end (``end``, its length now) by the ops at
+    the positions ``keep`` (relative to ``start``): the ARGV of :data:`COMPACT_SCRIPT`."""
+
+    start: int
+    end: int
+    keep: tuple[int, ...]
+
+    def args(self, generation: int) -> list[int | str]:
+        return [str(generation), self.end, self.start, *self.keep]
+
+    @property
+    def new_length(self) -> int:
+        return self.start + len(self.keep)
+
+
+@dataclass(slots=True)
+class LogTail:
+    """The stretch of an owned session's op log since its last turn boundary, as its owner
+    appends to it: where it starts and which of its ops a compaction keeps (positions only:
+    the ops themselves are in Redis). :meth:`add` is told each op Redis acknowledged; after
+    a FinishTurn it gives the :class:`Compaction` that drops the turn's raw events."""
+
+    start: int
+    length: int = 0
+    keep: list[int] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, ops: list[Op]) -> LogTail:
+        """The tail of a whole (compacted) op log: what follows its last FinishTurn."""
+        last = max((i for i, op in enumerate(ops) if isinstance(op, FinishTurn)), default=-1)
+        tail = cls(last + 1)
+        for op in ops[last + 1:]:
+            tail.add(op)
+        return tail
+
+    def add(self, op: Op) -> Compaction | None:
+        position = self.length
+        self.length += 1
+        if not isinstance(op, AppendEvent):
+            self.keep.append(position)
+        if not isinstance(op, FinishTurn):
+            return None
+        compaction = (Compaction(self.start, self.start + self.length, tuple(self.keep))
+                      if len(self.keep) < self.length else None)
+        self.start += len(self.keep)
+        self.length = 0
+        self.keep = []
+        return compaction

@@ -433,8 +433,10 @@ class SessionStatusResponse(_Body, kw_only=True):
     clients_evicted: int
     journal: JournalStatus
     server_time: int
-    # Cluster mode only: the node that runs the session.
+    # Cluster mode only: the node that runs the session, and the session's stream readers per
+    # node (the owner's own and those of mirrors on other nodes; ``subscribers`` is their sum).
     owner_node_id: str | UnsetType = UNSET
+    subscribers_by_node: dict[str, int] | UnsetType = UNSET
 
 
 class HeartbeatResponse(_Body, kw_only=True):

@@ -1,4 +1,5 @@
-"""Real ``redis-server`` processes on loopback for the cluster-mode tests.
+"""Real ``redis-server`` processes on loopback, for the cluster-mode tests and benchmarks (the
+one launcher both use, as :mod:`benchmarks.launcher` is for daemons).
 
 Each server gets a free port, its own directory and AOF on (``--appendonly yes``, no RDB
 snapshots); :func:`redis_cluster` joins three of them into a 3-master Redis Cluster with
@@ -73,7 +74,6 @@ def _wait_until(check: Callable[[], bool], what: str, server: RedisServer | None
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out waiting for {what}")
         time.sleep(0.02)  # polling the server's own answer, not standing in for it
-
 
 
 @contextmanager
