@@ -432,13 +432,20 @@ def _tool_update(
         draft.replace(block)
     else:
         settle_streaming(draft)
-        block = ToolBlock(
+        server = server_timestamp(event)
+        block = ToolBlock(  # the fields of _stamp, without building its dict (the replay's hot path)
             id=draft.new_id("tool"),
             tool_call_id=tool_call_id,
             title=title or "",
             status=status or "pending",
             data=fields,
-            **_stamp(event, update, prompt),
+            event_id=event.id,
+            last_event_id=event.id,
+            prompt_id=prompt,
+            server_timestamp=server,
+            updated_at=server,
+            timestamp=update.agent_timestamp,
+            source_record_ids=update.record_ids,
         )
         draft.append(block)
         draft.tools[tool_call_id] = block.id
