@@ -236,7 +236,10 @@ def decode_event(
     if frame.v != 1:
         return None
     ident = frame.id
-    if ident is msgspec.UNSET:
+    event_id: int | None
+    if type(ident) is int and 1 <= ident <= MAX_EVENT_ID:
+        event_id = ident  # the common case of valid_event_id, inlined
+    elif ident is msgspec.UNSET:
         event_id = None
     else:
         event_id = valid_event_id(ident)
