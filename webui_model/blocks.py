@@ -50,8 +50,14 @@ MESSAGE_KINDS: Final[frozenset[str]] = frozenset({"status", "error", "debug", "p
 TERMINAL_TOOL_STATUSES: Final[frozenset[str]] = frozenset({"completed", "failed", "cancelled"})
 
 
-class _Block(msgspec.Struct, frozen=True, kw_only=True):
-    """The fields every block kind carries."""
+class _Block(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """The fields every block kind carries.
+
+    ``gc=False``: a block holds strings, numbers and the JSON values an event carried (a
+    tool's merged fields, a message's payload), which cannot refer back to it, so blocks take
+    no part in reference cycles and the collector need not track them. A store keeps up to
+    200,000 of them, and every full collection would otherwise walk each one.
+    """
 
     id: str
     event_id: int | None = None

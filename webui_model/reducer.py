@@ -80,6 +80,7 @@ A turn is *open* from the first ``session_update`` carrying a prompt id (envelop
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
@@ -348,20 +349,43 @@ def _text_chunk(
     update: UserMessageChunk | AgentMessageChunk | AgentThoughtChunk,
     kind: _TextKind,
     prompt: str | None,
-) -> None:
-    text = update.text
-    active = draft.get(_pointer(draft, kind))
-    if isinstance(active, TextBlock) and active.prompt_id == prompt:
-        if text or update.record_ids:
+    active_id: str | None,
+) -> str | None:
+    """Extend the active ``kind`` block (``active_id``) or start one; the new block's id when
+    one was started (the caller makes it the active ``kind`` block), else None.
+
+    The hot path of a streamed turn (one call per chunk), so the common reads are inlined:
+    the text is ``update.text``, the record ids ``update.record_ids``, the time
+    ``server_timestamp(event)``.
+    """
+    content = update.content
+    if content is None:
+        text = ""
+    else:
+        value = content.text
+        text = value if content.type == "text" and isinstance(value, str) else content.display_text
+    meta = update.meta
+    active = draft.get(active_id)
+    if type(active) is TextBlock and active.prompt_id == prompt:
+        ids = () if meta is None else meta.record_ids
+        if text or ids:
+            server = server_timestamp(event)
+            ident = event.id
             draft.replace(
                 msgspec.structs.replace(
-                    active, **_touch(active, event, update, text=active.text + text)
+                    active,
+                    text=active.text + text,
+                    last_event_id=ident if ident is not None else active.last_event_id,
+                    updated_at=server if server is not None else active.updated_at,
+                    source_record_ids=_merged_ids(active.source_record_ids, ids)
+                    if ids
+                    else active.source_record_ids,
                 )
             )
-        return
+        return None
     if not text:
         # An empty chunk (e.g. a usage-only frame) has nothing to show on its own.
-        return
+        return None
     settle_streaming(draft)
     block = TextBlock(
         id=draft.new_id(kind),
@@ -372,7 +396,7 @@ def _text_chunk(
         **_stamp(event, update, prompt),
     )
     draft.append(block)
-    _set_pointer(draft, kind, block.id)
+    return block.id
 
 
 _TOOL_OWN_KEYS: Final = frozenset({"sessionUpdate", "toolCallId", "title", "status", "_meta"})
@@ -408,13 +432,20 @@ def _tool_update(
         draft.replace(block)
     else:
         settle_streaming(draft)
-        block = ToolBlock(
+        server = server_timestamp(event)
+        block = ToolBlock(  # the fields of _stamp, without building its dict (the replay's hot path)
             id=draft.new_id("tool"),
             tool_call_id=tool_call_id,
             title=title or "",
             status=status or "pending",
             data=fields,
-            **_stamp(event, update, prompt),
+            event_id=event.id,
+            last_event_id=event.id,
+            prompt_id=prompt,
+            server_timestamp=server,
+            updated_at=server,
+            timestamp=update.agent_timestamp,
+            source_record_ids=update.record_ids,
         )
         draft.append(block)
         draft.tools[tool_call_id] = block.id
@@ -462,7 +493,7 @@ def _session_update(
     meta = update.meta
     effects: list[SideEffect] = []
     turn_was_open = draft.open_prompt_id is not None
-    envelope_prompt = event_prompt_id(event)
+    envelope_prompt = event.prompt_id or event_prompt_id(event)
     if envelope_prompt is not None:
         draft.open_prompt_id = envelope_prompt
     prompt = envelope_prompt if envelope_prompt is not None else _update_prompt(meta)
@@ -472,28 +503,98 @@ def _session_update(
                 suggestion=meta.followup_suggestion, prompt_id=prompt, event_id=event.id
             )
         )
-    match update:
-        case UserMessageChunk():
-            _text_chunk(draft, event, update, "user", prompt)
-            if turn_was_open and (meta is None or meta.source != BRIDGE_ECHO):
-                effects.append(InjectedMessage(text=update.text, prompt_id=prompt, event_id=event.id))
-        case AgentMessageChunk():
-            _text_chunk(draft, event, update, "assistant", prompt)
-        case AgentThoughtChunk():
-            _text_chunk(draft, event, update, "thought", prompt)
-        case ToolCall() | ToolCallUpdate():
-            _tool_update(draft, event, payload.update, update, prompt)
-        case Plan():
-            _plan(draft, event, update, prompt)
-        case AvailableCommandsUpdate() | CurrentModeUpdate():
-            kind = payload.kind
-            assert kind is not None  # the tag the update was decoded by
-            effects.append(WorkspaceSignal(kind=kind, data=payload.update, event_id=event.id))
-        case RawUpdate(typed_kind=True):
-            _debug(draft, event, MALFORMED_REASON, f"{update.kind}: malformed update")
-        case RawUpdate():
-            _debug(draft, event, "unknown_session_update", f"unknown session update: {update.kind}")
+    _BY_UPDATE[type(update)](draft, event, payload, update, prompt, turn_was_open, effects)
     return effects
+
+
+# One handler per ACP update Struct, looked up by the update's type: (draft, event, payload,
+# update, prompt, turn_was_open, effects) -> None, effects appended to ``effects``.
+_UpdateHandler = Callable[
+    ["TranscriptDraft", DaemonEvent, SessionUpdateData, Any, "str | None", bool, list[SideEffect]],
+    None,
+]
+
+
+def _on_user_chunk(
+    draft: TranscriptDraft, event: DaemonEvent, payload: SessionUpdateData,
+    update: UserMessageChunk, prompt: str | None, turn_was_open: bool,
+    effects: list[SideEffect],
+) -> None:
+    started = _text_chunk(draft, event, update, "user", prompt, draft.active_user)
+    if started is not None:
+        draft.active_user = started
+    meta = update.meta
+    if turn_was_open and (meta is None or meta.source != BRIDGE_ECHO):
+        effects.append(InjectedMessage(text=update.text, prompt_id=prompt, event_id=event.id))
+
+
+def _on_agent_chunk(
+    draft: TranscriptDraft, event: DaemonEvent, payload: SessionUpdateData,
+    update: AgentMessageChunk, prompt: str | None, turn_was_open: bool,
+    effects: list[SideEffect],
+) -> None:
+    started = _text_chunk(draft, event, update, "assistant", prompt, draft.active_assistant)
+    if started is not None:
+        draft.active_assistant = started
+
+
+def _on_thought_chunk(
+    draft: TranscriptDraft, event: DaemonEvent, payload: SessionUpdateData,
+    update: AgentThoughtChunk, prompt: str | None, turn_was_open: bool,
+    effects: list[SideEffect],
+) -> None:
+    started = _text_chunk(draft, event, update, "thought", prompt, draft.active_thought)
+    if started is not None:
+        draft.active_thought = started
+
+
+def _on_tool(
+    draft: TranscriptDraft, event: DaemonEvent, payload: SessionUpdateData,
+    update: ToolCall | ToolCallUpdate, prompt: str | None, turn_was_open: bool,
+    effects: list[SideEffect],
+) -> None:
+    _tool_update(draft, event, payload.update, update, prompt)
+
+
+def _on_plan(
+    draft: TranscriptDraft, event: DaemonEvent, payload: SessionUpdateData, update: Plan,
+    prompt: str | None, turn_was_open: bool, effects: list[SideEffect],
+) -> None:
+    _plan(draft, event, update, prompt)
+
+
+def _on_workspace(
+    draft: TranscriptDraft, event: DaemonEvent, payload: SessionUpdateData,
+    update: AvailableCommandsUpdate | CurrentModeUpdate, prompt: str | None,
+    turn_was_open: bool, effects: list[SideEffect],
+) -> None:
+    kind = payload.kind
+    assert kind is not None  # the tag the update was decoded by
+    effects.append(WorkspaceSignal(kind=kind, data=payload.update, event_id=event.id))
+
+
+def _on_raw(
+    draft: TranscriptDraft, event: DaemonEvent, payload: SessionUpdateData, update: RawUpdate,
+    prompt: str | None, turn_was_open: bool, effects: list[SideEffect],
+) -> None:
+    if update.typed_kind:
+        _debug(draft, event, MALFORMED_REASON, f"{update.kind}: malformed update")
+    else:
+        _debug(draft, event, "unknown_session_update", f"unknown session update: {update.kind}")
+
+
+_BY_UPDATE: Final[Mapping[type, _UpdateHandler]] = {
+    UserMessageChunk: _on_user_chunk,
+    AgentMessageChunk: _on_agent_chunk,
+    AgentThoughtChunk: _on_thought_chunk,
+    ToolCall: _on_tool,
+    ToolCallUpdate: _on_tool,
+    Plan: _on_plan,
+    AvailableCommandsUpdate: _on_workspace,
+    CurrentModeUpdate: _on_workspace,
+    RawUpdate: _on_raw,
+}
+assert set(_BY_UPDATE) == set(typing.get_args(_Update))
 
 
 def _history_truncated(

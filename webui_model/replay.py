@@ -66,19 +66,28 @@ def run_events(
     marker_state: StoreState | None = None
     marker_block_id: str | None = None
     marker_event: DaemonEvent | None = None
+    # An unbounded draft (a snapshot replay) never trims, so it is not asked after every event.
+    trim = draft.trim if draft.max_blocks is not None else None
     for index, event in enumerate(events):
-        capture = capture_marker and marker_event is None and is_recoverable_live_marker(event)
-        before = len(draft)
-        pre_marker = (
-            draft.to_state(max_blocks=draft.max_blocks or max(1, before)) if capture else None
-        )
-        # Each event is read once here, so its typed payload is not kept on it (see read_payload).
-        produced = apply_typed(draft, event, read_payload(event))
-        if pre_marker is not None and len(draft) > before:
-            marker_state = pre_marker
-            marker_event = event
-            marker_block_id = draft.blocks[-1].id
-        draft.trim()
+        if (
+            capture_marker
+            and marker_event is None
+            and event.type == "history_truncated"  # the check inlined: most events are not
+            and is_recoverable_live_marker(event)
+        ):
+            before = len(draft.blocks)
+            pre_marker = draft.to_state(max_blocks=draft.max_blocks or max(1, before))
+            produced = apply_typed(draft, event, read_payload(event))
+            if len(draft.blocks) > before:
+                marker_state = pre_marker
+                marker_event = event
+                marker_block_id = draft.blocks[-1].id
+        else:
+            # Each event is read once here, so its typed payload is not kept on it (see
+            # read_payload).
+            produced = apply_typed(draft, event, read_payload(event))
+        if trim is not None:
+            trim()
         if produced and (keep_effects is None or keep_effects(index, event)):
             effects.extend(produced)
     return EventRun(

@@ -25,7 +25,6 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-import functools
 import importlib
 from collections.abc import Iterable
 from types import ModuleType
@@ -81,7 +80,7 @@ class DaemonEvent(msgspec.Struct, omit_defaults=True, dict=True):
         if "_payload" in cache:
             payload: EventPayload | None = cache["_payload"]
             return payload
-        codec = _payload_codec()
+        codec = _CODEC or _load_codec()
         raw = cache.pop("_raw_frame", None)
         if raw is not None:
             payload = codec.decode_payload(self.type, raw, self.data)
@@ -99,11 +98,11 @@ def read_payload(event: DaemonEvent) -> EventPayload | None:
     because the collector has to scan each kept copy again and again. A payload already kept
     is returned; a decoded frame keeps its raw bytes for later reads.
     """
-    kept = getattr(event, "_payload", _MISSING)
-    if not isinstance(kept, _Missing):
+    kept: Any = getattr(event, "_payload", _MISSING)
+    if kept is not _MISSING:
         payload: EventPayload | None = kept
         return payload
-    codec = _payload_codec()
+    codec = _CODEC or _load_codec()
     raw = getattr(event, "_raw_frame", None)
     if raw is not None:
         payload = codec.decode_payload(event.type, raw, event.data)
@@ -119,10 +118,15 @@ class _Missing:
 _MISSING: Final = _Missing()
 
 
-@functools.cache
-def _payload_codec() -> ModuleType:
-    # sdk.protocol.events imports this module, so it is looked up on first use.
-    return importlib.import_module("sdk.protocol.events")
+# sdk.protocol.events imports this module, so it is looked up on first use (and kept here, so
+# the hot paths pay one global read, not a call).
+_CODEC: ModuleType | None = None
+
+
+def _load_codec() -> ModuleType:
+    global _CODEC
+    _CODEC = importlib.import_module("sdk.protocol.events")
+    return _CODEC
 
 
 def event_prompt_id(event: DaemonEvent) -> str | None:
@@ -232,7 +236,10 @@ def decode_event(
     if frame.v != 1:
         return None
     ident = frame.id
-    if ident is msgspec.UNSET:
+    event_id: int | None
+    if type(ident) is int and 1 <= ident <= MAX_EVENT_ID:
+        event_id = ident  # the common case of valid_event_id, inlined
+    elif ident is msgspec.UNSET:
         event_id = None
     else:
         event_id = valid_event_id(ident)

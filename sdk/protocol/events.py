@@ -150,10 +150,14 @@ class _HasMeta(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     @property
     def agent_timestamp(self) -> float | None:
         """``update.timestamp``, else ``update._meta.timestamp`` (finite numbers only)."""
-        stamp = finite_number(self.timestamp)
-        if stamp is None and self.meta is not None:
-            stamp = finite_number(self.meta.timestamp)
-        return stamp
+        stamp = self.timestamp
+        meta = self.meta
+        if stamp is None and meta is None:
+            return None  # the common case, answered without a call
+        typed = finite_number(stamp)
+        if typed is None and meta is not None:
+            typed = finite_number(meta.timestamp)
+        return typed
 
     @property
     def record_ids(self) -> tuple[str, ...]:
@@ -285,9 +289,31 @@ def _raw_update(update: dict[str, Any]) -> RawUpdate:
     )
 
 
+# The typed kinds by their tag: an update built in code is converted straight to its kind's
+# Struct (the tag picks it; msgspec checks the tag again), without the union around it.
+_UPDATE_BY_KIND: Final[Mapping[str, type[_TypedUpdate]]] = {
+    cls.__struct_config__.tag: cls  # type: ignore[misc]
+    for cls in (
+        UserMessageChunk,
+        AgentMessageChunk,
+        AgentThoughtChunk,
+        ToolCall,
+        ToolCallUpdate,
+        Plan,
+        AvailableCommandsUpdate,
+        CurrentModeUpdate,
+    )
+}
+assert _UPDATE_BY_KIND.keys() == _TYPED_KINDS
+
+
 def _update_from_dict(update: dict[str, Any]) -> AcpUpdate:
+    kind = update.get("sessionUpdate")
+    cls = _UPDATE_BY_KIND.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        return _raw_update(update)
     try:
-        typed: _TypedUpdate = msgspec.convert({"update": update}, _TypedSessionUpdate).update
+        typed: _TypedUpdate = msgspec.convert(update, cls)
     except msgspec.ValidationError:
         return _raw_update(update)
     return typed
@@ -761,7 +787,13 @@ def record_ids_of(event: DaemonEvent) -> tuple[str, ...]:
 
 def server_timestamp(event: DaemonEvent) -> float | None:
     """The envelope's ``_meta.serverTimestamp`` when it is a finite number."""
-    return None if event.meta is None else finite_number(event.meta.get("serverTimestamp"))
+    meta = event.meta
+    if meta is None:
+        return None
+    value = meta.get("serverTimestamp")
+    if type(value) is int:  # the daemon's own stamps: epoch milliseconds
+        return float(value)
+    return finite_number(value)
 
 
 class UnknownEventCounter:

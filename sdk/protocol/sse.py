@@ -131,7 +131,16 @@ class SSEParser:
                     self._line(bytes(view[start:end]), out)
                 elif end == start:
                     if data:
-                        self._dispatch(out)
+                        # _dispatch inlined for the common frame of one data line.
+                        if len(data) == 1:
+                            payload = data[0]
+                            data.clear()
+                            self._data_bytes = 0
+                            event = decode_event(payload)
+                            if event is not None:
+                                out.append(event)
+                        else:
+                            self._dispatch(out)
                 elif startswith(b"data:", start, end):
                     value_at = start + 6 if end > start + 5 and buf[start + 5] == 0x20 else start + 5
                     data.append(bytes(view[value_at:end]))
