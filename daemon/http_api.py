@@ -1,4 +1,4 @@
-"""The JSON routes of SPEC §6.1 as a Quart-Trio app (the SSE and WebSocket routes live in
+"""The JSON routes (sessions, prompts, permissions, load, transcript, status) as a Quart-Trio app (the SSE and WebSocket routes live in
 ``streams``; Host/Origin/auth run before either, in ``asgi``).
 
 Every error the application produces is ``{error, code, ...details}``. Request bodies are

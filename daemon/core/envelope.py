@@ -2,8 +2,8 @@
 
 Every published event becomes one :class:`Event`. Its compact JSON encoding (``raw``) is made
 exactly once, at publish time; the ring, the live journals, load snapshots, SSE frames and the
-transcript writer all reuse those bytes. ``size`` is ``len(raw)`` and is the size every limit in
-SPEC §2–§4 counts.
+transcript writer all reuse those bytes. ``size`` is ``len(raw)`` and is the size every byte limit counts (live journal,
+replay window, event ring, slow-client queue).
 
 The daemon publishes the protocol's typed payloads (:mod:`sdk.protocol.events`):
 :func:`typed_event` and :func:`typed_synthetic` take a payload Struct, name the event by its

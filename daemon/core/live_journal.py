@@ -2,11 +2,11 @@
 
 The bus appends every non-transient published event; a turn terminal resets the journal. A
 load snapshot returns the retained entries, preceded by an id-less ``history_truncated`` marker
-when older entries had to be dropped (§2.3).
+when older entries had to be dropped.
 
 Entries: normally one event is one entry, stored as the :class:`~daemon.core.envelope.Event` itself so
 that its snapshot bytes are ``event.raw`` with no re-encode. Consecutive compatible text chunks
-(§2.1) merge into one :class:`_MergedEntry` of at most :data:`MAX_EVENTS_PER_ENTRY` source
+(same kind, same ids, plain text content, only whitelisted ``_meta``: :func:`merge_key`) merge into one :class:`_MergedEntry` of at most :data:`MAX_EVENTS_PER_ENTRY` source
 events, rendered on demand and cached until it grows.
 
 This is on the publish hot path, so ``append`` is O(1) amortized: a deque of entries, running
@@ -44,7 +44,7 @@ DEFAULT_MAX_EVENTS: Final = 10_000
 DEFAULT_MAX_BYTES: Final = 8 * 1024 * 1024
 MAX_EVENTS_PER_ENTRY: Final = 256
 
-# The load request's ``liveReplayMode`` values (§2.5), for the HTTP layer to validate against.
+# The load request's ``liveReplayMode`` values, for the HTTP layer to validate against.
 LiveReplayMode = Literal["full", "summary"]
 LIVE_REPLAY_MODES: Final[frozenset[str]] = frozenset({"full", "summary"})
 
@@ -303,7 +303,8 @@ class LiveJournal:
         return len(self._entries)
 
     def append(self, event: Event) -> None:
-        """Add one event: merge it into the last entry when §2.1 allows, then evict (§2.2)."""
+        """Add one event: merge it into the last entry when their merge keys agree and the
+        entry has room, then evict the oldest entries while over a cap (one always stays)."""
         classified = _classify(event.env)
         if classified is None:
             self._push(event, None, "")
@@ -438,7 +439,7 @@ class LiveJournal:
         full_transcript_available: bool,
         record_id: str | None = None,
     ) -> bytes | None:
-        """The encoded live-journal ``history_truncated`` marker (§2.3), or ``None`` when
+        """The encoded live-journal ``history_truncated`` marker (id-less, never stored), or ``None`` when
         nothing was evicted."""
         if self._truncated == 0:
             return None
@@ -473,7 +474,8 @@ class LiveJournal:
 
 
 class LiveJournals:
-    """The ``full`` and ``summary`` journals of one session (§2.5): same caps, enforced apart."""
+    """The ``full`` and ``summary`` journals of one session (summary: without subagent
+    frames, :func:`in_summary`): same caps, enforced apart."""
 
     __slots__ = ("full", "summary")
 

@@ -3,7 +3,7 @@
 Two steps happen before a restored session goes live again:
 
 1. Every prompt the ledger still shows ``in_flight`` is closed, so that every turn ends with
-   exactly one terminal: the durable raw events of the unfinished turn are compacted (§3.1) into
+   exactly one terminal: the durable raw events of the unfinished turn are compacted (as at a turn boundary) into
    records, followed by a ``turn_error {code: "interrupted"}`` record. Prompts that were queued
    and never ran get just their terminal record. A turn whose own terminal is durable (only the
    boundary after it was lost) keeps that terminal and its ledger state.
