@@ -33,6 +33,7 @@ __all__ = [
     "SessionUpdateView",
     "TextBlockView",
     "TranscriptMetaView",
+    "UpdateEnvelopeView",
     "UpdateMetaView",
     "UpdateView",
     "view",
@@ -113,6 +114,29 @@ class TranscriptMetaView(msgspec.Struct, frozen=True, rename="camel", gc=False):
 
     source_record_ids: Any = None
     plan_tool_call_id: Any = None
+
+
+class _NestedUpdate(msgspec.Struct, frozen=True, rename="camel", gc=False):
+    session_update: Any = None
+    tool_call_id: Any = None
+    meta: UpdateMetaView | None = msgspec.field(default=None, name="_meta")
+
+
+class _NestedData(msgspec.Struct, frozen=True, gc=False):
+    update: _NestedUpdate | None = None
+
+
+class UpdateEnvelopeView(msgspec.Struct, frozen=True, gc=False):
+    """A ``session_update`` envelope viewed down to its update's tag, ``toolCallId`` and
+    ``_meta`` in one decode; :func:`view` gives ``None`` when ``data``, ``update`` or
+    ``_meta`` is there but not an object."""
+
+    data: _NestedData | None = None
+
+    @property
+    def update(self) -> _NestedUpdate | None:
+        data = self.data
+        return None if data is None else data.update
 
 
 # --- the mergeable text chunk: strict, decoding is the check -----------------------------------
@@ -209,6 +233,6 @@ def _encoded_names(*kinds: type[msgspec.Struct]) -> frozenset[str]:
 # out of a dict by hand is reading the wire around the protocol (tests/test_payload_reads.py).
 ACP_WIRE_NAMES: Final[frozenset[str]] = _encoded_names(
     EnvelopeView, SessionUpdateView, UpdateView, TextBlockView, UpdateMetaView,
-    TranscriptMetaView, _MergeText, _MergeTranscript, _MergeUpdateMeta, _MergeUpdate, _MergeData,
+    TranscriptMetaView, _NestedUpdate, _NestedData, UpdateEnvelopeView, _MergeText, _MergeTranscript, _MergeUpdateMeta, _MergeUpdate, _MergeData,
     _MergeEnvelopeMeta, MergeableChunk,
 ) | {DISCRETE_MESSAGE_META_KEY, RECORD_ID_META_KEY}
