@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from sdk.protocol.acp import EnvelopeView, view
 from sdk.protocol.constants import TERMINAL_TYPES
 from sdk.protocol.envelope import envelope_fields, event_from_mapping
 from sdk.protocol.terminals import (
@@ -133,7 +134,8 @@ def seed_segments(turns: Sequence[Sequence[tuple[str, bytes]]], first_id: int
                 env: Any = decode_json(raw)
             except Exception:
                 continue
-            if not isinstance(env, dict) or not isinstance(env.get("type"), str):
+            head = view(env, EnvelopeView)
+            if head is None or not isinstance(head.type, str):
                 continue
             env = {"id": next_id, **{k: v for k, v in env.items() if k != "id"}}
             seeded = Event.from_env(env)

@@ -28,8 +28,13 @@ __all__ = [
     "AGENT_THOUGHT_CHUNK",
     "DISCRETE_MESSAGE_META_KEY",
     "RECORD_ID_META_KEY",
+    "EnvelopeMetaView",
     "EnvelopeView",
     "MergeableChunk",
+    "NewSessionResultView",
+    "PermissionOptionView",
+    "PermissionParamsView",
+    "PromptResultView",
     "SessionUpdateView",
     "TextBlockView",
     "TranscriptMetaView",
@@ -73,6 +78,13 @@ class EnvelopeView(msgspec.Struct, frozen=True, rename="camel", gc=False):
     meta: Any = msgspec.field(default=None, name="_meta")
 
 
+class EnvelopeMetaView(msgspec.Struct, frozen=True, rename="camel", gc=False):
+    """The envelope's own ``_meta``."""
+
+    server_timestamp: Any = None
+    timestamp: Any = None
+
+
 class SessionUpdateView(msgspec.Struct, frozen=True, rename="camel", gc=False):
     """A ``session_update`` event's ``data``: ``{sessionId, update}``."""
 
@@ -114,6 +126,34 @@ class TranscriptMetaView(msgspec.Struct, frozen=True, rename="camel", gc=False):
 
     source_record_ids: Any = None
     plan_tool_call_id: Any = None
+
+
+class NewSessionResultView(msgspec.Struct, frozen=True, rename="camel", gc=False):
+    """A ``session/new`` (or ``session/load``) result."""
+
+    session_id: Any = None
+
+
+class PromptResultView(msgspec.Struct, frozen=True, rename="camel", gc=False):
+    """A ``session/prompt`` result."""
+
+    stop_reason: Any = None
+
+
+class PermissionParamsView(msgspec.Struct, frozen=True, rename="camel", gc=False):
+    """``session/request_permission`` params (``toolCall`` and ``options`` pass on as sent)."""
+
+    session_id: Any = None
+    tool_call: Any = None
+    options: Any = None
+
+
+class PermissionOptionView(msgspec.Struct, frozen=True, rename="camel", gc=False):
+    """One option of a permission request."""
+
+    option_id: Any = None
+    kind: Any = None
+    name: Any = None
 
 
 class _NestedUpdate(msgspec.Struct, frozen=True, rename="camel", gc=False):
@@ -232,7 +272,8 @@ def _encoded_names(*kinds: type[msgspec.Struct]) -> frozenset[str]:
 # Every wire member name these views read: a module outside sdk/protocol that digs one of them
 # out of a dict by hand is reading the wire around the protocol (tests/test_payload_reads.py).
 ACP_WIRE_NAMES: Final[frozenset[str]] = _encoded_names(
-    EnvelopeView, SessionUpdateView, UpdateView, TextBlockView, UpdateMetaView,
-    TranscriptMetaView, _NestedUpdate, _NestedData, UpdateEnvelopeView, _MergeText, _MergeTranscript, _MergeUpdateMeta, _MergeUpdate, _MergeData,
+    EnvelopeView, EnvelopeMetaView, SessionUpdateView, UpdateView, TextBlockView, UpdateMetaView,
+    TranscriptMetaView, NewSessionResultView, PromptResultView, PermissionParamsView,
+    PermissionOptionView, _NestedUpdate, _NestedData, UpdateEnvelopeView, _MergeText, _MergeTranscript, _MergeUpdateMeta, _MergeUpdate, _MergeData,
     _MergeEnvelopeMeta, MergeableChunk,
 ) | {DISCRETE_MESSAGE_META_KEY, RECORD_ID_META_KEY}
