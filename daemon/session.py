@@ -38,6 +38,7 @@ from sdk.protocol.events import (
     SessionDiedData,
     SessionUpdateData,
 )
+from sdk.protocol.http import PromptAccepted
 from sdk.protocol.terminals import CHANNEL_CLOSED
 
 from .agent import AgentChannel, AgentRpcError, ChannelClosed
@@ -147,7 +148,8 @@ class Session:
     def pending_count(self) -> int:
         return len(self.queue) + (1 if self.active is not None else 0)
 
-    def admit(self, blocks: list[Any], client_id: str | None, deadline_ms: int | None) -> dict[str, Any]:
+    def admit(self, blocks: list[Any], client_id: str | None,
+              deadline_ms: int | None) -> PromptAccepted:
         """Queue a prompt; returns the 202 body. Cursor and epoch are read before admission so a
         subscriber starting from them sees every frame of the turn."""
         pending = self.pending_count()
@@ -170,7 +172,8 @@ class Session:
             )
         self.queue.append(prompt)
         self._notify()
-        return {"promptId": prompt.prompt_id, "lastEventId": last_event_id, "eventEpoch": epoch}
+        return PromptAccepted(prompt_id=prompt.prompt_id, last_event_id=last_event_id,
+                              event_epoch=epoch)
 
     def _notify(self) -> None:
         self._wake.set()

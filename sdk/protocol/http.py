@@ -67,6 +67,8 @@ __all__ = [
     "TranscriptQuery",
     "convert_request",
     "request_error_code",
+    "view_prompt_blocks",
+    "view_session_id",
     "vote_outcome",
 ]
 
@@ -461,3 +463,34 @@ RESPONSE_TYPES: Final = (HealthResponse, CapabilitiesResponse, DaemonStatusRespo
                          CreateSessionResponse, LoadSessionResponse, ResumeSessionResponse,
                          PromptAccepted, PermissionVoteResponse, TranscriptPage,
                          SessionStatusResponse, HeartbeatResponse, ErrorBody)
+
+
+# --- views of a body as sent --------------------------------------------------------------------
+# A route that forwards part of a body unchanged (the prompt's blocks go to the agent with every
+# member the client sent) reads that part through a view: only the named member is picked, and
+# its value is the very object of the decoded body.
+
+
+class _PromptBlocksView(msgspec.Struct, frozen=True, gc=False):
+    prompt: Any = None
+
+
+class _SessionIdView(msgspec.Struct, frozen=True, rename="camel", gc=False):
+    session_id: Any = None
+
+
+def view_prompt_blocks(body: object) -> list[Any] | None:
+    """The ``prompt`` blocks of a prompt body exactly as sent (a body :class:`PromptRequest`
+    accepted), or ``None`` when ``body`` has no list there."""
+    if type(body) is not dict:
+        return None
+    found = msgspec.convert(body, _PromptBlocksView).prompt
+    return found if type(found) is list else None
+
+
+def view_session_id(body: object) -> object:
+    """The ``sessionId`` member of a body as sent (any value; ``None`` when absent or when
+    ``body`` is not an object)."""
+    if type(body) is not dict:
+        return None
+    return msgspec.convert(body, _SessionIdView).session_id
