@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Final, Literal, TypeVar
 
 import msgspec
@@ -45,6 +46,7 @@ __all__ = [
     "CreateSessionResponse",
     "DaemonStatusResponse",
     "ErrorBody",
+    "ErrorBodyView",
     "HealthResponse",
     "HeartbeatResponse",
     "JournalStatus",
@@ -67,6 +69,7 @@ __all__ = [
     "TranscriptQuery",
     "convert_request",
     "request_error_code",
+    "view_error_body",
     "view_prompt_blocks",
     "view_session_id",
     "vote_outcome",
@@ -494,3 +497,22 @@ def view_session_id(body: object) -> object:
     if type(body) is not dict:
         return None
     return msgspec.convert(body, _SessionIdView).session_id
+
+
+class ErrorBodyView(msgspec.Struct, frozen=True, rename="camel", gc=False):
+    """An error answer's body as a client reads it: every member any value (a proxy or an older
+    daemon may send anything), absent ones ``None``. :class:`ErrorBody` is the strict shape."""
+
+    error: Any = None
+    message: Any = None
+    code: Any = None
+    retryable: Any = None
+    limit: Any = None
+    pending_count: Any = None
+
+
+def view_error_body(body: object) -> ErrorBodyView | None:
+    """:class:`ErrorBodyView` of a decoded error body (any mapping), ``None`` for anything else."""
+    if isinstance(body, Mapping):
+        return msgspec.convert(dict(body), ErrorBodyView)
+    return None
