@@ -97,7 +97,7 @@ def payload_reads(source: str, names: frozenset[str]) -> list[tuple[int, str]]:
         elif (isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant)
               and any(isinstance(op, ast.In | ast.NotIn) for op in node.ops)):
             key = node.left.value
-        if isinstance(key, str) and key in names:
+        if isinstance(key, str) and key in names and isinstance(node, ast.expr):
             found.append((node.lineno, key))
     return sorted(found)
 
