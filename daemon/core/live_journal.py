@@ -33,6 +33,7 @@ from sdk.protocol.acp import (
     AGENT_MESSAGE_CHUNK,
     EnvelopeView,
     MergeableChunk,
+    MergeableUpdate,
     SessionUpdateView,
     UpdateEnvelopeView,
     view,
@@ -86,19 +87,23 @@ def _classify(env: JsonObject) -> tuple[MergeKey, str] | None:
     """:func:`merge_key` plus the chunk's text, of a ``session_update`` envelope (the caller
     checks the type, which the event carries). Decoding the strict view is the whole check of
     the merge conditions (:class:`sdk.protocol.acp.MergeableChunk`)."""
-    chunk = view(env, MergeableChunk)
-    if chunk is None:
+    found = view(env, MergeableChunk)
+    if found is None:
         return None
-    data = chunk.data
+    data = found.data
     update = data.update
-    key = (
-        update.session_update,
-        chunk.prompt_id,
-        chunk.originator_client_id,
-        data.session_id,
-        chunk.parent_tool_call_id,
-        chunk.source_record_ids,
-    )
+    if not isinstance(update, MergeableUpdate):
+        return None
+    meta = update.meta
+    parent: object = UNSET
+    sources: object = UNSET
+    if meta is not UNSET:
+        parent = meta.parent_tool_call_id
+        transcript = meta.qwen_transcript
+        if transcript is not UNSET:
+            sources = transcript.source_record_ids
+    key = (update.kind, found.prompt_id, found.originator_client_id, data.session_id, parent,
+           sources)
     return key, update.content.text
 
 
@@ -120,9 +125,9 @@ def plain_chunk_key(
 
 def _chunk_text(event: Event) -> str:
     # Only called on events whose merge key was not None, so the view decodes.
-    chunk = view(event.env, MergeableChunk)
-    assert chunk is not None
-    return chunk.text
+    found = view(event.env, MergeableChunk)
+    assert found is not None and isinstance(found.data.update, MergeableUpdate)
+    return found.data.update.content.text
 
 
 def in_summary(event: Event) -> bool:

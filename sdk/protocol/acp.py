@@ -18,7 +18,7 @@ Pure: no trio, no I/O, no clock.
 
 from __future__ import annotations
 
-from typing import Any, Final, Literal, TypeVar
+from typing import Any, ClassVar, Final, Literal, TypeVar
 
 import msgspec
 
@@ -31,6 +31,7 @@ __all__ = [
     "EnvelopeMetaView",
     "EnvelopeView",
     "MergeableChunk",
+    "MergeableUpdate",
     "NewSessionResultView",
     "PermissionOptionView",
     "PermissionParamsView",
@@ -212,11 +213,55 @@ class _MergeUpdateMeta(msgspec.Struct, frozen=True, forbid_unknown_fields=True, 
     qwen_transcript: _MergeTranscript | _Unset = _UNSET
 
 
-class _MergeUpdate(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel",
-                   gc=False):
-    session_update: Literal["agent_message_chunk", "agent_thought_chunk"]
+class MergeableUpdate(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel",
+                      tag_field="sessionUpdate", gc=False):
+    """A text chunk update of the shape that may merge (``kind``: its ``sessionUpdate``)."""
+
+    kind: ClassVar[str]
     content: _MergeText
     meta: _MergeUpdateMeta | _Unset = msgspec.field(default=_UNSET, name="_meta")
+
+
+class _MergeMessageChunk(MergeableUpdate, frozen=True, tag=AGENT_MESSAGE_CHUNK):
+    kind: ClassVar[str] = AGENT_MESSAGE_CHUNK
+
+
+class _MergeThoughtChunk(MergeableUpdate, frozen=True, tag=AGENT_THOUGHT_CHUNK):
+    kind: ClassVar[str] = AGENT_THOUGHT_CHUNK
+
+
+# The other updates an agent commonly sends, tagged so that telling them from a chunk takes no
+# exception (their members are not looked at; an update of another kind fails the view).
+class _OtherUpdate(msgspec.Struct, frozen=True, tag_field="sessionUpdate", gc=False):
+    pass
+
+
+class _UserChunk(_OtherUpdate, frozen=True, tag="user_message_chunk"):
+    pass
+
+
+class _ToolCall(_OtherUpdate, frozen=True, tag="tool_call"):
+    pass
+
+
+class _ToolCallUpdate(_OtherUpdate, frozen=True, tag="tool_call_update"):
+    pass
+
+
+class _Plan(_OtherUpdate, frozen=True, tag="plan"):
+    pass
+
+
+class _Commands(_OtherUpdate, frozen=True, tag="available_commands_update"):
+    pass
+
+
+class _Mode(_OtherUpdate, frozen=True, tag="current_mode_update"):
+    pass
+
+
+_MergeUpdate = (_MergeMessageChunk | _MergeThoughtChunk | _UserChunk | _ToolCall
+                | _ToolCallUpdate | _Plan | _Commands | _Mode)
 
 
 class _MergeData(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel",
@@ -232,34 +277,15 @@ class _MergeEnvelopeMeta(msgspec.Struct, frozen=True, forbid_unknown_fields=True
 
 
 class MergeableChunk(msgspec.Struct, frozen=True, rename="camel", gc=False):
-    """A ``session_update`` envelope (its ``type`` is checked by the caller) whose update is a
-    text chunk of the one shape that may merge; every other member of the envelope (``id``,
-    ``v``, ...) is ignored."""
+    """A ``session_update`` envelope (its ``type`` is checked by the caller) viewed for merging:
+    ``data.update`` is a :class:`MergeableUpdate` when it is a text chunk of the one shape that
+    may merge (another view for the other common kinds); any other shape fails the view. Every other member of
+    the envelope (``id``, ``v``, ...) is ignored."""
 
     data: _MergeData
     prompt_id: Any = _UNSET
     originator_client_id: Any = _UNSET
     meta: _MergeEnvelopeMeta | _Unset = msgspec.field(default=_UNSET, name="_meta")
-
-    @property
-    def kind(self) -> str:
-        return self.data.update.session_update
-
-    @property
-    def text(self) -> str:
-        return self.data.update.content.text
-
-    @property
-    def parent_tool_call_id(self) -> str | _Unset:
-        meta = self.data.update.meta
-        return _UNSET if meta is _UNSET else meta.parent_tool_call_id
-
-    @property
-    def source_record_ids(self) -> list[str] | _Unset:
-        meta = self.data.update.meta
-        if meta is _UNSET or meta.qwen_transcript is _UNSET:
-            return _UNSET
-        return meta.qwen_transcript.source_record_ids
 
 
 def _encoded_names(*kinds: type[msgspec.Struct]) -> frozenset[str]:
@@ -274,6 +300,6 @@ def _encoded_names(*kinds: type[msgspec.Struct]) -> frozenset[str]:
 ACP_WIRE_NAMES: Final[frozenset[str]] = _encoded_names(
     EnvelopeView, EnvelopeMetaView, SessionUpdateView, UpdateView, TextBlockView, UpdateMetaView,
     TranscriptMetaView, NewSessionResultView, PromptResultView, PermissionParamsView,
-    PermissionOptionView, _NestedUpdate, _NestedData, UpdateEnvelopeView, _MergeText, _MergeTranscript, _MergeUpdateMeta, _MergeUpdate, _MergeData,
+    PermissionOptionView, _NestedUpdate, _NestedData, UpdateEnvelopeView, _MergeText, _MergeTranscript, _MergeUpdateMeta, MergeableUpdate, _MergeData,
     _MergeEnvelopeMeta, MergeableChunk,
 ) | {DISCRETE_MESSAGE_META_KEY, RECORD_ID_META_KEY}
