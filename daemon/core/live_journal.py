@@ -34,6 +34,7 @@ from sdk.protocol.acp import (
     EnvelopeView,
     MergeableChunk,
     MergeableUpdate,
+    OtherUpdate,
     SessionUpdateView,
     UpdateEnvelopeView,
     view,
@@ -90,6 +91,10 @@ def _classify(env: JsonObject) -> tuple[MergeKey, str] | None:
     found = view(env, MergeableChunk)
     if found is None:
         return None
+    return _chunk_key(found)
+
+
+def _chunk_key(found: MergeableChunk) -> tuple[MergeKey, str] | None:
     data = found.data
     update = data.update
     if not isinstance(update, MergeableUpdate):
@@ -153,6 +158,18 @@ def in_summary(event: Event) -> bool:
     if parent == update.tool_call_id:
         return True
     return update.session_update == _MESSAGE_CHUNK and isinstance(meta.usage, dict)
+
+
+def _other_in_summary(update: OtherUpdate) -> bool:
+    """:func:`in_summary` of a ``session_update`` whose update is ``update`` (never an
+    ``agent_message_chunk``, so the token-count exception does not apply)."""
+    meta = update.meta
+    if meta is None:
+        return True
+    parent = meta.parent_tool_call_id
+    if not isinstance(parent, str) or not parent:
+        return True
+    return bool(parent == update.tool_call_id)
 
 
 class _MergedEntry:
@@ -441,7 +458,19 @@ class LiveJournals:
 
     def append(self, event: Event) -> None:
         """Every event goes to ``full``; those passing :func:`in_summary` also to ``summary``."""
-        classified = _classify(event.env) if event.type == "session_update" else None
+        if event.type != "session_update":
+            self.full._push(event, None, "")
+            self.summary._push(event, None, "")
+            return
+        # One view answers both questions for the common kinds: mergeable, and in the summary.
+        found = view(event.env, MergeableChunk)
+        update = None if found is None else found.data.update
+        if isinstance(update, OtherUpdate):
+            self.full._push(event, None, "")
+            if _other_in_summary(update):
+                self.summary._push(event, None, "")
+            return
+        classified = None if found is None else _chunk_key(found)
         if classified is None:
             self.full._push(event, None, "")
             if in_summary(event):

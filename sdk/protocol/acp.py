@@ -33,6 +33,7 @@ __all__ = [
     "MergeableChunk",
     "MergeableUpdate",
     "NewSessionResultView",
+    "OtherUpdate",
     "PermissionOptionView",
     "PermissionParamsView",
     "PromptResultView",
@@ -230,33 +231,43 @@ class _MergeThoughtChunk(MergeableUpdate, frozen=True, tag=AGENT_THOUGHT_CHUNK):
     kind: ClassVar[str] = AGENT_THOUGHT_CHUNK
 
 
+class _OtherMeta(msgspec.Struct, frozen=True, rename="camel", gc=False):
+    parent_tool_call_id: Any = None
+
+
 # The other updates an agent commonly sends, tagged so that telling them from a chunk takes no
-# exception (their members are not looked at; an update of another kind fails the view).
-class _OtherUpdate(msgspec.Struct, frozen=True, tag_field="sessionUpdate", gc=False):
+# exception; they carry what the summary journal asks of them (``toolCallId`` and
+# ``_meta.parentToolCallId``). An update of another kind, or whose ``_meta`` is not an object,
+# fails the view.
+class OtherUpdate(msgspec.Struct, frozen=True, rename="camel", tag_field="sessionUpdate",
+                  gc=False):
+    """A ``session/update`` update of a common kind that is not a mergeable text chunk."""
+
+    tool_call_id: Any = None
+    meta: _OtherMeta | None = msgspec.field(default=None, name="_meta")
+
+
+class _UserChunk(OtherUpdate, frozen=True, tag="user_message_chunk"):
     pass
 
 
-class _UserChunk(_OtherUpdate, frozen=True, tag="user_message_chunk"):
+class _ToolCall(OtherUpdate, frozen=True, tag="tool_call"):
     pass
 
 
-class _ToolCall(_OtherUpdate, frozen=True, tag="tool_call"):
+class _ToolCallUpdate(OtherUpdate, frozen=True, tag="tool_call_update"):
     pass
 
 
-class _ToolCallUpdate(_OtherUpdate, frozen=True, tag="tool_call_update"):
+class _Plan(OtherUpdate, frozen=True, tag="plan"):
     pass
 
 
-class _Plan(_OtherUpdate, frozen=True, tag="plan"):
+class _Commands(OtherUpdate, frozen=True, tag="available_commands_update"):
     pass
 
 
-class _Commands(_OtherUpdate, frozen=True, tag="available_commands_update"):
-    pass
-
-
-class _Mode(_OtherUpdate, frozen=True, tag="current_mode_update"):
+class _Mode(OtherUpdate, frozen=True, tag="current_mode_update"):
     pass
 
 
@@ -300,6 +311,6 @@ def _encoded_names(*kinds: type[msgspec.Struct]) -> frozenset[str]:
 ACP_WIRE_NAMES: Final[frozenset[str]] = _encoded_names(
     EnvelopeView, EnvelopeMetaView, SessionUpdateView, UpdateView, TextBlockView, UpdateMetaView,
     TranscriptMetaView, NewSessionResultView, PromptResultView, PermissionParamsView,
-    PermissionOptionView, _NestedUpdate, _NestedData, UpdateEnvelopeView, _MergeText, _MergeTranscript, _MergeUpdateMeta, MergeableUpdate, _MergeData,
+    PermissionOptionView, _NestedUpdate, _NestedData, UpdateEnvelopeView, _MergeText, _MergeTranscript, _MergeUpdateMeta, MergeableUpdate, _OtherMeta, OtherUpdate, _MergeData,
     _MergeEnvelopeMeta, MergeableChunk,
 ) | {DISCRETE_MESSAGE_META_KEY, RECORD_ID_META_KEY}
