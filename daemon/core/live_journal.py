@@ -150,26 +150,22 @@ def in_summary(event: Event) -> bool:
     if update is None:
         return True
     meta = update.meta
-    if meta is None:
-        return True
-    parent = meta.parent_tool_call_id
-    if not isinstance(parent, str) or not parent:
-        return True
-    if parent == update.tool_call_id:
+    if meta is None or _outside_subagent(meta.parent_tool_call_id, update.tool_call_id):
         return True
     return update.session_update == _MESSAGE_CHUNK and isinstance(meta.usage, dict)
+
+
+def _outside_subagent(parent: object, tool_call_id: object) -> bool:
+    """The summary keeps a frame whose ``parentToolCallId`` is not a non-empty string, or is
+    the frame's own ``toolCallId`` (the frame describing the subagent's tool call)."""
+    return not isinstance(parent, str) or not parent or parent == tool_call_id
 
 
 def _other_in_summary(update: OtherUpdate) -> bool:
     """:func:`in_summary` of a ``session_update`` whose update is ``update`` (never an
     ``agent_message_chunk``, so the token-count exception does not apply)."""
     meta = update.meta
-    if meta is None:
-        return True
-    parent = meta.parent_tool_call_id
-    if not isinstance(parent, str) or not parent:
-        return True
-    return bool(parent == update.tool_call_id)
+    return meta is None or _outside_subagent(meta.parent_tool_call_id, update.tool_call_id)
 
 
 class _MergedEntry:

@@ -22,6 +22,8 @@ from typing import Any, ClassVar, Final, Literal, TypeVar
 
 import msgspec
 
+from sdk.protocol.constants import RECORD_ID_META_KEY
+
 __all__ = [
     "ACP_WIRE_NAMES",
     "AGENT_MESSAGE_CHUNK",
@@ -48,8 +50,6 @@ __all__ = [
 
 AGENT_MESSAGE_CHUNK: Final = "agent_message_chunk"
 AGENT_THOUGHT_CHUNK: Final = "agent_thought_chunk"
-# The record-id key the daemon stamps on a compacted update's ``_meta`` (dotted, not camelCase).
-RECORD_ID_META_KEY: Final = "qwen.session.recordId"
 DISCRETE_MESSAGE_META_KEY: Final = "qwenDiscreteMessage"
 
 _T = TypeVar("_T", bound=msgspec.Struct)
