@@ -31,7 +31,6 @@ import coredis
 import httpx
 import trio
 
-from sdk.protocol.acp import decode_head
 from sdk.protocol.http import view_session_id
 
 from .bus import SessionBus, Subscription, now_ms
@@ -706,13 +705,8 @@ class ClusterRouter:
                 mirror.bus.ring = type(ring)(ring.capacity, next_id=event_id,
                                              max_bytes=ring.max_bytes)
                 ring = mirror.bus.ring
-            # Only the head is read (id, type, prompt id); the bytes are the event.
-            head = decode_head(raw)
-            if type(head.type) is not str:
-                raise ValueError(f"mirrored event {event_id} has no type")
-            ident = head.id if type(head.id) is int else event_id
-            event = Event.spliced(raw, ident, head.type,
-                                  head.prompt_id if type(head.prompt_id) is str else None)
+            event = Event(decode_json(raw), raw)
+            event.release()
             ring.append(event)
             mirror.bus._dirty = True
             if event.type.encode() in TERMINAL_SESSION_EVENTS:

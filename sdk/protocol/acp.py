@@ -30,7 +30,6 @@ __all__ = [
     "AGENT_THOUGHT_CHUNK",
     "DISCRETE_MESSAGE_META_KEY",
     "RECORD_ID_META_KEY",
-    "EnvelopeHead",
     "EnvelopeMetaView",
     "EnvelopeView",
     "MergeableChunk",
@@ -46,7 +45,6 @@ __all__ = [
     "UpdateEnvelopeView",
     "UpdateMetaView",
     "UpdateView",
-    "decode_head",
     "view",
 ]
 
@@ -80,18 +78,6 @@ class EnvelopeView(msgspec.Struct, frozen=True, rename="camel", gc=False):
     originator_client_id: Any = None
     data: Any = None
     meta: Any = msgspec.field(default=None, name="_meta")
-
-
-class EnvelopeHead(msgspec.Struct, frozen=True, rename="camel", gc=False):
-    """The envelope's id, type and prompt id, decoded from its bytes with every other member
-    skipped unread (:data:`decode_head`)."""
-
-    id: Any = None
-    type: Any = None
-    prompt_id: Any = None
-
-
-decode_head: Final = msgspec.json.Decoder(EnvelopeHead).decode
 
 
 class EnvelopeMetaView(msgspec.Struct, frozen=True, rename="camel", gc=False):
@@ -323,7 +309,7 @@ def _encoded_names(*kinds: type[msgspec.Struct]) -> frozenset[str]:
 # Every wire member name these views read: a module outside sdk/protocol that digs one of them
 # out of a dict by hand is reading the wire around the protocol (tests/test_payload_reads.py).
 ACP_WIRE_NAMES: Final[frozenset[str]] = _encoded_names(
-    EnvelopeView, EnvelopeHead, EnvelopeMetaView, SessionUpdateView, UpdateView, TextBlockView, UpdateMetaView,
+    EnvelopeView, EnvelopeMetaView, SessionUpdateView, UpdateView, TextBlockView, UpdateMetaView,
     TranscriptMetaView, NewSessionResultView, PromptResultView, PermissionParamsView,
     PermissionOptionView, _NestedUpdate, _NestedData, UpdateEnvelopeView, _MergeText, _MergeTranscript, _MergeUpdateMeta, MergeableUpdate, _OtherMeta, OtherUpdate, _MergeData,
     _MergeEnvelopeMeta, MergeableChunk,
