@@ -38,13 +38,14 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from daemon.bus import BusLimits, SessionBus
-from daemon.core.envelope import Event, JsonObject, encode_json, make_event
+from daemon.core.envelope import Event, encode_json, typed_event
 from daemon.core.live_journal import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_EVENTS,
     LiveJournal,
     LiveJournals,
 )
+from sdk.protocol.events import SessionUpdateData, TurnCompleteData
 
 SESSION = "6f1d2c3b-4a59-4e68-8f7a-0b1c2d3e4f50"
 PROMPT = "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d"
@@ -67,18 +68,17 @@ class _Appender(Protocol):
 # --- workloads ---------------------------------------------------------------------------------
 
 
-def _chunk_data(kind: str, text: str) -> JsonObject:
-    return {
-        "sessionId": SESSION,
-        "update": {"sessionUpdate": kind, "content": {"type": "text", "text": text}},
-    }
+def _chunk_data(kind: str, text: str) -> SessionUpdateData:
+    return SessionUpdateData(
+        session_id=SESSION,
+        update={"sessionUpdate": kind, "content": {"type": "text", "text": text}},
+    )
 
 
-def _event(event_id: int, event_type: str, data: Any) -> Event:
-    event = make_event(
+def _event(event_id: int, payload: SessionUpdateData) -> Event:
+    event = typed_event(
         event_id,
-        event_type,
-        data,
+        payload,
         now_ms=NOW_MS + event_id,
         prompt_id=PROMPT,
         originator_client_id=CLIENT,
@@ -90,20 +90,20 @@ def _event(event_id: int, event_type: str, data: Any) -> Event:
 
 def merged_stream(n: int) -> list[Event]:
     """Mergeable ``agent_message_chunk`` events, about 350 bytes each like the mock agent's."""
-    return [_event(i, "session_update", _chunk_data("agent_message_chunk", f"chunk-{i}")) for i in
+    return [_event(i, _chunk_data("agent_message_chunk", f"chunk-{i}")) for i in
             range(1, n + 1)]
 
 
 def alternating_stream(n: int) -> list[Event]:
     """Chunk kinds alternate, so every event is fully inspected and none merges."""
     kinds = ("agent_message_chunk", "agent_thought_chunk")
-    return [_event(i, "session_update", _chunk_data(kinds[i % 2], f"chunk-{i}")) for i in
+    return [_event(i, _chunk_data(kinds[i % 2], f"chunk-{i}")) for i in
             range(1, n + 1)]
 
 
 def user_stream(n: int) -> list[Event]:
     """``user_message_chunk`` events: rejected for merging at the first look."""
-    return [_event(i, "session_update", _chunk_data("user_message_chunk", f"chunk-{i}")) for i in
+    return [_event(i, _chunk_data("user_message_chunk", f"chunk-{i}")) for i in
             range(1, n + 1)]
 
 
@@ -111,10 +111,10 @@ def prefill_events(max_events: int, max_bytes: int) -> list[Event]:
     """``max_events`` unmergeable events whose sizes add up to just under ``max_bytes``, so a
     journal fed them sits at both caps at once."""
     target = max_bytes // max_events
-    probe = _event(1, "session_update", _chunk_data("user_message_chunk", ""))
+    probe = _event(1, _chunk_data("user_message_chunk", ""))
     pad = "p" * max(0, target - probe.size - 4)  # room for ids up to 5 digits
     events = [
-        _event(i, "session_update", _chunk_data("user_message_chunk", pad))
+        _event(i, _chunk_data("user_message_chunk", pad))
         for i in range(1, max_events + 1)
     ]
     if sum(e.size for e in events) > max_bytes:  # pragma: no cover - arithmetic guard
@@ -122,26 +122,26 @@ def prefill_events(max_events: int, max_bytes: int) -> list[Event]:
     return events
 
 
-def mixed_turn_data(n: int) -> list[tuple[str, JsonObject]]:
+def mixed_turn_data(n: int) -> list[SessionUpdateData]:
     """A realistic turn: user echo, then repeating blocks of thought, tool and message frames."""
-    items: list[tuple[str, JsonObject]] = [
-        ("session_update", _chunk_data("user_message_chunk", "please refactor the parser")),
+    items: list[SessionUpdateData] = [
+        _chunk_data("user_message_chunk", "please refactor the parser"),
     ]
     block = 0
     while len(items) < n:
         tool = f"call_{block}"
         items.extend(
-            ("session_update", _chunk_data("agent_thought_chunk", f"thinking {block}.{k} "))
+            _chunk_data("agent_thought_chunk", f"thinking {block}.{k} ")
             for k in range(4)
         )
-        items.append(("session_update", {"sessionId": SESSION, "update": {
+        items.append(SessionUpdateData(session_id=SESSION, update={
             "sessionUpdate": "tool_call", "toolCallId": tool, "title": "Read parser.py",
-            "kind": "read", "status": "pending"}}))
-        items.append(("session_update", {"sessionId": SESSION, "update": {
+            "kind": "read", "status": "pending"}))
+        items.append(SessionUpdateData(session_id=SESSION, update={
             "sessionUpdate": "tool_call_update", "toolCallId": tool, "status": "completed",
-            "content": [{"type": "content", "content": {"type": "text", "text": "ok"}}]}}))
+            "content": [{"type": "content", "content": {"type": "text", "text": "ok"}}]}))
         items.extend(
-            ("session_update", _chunk_data("agent_message_chunk", f"word{block}.{k} "))
+            _chunk_data("agent_message_chunk", f"word{block}.{k} ")
             for k in range(14)
         )
         block += 1
@@ -237,7 +237,7 @@ def _bus_limits() -> BusLimits:
     return BusLimits(DEFAULT_MAX_EVENTS, DEFAULT_MAX_BYTES, 4 * 1024 * 1024, 8000)
 
 
-def _pipeline_trial(items: Sequence[tuple[str, JsonObject]],
+def _pipeline_trial(items: Sequence[SessionUpdateData],
                     buses: list[SessionBus] | None = None) -> Trial:
     """One turn through the daemon's own publish path for agent updates,
     ``SessionBus.publish_updates`` (plain text chunks spliced into an envelope template, every
@@ -246,11 +246,10 @@ def _pipeline_trial(items: Sequence[tuple[str, JsonObject]],
     ``publish_terminal`` (compaction into the replay window, journal reset). The updates are
     handed over as the agent channel does, as the agent's JSON bytes in batches (of 256 here),
     each batch followed by a flush."""
-    terminal_data: JsonObject = {"sessionId": SESSION, "stopReason": "end_turn",
-                                 "promptId": PROMPT}
+    terminal = TurnCompleteData(session_id=SESSION, stop_reason="end_turn", prompt_id=PROMPT)
     # The agent's bytes of each update, encoded once outside the timed loop (the agent wrote
     # them; the daemon receives them).
-    updates = [encode_json(data["update"]) for _, data in items]
+    updates = [encode_json(item.update) for item in items]
     batches = [updates[i:i + 256] for i in range(0, len(updates), 256)]
 
     def setup() -> Callable[[], None]:
@@ -264,7 +263,7 @@ def _pipeline_trial(items: Sequence[tuple[str, JsonObject]],
             for batch in batches:
                 publish_updates(batch, prompt_id=PROMPT, originator_client_id=CLIENT)
                 flush()
-            bus.publish_terminal("turn_complete", terminal_data, prompt_id=PROMPT,
+            bus.publish_terminal(terminal, prompt_id=PROMPT,
                                  originator_client_id=CLIENT, ledger_terminal="completed",
                                  stop_reason="end_turn")
 
@@ -337,7 +336,7 @@ def run(quick: bool, report: Report = _quiet) -> list[Row]:
     alternating = alternating_stream(n)
     users = user_stream(n)
     prefill = prefill_events(DEFAULT_MAX_EVENTS, DEFAULT_MAX_BYTES)
-    chunk_items = [("session_update", e.env["data"]) for e in merged]
+    chunk_items = [_chunk_data("agent_message_chunk", f"chunk-{i}") for i in range(1, n + 1)]
     mixed_items = mixed_turn_data(n)
     # The pre-built inputs are several hundred thousand dicts a real daemon never holds at once;
     # freezing them keeps the cyclic GC from rescanning them and billing that to the code
@@ -358,8 +357,8 @@ def _measure(
     alternating: list[Event],
     users: list[Event],
     prefill: list[Event],
-    chunk_items: list[tuple[str, JsonObject]],
-    mixed_items: list[tuple[str, JsonObject]],
+    chunk_items: list[SessionUpdateData],
+    mixed_items: list[SessionUpdateData],
     report: Report = _quiet,
 ) -> list[Row]:
     rows: list[Row] = []

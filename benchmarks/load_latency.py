@@ -42,6 +42,7 @@ import msgspec
 
 from benchmarks.harness import MIB, Context, CpuMeter, CpuUse, Row, StaticByteServer
 from benchmarks.launcher import Daemon, gate_name, start_daemon
+from sdk.protocol.events import SessionUpdateData, TurnCompleteData
 
 NAME = "load_latency"
 TITLE = "load snapshot latency (full live journal and replay window), in-process and HTTP"
@@ -279,19 +280,18 @@ def _publish_turn(bus: Any, session_id: str, chunks: int, pad: int, finish: bool
     prompt_id = str(uuid.uuid4())
     client_id = f"client_{uuid.uuid4()}"
     bus.active_prompt_id = prompt_id
-    bus.publish("session_update", {"sessionId": session_id, "update": {
+    bus.publish(SessionUpdateData(session_id=session_id, update={
         "sessionUpdate": "user_message_chunk", "content": {"type": "text", "text": "bench"},
-        "_meta": {"serverTimestamp": 0, "source": "bridge-echo"}}},
+        "_meta": {"serverTimestamp": 0, "source": "bridge-echo"}}),
         prompt_id=prompt_id, originator_client_id=client_id)
     for i in range(chunks):
-        bus.publish("session_update",
-                    {"sessionId": session_id, "update": _chunk_update(f"chunk-{i}".ljust(pad, "."))},
+        bus.publish(SessionUpdateData(session_id=session_id,
+                                      update=_chunk_update(f"chunk-{i}".ljust(pad, "."))),
                     prompt_id=prompt_id, originator_client_id=client_id, flush=False)
     bus.flush()
     if finish:
         bus.publish_terminal(
-            "turn_complete", {"sessionId": session_id, "stopReason": "end_turn",
-                              "promptId": prompt_id},
+            TurnCompleteData(session_id=session_id, stop_reason="end_turn", prompt_id=prompt_id),
             prompt_id=prompt_id, originator_client_id=client_id, ledger_terminal="completed",
             stop_reason="end_turn")
         bus.active_prompt_id = None

@@ -11,7 +11,7 @@ live journal, 4 MiB replay window, 8,000-event ring) and the transcript on:
 3. that turn ends; a second turn of ``--chunks`` (default 1,000,000) short chunks runs and is
    held open by a gate; RSS is read once every chunk is published and committed. The caps were
    already reached, so the growth over step 2 should be the open turn's compacted text (kept
-   until the terminal) and little else.
+   until the terminal compacts the turn) and little else.
 
 Each step waits until the transcript has committed everything published (``durableEventId``),
 so a backlog in the writer queue is not counted as resident state.

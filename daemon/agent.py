@@ -47,6 +47,7 @@ from daemon.core.acp_client import (
     session_id_of,
 )
 from daemon.core.acp_codec import LineSplitter, Request
+from sdk.protocol.acp import PermissionParamsView, view
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -559,10 +560,11 @@ class AgentChannel:
         try:
             result = await sink.on_permission_request(params)
         except Exception as exc:
+            found = view(params, PermissionParamsView)
             log.exception(
                 "event=permission_handler_failed pid=%s acp_session_id=%s",
                 self.pid,
-                params["sessionId"],
+                None if found is None else found.session_id,
             )
             await self._reply(permission_failed(request, exc))
             return

@@ -16,7 +16,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from itertools import repeat
-from typing import Any, Final
 
 import msgspec
 import trio
@@ -24,7 +23,7 @@ import trio
 from sdk.protocol.events import EventPayload, SessionUpdateData, TurnCompleteData, TurnErrorData
 
 from .core.compactor import TurnCompactor, stamp_record
-from .core.envelope import Event, JsonObject, decode_json, make_event, typed_event
+from .core.envelope import Event, JsonObject, decode_json, typed_event
 from .core.live_journal import LiveJournals, plain_chunk_key
 from .core.replay_window import Record, ReplayWindow, SegmentHandle, SpilledTurn
 from .core.ring import DEFAULT_RING_BYTES, EventRing
@@ -64,11 +63,6 @@ FLOW_BUDGET_MAX = FLOW_STALL_S
 # largest safe group is the cheapest.
 DISPATCH_GROUP_FRACTION = 0.25
 DISPATCH_GROUP_MAX = 64
-
-# ``publish(event_type, data)``: the untyped form, for callers outside the daemon (the
-# benchmarks) that publish plain values. The daemon itself publishes typed payloads.
-_TYPED: Final[Any] = object()
-
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
@@ -203,8 +197,7 @@ class SessionBus:
 
     def publish(
         self,
-        payload: EventPayload | str,
-        data: Any = _TYPED,
+        payload: EventPayload,
         *,
         prompt_id: str | None = None,
         originator_client_id: str | None = None,
@@ -212,8 +205,8 @@ class SessionBus:
         flush: bool = True,
     ) -> Event | None:
         """Publish one event, typed by its payload Struct; ``None`` if it could not be encoded
-        (no id consumed). (``publish(event_type, data)`` publishes plain values.)"""
-        event = self._append(payload, data, prompt_id, originator_client_id, meta)
+        (no id consumed)."""
+        event = self._append(payload, prompt_id, originator_client_id, meta)
         if event is not None:
             try:
                 self.compactor.add(event)
@@ -328,29 +321,18 @@ class SessionBus:
                      flush=False)
 
     def _append(
-        self, payload: EventPayload | str, data: Any, prompt_id: str | None,
+        self, payload: EventPayload, prompt_id: str | None,
         originator_client_id: str | None, meta: JsonObject | None,
     ) -> Event | None:
         if self.closed:
             return None
-        if isinstance(payload, str):
-            if data is _TYPED:
-                raise TypeError("publish(event_type, data) needs the data")
-            event = make_event(
-                self.ring.next_id, payload, data, now_ms=self.clock_ms(), prompt_id=prompt_id,
-                originator_client_id=originator_client_id, meta=meta,
-            )
-        else:
-            if data is not _TYPED:
-                raise TypeError("a typed payload carries its data")
-            event = typed_event(
-                self.ring.next_id, payload, now_ms=self.clock_ms(), prompt_id=prompt_id,
-                originator_client_id=originator_client_id, meta=meta,
-            )
+        event = typed_event(
+            self.ring.next_id, payload, now_ms=self.clock_ms(), prompt_id=prompt_id,
+            originator_client_id=originator_client_id, meta=meta,
+        )
         if event is None:
             log.warning("event=dropped reason=unencodable session=%s payload=%s",
-                        self.session_id, payload if isinstance(payload, str)
-                        else type(payload).__name__)
+                        self.session_id, type(payload).__name__)
             return None
         self.ring.append(event)
         self.journals.append(event)
@@ -365,8 +347,7 @@ class SessionBus:
 
     def publish_terminal(
         self,
-        payload: TurnCompleteData | TurnErrorData | str,
-        data: Any = _TYPED,
+        payload: TurnCompleteData | TurnErrorData,
         *,
         prompt_id: str | None,
         originator_client_id: str | None,
@@ -375,7 +356,7 @@ class SessionBus:
     ) -> Event | None:
         """Publish a turn terminal and close the turn: compact it into one replay-window segment
         stamped with transcript record ids, reset both live journals, and store the records."""
-        event = self._append(payload, data, prompt_id, originator_client_id, None)
+        event = self._append(payload, prompt_id, originator_client_id, None)
         if event is None:
             return None
         self._persist(event)

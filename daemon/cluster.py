@@ -31,6 +31,8 @@ import coredis
 import httpx
 import trio
 
+from sdk.protocol.http import view_session_id
+
 from .bus import SessionBus, Subscription, now_ms
 from .core.cluster import (
     APPEND_SCRIPT,
@@ -911,7 +913,7 @@ def _requested_session_id(body: bytes) -> str | None:
     """The ``sessionId`` a ``POST /session`` body asks for (lower-case, as the app keeps it),
     if it is a well-formed one; anything else is the app's to answer."""
     try:
-        value = decode_json(body).get("sessionId")
+        value = view_session_id(decode_json(body))
         return str(uuid.UUID(value)) if isinstance(value, str) else None
     except Exception:  # not JSON, not an object, not a UUID: the app answers it
         return None

@@ -72,7 +72,7 @@ class DaemonConfig:
     log_level: str = "info"
     log_format: str = "logfmt"
     access_log: bool = False
-    # Timers shrinkable for out-of-process tests (defaults are the spec's values).
+    # Timers shrinkable for out-of-process tests (the defaults are the documented values).
     heartbeat_ms: int = 15_000
     cancel_grace_ms: int = 10_000
     ws_ping_ms: int = 15_000

@@ -1,4 +1,4 @@
-"""The JSON routes of SPEC §6.1 as a Quart-Trio app (the SSE and WebSocket routes live in
+"""The JSON routes (sessions, prompts, permissions, load, transcript, status) as a Quart-Trio app (the SSE and WebSocket routes live in
 ``streams``; Host/Origin/auth run before either, in ``asgi``).
 
 Every error the application produces is ``{error, code, ...details}``. Request bodies are
@@ -327,16 +327,15 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         client_id = registered_client(session)
         req = parse_body(body, wire.PromptRequest)
         # Checked by the type; forwarded to the agent as sent (every field of every block).
-        blocks: list[dict[str, Any]] = body["prompt"]
+        sent = wire.view_prompt_blocks(body)
+        blocks: list[dict[str, Any]] = sent if sent is not None else []
         try:
             accepted = session.admit(blocks, client_id, req.deadline_ms)
         except PromptQueueFull as exc:
             raise ApiError(503, "prompt_queue_full", "Prompt queue is full",
                            {"Retry-After": "5"}, limit=MAX_PENDING_PROMPTS,
                            pendingCount=exc.pending) from None
-        return json_response(wire.PromptAccepted(
-            prompt_id=accepted["promptId"], last_event_id=accepted["lastEventId"],
-            event_epoch=accepted["eventEpoch"]), 202)
+        return json_response(accepted, 202)
 
     @app.post("/session/<session_id>/cancel")
     async def cancel(session_id: str) -> Response:

@@ -19,6 +19,13 @@ from typing import Any
 
 import trio
 
+from sdk.protocol.acp import (
+    PermissionOptionView,
+    PermissionParamsView,
+    PromptResultView,
+    TextBlockView,
+    view,
+)
 from sdk.protocol.constants import BRIDGE_ECHO
 from sdk.protocol.events import (
     PendingPromptAddedData,
@@ -31,6 +38,7 @@ from sdk.protocol.events import (
     SessionDiedData,
     SessionUpdateData,
 )
+from sdk.protocol.http import PromptAccepted
 from sdk.protocol.terminals import CHANNEL_CLOSED
 
 from .agent import AgentChannel, AgentRpcError, ChannelClosed
@@ -87,10 +95,12 @@ class PermissionWaiter:
 
 
 def prompt_text(blocks: list[Any]) -> str:
-    return "".join(
-        b["text"] for b in blocks
-        if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
-    )
+    texts = []
+    for block in blocks:
+        found = view(block, TextBlockView)
+        if found is not None and found.type == "text" and isinstance(found.text, str):
+            texts.append(found.text)
+    return "".join(texts)
 
 
 class Session:
@@ -138,7 +148,8 @@ class Session:
     def pending_count(self) -> int:
         return len(self.queue) + (1 if self.active is not None else 0)
 
-    def admit(self, blocks: list[Any], client_id: str | None, deadline_ms: int | None) -> dict[str, Any]:
+    def admit(self, blocks: list[Any], client_id: str | None,
+              deadline_ms: int | None) -> PromptAccepted:
         """Queue a prompt; returns the 202 body. Cursor and epoch are read before admission so a
         subscriber starting from them sees every frame of the turn."""
         pending = self.pending_count()
@@ -161,7 +172,8 @@ class Session:
             )
         self.queue.append(prompt)
         self._notify()
-        return {"promptId": prompt.prompt_id, "lastEventId": last_event_id, "eventEpoch": epoch}
+        return PromptAccepted(prompt_id=prompt.prompt_id, last_event_id=last_event_id,
+                              event_epoch=epoch)
 
     def _notify(self) -> None:
         self._wake.set()
@@ -235,7 +247,8 @@ class Session:
                 return AgentFailed(exc.code, exc.message)
             except ChannelClosed:
                 return ChannelLost()
-            return AgentAnswered(result.get("stopReason") if isinstance(result, dict) else None)
+            answered = view(result, PromptResultView)
+            return AgentAnswered(None if answered is None else answered.stop_reason)
         # The scope was cancelled: session closing, the cancel grace ran out, or the deadline.
         return CallCut(deadline_passed=trio.current_time() >= deadline_at)
 
@@ -390,11 +403,13 @@ class Session:
     async def on_permission_request(self, params: dict[str, Any]) -> dict[str, Any]:
         prompt = self.active
         request_id = str(uuid.uuid4())
-        options = params.get("options")
+        found = view(params, PermissionParamsView)
+        options = None if found is None else found.options
         options = options if isinstance(options, list) else []
         self.bus.publish(
             PermissionRequestData(request_id=request_id, session_id=self.id,
-                                  tool_call=params.get("toolCall"), options=options),
+                                  tool_call=None if found is None else found.tool_call,
+                                  options=options),
             prompt_id=prompt.prompt_id if prompt is not None else None,
         )
         outcome: dict[str, Any]
@@ -418,8 +433,9 @@ class Session:
     @staticmethod
     def _auto_option(options: list[Any]) -> str | None:
         for option in options:
-            if isinstance(option, dict) and str(option.get("kind", "")).startswith("allow"):
-                option_id = option.get("optionId")
+            found = view(option, PermissionOptionView)
+            if found is not None and str(found.kind or "").startswith("allow"):
+                option_id = found.option_id
                 if isinstance(option_id, str):
                     return option_id
         return None

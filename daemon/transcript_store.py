@@ -210,7 +210,7 @@ class TranscriptStore:
         # before returning, so a committed batch survives a crash or SIGKILL of this process
         # (the OS holds the pages). Only an OS crash or power cut can drop the last commits,
         # and even then the database stays consistent. FULL would add an fsync per batch for
-        # that last case; the spec's durability promise is about the daemon process.
+        # that last case; the durability promise is about the daemon process dying.
         conn.execute("PRAGMA synchronous=NORMAL")
         # The daemon's memory should track its journals, not the database: a small page cache
         # (writes are appends; reads are rare pages of history) and a WAL of about 4 MB.

@@ -179,8 +179,8 @@ class TranscriptWriter:
 
     def reset_durable(self, session_id: str) -> None:
         """The session got a new bus: its ids restart, so forget the old durable id (ops of the
-        old bus still queued will not raise it again) and clear its failure latch, which SPEC
-        §2.3 counts from the bus's creation."""
+        old bus still queued will not raise it again) and clear its failure latch: a load's
+        ``fullTranscriptAvailable`` counts write failures from the bus's creation."""
         self._durable.pop(session_id, None)
         self._reset_at[session_id] = self._last_seq + 1
         if session_id in self.failed_sessions:

@@ -17,9 +17,12 @@ Pure: no I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
+
+if TYPE_CHECKING:
+    from sdk.protocol.http import ErrorBodyView
 
 
 class DaemonError(Exception):
@@ -149,9 +152,9 @@ def is_retriable(exc: BaseException) -> bool:
     """
     if isinstance(exc, AuthError | SessionNotFoundError | TurnError | SSEBufferOverflow):
         return False
-    body = getattr(exc, "body", None)
-    if isinstance(body, Mapping):
-        flag = body.get("retryable")
+    found = _error_view(getattr(exc, "body", None))
+    if found is not None:
+        flag = found.retryable
         if isinstance(flag, bool):
             return flag
     if isinstance(exc, TransportError | PromptQueueFullError):
@@ -164,12 +167,21 @@ def is_retriable(exc: BaseException) -> bool:
     return isinstance(exc, OSError | TimeoutError)
 
 
+def _error_view(body: object) -> ErrorBodyView | None:
+    """:func:`sdk.protocol.http.view_error_body`, imported on first use: the protocol package
+    imports this module (its SSE parser raises :class:`SSEBufferOverflow`)."""
+    from sdk.protocol.http import view_error_body as view
+
+    return view(body)
+
+
 def _body_message(body: Any) -> str | None:
-    if isinstance(body, Mapping):
-        text = body.get("error")
+    found = _error_view(body)
+    if found is not None:
+        text = found.error
         if isinstance(text, str):
             return text
-        text = body.get("message")
+        text = found.message
         if isinstance(text, str):
             return text
         return None
@@ -214,7 +226,8 @@ def error_for_status(
 ) -> DaemonHTTPError:
     """Map a non-2xx answer to the hierarchy. ``headers`` may be any case-insensitive mapping."""
     body = parse_error_body(content)
-    code = body.get("code") if isinstance(body, Mapping) else None
+    found = _error_view(body)
+    code = None if found is None else found.code
     if not isinstance(code, str):
         code = None
     if status in (401, 403):
@@ -222,14 +235,13 @@ def error_for_status(
     if status in (404, 410):
         return SessionNotFoundError(status, body, code)
     if status == 503 and code == "prompt_queue_full":
-        details: Mapping[str, Any] = body if isinstance(body, Mapping) else {}
         return PromptQueueFullError(
             status,
             body,
             code,
             retry_after=_retry_after(headers.get("retry-after") if headers is not None else None),
-            limit=_optional_int(details.get("limit")),
-            pending_count=_optional_int(details.get("pendingCount")),
+            limit=None if found is None else _optional_int(found.limit),
+            pending_count=None if found is None else _optional_int(found.pending_count),
         )
     error = ServerError(status, body, code) if status >= 500 else DaemonHTTPError(status, body, code)
     if status in (429, 503) and headers is not None:

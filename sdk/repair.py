@@ -33,7 +33,7 @@ NOTICE_CODE: Final = "daemon.live_journal_repair.failed"
 NOTICE_MESSAGE: Final = "Could not restore the complete turn. The retained replay remains visible."
 
 
-# --- target detection (§3.1) ------------------------------------------------------------------
+# --- target detection -----------------------------------------------------------------------
 
 
 class RepairTarget(msgspec.Struct, frozen=True):
@@ -113,7 +113,7 @@ def find_repair_target(
     )
 
 
-# --- fresh-snapshot validation (§3.3 step 3) --------------------------------------------------
+# --- fresh-snapshot validation ----------------------------------------------------------------
 
 
 def _is_user_input(event: DaemonEvent) -> bool:
@@ -160,7 +160,8 @@ def validate_fresh_snapshot(
     degraded: bool,
     prompt_id: str,
 ) -> SuffixResult | RepairValidationError:
-    """Check a repair load's snapshot (§3.3 step 3) and locate the suffix to rebuild."""
+    """Check a repair load's snapshot (not degraded; holds the target turn's user input
+    and terminal) and locate the suffix to rebuild."""
     if degraded:
         return RepairValidationError("degraded", DEGRADED_TEXT)
     events = [*compacted, *live]
@@ -170,7 +171,7 @@ def validate_fresh_snapshot(
     return SuffixResult(events=events, start=start)
 
 
-# --- side effects during a rebuild (§3.4) -----------------------------------------------------
+# --- side effects during a rebuild ----------------------------------------------------------
 
 
 def is_new_event(
@@ -194,7 +195,7 @@ def is_new_event(
     )
 
 
-# --- the episode (§3.2) ---------------------------------------------------------------------
+# --- the episode --------------------------------------------------------------------------
 
 
 class RepairState(enum.Enum):
@@ -297,7 +298,8 @@ class RepairEpisode:
         return True
 
     def should_attempt(self, guards: RepairGuards) -> bool:
-        """All of §3.2's guards hold: re-check after each trigger point, never on a timer."""
+        """All of the episode's guards hold (nothing in flight, terminal seen, not attempted,
+        same session): re-check after each trigger point, never on a timer."""
         return (
             self.state is RepairState.ARMED
             and self.terminal_seen
@@ -332,7 +334,7 @@ class RepairEpisode:
         self.attempt_scope = None
 
 
-# --- failure notice (§3.3 step 5) -------------------------------------------------------------
+# --- failure notice ---------------------------------------------------------------------------
 
 
 class RepairNotice(msgspec.Struct, frozen=True, kw_only=True):

@@ -79,7 +79,8 @@ class RepairCandidate:
     ``handle`` is not subscribed yet: the driver subscribes it only after ``commit`` returns.
     ``events`` is ``compactedReplay + liveJournal``; the suffix (the target's first user input
     through the end) starts at ``suffix_start``. ``observed_ids``, ``watermark`` and
-    ``highest_live_id`` are the episode's §3.4 inputs (``episode.is_new`` applies them).
+    ``highest_live_id`` are what decides which replayed events are new and fire their side effects
+    again (``episode.is_new`` applies them).
     """
 
     handle: SessionHandle
@@ -264,7 +265,7 @@ class RepairDriver:
             ))
         return self.outcomes[-1]
 
-    # -- the attempt (§3.3) --------------------------------------------------------------------
+    # -- the attempt --------------------------------------------------------------------------
 
     async def _attempt(self, episode: RepairEpisode, scope: trio.CancelScope) -> None:
         previous = self.handle

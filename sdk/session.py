@@ -1,6 +1,6 @@
 """Session handles: a cursor and epoch, a resumable subscription, and ``prompt()``.
 
-CLIENT-SPEC §2. A :class:`SessionHandle` is one client's view of one daemon session: its
+A :class:`SessionHandle` is one client's view of one daemon session: its
 session id, its own daemon-side client registration (``client_id``), and the resume cursor
 (``last_event_id``, ``epoch``). Its subscription is a task in a nursery the *caller* owns:
 

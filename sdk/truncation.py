@@ -40,7 +40,7 @@ MALFORMED_TEXT: Final = "history_truncated: malformed history_truncated payload"
 
 
 def status_text(marker: DaemonHistoryTruncatedData) -> str:
-    """The exact user-facing text of CLIENT-SPEC §1.2 for a validated marker."""
+    """The exact user-facing status text for a validated marker."""
     kept = marker.retained_events
     dropped = marker.truncated_events
     full = marker.full_transcript_available

@@ -30,6 +30,7 @@ from benchmarks.harness import Context, CpuUse, Progress
 from benchmarks.journal import check_pipeline_ran
 from benchmarks.loadgen import LoadGenError, SSECounter, check_delivery, delivery_problems
 from daemon.bus import BusLimits, SessionBus
+from sdk.protocol.events import SessionUpdateData
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -316,8 +317,8 @@ def test_ids_are_checked_across_a_reconnect() -> None:
 
 def test_a_pipeline_that_did_not_run_is_an_error() -> None:
     bus = SessionBus("s", BusLimits(10_000, 8 * 1024 * 1024, 4 * 1024 * 1024, 8000), None)
-    bus.publish("session_update", {"sessionId": "s", "update": {
-        "sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "x"}}})
+    bus.publish(SessionUpdateData(session_id="s", update={
+        "sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "x"}}))
     with pytest.raises(RuntimeError, match="ring last id 1, 3 events published"):
         check_pipeline_ran(bus, 3)
     with pytest.raises(RuntimeError, match="did not reset the live journal"):

@@ -1,9 +1,10 @@
 """The layout holds: every pure package is pure, and the lint that says so really runs.
 
-``make check`` runs ruff over the tree. Three nested configs extend the project's config with
+``make check`` runs ruff over the tree. Four nested configs extend the project's config with
 banned-api (TID251): ``daemon/core/ruff.toml`` (the daemon's cores), ``sdk/protocol/ruff.toml``
-(the wire protocol) and ``webui_model/ruff.toml`` (the model's pure modules; the provider's
-modules, its Trio shell, are exempted there by name). These tests pin the parts a later edit
+(the wire protocol), ``sdk/ruff.toml`` (the SDK's top-level pure modules; its readers, client
+and driver, the Trio shells, are exempted there by name) and ``webui_model/ruff.toml`` (the
+model's pure modules; the provider's modules, its Trio shell, are exempted there by name). These tests pin the parts a later edit
 could quietly undo: that ruff picks each nested config up for a pure path (and not for a shell),
 that the three lists ban the same I/O, that every shell module is banned from the pure ones (a new
 shell added beside them is banned too), and the builtins banned-api cannot see (``open``,
@@ -39,11 +40,14 @@ ROOT = DAEMON.parent
 _ALLOWED_FROM_DAEMON = {"daemon._version", "daemon.core"}
 # The pure packages: (config directory, where a probe that must pass the rule sits).
 PURE = {"daemon/core": (CORE, DAEMON / "_probe.py"),
-        "sdk/protocol": (PROTOCOL, SDK / "_probe.py"),
+        "sdk/protocol": (PROTOCOL, SDK / "client.py"),
+        "sdk": (SDK, SDK / "client.py"),
         "webui_model": (MODEL, MODEL / "provider.py")}
 # The model's modules that must stay pure (a per-file exemption for one of them is a mistake).
 _MODEL_PURE = {"blocks", "draft", "effects", "pagination", "records", "reducer", "repair_commit",
                "replay", "side_channels", "store"}
+# The SDK's top-level modules that must stay pure.
+_SDK_PURE = {"errors", "events", "repair", "sse", "truncation"}
 
 
 def _ruff() -> str:
@@ -72,14 +76,24 @@ def _banned(directory: Path) -> set[str]:
     return set(_config(directory)["lint"]["flake8-tidy-imports"]["banned-api"])
 
 
-def _model_shells() -> set[str]:
-    ignores = _config(MODEL)["lint"]["per-file-ignores"]
+def _exempt(directory: Path) -> set[str]:
+    ignores = _config(directory)["lint"]["per-file-ignores"]
     return {Path(pattern).stem for pattern, rules in ignores.items() if "TID251" in rules}
+
+
+def _model_shells() -> set[str]:
+    return _exempt(MODEL)
+
+
+def _sdk_shells() -> set[str]:
+    return _exempt(SDK)
 
 
 def _pure_modules() -> list[Path]:
     shells = _model_shells()
+    sdk_shells = _sdk_shells()
     return (sorted(CORE.glob("*.py")) + sorted(PROTOCOL.glob("*.py"))
+            + sorted(p for p in SDK.glob("*.py") if p.stem not in sdk_shells)
             + sorted(p for p in MODEL.glob("*.py") if p.stem not in shells))
 
 
@@ -107,7 +121,7 @@ def test_a_core_module_that_imports_io_fails_the_lint(line: str) -> None:
     assert "TID251" in result.stdout
 
 
-@pytest.mark.parametrize("package", ["sdk/protocol", "webui_model"])
+@pytest.mark.parametrize("package", ["sdk/protocol", "sdk", "webui_model"])
 @pytest.mark.parametrize(
     "line",
     [
@@ -157,6 +171,7 @@ def test_the_pure_packages_ban_the_same_io() -> None:
     # The protocol looks its payload codec up lazily (importlib), the only difference.
     assert io - _banned(PROTOCOL) == {"importlib"}
     assert io - _banned(MODEL) == set()
+    assert _banned(SDK) == _banned(PROTOCOL)
 
 
 def _shell_modules() -> set[str]:
@@ -192,7 +207,26 @@ def test_every_sdk_shell_is_banned_from_the_protocol_and_the_model() -> None:
     assert {"sdk.client", "sdk.ws", "sdk.session"} <= shells
     assert shells - _banned(PROTOCOL) == set()
     assert shells - _banned(MODEL) == set()
+    assert shells - _banned(SDK) == set()
     assert {"daemon", "webui_model"} <= _banned(PROTOCOL)
+
+
+@pytest.mark.parametrize("module", sorted(_SDK_PURE))
+def test_an_sdk_pure_module_that_imports_io_fails_the_lint(module: str) -> None:
+    for line in ("import trio", "import os", "from sdk.client import DaemonClient"):
+        result = _lint(f"from __future__ import annotations\n\n{line}\n", SDK / f"{module}.py")
+        assert result.returncode == 1, result.stdout + result.stderr
+
+
+def test_the_sdk_shells_are_the_readers_and_nothing_pure_is_exempt() -> None:
+    shells = _sdk_shells()
+    assert shells & _SDK_PURE == set()
+    assert {"client", "ws", "session", "repair_driver"} <= shells
+    # A module that does Trio or I/O work is exempt by name or it fails the lint.
+    io = {name for name in _banned(SDK) if not name.startswith("sdk.")}
+    doing_io = {p.stem for p in SDK.glob("*.py") if _uses(p, io)}
+    assert doing_io - shells == set()
+    assert {p.stem for p in SDK.glob("*.py")} - shells >= _SDK_PURE
 
 
 def test_the_model_shells_are_the_provider_and_are_banned_from_the_pure_modules() -> None:

@@ -1,5 +1,5 @@
 """HTTP surface of the real daemon: auth, Host/Origin guards, 404s, every malformed input
-named in SPEC §6 with its code, capabilities and status."""
+the API defines, with its code, capabilities and status."""
 
 from __future__ import annotations
 

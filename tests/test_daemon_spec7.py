@@ -1,4 +1,5 @@
-"""SPEC §7 items 1–3 and the durable transcript, against the real daemon, the real mock agent
+"""The live-journal acceptance checks (a mid-turn marker and tail, the compacted turn after
+the terminal, merging under the event cap alone) and the durable transcript, against the real daemon, the real mock agent
 and a real SQLite file. The turn is held open with the mock's gate file, never a sleep."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ daemon really serves) is fuzzed with hypothesis over raw sockets, so nothing is 
 the way (httpx would resolve ``..`` and re-encode paths). The contract checked on every case:
 
 - a request the application receives gets a 4xx with a JSON ``{error, code}`` body, or a 2xx
-  that is right for its route, or one of the two 5xx the spec names (502 agent_start_failed,
+  that is right for its route, or one of the two 5xx the daemon defines (502 agent_start_failed,
   503 prompt_queue_full) — never a 500, never a hang (every socket read has a deadline);
 - a request the HTTP server rejects before the application gets a 4xx and a closed connection;
 - the daemon stays responsive: a ``GET /health`` probe follows every case.
@@ -152,7 +152,7 @@ def assert_error_body(resp: RawResponse) -> dict[str, Any]:
 
 
 def assert_app_answer(resp: RawResponse, method: str, route: Route | None) -> None:
-    """The application's answer: a well-formed error, a spec'd 5xx, or a right 2xx."""
+    """The application's answer: a well-formed error, a defined 5xx, or a right 2xx."""
     method = method.upper()  # Hypercorn hands the app the method upper-cased
     assert resp.status != 500, resp
     assert resp.closed, "a non-stream answer must end with the connection closed"
@@ -352,7 +352,7 @@ def _decimal(text: str, limit: int) -> int | None:
 
 
 def expected_cursor(raw: bytes | None, *, header_mode: bool) -> int | None:
-    """SPEC §4.2 cursor rules as the request carries them: headers arrive latin-1 with
+    """The resume cursor rules as the request carries them: headers arrive latin-1 with
     surrounding blanks stripped by the parser; query values are percent-decoded UTF-8, and an
     empty one counts as absent."""
     if raw is None:

@@ -73,7 +73,7 @@ def feed(journal: LiveJournal | LiveJournals, events: Iterable[Event]) -> None:
         journal.append(event)
 
 
-# --- §2.4 worked examples -------------------------------------------------------------------
+# --- worked examples ------------------------------------------------------------------------
 
 
 def test_example_five_user_chunks_max_events_3() -> None:
@@ -186,7 +186,7 @@ def test_example_twenty_chunk_mock_turn_over_byte_cap() -> None:
 
 
 def test_example_twenty_chunk_mock_turn_merges_under_event_cap_alone() -> None:
-    # SPEC §7 item 3: with only --max-journal-events 3, the echo plus the 20 chunks are 2 entries.
+    # With only --max-journal-events 3, the echo plus the 20 chunks are 2 entries.
     journal = LiveJournal(max_events=3)
     feed(journal, _mock_turn(PROMPT, SESSION, CLIENT))
 
@@ -198,7 +198,7 @@ def test_example_twenty_chunk_mock_turn_merges_under_event_cap_alone() -> None:
     assert snap[1]["id"] == 21
 
 
-# --- §2.1 merge conditions --------------------------------------------------------------------
+# --- merge conditions -------------------------------------------------------------------------
 
 Mutator = Callable[[JsonObject], None]
 
@@ -306,7 +306,7 @@ BREAKING: dict[str, tuple[Mutator, Mutator]] = {
     "envelope _meta not an object": (_noop, _set(("_meta",), 5)),
 }
 
-# Differences §2.1 does not forbid: the pair still merges.
+# Differences the merge rule does not forbid: the pair still merges.
 ALLOWED: dict[str, tuple[Mutator, Mutator]] = {
     "plain chunks": (_noop, _noop),
     "both thought chunks": (
@@ -675,7 +675,7 @@ def test_marker_is_built_per_snapshot_and_never_stored() -> None:
     assert "promptId" not in later[0]
 
 
-# --- summary journal (§2.5) --------------------------------------------------------------------
+# --- summary journal -------------------------------------------------------------------------
 
 
 def _update_event(event_id: int, update: JsonObject, event_type: str = "session_update") -> Event:

@@ -1,6 +1,6 @@
 """Property tests of the live journal over random event sequences.
 
-Each generated event carries the parameters it was made from, so a naive model of §2.1–§2.2
+Each generated event carries the parameters it was made from, so a naive model of merging and eviction
 (lists of source events, sums recomputed every step) can predict the entries independently of
 the implementation's merge key.
 """
@@ -40,7 +40,7 @@ class Spec:
         return self.kind in CHUNK_KINDS and not self.extra
 
     def compatible(self, other: Spec) -> bool:
-        """§2.1 agreement, written from the generation parameters (subagentType may differ)."""
+        """Merge agreement, written from the generation parameters (subagentType may differ)."""
         return (
             self.mergeable_kind
             and other.mergeable_kind
@@ -99,7 +99,7 @@ def text_of(env: JsonObject) -> str:
 
 
 class Model:
-    """§2.1–§2.2 the slow, obvious way."""
+    """Merging and eviction the slow, obvious way."""
 
     def __init__(self, max_events: int, max_bytes: int) -> None:
         self.max_events = max_events

@@ -59,7 +59,7 @@ def test_pair_snapshot_names_the_record_id_in_the_marker() -> None:
 
 
 def test_byte_cap_is_inclusive_after_eviction() -> None:
-    # Entries exactly filling max_bytes are within the cap (§2.2 evicts while bytes > cap).
+    # Entries exactly filling max_bytes are within the cap (eviction runs while bytes > cap).
     events = [chunk(i, "same", kind="user_message_chunk") for i in range(1, 5)]
     assert len({e.size for e in events}) == 1
     journal = LiveJournal(max_bytes=3 * events[0].size)
@@ -71,7 +71,7 @@ def test_byte_cap_is_inclusive_after_eviction() -> None:
 
 
 def test_absent_source_record_ids_agree_with_a_transcript_without_them() -> None:
-    # §2.1: the envelopes must agree on sourceRecordIds; absent on both sides agrees.
+    # Merging: the envelopes must agree on sourceRecordIds; absent on both sides agrees.
     journal = LiveJournal()
     journal.append(chunk(1, update_meta={"qwenTranscript": {"planToolCallId": "plan"}}))
     journal.append(chunk(2))

@@ -1,6 +1,6 @@
 """The OpenAPI document against the daemon that serves it: every documented operation exists
-on the real daemon, every route the daemon serves is documented, and the error codes the spec
-names are all there."""
+on the real daemon, every route the daemon serves is documented, and the error codes the daemon
+can answer with are all there."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from tests.harness import RunningDaemon, running_daemon
 
 TOKEN = "openapi-test-token"
 
-# Every machine code SPEC.md names (§4.2, §6, §6.1, §6.4).
+# Every machine error code the daemon's routes, streams and agent side can answer with.
 SPEC_CODES = {
     "unauthorized", "origin_not_allowed", "invalid_host", "body_too_large", "route_not_found",
     "method_not_allowed", "invalid_json", "invalid_client_id", "invalid_cwd",
@@ -118,7 +118,7 @@ def test_spec_error_codes_are_documented() -> None:
                             for code in r.get("x-error-codes", ())}
         for item in build_openapi()["paths"].values() for op in item.values()
     }
-    # Spot checks where the spec ties a code to a route.
+    # Spot checks where a code belongs to one route.
     assert "prompt_queue_full" in by_operation["prompt"]
     assert "permission_not_found" in by_operation["votePermission"]
     assert {"invalid_max_queued", "subscriber_limit_exceeded"} <= by_operation["events"]

@@ -275,7 +275,7 @@ def test_input_in_compacted_and_terminal_in_live_journal() -> None:
     assert isinstance(result, SuffixResult) and result.start == 1
 
 
-# --- "is new" (§3.4) ------------------------------------------------------------------------------
+# --- "is new" -----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

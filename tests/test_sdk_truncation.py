@@ -1,4 +1,4 @@
-"""CLIENT-SPEC §1.1 validation and §1.2 status text of ``history_truncated`` markers."""
+"""Validation and the user-facing status text of ``history_truncated`` markers."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def payload(**overrides: Any) -> dict[str, Any]:
     return base
 
 
-# --- §1.1: rejected ---------------------------------------------------------------------------
+# --- rejected ---------------------------------------------------------------------------------
 
 REJECTED: list[tuple[str, dict[str, Any]]] = [
     ("reason other", payload(reason="window_exceeded")),
@@ -92,7 +92,7 @@ def test_non_object_payload_is_malformed(data: Any) -> None:
     assert parse_truncation(data) is None
 
 
-# --- §1.1: accepted ---------------------------------------------------------------------------
+# --- accepted ---------------------------------------------------------------------------------
 
 
 def test_full_live_marker_is_parsed() -> None:
@@ -189,7 +189,7 @@ def test_direct_construction_enforces_invariants() -> None:
         )
 
 
-# --- §1.2: status text --------------------------------------------------------------------------
+# --- status text -------------------------------------------------------------------------------
 
 
 def text_for(**overrides: Any) -> str:

@@ -19,7 +19,7 @@ from daemon.core.envelope import decode_json, encode_json, make_event
 from daemon.core.live_journal import LiveJournal, merge_key, plain_chunk_key
 from daemon.core.splice import EnvelopeSplicer, compact, plain_chunk, plain_chunk_run
 from daemon.transcript_store import AppendEvent
-from sdk.protocol.events import SessionUpdateData
+from sdk.protocol.events import SessionUpdateData, TurnCompleteData
 
 SID = "6f1c2a9e-0000-4000-8000-000000000001"
 PROMPT = "70ed4f91-1eaf-4a5f-947b-012de441327f"
@@ -104,7 +104,8 @@ def publish_both(updates: list[dict[str, Any]], max_events: int, max_bytes: int,
                     bus.publish(SessionUpdateData(session_id=SID, update=update),
                                 prompt_id=prompt_id, originator_client_id=client_id,
                                 flush=False)
-            bus.publish_terminal("turn_complete", {"sessionId": SID, "stopReason": "end_turn"},
+            bus.publish_terminal(TurnCompleteData(session_id=SID, stop_reason="end_turn",
+                                                  prompt_id=prompt_id or ""),
                                  prompt_id=prompt_id, originator_client_id=client_id,
                                  ledger_terminal="completed", stop_reason="end_turn")
         results.append((bus, writer))

@@ -1,4 +1,4 @@
-"""SPEC §7 item 4: the WebUI model mounted on the real daemon repairs a truncated live turn.
+"""The WebUI model mounted on the real daemon repairs a truncated live turn.
 
 The daemon runs with ``--max-journal-events 3 --max-journal-bytes 300`` and the bundled mock
 agent; a 20-chunk turn is held open with the mock's gate file (never a sleep). Loads are counted

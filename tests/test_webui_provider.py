@@ -208,7 +208,7 @@ class FakeStream(httpx.AsyncByteStream):
 
 
 class FakeDaemon:
-    """An httpx MockTransport handler speaking just enough of SPEC §6 for the provider."""
+    """An httpx MockTransport handler speaking just enough of the daemon's HTTP API for the provider."""
 
     def __init__(self) -> None:
         self.requests: list[Request] = []
@@ -571,7 +571,7 @@ async def test_repair_after_the_matching_terminal(kind: str) -> None:
         assert not any(is_live_marker(b) for b in blocks)
         assert [b.kind for b in tail].count("error") == (1 if kind == "turn_error" else 0)
         assert warnings_shown(provider) == 1
-        # §3.4: 38 was in the snapshot (fired at load), 42 live (fired live); the rebuild
+        # Is-new rule: 38 was in the snapshot (fired at load), 42 live (fired live); the rebuild
         # fires only 25 (evicted unseen) and 44 (newer than anything observed).
         assert signal_ids(provider) == [38, 42, 25, 44]
         assert provider.notices == () and provider.episode is None

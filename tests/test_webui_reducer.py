@@ -1,4 +1,4 @@
-"""The reducer's rules and its side-effect table (§3.4), one rule per test."""
+"""The reducer's rules and its side-effect table, one rule per test."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The pure half of the repair commit and side-effect suppression (§3.4)."""
+"""The pure half of the repair commit and side-effect suppression."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """History paging: :meth:`load_more` fetches the page before the anchor and prepends it
-(CLIENT-SPEC §4.2); failures become notices or a latched error."""
+(older transcript records before the anchor record id); failures become notices or a latched error."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 copy-on-write: a changed block is a *new* block object swapped into the list) and returns the
 event's side effects as values. It never performs a side effect itself, so a caller can rebuild
 transcript state from replayed events while suppressing the effects of events the client has
-already acted on (``TranscriptStore.dispatch(event, side_effects=False)``, or a §3.4 filter).
+already acted on (``TranscriptStore.dispatch(event, side_effects=False)``, or an "is this event new" filter).
 
 Blocks
 ======

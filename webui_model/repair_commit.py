@@ -93,7 +93,7 @@ def mirror_status(checkpoint: Checkpoint, block: Block) -> Checkpoint:
 def make_is_new(
     observed_ids: Collection[int], watermark: int | None, highest_live_id: int | None
 ) -> IsNew:
-    """§3.4's rule as a predicate over events (the SDK's :func:`sdk.repair.is_new_event`)."""
+    """The "is this event new" rule as a predicate over events (the SDK's :func:`sdk.repair.is_new_event`)."""
 
     def is_new(event: DaemonEvent) -> bool:
         return is_new_event(event.id, observed_ids, watermark, highest_live_id)

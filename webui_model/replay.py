@@ -6,7 +6,7 @@ one ``store.reset``; nothing here touches a live store.
 - :func:`replay_snapshot` rebuilds ``compactedReplay`` then ``liveJournal``. It is built
   unbounded and committed with the *effective* cap ``max(configured, replay size)``, so an
   oversized initial replay is kept whole. While replaying it captures the state just before
-  the first recoverable live marker: the raw material of a repair checkpoint (§4.4).
+  the first recoverable live marker: the raw material of a repair checkpoint.
 - :func:`apply_history_page` prepends an older transcript page: events whose record ids are
   all displayed already are dropped, and a page that would exceed the store's cap is rejected
   whole.

@@ -3,7 +3,7 @@
 The reducer returns side effects as values (:mod:`webui_model.reducer`); something has to *do*
 them. In the browser that is toasts, a command palette refetch, a follow-up chip. Headless, the
 provider records them here, so a test can see exactly which effects fired and how often — which
-is how §3.4's suppression ("observed events do not fire again") becomes observable.
+is how the rebuild's suppression ("observed events do not fire again") becomes observable.
 
 - :class:`NoticeBoard`: the visible notices, deduplicated by ``id`` (a repeat replaces the old
   entry and moves to the end) and capped at the newest ``cap`` (50). ``emitted`` counts every

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
 from daemon._version import __version__
+from sdk.protocol.acp import NewSessionResultView, PermissionParamsView, SessionUpdateView, view
 
 from .acp_codec import (
     INTERNAL_ERROR,
@@ -169,7 +170,8 @@ def cancel_line(acp_session_id: str) -> bytes:
 
 def session_id_of(result: Any) -> str:
     """The new session's id from a ``session/new`` result; AgentProtocolError if it has none."""
-    session_id = result.get("sessionId") if type(result) is dict else None
+    found = view(result, NewSessionResultView)
+    session_id = None if found is None else found.session_id
     if type(session_id) is not str or not session_id:
         raise AgentProtocolError(f"session/new result has no sessionId: {result!r:.200}")
     return session_id
@@ -396,8 +398,10 @@ class AcpClient(Generic[S, W]):
                     if type(params) is not dict:
                         events.append(BadUpdate(line[:_EXCERPT_BYTES]))
                         continue
-                    sid = params.get("sessionId")
-                    update = params.get("update")
+                    found = view(params, SessionUpdateView)
+                    assert found is not None  # params is an object
+                    sid = found.session_id
+                    update = found.update
                     if type(sid) is not str or type(update) is not dict:
                         events.append(BadUpdate(line[:_EXCERPT_BYTES]))
                         continue
@@ -458,7 +462,8 @@ class AcpClient(Generic[S, W]):
         """The sink that decides a permission request, and its params; looked up when the
         shell's task starts, so a session detached meanwhile gets the error reply."""
         params = request.params
-        session_id = params.get("sessionId") if type(params) is dict else None
+        found = view(params, PermissionParamsView)
+        session_id = None if found is None else found.session_id
         sink = self._sinks.get(session_id) if type(session_id) is str else None
         if sink is None:
             reply = encode_error(request.id, INVALID_PARAMS, f"unknown session {session_id!r}")

@@ -23,6 +23,16 @@ from __future__ import annotations
 from typing import Any, Final
 
 from daemon.core.envelope import Event, JsonObject, encode_json
+from sdk.protocol.acp import (
+    RECORD_ID_META_KEY,
+    EnvelopeView,
+    SessionUpdateView,
+    TextBlockView,
+    TranscriptMetaView,
+    UpdateMetaView,
+    UpdateView,
+    view,
+)
 
 __all__ = ["TurnCompactor", "stamp_record"]
 
@@ -86,17 +96,17 @@ class _TextSlot:
         if len(blocks) >= _JOIN_EVERY:
             self.blocks = ["".join(blocks)]
 
-    def absorb(self, event: Event, env: JsonObject, text: str, meta: JsonObject | None) -> None:
+    def absorb(self, event: Event, env: EnvelopeView, text: str, meta: JsonObject | None) -> None:
         pieces = self.pieces
         pieces.append(text)
         if len(pieces) >= _JOIN_EVERY:
             self._join()
         if meta:
             self.meta.update(meta)
-        prompt_id = env.get("promptId")
+        prompt_id = env.prompt_id
         if prompt_id is not None:
             self.prompt_id = prompt_id
-        originator = env.get("originatorClientId")
+        originator = env.originator_client_id
         if originator is not None:
             self.originator = originator
         self.last_event = event
@@ -124,9 +134,16 @@ class _TextSlot:
         # id, envelope _meta, data.sessionId and the other update keys are the last chunk's.
         assert self.last_event is not None  # a slot is made to absorb a chunk at once
         env = dict(self.last_event.env)
-        data = dict(env["data"])
-        update = dict(data["update"])
-        content = dict(update["content"])
+        # The last chunk was a text chunk when absorbed: data, update and content are objects.
+        data_view = view(env, EnvelopeView)
+        assert data_view is not None
+        data = dict(data_view.data)
+        update_view = view(data, SessionUpdateView)
+        assert update_view is not None
+        update = dict(update_view.update)
+        content_view = view(update, UpdateView)
+        assert content_view is not None
+        content = dict(content_view.content)
         content["text"] = self.text()
         update["content"] = content
         if self.meta:
@@ -145,17 +162,21 @@ class _TextSlot:
 class _ToolSlot:
     """Every frame of one tool call, folded field by field into a ``tool_call``."""
 
-    __slots__ = ("env", "event_id", "originator", "prompt_id", "update")
+    __slots__ = ("data", "env", "event_id", "meta", "originator", "prompt_id", "update")
 
-    def __init__(self, env: JsonObject, update: JsonObject) -> None:
+    def __init__(self, env: JsonObject, view_: EnvelopeView, data: JsonObject,
+                 update: JsonObject, update_view: UpdateView) -> None:
         self.env = env
+        self.data = data
         self.update: JsonObject = dict(update)
         self.update["sessionUpdate"] = "tool_call"
-        self.event_id: Any = env.get("id")
-        self.prompt_id: Any = env.get("promptId")
-        self.originator: Any = env.get("originatorClientId")
+        # The folded ``_meta`` (kept beside the dict, where it also sits in place).
+        self.meta: Any = update_view.meta
+        self.event_id: Any = view_.id
+        self.prompt_id: Any = view_.prompt_id
+        self.originator: Any = view_.originator_client_id
 
-    def absorb(self, env: JsonObject, update: JsonObject) -> None:
+    def absorb(self, view_: EnvelopeView, update: JsonObject) -> None:
         merged = self.update
         for key, value in update.items():
             if value is None:
@@ -164,18 +185,21 @@ class _ToolSlot:
             elif key == "_meta" and isinstance(value, dict):
                 # Shallow-merged so that e.g. parentToolCallId from the first frame survives a
                 # later frame that carries only a timestamp.
-                old = merged.get("_meta")
-                merged["_meta"] = {**old, **value} if isinstance(old, dict) else dict(value)
+                old = self.meta
+                self.meta = merged[key] = (
+                    {**old, **value} if isinstance(old, dict) else dict(value))
             else:
                 merged[key] = value
+                if key == "_meta":
+                    self.meta = value
         merged["sessionUpdate"] = "tool_call"
-        event_id = env.get("id")
+        event_id = view_.id
         if event_id is not None:
             self.event_id = event_id
-        prompt_id = env.get("promptId")
+        prompt_id = view_.prompt_id
         if prompt_id is not None:
             self.prompt_id = prompt_id
-        originator = env.get("originatorClientId")
+        originator = view_.originator_client_id
         if originator is not None:
             self.originator = originator
 
@@ -187,7 +211,7 @@ class _ToolSlot:
             env["promptId"] = self.prompt_id
         if self.originator is not None:
             env["originatorClientId"] = self.originator
-        data = dict(env["data"])
+        data = dict(self.data)
         data["update"] = dict(self.update)
         env["data"] = data
         return env
@@ -228,17 +252,21 @@ class TurnCompactor:
         self.pending_events += 1
         env = event.env
         if event.type == "session_update":
-            data = env.get("data")
-            if isinstance(data, dict):
-                update = data.get("update")
-                if isinstance(update, dict):
-                    kind = update.get("sessionUpdate")
+            env_view = view(env, EnvelopeView)
+            data = None if env_view is None else env_view.data
+            data_view = view(data, SessionUpdateView)
+            if data_view is not None:
+                update = data_view.update
+                update_view = view(update, UpdateView)
+                if update_view is not None:
+                    assert env_view is not None and type(data) is dict and type(update) is dict
+                    kind = update_view.session_update
                     if isinstance(kind, str):
                         if kind in _TEXT_KINDS:
-                            if self._add_text(event, env, update, kind):
+                            if self._add_text(event, env_view, update_view, kind):
                                 return
                         elif kind in _TOOL_KINDS:
-                            if self._add_tool(env, update):
+                            if self._add_tool(env, env_view, data, update, update_view):
                                 return
                         elif kind in _LATEST_KINDS:
                             self._add_latest(env, kind)
@@ -265,25 +293,26 @@ class TurnCompactor:
             slots.append(slot)
         slot.absorb_run(events, texts, prompt_id, originator)
 
-    def _add_text(self, event: Event, env: JsonObject, update: JsonObject, kind: str) -> bool:
-        content = update.get("content")
-        if not isinstance(content, dict) or content.get("type") != "text":
+    def _add_text(self, event: Event, env: EnvelopeView, update: UpdateView, kind: str) -> bool:
+        content = view(update.content, TextBlockView)
+        if content is None or content.type != "text":
             return False
-        text = content.get("text")
+        text = content.text
         if not isinstance(text, str):
             return False
-        meta = update.get("_meta")
+        meta = update.meta
         parent: str | None = None
         sources: _SourcesKey = None
         if meta is not None:
-            if not isinstance(meta, dict) or meta.get("qwenDiscreteMessage"):
+            meta_view = view(meta, UpdateMetaView)
+            if meta_view is None or meta_view.qwen_discrete_message:
                 return False
-            candidate = meta.get("parentToolCallId")
+            candidate = meta_view.parent_tool_call_id
             if isinstance(candidate, str) and candidate:
                 parent = candidate
-            transcript = meta.get("qwenTranscript")
-            if isinstance(transcript, dict):
-                sources = _sources_key(transcript.get("sourceRecordIds"))
+            transcript = view(meta_view.qwen_transcript, TranscriptMetaView)
+            if transcript is not None:
+                sources = _sources_key(transcript.source_record_ids)
         slot: _TextSlot | None
         if parent is None:
             slots = self._slots
@@ -308,17 +337,18 @@ class TurnCompactor:
         slot.absorb(event, env, text, meta)
         return True
 
-    def _add_tool(self, env: JsonObject, update: JsonObject) -> bool:
-        tool_call_id = update.get("toolCallId")
+    def _add_tool(self, env: JsonObject, env_view: EnvelopeView, data: JsonObject,
+                  update: JsonObject, update_view: UpdateView) -> bool:
+        tool_call_id = update_view.tool_call_id
         if not isinstance(tool_call_id, str) or not tool_call_id:
             return False
         slot = self._tools.get(tool_call_id)
         if slot is None:
-            slot = _ToolSlot(env, update)
+            slot = _ToolSlot(env, env_view, data, update, update_view)
             self._tools[tool_call_id] = slot
             self._slots.append(slot)
         else:
-            slot.absorb(env, update)
+            slot.absorb(env_view, update)
         return True
 
     def _add_latest(self, env: JsonObject, kind: str) -> None:
@@ -363,21 +393,25 @@ def stamp_record(env: JsonObject, record_id: str) -> JsonObject:
     are kept). Other types come back as a shallow copy. The input is never modified.
     """
     out = dict(env)
-    if out.get("type") != "session_update":
+    env_view = view(out, EnvelopeView)
+    if env_view is None or env_view.type != "session_update":
         return out
-    data = out.get("data")
-    if not isinstance(data, dict):
+    data = env_view.data
+    data_view = view(data, SessionUpdateView)
+    if data_view is None:
         return out
-    update = data.get("update")
-    if not isinstance(update, dict):
+    update = data_view.update
+    update_view = view(update, UpdateView)
+    if update_view is None:
         return out
-    old_meta = update.get("_meta")
+    old_meta = update_view.meta
     meta: JsonObject = dict(old_meta) if isinstance(old_meta, dict) else {}
-    old_transcript = meta.get("qwenTranscript")
+    meta_view = view(meta, UpdateMetaView)
+    old_transcript = None if meta_view is None else meta_view.qwen_transcript
     transcript: JsonObject = dict(old_transcript) if isinstance(old_transcript, dict) else {}
     transcript["sourceRecordIds"] = [record_id]
     meta["qwenTranscript"] = transcript
-    meta["qwen.session.recordId"] = record_id
+    meta[RECORD_ID_META_KEY] = record_id
     new_update = dict(update)
     new_update["_meta"] = meta
     new_data = dict(data)

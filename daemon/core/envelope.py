@@ -2,8 +2,8 @@
 
 Every published event becomes one :class:`Event`. Its compact JSON encoding (``raw``) is made
 exactly once, at publish time; the ring, the live journals, load snapshots, SSE frames and the
-transcript writer all reuse those bytes. ``size`` is ``len(raw)`` and is the size every limit in
-SPEC §2–§4 counts.
+transcript writer all reuse those bytes. ``size`` is ``len(raw)`` and is the size every byte limit counts (live journal,
+replay window, event ring, slow-client queue).
 
 The daemon publishes the protocol's typed payloads (:mod:`sdk.protocol.events`):
 :func:`typed_event` and :func:`typed_synthetic` take a payload Struct, name the event by its
@@ -22,6 +22,14 @@ from typing import Any, Final
 
 import msgspec
 
+from sdk.protocol.acp import (
+    EnvelopeMetaView,
+    EnvelopeView,
+    SessionUpdateView,
+    UpdateMetaView,
+    UpdateView,
+    view,
+)
 from sdk.protocol.constants import ENVELOPE_VERSION
 from sdk.protocol.envelope import envelope_fields
 from sdk.protocol.events import EventPayload, SessionUpdateData, event_type_of
@@ -61,10 +69,13 @@ class Event:
         self._env: JsonObject | None = env
         self.raw = raw
         self.size = len(raw)
-        ident = env.get("id")
+        head = view(env, EnvelopeView)
+        if head is None or not isinstance(head.type, str):
+            raise TypeError("an envelope is an object with a string type")
+        ident = head.id
         self.id: int | None = ident if isinstance(ident, int) else None
-        self.type: str = env["type"]
-        prompt_id = env.get("promptId")
+        self.type: str = head.type
+        prompt_id = head.prompt_id
         self.prompt_id: str | None = prompt_id if isinstance(prompt_id, str) else None
         self._sse_head: bytes | None = None
 
@@ -137,18 +148,15 @@ def sse_chunks(events: Iterable[Event], max_chunk: int = 1024 * 1024) -> list[by
 
 def _lifted_timestamp(data: Any) -> float | int | None:
     """``update._meta.serverTimestamp`` (else ``.timestamp``) of a session_update, if finite."""
-    if not isinstance(data, dict):
+    found = view(data, SessionUpdateView)
+    update = None if found is None else view(found.update, UpdateView)
+    meta = None if update is None else view(update.meta, UpdateMetaView)
+    if meta is None:
         return None
-    update = data.get("update")
-    if not isinstance(update, dict):
-        return None
-    meta = update.get("_meta")
-    if not isinstance(meta, dict):
-        return None
-    for key in ("serverTimestamp", "timestamp"):
-        value = meta.get(key)
+    for value in (meta.server_timestamp, meta.timestamp):
         if is_finite_number(value):
-            return value
+            lifted: float | int = value
+            return lifted
     return None
 
 
@@ -168,7 +176,8 @@ def build_envelope(
     the one lifted from ``update._meta``, else ``now_ms``.
     """
     out_meta: JsonObject = dict(meta) if meta else {}
-    if not is_finite_number(out_meta.get("serverTimestamp")):
+    given = view(out_meta, EnvelopeMetaView) if out_meta else None
+    if given is None or not is_finite_number(given.server_timestamp):
         lifted = _lifted_timestamp(data) if event_type == "session_update" else None
         out_meta["serverTimestamp"] = lifted if lifted is not None else now_ms
     return envelope_fields(event_type, data, event_id=event_id, prompt_id=prompt_id,

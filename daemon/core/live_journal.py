@@ -2,16 +2,19 @@
 
 The bus appends every non-transient published event; a turn terminal resets the journal. A
 load snapshot returns the retained entries, preceded by an id-less ``history_truncated`` marker
-when older entries had to be dropped (§2.3).
+when older entries had to be dropped.
 
-Entries: normally one event is one entry, stored as the :class:`~daemon.core.envelope.Event` itself so
-that its snapshot bytes are ``event.raw`` with no re-encode. Consecutive compatible text chunks
-(§2.1) merge into one :class:`_MergedEntry` of at most :data:`MAX_EVENTS_PER_ENTRY` source
-events, rendered on demand and cached until it grows.
+Entries: normally one event is one entry, stored as the :class:`~daemon.core.envelope.Event`
+itself so that its snapshot bytes are ``event.raw`` with no re-encode. Consecutive compatible
+text chunks (same kind, same ids, plain text content, only whitelisted ``_meta``:
+:func:`merge_key`) merge into one :class:`_MergedEntry` of at most
+:data:`MAX_EVENTS_PER_ENTRY` source events, rendered on demand and cached until it grows.
 
 This is on the publish hot path, so ``append`` is O(1) amortized: a deque of entries, running
-byte/event counters, the merge compatibility of the last entry kept as one comparable key, and a
-non-chunk event rejected by its ``type``/``sessionUpdate`` before any other inspection.
+byte/event counters, the merge compatibility of the last entry kept as one comparable key, an
+event that is not a ``session_update`` rejected by its type before any inspection, and the
+merge conditions checked by one decode of a strict view (``sdk.protocol.acp``). Runs of plain
+spliced chunks skip even that (:meth:`LiveJournals.append_chunks`).
 
 Pure: no trio, no clock, no I/O.
 """
@@ -23,7 +26,19 @@ from collections import deque
 from itertools import accumulate
 from typing import Any, Final, Literal
 
+from msgspec import UNSET
+
 from daemon.core.envelope import Event, JsonObject, encode_json, typed_synthetic
+from sdk.protocol.acp import (
+    AGENT_MESSAGE_CHUNK,
+    EnvelopeView,
+    MergeableChunk,
+    MergeableUpdate,
+    OtherUpdate,
+    SessionUpdateView,
+    UpdateEnvelopeView,
+    view,
+)
 from sdk.protocol.constants import LIVE_JOURNAL_SCOPE, REPLAY_WINDOW_EXCEEDED
 from sdk.protocol.events import DaemonHistoryTruncatedData
 
@@ -44,44 +59,15 @@ DEFAULT_MAX_EVENTS: Final = 10_000
 DEFAULT_MAX_BYTES: Final = 8 * 1024 * 1024
 MAX_EVENTS_PER_ENTRY: Final = 256
 
-# The load request's ``liveReplayMode`` values (§2.5), for the HTTP layer to validate against.
+# The load request's ``liveReplayMode`` values, for the HTTP layer to validate against.
 LiveReplayMode = Literal["full", "summary"]
 LIVE_REPLAY_MODES: Final[frozenset[str]] = frozenset({"full", "summary"})
 
-_MESSAGE_CHUNK: Final = "agent_message_chunk"
-_THOUGHT_CHUNK: Final = "agent_thought_chunk"
+_MESSAGE_CHUNK: Final = AGENT_MESSAGE_CHUNK
 
-_UPDATE_META_KEYS: Final = frozenset(
-    {"timestamp", "serverTimestamp", "parentToolCallId", "subagentType", "qwenTranscript"}
-)
-_TRANSCRIPT_KEYS: Final = frozenset({"sourceRecordIds", "planToolCallId"})
-_ENVELOPE_META_KEYS: Final = frozenset({"serverTimestamp", "timestamp"})
-
-
-class _Missing:
-    """Marks an absent key inside a merge key, so "absent" never equals an explicit value."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:  # pragma: no cover - debugging aid
-        return "<missing>"
-
-
-_MISSING: Final = _Missing()
-
+# A merge key: (kind, promptId, originatorClientId, data.sessionId, parentToolCallId,
+# sourceRecordIds), each UNSET when absent, so "absent" never equals an explicit value.
 MergeKey = tuple[Any, ...]
-
-
-def _valid_transcript_meta(value: object) -> bool:
-    if not isinstance(value, dict) or not value.keys() <= _TRANSCRIPT_KEYS:
-        return False
-    sources = value.get("sourceRecordIds", _MISSING)
-    if sources is not _MISSING and not (
-        isinstance(sources, list) and all(isinstance(s, str) for s in sources)
-    ):
-        return False
-    plan = value.get("planToolCallId", _MISSING)
-    return plan is _MISSING or isinstance(plan, str)
 
 
 def merge_key(env: JsonObject) -> MergeKey | None:
@@ -91,72 +77,39 @@ def merge_key(env: JsonObject) -> MergeKey | None:
     Two events with keys ``a`` and ``b`` are merge-compatible iff neither is ``None`` and
     ``a == b``; the per-entry count and byte limits are the journal's to check.
     """
+    head = view(env, EnvelopeView)
+    if head is None or head.type != "session_update":
+        return None
     classified = _classify(env)
     return None if classified is None else classified[0]
 
 
 def _classify(env: JsonObject) -> tuple[MergeKey, str] | None:
-    """:func:`merge_key` plus the chunk's text, found on the way, so no one digs for it twice."""
-    try:
-        # Cheapest rejections first: almost every non-chunk event stops at the type or the
-        # kind. Subscripting by a string only succeeds on JSON objects (a list, string or
-        # number raises TypeError), so it doubles as the type check, cheaper than isinstance.
-        if env["type"] != "session_update":
-            return None
-        data = env["data"]
-        update = data["update"]
-        kind = update["sessionUpdate"]
-        if kind != _MESSAGE_CHUNK and kind != _THOUGHT_CHUNK:
-            return None
-        content = update["content"]
-        text = content["text"]
-    except (KeyError, TypeError):
+    """:func:`merge_key` plus the chunk's text, of a ``session_update`` envelope (the caller
+    checks the type, which the event carries). Decoding the strict view is the whole check of
+    the merge conditions (:class:`sdk.protocol.acp.MergeableChunk`)."""
+    found = view(env, MergeableChunk)
+    if found is None:
         return None
-    # Length tests stand in for "keys ⊆ whitelist" where the required keys are known present:
-    # they are several times cheaper than a keys-view comparison on this hot path.
-    if not isinstance(text, str) or len(content) != 2 or content.get("type") != "text":
+    return _chunk_key(found)
+
+
+def _chunk_key(found: MergeableChunk) -> tuple[MergeKey, str] | None:
+    data = found.data
+    update = data.update
+    if not isinstance(update, MergeableUpdate):
         return None
-    size = len(data)
-    if size != 1 and (size != 2 or "sessionId" not in data):
-        return None
-    if "_meta" in env:
-        env_meta = env["_meta"]
-        if not isinstance(env_meta, dict) or not (
-            (len(env_meta) == 1 and "serverTimestamp" in env_meta)
-            or env_meta.keys() <= _ENVELOPE_META_KEYS
-        ):
-            return None
-    parent: object = _MISSING
-    sources: object = _MISSING
-    size = len(update)
-    if size != 2:
-        # sessionUpdate and content are present, so a third key may only be _meta.
-        if size != 3 or "_meta" not in update:
-            return None
-        meta = update["_meta"]
-        if not isinstance(meta, dict) or not meta.keys() <= _UPDATE_META_KEYS:
-            return None
-        if meta:
-            parent = meta.get("parentToolCallId", _MISSING)
-            if parent is not _MISSING and not isinstance(parent, str):
-                return None
-            subagent = meta.get("subagentType", _MISSING)
-            if subagent is not _MISSING and not isinstance(subagent, str):
-                return None
-            transcript = meta.get("qwenTranscript", _MISSING)
-            if transcript is not _MISSING:
-                if not _valid_transcript_meta(transcript):
-                    return None
-                sources = transcript.get("sourceRecordIds", _MISSING)
-    key = (
-        kind,
-        env.get("promptId", _MISSING),
-        env.get("originatorClientId", _MISSING),
-        data.get("sessionId", _MISSING),
-        parent,
-        sources,
-    )
-    return key, text
+    meta = update.meta
+    parent: object = UNSET
+    sources: object = UNSET
+    if meta is not UNSET:
+        parent = meta.parent_tool_call_id
+        transcript = meta.qwen_transcript
+        if transcript is not UNSET:
+            sources = transcript.source_record_ids
+    key = (update.kind, found.prompt_id, found.originator_client_id, data.session_id, parent,
+           sources)
+    return key, update.content.text
 
 
 def plain_chunk_key(
@@ -167,18 +120,19 @@ def plain_chunk_key(
     and an update without ``_meta``, so without parent tool call or source records."""
     return (
         kind,
-        _MISSING if prompt_id is None else prompt_id,
-        _MISSING if originator_client_id is None else originator_client_id,
+        UNSET if prompt_id is None else prompt_id,
+        UNSET if originator_client_id is None else originator_client_id,
         session_id,
-        _MISSING,
-        _MISSING,
+        UNSET,
+        UNSET,
     )
 
 
 def _chunk_text(event: Event) -> str:
-    # Only called on events whose merge key was not None, so the path is known to exist.
-    text: str = event.env["data"]["update"]["content"]["text"]
-    return text
+    # Only called on events whose merge key was not None, so the view decodes.
+    found = view(event.env, MergeableChunk)
+    assert found is not None and isinstance(found.data.update, MergeableUpdate)
+    return found.data.update.content.text
 
 
 def in_summary(event: Event) -> bool:
@@ -191,21 +145,27 @@ def in_summary(event: Event) -> bool:
     """
     if event.type != "session_update":
         return True
-    data = event.env.get("data")
-    if not isinstance(data, dict):
+    found = view(event.env, UpdateEnvelopeView)
+    update = None if found is None else found.update
+    if update is None:
         return True
-    update = data.get("update")
-    if not isinstance(update, dict):
+    meta = update.meta
+    if meta is None or _outside_subagent(meta.parent_tool_call_id, update.tool_call_id):
         return True
-    meta = update.get("_meta")
-    if not isinstance(meta, dict):
-        return True
-    parent = meta.get("parentToolCallId")
-    if not isinstance(parent, str) or not parent:
-        return True
-    if parent == update.get("toolCallId"):
-        return True
-    return update.get("sessionUpdate") == _MESSAGE_CHUNK and isinstance(meta.get("usage"), dict)
+    return update.session_update == _MESSAGE_CHUNK and isinstance(meta.usage, dict)
+
+
+def _outside_subagent(parent: object, tool_call_id: object) -> bool:
+    """The summary keeps a frame whose ``parentToolCallId`` is not a non-empty string, or is
+    the frame's own ``toolCallId`` (the frame describing the subagent's tool call)."""
+    return not isinstance(parent, str) or not parent or parent == tool_call_id
+
+
+def _other_in_summary(update: OtherUpdate) -> bool:
+    """:func:`in_summary` of a ``session_update`` whose update is ``update`` (never an
+    ``agent_message_chunk``, so the token-count exception does not apply)."""
+    meta = update.meta
+    return meta is None or _outside_subagent(meta.parent_tool_call_id, update.tool_call_id)
 
 
 class _MergedEntry:
@@ -229,9 +189,16 @@ class _MergedEntry:
         if rendered is None:
             first = self.first.env
             last = self.last.env
-            first_data = first["data"]
-            last_data = last["data"]
-            update = {**first_data["update"], **last_data["update"]}
+            # Both ends are mergeable chunks: their data and update are objects.
+            first_view = view(first, EnvelopeView)
+            last_view = view(last, EnvelopeView)
+            assert first_view is not None and last_view is not None
+            first_data = first_view.data
+            last_data = last_view.data
+            first_update = view(first_data, SessionUpdateView)
+            last_update = view(last_data, SessionUpdateView)
+            assert first_update is not None and last_update is not None
+            update = {**first_update.update, **last_update.update}
             update["content"] = {"type": "text", "text": "".join(self.pieces)}
             data = {**first_data, **last_data}
             data["update"] = update
@@ -303,8 +270,9 @@ class LiveJournal:
         return len(self._entries)
 
     def append(self, event: Event) -> None:
-        """Add one event: merge it into the last entry when §2.1 allows, then evict (§2.2)."""
-        classified = _classify(event.env)
+        """Add one event: merge it into the last entry when their merge keys agree and the
+        entry has room, then evict the oldest entries while over a cap (one always stays)."""
+        classified = _classify(event.env) if event.type == "session_update" else None
         if classified is None:
             self._push(event, None, "")
         else:
@@ -438,7 +406,7 @@ class LiveJournal:
         full_transcript_available: bool,
         record_id: str | None = None,
     ) -> bytes | None:
-        """The encoded live-journal ``history_truncated`` marker (§2.3), or ``None`` when
+        """The encoded live-journal ``history_truncated`` marker (id-less, never stored), or ``None`` when
         nothing was evicted."""
         if self._truncated == 0:
             return None
@@ -473,7 +441,8 @@ class LiveJournal:
 
 
 class LiveJournals:
-    """The ``full`` and ``summary`` journals of one session (§2.5): same caps, enforced apart."""
+    """The ``full`` and ``summary`` journals of one session (summary: without subagent
+    frames, :func:`in_summary`): same caps, enforced apart."""
 
     __slots__ = ("full", "summary")
 
@@ -485,7 +454,19 @@ class LiveJournals:
 
     def append(self, event: Event) -> None:
         """Every event goes to ``full``; those passing :func:`in_summary` also to ``summary``."""
-        classified = _classify(event.env)
+        if event.type != "session_update":
+            self.full._push(event, None, "")
+            self.summary._push(event, None, "")
+            return
+        # One view answers both questions for the common kinds: mergeable, and in the summary.
+        found = view(event.env, MergeableChunk)
+        update = None if found is None else found.data.update
+        if isinstance(update, OtherUpdate):
+            self.full._push(event, None, "")
+            if _other_in_summary(update):
+                self.summary._push(event, None, "")
+            return
+        classified = None if found is None else _chunk_key(found)
         if classified is None:
             self.full._push(event, None, "")
             if in_summary(event):

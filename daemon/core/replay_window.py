@@ -142,7 +142,8 @@ class ReplayWindow:
         truncated_events: int,
         truncated_turns: int,
     ) -> None:
-        """Replace the window with turns read back from the transcript (cold restore, SPEC §6.2).
+        """Replace the window with turns read back from the transcript (cold restore, when a
+        session no longer in memory is loaded).
 
         ``truncated_events``/``truncated_turns`` count the older records the caller left out;
         segments that still do not fit the cap are dropped and counted on top of them.

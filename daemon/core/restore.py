@@ -3,7 +3,7 @@
 Two steps happen before a restored session goes live again:
 
 1. Every prompt the ledger still shows ``in_flight`` is closed, so that every turn ends with
-   exactly one terminal: the durable raw events of the unfinished turn are compacted (§3.1) into
+   exactly one terminal: the durable raw events of the unfinished turn are compacted (as at a turn boundary) into
    records, followed by a ``turn_error {code: "interrupted"}`` record. Prompts that were queued
    and never ran get just their terminal record. A turn whose own terminal is durable (only the
    boundary after it was lost) keeps that terminal and its ledger state.
@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from sdk.protocol.acp import EnvelopeView, view
 from sdk.protocol.constants import TERMINAL_TYPES
 from sdk.protocol.envelope import envelope_fields, event_from_mapping
 from sdk.protocol.terminals import (
@@ -133,7 +134,8 @@ def seed_segments(turns: Sequence[Sequence[tuple[str, bytes]]], first_id: int
                 env: Any = decode_json(raw)
             except Exception:
                 continue
-            if not isinstance(env, dict) or not isinstance(env.get("type"), str):
+            head = view(env, EnvelopeView)
+            if head is None or not isinstance(head.type, str):
                 continue
             env = {"id": next_id, **{k: v for k, v in env.items() if k != "id"}}
             seeded = Event.from_env(env)

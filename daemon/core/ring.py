@@ -239,7 +239,7 @@ def decide_resume(
     now_ms: int | None = None,
     budget_bytes: int = REPLAY_BUDGET_BYTES,
 ) -> ResumePlan:
-    """The resume algorithm of SPEC §4.2, steps 1–4.
+    """Where a reconnecting reader resumes: live only, a replay from the ring, or a resync.
 
     ``cursor`` is the client's Last-Event-ID (None: live only, no ``replay_complete``; 0 replays
     the whole ring); ``client_epoch`` its epoch header (None when absent or invalid). Synthetic

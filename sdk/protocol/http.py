@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Final, Literal, TypeVar
 
 import msgspec
@@ -45,6 +46,7 @@ __all__ = [
     "CreateSessionResponse",
     "DaemonStatusResponse",
     "ErrorBody",
+    "ErrorBodyView",
     "HealthResponse",
     "HeartbeatResponse",
     "JournalStatus",
@@ -67,6 +69,9 @@ __all__ = [
     "TranscriptQuery",
     "convert_request",
     "request_error_code",
+    "view_error_body",
+    "view_prompt_blocks",
+    "view_session_id",
     "vote_outcome",
 ]
 
@@ -463,3 +468,53 @@ RESPONSE_TYPES: Final = (HealthResponse, CapabilitiesResponse, DaemonStatusRespo
                          CreateSessionResponse, LoadSessionResponse, ResumeSessionResponse,
                          PromptAccepted, PermissionVoteResponse, TranscriptPage,
                          SessionStatusResponse, HeartbeatResponse, ErrorBody)
+
+
+# --- views of a body as sent --------------------------------------------------------------------
+# A route that forwards part of a body unchanged (the prompt's blocks go to the agent with every
+# member the client sent) reads that part through a view: only the named member is picked, and
+# its value is the very object of the decoded body.
+
+
+class _PromptBlocksView(msgspec.Struct, frozen=True, gc=False):
+    prompt: Any = None
+
+
+class _SessionIdView(msgspec.Struct, frozen=True, rename="camel", gc=False):
+    session_id: Any = None
+
+
+def view_prompt_blocks(body: object) -> list[Any] | None:
+    """The ``prompt`` blocks of a prompt body exactly as sent (a body :class:`PromptRequest`
+    accepted), or ``None`` when ``body`` has no list there."""
+    if type(body) is not dict:
+        return None
+    found = msgspec.convert(body, _PromptBlocksView).prompt
+    return found if type(found) is list else None
+
+
+def view_session_id(body: object) -> object:
+    """The ``sessionId`` member of a body as sent (any value; ``None`` when absent or when
+    ``body`` is not an object)."""
+    if type(body) is not dict:
+        return None
+    return msgspec.convert(body, _SessionIdView).session_id
+
+
+class ErrorBodyView(msgspec.Struct, frozen=True, rename="camel", gc=False):
+    """An error answer's body as a client reads it: every member any value (a proxy or an older
+    daemon may send anything), absent ones ``None``. :class:`ErrorBody` is the strict shape."""
+
+    error: Any = None
+    message: Any = None
+    code: Any = None
+    retryable: Any = None
+    limit: Any = None
+    pending_count: Any = None
+
+
+def view_error_body(body: object) -> ErrorBodyView | None:
+    """:class:`ErrorBodyView` of a decoded error body (any mapping), ``None`` for anything else."""
+    if isinstance(body, Mapping):
+        return msgspec.convert(dict(body), ErrorBodyView)
+    return None
