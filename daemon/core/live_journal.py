@@ -33,10 +33,10 @@ from sdk.protocol.acp import (
     AGENT_MESSAGE_CHUNK,
     EnvelopeView,
     MergeableChunk,
-    MergeableUpdate,
     OtherUpdate,
     SessionUpdateView,
     UpdateEnvelopeView,
+    mergeable_chunk_fields,
     view,
 )
 from sdk.protocol.constants import LIVE_JOURNAL_SCOPE, REPLAY_WINDOW_EXCEEDED
@@ -86,30 +86,10 @@ def merge_key(env: JsonObject) -> MergeKey | None:
 
 def _classify(env: JsonObject) -> tuple[MergeKey, str] | None:
     """:func:`merge_key` plus the chunk's text, of a ``session_update`` envelope (the caller
-    checks the type, which the event carries). Decoding the strict view is the whole check of
-    the merge conditions (:class:`sdk.protocol.acp.MergeableChunk`)."""
-    found = view(env, MergeableChunk)
-    if found is None:
-        return None
-    return _chunk_key(found)
-
-
-def _chunk_key(found: MergeableChunk) -> tuple[MergeKey, str] | None:
-    data = found.data
-    update = data.update
-    if not isinstance(update, MergeableUpdate):
-        return None
-    meta = update.meta
-    parent: object = UNSET
-    sources: object = UNSET
-    if meta is not UNSET:
-        parent = meta.parent_tool_call_id
-        transcript = meta.qwen_transcript
-        if transcript is not UNSET:
-            sources = transcript.source_record_ids
-    key = (update.kind, found.prompt_id, found.originator_client_id, data.session_id, parent,
-           sources)
-    return key, update.content.text
+    checks the type, which the event carries). The merge conditions are the strict view
+    :class:`sdk.protocol.acp.MergeableChunk`, read by its fast decoder
+    (:func:`sdk.protocol.acp.mergeable_chunk_fields`, property-tested equal to the view)."""
+    return mergeable_chunk_fields(env)
 
 
 def plain_chunk_key(
@@ -129,10 +109,10 @@ def plain_chunk_key(
 
 
 def _chunk_text(event: Event) -> str:
-    # Only called on events whose merge key was not None, so the view decodes.
-    found = view(event.env, MergeableChunk)
-    assert found is not None and isinstance(found.data.update, MergeableUpdate)
-    return found.data.update.content.text
+    # Only called on events whose merge key was not None, so the decoder finds the chunk.
+    fields = mergeable_chunk_fields(event.env)
+    assert fields is not None
+    return fields[1]
 
 
 def in_summary(event: Event) -> bool:
@@ -458,27 +438,28 @@ class LiveJournals:
             self.full._push(event, None, "")
             self.summary._push(event, None, "")
             return
-        # One view answers both questions for the common kinds: mergeable, and in the summary.
-        found = view(event.env, MergeableChunk)
+        env = event.env
+        fields = mergeable_chunk_fields(env)
+        if fields is not None:
+            key, text = fields
+            self.full._push(event, key, text)
+            # A mergeable chunk has no toolCallId and no usage, so in_summary reduces to "no
+            # non-empty parentToolCallId", and the key holds that value.
+            parent = key[4]
+            if not isinstance(parent, str) or not parent:
+                self.summary._push(event, key, text)
+            return
+        # One view answers both questions for the other common kinds.
+        found = view(env, MergeableChunk)
         update = None if found is None else found.data.update
         if isinstance(update, OtherUpdate):
             self.full._push(event, None, "")
             if _other_in_summary(update):
                 self.summary._push(event, None, "")
             return
-        classified = None if found is None else _chunk_key(found)
-        if classified is None:
-            self.full._push(event, None, "")
-            if in_summary(event):
-                self.summary._push(event, None, "")
-            return
-        key, text = classified
-        self.full._push(event, key, text)
-        # A mergeable chunk has no toolCallId and no usage, so in_summary reduces to "no
-        # non-empty parentToolCallId", and the key already holds that value.
-        parent = key[4]
-        if not isinstance(parent, str) or not parent:
-            self.summary._push(event, key, text)
+        self.full._push(event, None, "")
+        if in_summary(event):
+            self.summary._push(event, None, "")
 
     def append_chunks(self, events: list[Event], texts: list[str], key: MergeKey) -> None:
         """Append a run of plain text chunks sharing merge key ``key``
