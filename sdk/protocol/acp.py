@@ -361,9 +361,8 @@ def mergeable_chunk_fields(env: Any) -> MergeFields | None:
         text = content["text"]
     except (KeyError, TypeError):
         return None
-    if (type(text) is not str or type(content) is not dict or len(content) != 2
-            or content.get("type") != "text" or type(data) is not dict
-            or type(update) is not dict):
+    # Only an object takes a string subscript, so data, update and content are objects here.
+    if type(text) is not str or len(content) != 2 or content.get("type") != "text":
         return None
     size = len(data)
     if size != 1 and (size != 2 or "sessionId" not in data):
