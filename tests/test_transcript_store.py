@@ -303,6 +303,59 @@ def test_ops_for_an_unknown_session_write_nothing(store: TranscriptStore) -> Non
     assert store.newest_record_id(S2) == rec(7)[0]
 
 
+def test_a_session_deleted_earlier_in_the_same_batch_gets_no_rows(store: TranscriptStore) -> None:
+    store.apply([append(S1, 1), append(S2, 2), DeleteSession(S1), append(S1, 3), append(S2, 4),
+                 UpsertSession(S1, "/w", 300), append(S1, 5)])
+    assert store.raw_events(S1) == [ev(5)]
+    assert store.raw_events(S2) == [ev(2), ev(4)]
+
+
+def _file_bytes(path: Path) -> bytes:
+    wal = Path(f"{path}-wal")
+    return path.read_bytes() + (wal.read_bytes() if wal.exists() else b"")
+
+
+def test_a_deleted_session_leaves_none_of_its_bytes_in_the_files(tmp_path: Path) -> None:
+    path = tmp_path / "t.db"
+    store = TranscriptStore(path)
+    marker = b"SECRET-7f3a9c"
+    body = (marker * (300_000 // len(marker))).decode()  # several overflow pages per row
+    store.apply([UpsertSession(S1, "/w", 1), UpsertSession(S2, "/w", 2)])
+    store.apply([append(S1, 1, text=body), append(S2, 2, text="kept"),
+                 append(S1, 3, text=body)])
+    store.apply([finish(S1, None, [(str(uuid.UUID(int=9)), ev(9, body))]),
+                 append(S1, 4, text=body)])
+    store._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    assert marker in _file_bytes(path)
+    store.apply([DeleteSession(S1)])
+    store._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    assert store.raw_events(S2) == [ev(2, "kept")]
+    assert store._conn.execute("SELECT count(*) FROM raw_events").fetchone()[0] == 1
+    store.close()
+    data = _file_bytes(path)
+    assert marker not in data
+    assert b"kept" in data
+
+
+def test_a_turn_boundary_does_not_rewrite_the_pages_it_frees(tmp_path: Path) -> None:
+    """The raw events a turn boundary deletes are not zeroed page by page (the compacted
+    records keep their content): the boundary's commit writes a few pages, not the turn."""
+    path = tmp_path / "t.db"
+    store = TranscriptStore(path)
+    store.apply([UpsertSession(S1, "/w", 1)])
+    text = "y" * 4000
+    for batch in range(8):  # 8 rows of 100 events: about 3 MB, ~50 pages of overflow
+        store.apply([append(S1, batch * 100 + i, text=text) for i in range(100)])
+    store._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    freed_before = store._conn.execute("PRAGMA freelist_count").fetchone()[0]
+    store.apply([finish(S1, None, [rec(1)])])
+    freed = store._conn.execute("PRAGMA freelist_count").fetchone()[0] - freed_before
+    wal_frames = (Path(f"{path}-wal").stat().st_size - 32) // (PAGE_SIZE + 24)
+    store.close()
+    assert freed >= 40
+    assert wal_frames <= 12, f"{wal_frames} WAL frames for a boundary that freed {freed} pages"
+
+
 def test_failed_batch_rolls_back_entirely(store: TranscriptStore) -> None:
     store.apply([finish(S1, "p0", [rec(1)])])
     with pytest.raises(sqlite3.IntegrityError):
