@@ -123,6 +123,9 @@ CREATE INDEX prompts_by_terminal ON prompts (session_id, terminal_seq);
 """
 
 _SESSION_EXISTS: Final = "EXISTS (SELECT 1 FROM sessions WHERE session_id = ?)"
+_INSERT_RAW: Final = (
+    "INSERT INTO raw_events (session_id, event_id, prompt_id, raw) VALUES (?, ?, ?, ?)"
+)
 
 
 class TranscriptSchemaError(Exception):
@@ -173,6 +176,11 @@ class TranscriptStore:
             conn.close()
             raise
         self._conn = conn
+        # The sessions stored, as committed: lets a batch of nothing but events (the usual
+        # one) skip the existence checks in SQL. Only ``apply`` changes it, after a commit.
+        self._stored: set[str] = {
+            row[0] for row in conn.execute("SELECT session_id FROM sessions")
+        }
 
     # --- opening ---
 
@@ -262,52 +270,74 @@ class TranscriptStore:
         """Apply ``ops`` in order in one transaction; on any error roll all of them back and
         re-raise. Ops naming a session that is not stored (never created, or deleted) write
         nothing: a late write must not leave rows no session owns."""
+        if all(type(op) is AppendEvent for op in ops):
+            self._append_only(ops)  # type: ignore[arg-type]
+            return
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
             for group in _runs(ops):
                 first = group[0]
                 if isinstance(first, AppendEvent):
-                    self._append_events(group)  # type: ignore[arg-type]
+                    self._insert_events(_event_rows(group),  # type: ignore[arg-type]
+                                        checked=False)
                 else:
                     self._apply_one(first)
             conn.execute("COMMIT")
         except BaseException:
-            # Some errors (SQLITE_FULL, SQLITE_IOERR) already rolled the transaction back.
-            if conn.in_transaction:
-                try:
-                    conn.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass  # the original error is the one worth reporting
+            self._rollback()
+            raise
+        stored = self._stored
+        for op in ops:
+            if isinstance(op, UpsertSession):
+                stored.add(op.session_id)
+            elif isinstance(op, DeleteSession):
+                stored.discard(op.session_id)
+
+    def _append_only(self, ops: Sequence[AppendEvent]) -> None:
+        """A batch of nothing but events: no op in it creates or deletes a session, so the
+        committed set of stored sessions decides which rows are written. One row (one
+        session's run, the usual batch) is a single INSERT, its own transaction: one SQLite
+        call instead of BEGIN, INSERT and COMMIT, each of which the worker thread leaves and
+        re-takes the GIL for, against the event loop."""
+        stored = self._stored
+        rows = [row for row in _event_rows(ops) if row[0] in stored]
+        if not rows:
+            return
+        if len(rows) == 1:
+            self._conn.execute(_INSERT_RAW, rows[0])
+            return
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._insert_events(rows, checked=True)
+            conn.execute("COMMIT")
+        except BaseException:
+            self._rollback()
             raise
 
-    def _append_events(self, ops: Sequence[AppendEvent]) -> None:
-        # One row per run of a session's events in this batch, the events' JSON joined with
-        # newlines (compact JSON never contains one): a 100,000-chunk turn costs a few hundred
-        # rows, not 100,000, which keeps the transcript off the daemon's throughput budget.
-        rows = []
-        start = 0
-        count = len(ops)
-        while start < count:
-            session_id = ops[start].session_id
-            end = start + 1
-            while end < count and ops[end].session_id == session_id:
-                end += 1
-            run = ops[start:end]
-            rows.append((session_id, run[-1].event_id, run[-1].prompt_id,
-                         b"\n".join([op.raw for op in run])))
-            start = end
-        # A plain one-row INSERT, the session's existence checked first (in this transaction,
-        # so an earlier op of the batch that deleted it counts): the INSERT ... SELECT ...
-        # WHERE EXISTS it replaces is a multi-row statement to SQLite, which then keeps a
-        # statement journal (a temp file) of every page it touches.
+    def _rollback(self) -> None:
         conn = self._conn
-        stored = {sid for sid in {row[0] for row in rows}
-                  if conn.execute(f"SELECT {_SESSION_EXISTS}", (sid,)).fetchone()[0]}
-        conn.executemany(
-            "INSERT INTO raw_events (session_id, event_id, prompt_id, raw) VALUES (?, ?, ?, ?)",
-            [row for row in rows if row[0] in stored],
-        )
+        # Some errors (SQLITE_FULL, SQLITE_IOERR) already rolled the transaction back.
+        if conn.in_transaction:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass  # the original error is the one worth reporting
+
+    def _insert_events(self, rows: list[tuple[str, int, str | None, bytes]], *,
+                       checked: bool) -> None:
+        # A plain one-row INSERT, the session's existence checked first (in SQL, in this
+        # transaction, unless the caller already checked: an earlier op of the batch that
+        # deleted it counts): the INSERT ... SELECT ... WHERE EXISTS it replaces is a
+        # multi-row statement to SQLite, which then keeps a statement journal (a temp file)
+        # of every page it touches.
+        conn = self._conn
+        if not checked:
+            stored = {sid for sid in {row[0] for row in rows}
+                      if conn.execute(f"SELECT {_SESSION_EXISTS}", (sid,)).fetchone()[0]}
+            rows = [row for row in rows if row[0] in stored]
+        conn.executemany(_INSERT_RAW, rows)
 
     def _apply_one(self, op: Op) -> None:
         conn = self._conn
@@ -456,7 +486,7 @@ class TranscriptStore:
         rows = self._conn.execute(
             "SELECT raw FROM raw_events WHERE session_id = ? ORDER BY seq", (session_id,)
         ).fetchall()
-        # A row holds one or more events, newline-separated (see _append_events).
+        # A row holds one or more events, newline-separated (see _event_rows).
         return [event for row in rows for event in bytes(row[0]).split(b"\n")]
 
     def max_raw_event_id(self, session_id: str) -> int:
@@ -624,6 +654,26 @@ def _session_row(row: tuple[Any, ...]) -> SessionRow:
         agent_session_id=row[3],
         closed=bool(row[4]),
     )
+
+
+def _event_rows(ops: Sequence[AppendEvent]) -> list[tuple[str, int, str | None, bytes]]:
+    """One ``raw_events`` row per run of a session's events among ``ops``: the events' JSON
+    joined with newlines (compact JSON never contains one), the run's last id and prompt. A
+    100,000-chunk turn costs a few hundred rows, not 100,000, which keeps the transcript off
+    the daemon's throughput budget."""
+    rows: list[tuple[str, int, str | None, bytes]] = []
+    start = 0
+    count = len(ops)
+    while start < count:
+        session_id = ops[start].session_id
+        end = start + 1
+        while end < count and ops[end].session_id == session_id:
+            end += 1
+        last = ops[end - 1]
+        raw = ops[start].raw if end == start + 1 else b"\n".join([op.raw for op in ops[start:end]])
+        rows.append((session_id, last.event_id, last.prompt_id, raw))
+        start = end
+    return rows
 
 
 def _runs(ops: Sequence[Op]) -> Iterator[Sequence[Op]]:

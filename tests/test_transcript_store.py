@@ -310,6 +310,34 @@ def test_a_session_deleted_earlier_in_the_same_batch_gets_no_rows(store: Transcr
     assert store.raw_events(S2) == [ev(2), ev(4)]
 
 
+def test_event_only_batches_follow_the_committed_sessions(tmp_path: Path) -> None:
+    """Batches of nothing but events take the short path (the stored sessions as
+    committed decide): it must agree with the full path at every change of the set."""
+    path = tmp_path / "t.db"
+    store = TranscriptStore(path)
+    store.apply([append(S1, 1)])  # never created
+    assert store.raw_events(S1) == []
+    store.apply([UpsertSession(S1, "/w", 1)])
+    store.apply([append(S1, 2)])  # one row: a single INSERT
+    store.apply([append(S1, 3), append(S2, 4), append(S1, 5)])  # several rows, S2 unknown
+    assert store.raw_events(S1) == [ev(2), ev(3), ev(5)]
+    assert store.raw_events(S2) == []
+    with pytest.raises(ValueError):  # a failed batch creating S2 is rolled back...
+        store.apply([UpsertSession(S2, "/w", 2), finish(S2, None, [], terminal="bogus")])
+    store.apply([append(S2, 6)])  # ...so S2 is still not stored
+    assert store.raw_events(S2) == []
+    store.apply([DeleteSession(S1)])
+    store.apply([append(S1, 7)])
+    assert store.raw_events(S1) == []
+    store.apply([UpsertSession(S2, "/w", 2)])
+    store.close()
+    reopened = TranscriptStore(path)  # the set is read back from the file
+    reopened.apply([append(S2, 8), append(S1, 9)])
+    assert reopened.raw_events(S2) == [ev(8)]
+    assert reopened.raw_events(S1) == []
+    reopened.close()
+
+
 def _file_bytes(path: Path) -> bytes:
     wal = Path(f"{path}-wal")
     return path.read_bytes() + (wal.read_bytes() if wal.exists() else b"")
