@@ -6,16 +6,38 @@ is benchmark 3's single-subscriber turn (``--chunks`` chunks, agent stdout to on
 ending when the client reads the terminal, which the daemon publishes only after the transcript
 has committed the turn). The baseline is the transcript-off rate; the target is that the
 transcript costs at most 25% of it.
+
+An informational in-process row measures the store alone, which the throughput rows cannot
+separate from the machine's noise: ``TranscriptStore.apply`` on a fresh file with the batches a
+fast turn hands the writer (runs of 64 chunk envelopes as the bus encodes them, about 1,000
+events per commit, which is a 10 ms group commit at 100,000 events/s), then the turn boundary
+that deletes them; CPU of this thread (user + system) per 1,000 events over the whole turn,
+boundary included, and the bytes written to the files per event. The first turn only warms up
+(it grows the file; later turns reuse its free pages, as a daemon does).
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
+import shutil
 import statistics
+import tempfile
+from pathlib import Path
 
 from benchmarks.e2e import TurnRun, measure_turn
 from benchmarks.harness import Context, CpuUse, Row
 from benchmarks.launcher import start_daemon
+from daemon.core.envelope import encode_json
+from daemon.core.splice import EnvelopeSplicer
+from daemon.transcript_store import AppendEvent, FinishTurn, TranscriptStore, UpsertSession
+from sdk.protocol.events import SessionUpdateData
+
+STORE_SESSION = "6f1d2c3b-4a59-4e68-8f7a-0b1c2d3e4f50"
+STORE_PROMPT = "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d"
+STORE_CLIENT = "client_3c4d5e6f-7a8b-4c9d-8e0f-1a2b3c4d5e6f"
+RUN_EVENTS = 64  # events per bus run (one AppendEvent)
+OPS_PER_BATCH = 16  # runs per commit: ~1,000 events
 
 NAME = "transcript_cost"
 TITLE = "transcript durability cost: throughput with the SQLite transcript on vs off"
@@ -27,6 +49,57 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunks", type=int, default=None,
                         help="chunks per turn (default 100,000; quick 5,000)")
     parser.add_argument("--subscribers", type=int, default=1)
+
+
+def _written_bytes() -> int:
+    with open("/proc/self/io") as io:
+        for line in io:
+            if line.startswith("wchar:"):
+                return int(line.split()[1])
+    raise RuntimeError("no wchar in /proc/self/io")
+
+
+def store_turns(chunks: int, turns: int) -> list[tuple[float, float]]:
+    """(CPU ms per 1,000 events, bytes written per event) of each turn after the first,
+    through the real ``TranscriptStore.apply``; raises unless every turn's events were stored
+    and the boundary removed them."""
+    updates = [encode_json(SessionUpdateData(
+        session_id=STORE_SESSION,
+        update={"sessionUpdate": "agent_message_chunk",
+                "content": {"type": "text", "text": f"chunk-{i}"}}).update)
+        for i in range(chunks)]
+    raws = EnvelopeSplicer(STORE_SESSION, STORE_PROMPT, STORE_CLIENT,
+                           1_796_204_622_728).envelopes(1, updates)
+    ops = [AppendEvent(STORE_SESSION, i + len(raws[i:i + RUN_EVENTS]), STORE_PROMPT,
+                       b"\n".join(raws[i:i + RUN_EVENTS])) for i in range(0, chunks, RUN_EVENTS)]
+    batches = [ops[i:i + OPS_PER_BATCH] for i in range(0, len(ops), OPS_PER_BATCH)]
+    text = b"x" * (12 * chunks)  # the compacted turn: about the chunks' text
+    base = Path(tempfile.mkdtemp(prefix="tk-bench-store-"))
+    out: list[tuple[float, float]] = []
+    try:
+        store = TranscriptStore(base / "transcript.db")
+        try:
+            store.apply([UpsertSession(STORE_SESSION, str(base), 0)])
+            for turn in range(turns + 1):
+                before = resource.getrusage(resource.RUSAGE_THREAD)
+                wrote = _written_bytes()
+                for batch in batches:
+                    store.apply(batch)
+                if store.max_raw_event_id(STORE_SESSION) != chunks:
+                    raise RuntimeError("the store did not keep the turn's events")
+                store.apply([FinishTurn(STORE_SESSION, STORE_PROMPT, "completed", "end_turn", 0,
+                                        [(f"record-{turn}", text)])])
+                if store.raw_events(STORE_SESSION):
+                    raise RuntimeError("the turn boundary left raw events behind")
+                after = resource.getrusage(resource.RUSAGE_THREAD)
+                cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+                if turn:
+                    out.append((cpu_s * 1e6 / chunks, (_written_bytes() - wrote) / chunks))
+        finally:
+            store.close()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return out
 
 
 def _mean_cpu(turns: list[TurnRun]) -> CpuUse:
@@ -81,4 +154,15 @@ def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
                       cpu=_mean_cpu(on), quick=ctx.quick)
         cpu_row.ratio = (cpu_row.value or 0.0) / cpu_row.baseline if cpu_row.baseline else None
         rows.append(cpu_row)
+    store_chunks = ctx.pick(100_000, 5_000)
+    ctx.progress(f"in-process store: {store_chunks:,}-event turns through TranscriptStore.apply")
+    measured = store_turns(store_chunks, ctx.trials(4, 1))
+    store_params = {"chunks": store_chunks, "events/commit": RUN_EVENTS * OPS_PER_BATCH}
+    store_row = Row(benchmark=NAME, name="store CPU per 1,000 events (in-process, boundary incl.)",
+                    params=store_params, unit="ms", samples=[cpu for cpu, _ in measured],
+                    cpu=CpuUse(), cpu_note="this thread only (the row's value)",
+                    quick=ctx.quick)
+    store_row.notes.append("bytes written to the transcript files per event: "
+                           f"{statistics.median(w for _, w in measured):,.0f}")
+    rows.append(store_row)
     return rows

@@ -44,7 +44,7 @@ EXPECTED_ROWS: dict[str, list[str]] = {
             "bare Hypercorn ceiling, 64 subscribers"],
     "memory": ["RSS idle", "at full caps", "RSS growth", "turn ended"],
     "resume": ["back", "cursor at head"],
-    "transcript_cost": ["transcript on", "transcript off"],
+    "transcript_cost": ["transcript on", "transcript off", "store CPU per 1,000 events"],
     "repair_cost": ["terminal -> committed repair", "model: replay history",
                     "model: repair commit"],
     "crash_loss": ["ms of output lost at SIGKILL", "events lost at SIGKILL"],
