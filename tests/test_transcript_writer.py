@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from daemon.transcript_store import (
     AdmitPrompt,
@@ -94,6 +95,39 @@ async def test_ops_submitted_during_a_commit_form_the_next_batch(store: Counting
         assert await writer.wait_committed(first) is True
         assert await writer.wait_committed(later[-1]) is True
         assert store.batches == [1, 500]
+        await writer.aclose()
+
+
+async def test_durable_id_moves_only_after_the_batch_is_in_the_file(
+        store: CountingStore) -> None:
+    """While a batch is inside ``apply`` (not yet committed), its events are not durable: the
+    durable id stays at the last committed batch and no one waiting on it is woken; once
+    ``apply`` returns, the id names the batch's last event and its rows are in the file."""
+    writer = TranscriptWriter(store)
+    async with trio.open_nursery() as nursery:
+        await start(nursery, writer)
+        first = writer.submit(append(S1, 1))
+        assert await writer.wait_committed(first) is True
+        assert writer.durable_event_id(S1) == 1
+        store.hold_next = True
+        held = [writer.submit(append(S1, i)) for i in range(2, 6)]
+        woken = trio.Event()
+
+        async def waiter() -> None:
+            await writer.wait_committed(held[-1])
+            woken.set()
+
+        nursery.start_soon(waiter)
+        await store.entered.wait()  # the batch is inside apply, in the worker thread
+        await trio.testing.wait_all_tasks_blocked()
+        try:
+            seen = (writer.durable_event_id(S1), woken.is_set(), store.raw_events(S1))
+        finally:
+            store.release.set()  # never leave the worker thread parked, pass or fail
+        assert seen == (1, False, [b'{"id":1}'])
+        await woken.wait()
+        assert writer.durable_event_id(S1) == 5
+        assert len(store.raw_events(S1)) == 5
         await writer.aclose()
 
 
