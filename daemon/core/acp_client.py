@@ -378,11 +378,11 @@ class AcpClient(Generic[S, W]):
                         if spaced:
                             raws = list(map(compact, raws))
                         return self._route_one(session_id, raws, run)
-                    raws = splice_updates(lines, prefix)
-                    if raws is not None:
+                    spliced = splice_updates(lines, prefix)
+                    if spliced is not None:
                         if spaced:
-                            raws = list(map(compact, raws))
-                        return self._route_one(session_id, raws)
+                            spliced = list(map(compact, spliced))
+                        return self._route_one(session_id, spliced)
                     break
         updates: dict[str, tuple[S, list[bytes]]] = {}
         events: list[Event[W]] = []
