@@ -268,7 +268,38 @@ def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
     rows = rows_for(ctx, chunks, args.max_queued, persistence, raw, runs)
     if not args.no_ceiling:
         rows += ceiling_rows(ctx, chunks, runs, ceilings)
+        budget = targets_budget_row(ctx, chunks, raw, ceilings)
+        if budget is not None:
+            rows.append(budget)
     return rows
+
+
+def targets_budget_row(ctx: Context, chunks: int, raw: list[RawRun],
+                       ceilings: dict[int, list[TurnRun]]) -> Row | None:
+    """Informational: can the 1-subscriber target and the 8-subscriber fan-out target hold
+    together on this machine? Together they ask the daemon to deliver
+    ``FANOUT_8_TARGET * SINGLE_OF_AGENT_TARGET * agent raw`` events/s to 8 subscribers, and no
+    daemon on this stack delivers more than the bare-Hypercorn 8-subscriber ceiling measured in
+    the same run. A computed row from this run's numbers, not a verdict on the daemon: the value
+    is what the targets need, the baseline the ceiling, the ratio need over ceiling (<= 1: room
+    for both; > 1: both cannot pass here, whatever the daemon does)."""
+    if not raw or not ceilings.get(8):
+        return None
+    raw_rate = statistics.median(r.rate for r in raw)
+    ceiling8 = statistics.median(t.rate for t in ceilings[8])
+    need = FANOUT_8_TARGET * SINGLE_OF_AGENT_TARGET * raw_rate
+    row = Row(benchmark=NAME, name="targets together under the 8-subscriber ceiling",
+              params={"chunks": chunks, "subscribers": 8}, unit="events/s", samples=[need],
+              value=need, baseline=ceiling8, baseline_label="bare Hypercorn, 8 subscribers",
+              ratio=need / ceiling8 if ceiling8 else None, ratio_label="of the ceiling",
+              quick=ctx.quick, cpu_note="computed from other rows: no CPU of its own")
+    fits = "fit under" if need <= ceiling8 else "exceed"
+    row.notes.append(
+        f"{FANOUT_8_TARGET:g} x {SINGLE_OF_AGENT_TARGET:g} x agent raw {raw_rate:,.0f} = "
+        f"{need:,.0f} events/s to 8 subscribers; the 8-subscriber ceiling measured "
+        f"{ceiling8:,.0f}: the two targets together {fits} it "
+        f"({need / ceiling8:.2f}x the ceiling) (informational, computed from this run)")
+    return row
 
 
 def ceiling_rows(ctx: Context, chunks: int, runs: dict[int, list[TurnRun]],

@@ -47,6 +47,7 @@ from daemon.core.acp_client import (
     session_id_of,
 )
 from daemon.core.acp_codec import LineSplitter, Request
+from daemon.core.splice import ChunkRun
 from sdk.protocol.acp import PermissionParamsView, view
 
 __all__ = [
@@ -85,10 +86,12 @@ class ChannelClosed(Exception):
 class SessionSink(Protocol):
     """Where one ACP session's traffic goes (the daemon session implements it)."""
 
-    def on_update(self, update: bytes) -> None:
-        """One ``session/update`` ``update`` object, in stdout order, from the reader task: the
-        agent's own JSON bytes of that object, without insignificant whitespace (its strings
-        and numbers spelled as the agent spelled them, never re-encoded)."""
+    def on_updates(self, updates: list[bytes], chunks: ChunkRun | None) -> None:
+        """``session/update`` ``update`` objects of one read batch, in stdout order, from the
+        reader task: the agent's own JSON bytes of each object, without insignificant
+        whitespace (its strings and numbers spelled as the agent spelled them, never
+        re-encoded). ``chunks``, when not ``None``, is what ``splice.plain_chunk_run`` of
+        ``updates`` would return (they are all plain text chunks of that kind), already read."""
 
     def flush(self) -> None:
         """End of one stdout read batch in which this sink received updates."""
@@ -490,14 +493,13 @@ class AgentChannel:
         for event in batch.events:
             self._on_event(event)
         updates = batch.updates
+        chunks = batch.chunks
         for session_id, (sink, raws) in updates.items():
-            on_update = sink.on_update
-            for raw in raws:
-                try:
-                    on_update(raw)
-                except Exception:
-                    log.exception("event=sink_update_failed pid=%s acp_session_id=%s",
-                                  self.pid, session_id)
+            try:
+                sink.on_updates(raws, chunks.get(session_id))
+            except Exception:
+                log.exception("event=sink_update_failed pid=%s acp_session_id=%s",
+                              self.pid, session_id)
         for session_id, (sink, _) in updates.items():
             try:
                 sink.flush()

@@ -27,7 +27,7 @@ from .core.envelope import Event, JsonObject, decode_json, typed_event
 from .core.live_journal import LiveJournals, plain_chunk_key
 from .core.replay_window import Record, ReplayWindow, SegmentHandle, SpilledTurn
 from .core.ring import DEFAULT_RING_BYTES, EventRing
-from .core.splice import EnvelopeSplicer, plain_chunk, plain_chunk_run
+from .core.splice import ChunkRun, EnvelopeSplicer, plain_chunk, plain_chunk_run
 from .core.sse_frames import SharedFrames
 from .core.subscriber import Eviction, SubscriberState, Warning
 from .malloc import trim
@@ -226,6 +226,7 @@ class SessionBus:
         *,
         prompt_id: str | None,
         originator_client_id: str | None,
+        chunks: ChunkRun | None = None,
     ) -> None:
         """Publish agent ``session/update`` updates, given as the agent's JSON bytes of each
         ``update`` object in compact form (``splice.compact``; the agent channel hands them on
@@ -236,10 +237,13 @@ class SessionBus:
         a time: one envelope template, one transcript op per run, the journals and the
         compactor fed without classifying each event again. Every other update is decoded and
         published like :meth:`publish`; one that is not a JSON object is dropped.
+
+        ``chunks``, when given, must be what ``plain_chunk_run(updates)`` returns (the agent
+        channel read it with the lines: ``splice.plain_chunk_lines``); it is not read again.
         """
         if self.closed:
             return
-        run = plain_chunk_run(updates)
+        run = chunks if chunks is not None else plain_chunk_run(updates)
         if run is not None:
             # The usual read: nothing but text chunks of one kind. One decode for the batch,
             # the envelopes formatted in one pass, the ring filled a slice at a time.

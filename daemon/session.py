@@ -56,6 +56,7 @@ from .core.prompt_lifecycle import (
     after_close,
     terminal_for,
 )
+from .core.splice import ChunkRun
 from .transcript_store import AdmitPrompt
 
 log = logging.getLogger("daemon.session")
@@ -136,7 +137,7 @@ class Session:
         self.ended = trio.Event()
         self._wake = trio.Event()
         # Agent updates of the current stdout batch, published at its flush.
-        self._updates: list[bytes] = []
+        self._updates: list[tuple[list[bytes], ChunkRun | None]] = []
 
     # -- admission ----------------------------------------------------------------------------
 
@@ -378,20 +379,29 @@ class Session:
 
     # -- SessionSink (the agent channel calls these) -------------------------------------------
 
-    def on_update(self, update: bytes) -> None:
+    def on_updates(self, updates: list[bytes], chunks: ChunkRun | None) -> None:
         # Gathered for the end of the read batch: the bus publishes them as one batch.
-        self._updates.append(update)
+        self._updates.append((updates, chunks))
+
+    def on_update(self, update: bytes) -> None:
+        """One update (:meth:`on_updates` of one), for callers that have them one at a time:
+        gathered with the updates before it into one batch, as the agent channel's are."""
+        pending = self._updates
+        if pending and pending[-1][1] is None:
+            pending[-1][0].append(update)
+        else:
+            pending.append(([update], None))
 
     def flush(self) -> None:
-        updates = self._updates
-        if updates:
+        pending = self._updates
+        if pending:
             self._updates = []
             prompt = self.active
-            self.bus.publish_updates(
-                updates,
-                prompt_id=prompt.prompt_id if prompt is not None else None,
-                originator_client_id=prompt.client_id if prompt is not None else None,
-            )
+            prompt_id = prompt.prompt_id if prompt is not None else None
+            client_id = prompt.client_id if prompt is not None else None
+            for updates, chunks in pending:
+                self.bus.publish_updates(updates, prompt_id=prompt_id,
+                                         originator_client_id=client_id, chunks=chunks)
         self.bus.flush()
 
     async def wait_subscribers(self) -> None:

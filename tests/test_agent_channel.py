@@ -23,6 +23,7 @@ from daemon.agent import (
     AgentStartError,
     ChannelClosed,
 )
+from daemon.core.splice import ChunkRun, plain_chunk_run
 
 ROOT = Path(__file__).resolve().parent.parent
 MOCK = [sys.executable, "-m", "daemon.mock_agent"]
@@ -50,6 +51,7 @@ class RecordingSink:
         self.group_lines = group_lines
         self.updates: list[dict[str, Any]] = []
         self.raw_updates: list[bytes] = []
+        self.chunk_runs: list[ChunkRun | None] = []
         self.flushed_at: list[int] = []  # len(updates) at each flush
         self.permission_requests: list[dict[str, Any]] = []
         self.permission_result = permission_result or {
@@ -57,11 +59,15 @@ class RecordingSink:
         }
         self._changed = trio.Event()
 
-    def on_update(self, update: bytes) -> None:
-        # The channel hands on the agent's bytes of the update object, undecoded.
-        assert type(update) is bytes
-        self.raw_updates.append(update)
-        self.updates.append(msgspec.json.decode(update))
+    def on_updates(self, updates: list[bytes], chunks: ChunkRun | None) -> None:
+        # The channel hands on the agent's bytes of each update object, undecoded, and the
+        # kind and texts of a run of plain text chunks it read on the way.
+        assert chunks is None or chunks == plain_chunk_run(updates)
+        for update in updates:
+            assert type(update) is bytes
+            self.raw_updates.append(update)
+            self.updates.append(msgspec.json.decode(update))
+        self.chunk_runs.append(chunks)
 
     def flush(self) -> None:
         self.flushed_at.append(len(self.updates))

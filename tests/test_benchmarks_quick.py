@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from benchmarks import client as client_bench
 from benchmarks.__main__ import journal_rows
+from benchmarks.e2e import RawRun, TurnRun, targets_budget_row
 from benchmarks.harness import Context, CpuUse, Progress
 from benchmarks.journal import check_pipeline_ran
 from benchmarks.loadgen import LoadGenError, SSECounter, check_delivery, delivery_problems
@@ -41,7 +42,8 @@ EXPECTED_ROWS: dict[str, list[str]] = {
                      "in-process, "],
     "e2e": ["agent raw emission", "1 subscriber", "8 subscribers", "64 subscribers",
             "CPU per 1,000 events", "bare Hypercorn ceiling, 1 subscriber",
-            "bare Hypercorn ceiling, 64 subscribers"],
+            "bare Hypercorn ceiling, 64 subscribers",
+            "targets together under the 8-subscriber ceiling"],
     "memory": ["RSS idle", "at full caps", "RSS growth", "turn ended"],
     "resume": ["back", "cursor at head"],
     "transcript_cost": ["transcript on", "transcript off", "store CPU per 1,000 events"],
@@ -326,3 +328,29 @@ def test_a_pipeline_that_did_not_run_is_an_error() -> None:
     (row,) = journal_rows([{"benchmark": "pipeline: x", "events": 3, "events_per_s": None,
                             "targets": [], "error": "RuntimeError: boom"}], CpuUse(), True)
     assert row.verdict == "ERROR" and row.error == "RuntimeError: boom"
+
+
+def _budget(agent_rate: float, ceiling8: list[float]) -> Any:
+    ctx = Context(quick=True, progress=Progress(enabled=False))
+    raw = [RawRun(1.0, round(agent_rate), CpuUse())]
+    ceilings = {8: [TurnRun(8, 100, round(rate), 1.0, 0, CpuUse()) for rate in ceiling8]}
+    return targets_budget_row(ctx, 100, raw, ceilings)
+
+
+def test_targets_budget_row_computes_what_both_targets_need_against_the_ceiling() -> None:
+    # 6 x 0.15 x 2,000,000 = 1,800,000 events/s to 8 subscribers.
+    row = _budget(2_000_000, [1_500_000, 1_600_000, 1_700_000])
+    assert row.value == pytest.approx(1_800_000)
+    assert row.baseline == 1_600_000  # the median ceiling
+    assert row.ratio == pytest.approx(1_800_000 / 1_600_000)
+    assert row.ok is None and row.target == ""  # informational: no verdict
+    assert "exceed" in row.notes[0] and "1,800,000" in row.notes[0]
+    room = _budget(1_000_000, [1_600_000])
+    assert room.value == pytest.approx(900_000) and room.ratio < 1
+    assert "fit under" in room.notes[0]
+
+
+def test_targets_budget_row_needs_an_8_subscriber_ceiling() -> None:
+    ctx = Context(quick=True, progress=Progress(enabled=False))
+    raw = [RawRun(1.0, 1000, CpuUse())]
+    assert targets_budget_row(ctx, 100, raw, {1: [], 8: []}) is None

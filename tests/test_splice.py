@@ -15,9 +15,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daemon.bus import BusLimits, SessionBus
+from daemon.core.acp_codec import splice_updates, update_prefix
 from daemon.core.envelope import decode_json, encode_json, make_event
 from daemon.core.live_journal import LiveJournal, merge_key, plain_chunk_key
-from daemon.core.splice import EnvelopeSplicer, compact, plain_chunk, plain_chunk_run
+from daemon.core.splice import (
+    EnvelopeSplicer,
+    compact,
+    plain_chunk,
+    plain_chunk_lines,
+    plain_chunk_run,
+)
 from daemon.transcript_store import AppendEvent
 from sdk.protocol.events import SessionUpdateData, TurnCompleteData
 
@@ -292,3 +299,51 @@ def test_long_runs_fill_merged_entries_to_their_event_limit_like_the_general_pat
         assert journal_state(fast.journals.full) == journal_state(ref.journals.full)
         assert journal_state(fast.journals.summary) == journal_state(ref.journals.summary)
     assert fast.journals.full.truncated_events > 0
+
+
+_PREFIX = update_prefix("acp-s")
+
+
+def _line_of(middle: bytes) -> bytes:
+    return _PREFIX + middle + b"}}"
+
+
+# Line middles: plain chunks (compact or with the agent's whitespace), other updates, and
+# pieces that are JSON only when joined with a neighbour.
+line_middles = st.one_of(
+    raw_updates, raw_updates,
+    st.builds(lambda u: json.dumps(u).encode(), plain),
+    st.sampled_from([
+        b'{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"a"}},'
+        b'{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"',
+        b'"}}', b'{"}}', b'{"sessionUpdate":"agent_message_chunk"',
+        b'"content":{"type":"text","text":"a"}}',
+        b'{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"}',
+        b' {"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"a"}}',
+    ]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(line_middles, max_size=10), st.booleans())
+def test_plain_chunk_lines_is_splice_updates_then_plain_chunk_run(middles: list[bytes],
+                                                                   foreign: bool) -> None:
+    lines = [_line_of(m) for m in middles]
+    if foreign and lines:
+        lines[-1] = update_prefix("other") + middles[-1] + b"}}"
+    spliced = splice_updates(lines, _PREFIX)
+    run = plain_chunk_run(spliced) if spliced else None
+    expected = None if run is None else (spliced, run)
+    assert plain_chunk_lines(lines, _PREFIX) == expected
+
+
+def test_plain_chunk_lines_refuses_middles_that_only_join_into_chunks() -> None:
+    head = b'{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"'
+    one = head + b'a"}}'
+    # Joined by "," these would be two plain chunks; neither second line is JSON alone.
+    for pair in ([one + b"," + head, b'"}}'], [one + b"," + head + b"}", b'{"}}'],
+                 [b'{"sessionUpdate":"agent_message_chunk"', b'"content":{"type":"text",'
+                  b'"text":"a"}}']):
+        assert plain_chunk_lines([_line_of(m) for m in pair], _PREFIX) is None
+    assert plain_chunk_lines([_line_of(one)] * 3, _PREFIX) == (
+        [one] * 3, ("agent_message_chunk", ["a"] * 3))

@@ -27,7 +27,7 @@ waiter for one reply; the core stores both and never calls them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Generic, TypeVar
 
 from daemon._version import __version__
@@ -52,7 +52,7 @@ from .acp_codec import (
     update_prefix,
 )
 from .envelope import encode_json
-from .splice import compact
+from .splice import ChunkRun, compact, plain_chunk_lines
 
 __all__ = [
     "DEFAULT_CLIENT_INFO",
@@ -278,11 +278,15 @@ class Batch(Generic[S, W]):
 
     ``updates`` maps each session that got updates to its sink and those updates (the agent's
     compact JSON bytes of each ``update`` object, in stdout order), in the order the sessions
-    first appeared; ``events`` is everything else, in line order.
+    first appeared; ``events`` is everything else, in line order. ``chunks`` has, for a
+    session whose updates are all plain text chunks of one kind (``splice.plain_chunk_run``
+    of them), their kind and texts, read in the same decode that checked the lines, so that
+    nobody decodes them again.
     """
 
     updates: dict[str, tuple[S, list[bytes]]]
     events: list[Event[W]]
+    chunks: dict[str, ChunkRun] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------------
@@ -368,11 +372,17 @@ class AcpClient(Generic[S, W]):
             first = lines[0]
             for session_id, prefix in self._prefixes.items():
                 if first.startswith(prefix):
-                    raws = splice_updates(lines, prefix)
-                    if raws is not None:
+                    plain = plain_chunk_lines(lines, prefix)
+                    if plain is not None:  # the usual read of a turn: text chunks only
+                        raws, run = plain
                         if spaced:
                             raws = list(map(compact, raws))
-                        return self._route_one(session_id, raws)
+                        return self._route_one(session_id, raws, run)
+                    spliced = splice_updates(lines, prefix)
+                    if spliced is not None:
+                        if spaced:
+                            spliced = list(map(compact, spliced))
+                        return self._route_one(session_id, spliced)
                     break
         updates: dict[str, tuple[S, list[bytes]]] = {}
         events: list[Event[W]] = []
@@ -431,11 +441,13 @@ class AcpClient(Generic[S, W]):
             last.append(raw)
         return Batch(updates, events)
 
-    def _route_one(self, session_id: str, raws: list[bytes]) -> Batch[S, W]:
+    def _route_one(self, session_id: str, raws: list[bytes],
+                   run: ChunkRun | None = None) -> Batch[S, W]:
         """A batch of updates all for one attached session (the usual read)."""
         if session_id in self._loading:
             return Batch({}, [])  # session/load replay: the daemon already has this history.
-        return Batch({session_id: (self._sinks[session_id], raws)}, [])
+        return Batch({session_id: (self._sinks[session_id], raws)}, [],
+                     {} if run is None else {session_id: run})
 
     def _resolve(self, response: Response) -> Replied[W] | ReplyUnknown:
         pending = self.pending.resolve(response)

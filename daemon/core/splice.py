@@ -15,35 +15,42 @@ Pure: no trio, no clock, no I/O.
 from __future__ import annotations
 
 import re
+from itertools import repeat
 from operator import attrgetter
-from typing import Final
+from typing import Final, Literal
 
 import msgspec
 
 from daemon.core.envelope import SCHEMA_VERSION, encode_json
 
-__all__ = ["TEXT_CHUNK_KINDS", "EnvelopeSplicer", "compact", "plain_chunk", "plain_chunk_run"]
+__all__ = ["TEXT_CHUNK_KINDS", "ChunkRun", "EnvelopeSplicer", "compact", "plain_chunk",
+           "plain_chunk_lines", "plain_chunk_run"]
 
 TEXT_CHUNK_KINDS: Final = frozenset({"agent_message_chunk", "agent_thought_chunk"})
 
+#: What merging and compaction need of a run of plain text chunks of one kind: the kind and
+#: each chunk's text, in order.
+ChunkRun = tuple[str, list[str]]
+
 
 # gc=False: they hold only strings, and a batch of them would otherwise set off the
-# collector on every read.
+# collector on every read. The Literal members make the decoder itself refuse anything but a
+# plain text chunk (no check of the decoded values afterwards).
 class _TextContent(msgspec.Struct, forbid_unknown_fields=True, gc=False):
-    type: str
+    type: Literal["text"]
     text: str
 
 
 class _PlainChunk(msgspec.Struct, forbid_unknown_fields=True, gc=False):
-    sessionUpdate: str
+    sessionUpdate: Literal["agent_message_chunk", "agent_thought_chunk"]
     content: _TextContent
 
 
 _decode_chunk = msgspec.json.Decoder(_PlainChunk).decode
 _decode_chunks = msgspec.json.Decoder(list[_PlainChunk]).decode
 _kind_of = attrgetter("sessionUpdate")
-_type_of = attrgetter("content.type")
 _text_of = attrgetter("content.text")
+_UPDATE_SUFFIX: Final = b"}}"
 
 
 _WHITESPACE: Final = re.compile(rb"[ \t\n\r]").search
@@ -70,13 +77,17 @@ def plain_chunk(update: bytes) -> tuple[str, str] | None:
         chunk = _decode_chunk(update)
     except (msgspec.DecodeError, RecursionError):  # ValidationError is a DecodeError
         return None
-    kind = chunk.sessionUpdate
-    if chunk.content.type != "text" or kind not in TEXT_CHUNK_KINDS:
+    return chunk.sessionUpdate, chunk.content.text
+
+
+def _one_kind(chunks: list[_PlainChunk]) -> ChunkRun | None:
+    kinds = set(map(_kind_of, chunks))
+    if len(kinds) != 1:
         return None
-    return kind, chunk.content.text
+    return kinds.pop(), list(map(_text_of, chunks))
 
 
-def plain_chunk_run(updates: list[bytes]) -> tuple[str, list[str]] | None:
+def plain_chunk_run(updates: list[bytes]) -> ChunkRun | None:
     """``(kind, texts)`` when every one of ``updates`` (each one JSON value, as the agent
     channel hands them on) is a plain text chunk and all are of one kind, else ``None``: the
     same verdict as :func:`plain_chunk` of each, reached in one decode of the whole batch."""
@@ -88,13 +99,43 @@ def plain_chunk_run(updates: list[bytes]) -> tuple[str, list[str]] | None:
         return None
     if len(chunks) != len(updates):  # an update that was not one value: judge each alone
         return None
-    kinds = set(map(_kind_of, chunks))
-    if len(kinds) != 1:
+    return _one_kind(chunks)
+
+
+def plain_chunk_lines(lines: list[bytes], prefix: bytes) -> tuple[list[bytes], ChunkRun] | None:
+    """The agent channel's read of a batch of ``session/update`` lines that are all plain text
+    chunks of one kind, in one decode: the ``update`` bytes of each line (``prefix``, one
+    update object, ``}}``: what ``acp_codec.splice_updates`` returns) and the run's kind and
+    texts (what :func:`plain_chunk_run` of those bytes returns); ``None`` when any line is
+    not such a line, or the kinds differ (the caller then reads the batch as before).
+
+    The middles are joined as ``[m1\n,m2\n,...]`` and decoded as plain chunks. A line holds
+    no newline, and a JSON string cannot hold a raw one, so every joint lies outside strings;
+    a joint inside a chunk object would put the next middle's first byte where a member name
+    must start, and each middle starts with ``{``: so every joint separates two elements of
+    the array, and as many elements as lines leaves exactly one per line. Each line is then
+    valid JSON, and its update a plain text chunk.
+    """
+    count = len(lines)
+    if not count:
         return None
-    kind = kinds.pop()
-    if kind not in TEXT_CHUNK_KINDS or set(map(_type_of, chunks)) != {"text"}:
+    if (sum(map(bytes.startswith, lines, repeat(prefix))) != count
+            or sum(map(bytes.endswith, lines, repeat(_UPDATE_SUFFIX))) != count):
         return None
-    return kind, list(map(_text_of, chunks))
+    start = len(prefix)
+    updates = [line[start:-2] for line in lines]
+    joined = b"[" + b"\n,".join(updates) + b"]"
+    if (joined[1:2] != b"{" or joined.count(b"\n") != count - 1
+            or joined.count(b"\n,{") != count - 1):
+        return None
+    try:
+        chunks = _decode_chunks(joined)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    if len(chunks) != count:
+        return None
+    run = _one_kind(chunks)
+    return None if run is None else (updates, run)
 
 
 class EnvelopeSplicer:
