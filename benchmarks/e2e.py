@@ -30,8 +30,9 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from benchmarks.harness import Context, CpuMeter, CpuUse, Row, own_cpu_seconds, process_cpu_seconds
 from benchmarks.launcher import Daemon, start_daemon
@@ -87,21 +88,17 @@ def measure_turn(daemon: Daemon, chunks: int, subscribers: int, max_queued: int 
     """
     session_id, client_id = daemon.create_session()
     host, port = daemon.host_port
+    # Nothing is published before the prompt, so the head id is read before the readers
+    # connect, outside the timed stretch.
+    before = int(daemon.status(session_id)["lastEventId"])
     meter = CpuMeter(daemon.pid, daemon.agent_pids())
     loadgen = LoadGen(host, port, session_id, subscribers=subscribers, max_queued=max_queued,
                       until="turn_complete", timeout=timeout, reconnect=True)
-    try:
-        loadgen.wait_ready()
-        before = int(daemon.status(session_id)["lastEventId"])
-        meter.start()
-        t0 = time.monotonic()
+
+    def start() -> None:
         daemon.prompt(session_id, f"mock:chunks={chunks} mock:delay_ms=0", client_id)
-        result = loadgen.result()
-        meter.add_client(float(result["cpu_s"]))
-        cpu = meter.stop()
-    finally:
-        loadgen.close()
-    subs = result["rounds"][0]
+
+    subs, t0, cpu = _measured_turn(loadgen, meter, start)
     published = int(daemon.status(session_id)["lastEventId"])
     check_delivery(subs, before + 1, published)
     t_end = max(float(sub["t_done"]) for sub in subs)
@@ -109,6 +106,26 @@ def measure_turn(daemon: Daemon, chunks: int, subscribers: int, max_queued: int 
     delivered = sum(int(sub["ids"]) for sub in subs)
     daemon.http.delete(f"/session/{session_id}")
     return TurnRun(subscribers, published - before, delivered, t_end - t0, evicted, cpu)
+
+
+def _measured_turn(loadgen: LoadGen, meter: CpuMeter,
+                   start: Callable[[], None]) -> tuple[list[dict[str, Any]], float, CpuUse]:
+    """Wait for the readers, then meter one turn that ``start`` sets off: its subscribers'
+    results, the monotonic time it was started at (just before ``start`` sends its request)
+    and the CPU used (server, agents and the load generator). The load generator is closed
+    whatever happens."""
+    try:
+        loadgen.wait_ready()
+        meter.start()
+        t0 = time.monotonic()
+        start()
+        result = loadgen.result()
+        meter.add_client(float(result["cpu_s"]))
+        cpu = meter.stop()
+    finally:
+        loadgen.close()
+    subs: list[dict[str, Any]] = result["rounds"][0]
+    return subs, t0, cpu
 
 
 @dataclass
@@ -192,19 +209,13 @@ def ceiling_turn(chunks: int, subscribers: int, max_queued: int = 2048,
         meter = CpuMeter(server.pid)
         loadgen = LoadGen(host, int(port), "ceiling", subscribers=subscribers,
                           max_queued=max_queued, until="turn_complete", timeout=timeout)
-        try:
-            loadgen.wait_ready()
-            meter.start()
-            t0 = time.monotonic()
+
+        def start() -> None:
             with socket.create_connection((host, int(port))) as conn:
                 conn.sendall(b"POST /start HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
                 conn.recv(4096)
-            result = loadgen.result()
-            meter.add_client(float(result["cpu_s"]))
-            cpu = meter.stop()
-        finally:
-            loadgen.close()
-        subs = result["rounds"][0]
+
+        subs, t0, cpu = _measured_turn(loadgen, meter, start)
         check_delivery(subs, 1, chunks + 1)
         t_end = max(float(sub["t_done"]) for sub in subs)
         delivered = sum(int(sub["ids"]) for sub in subs)
