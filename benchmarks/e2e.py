@@ -282,7 +282,68 @@ def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
         budget = targets_budget_row(ctx, chunks, raw, ceilings)
         if budget is not None:
             rows.append(budget)
+        cores = cpu_budget_row(ctx, chunks, raw, runs, ceilings)
+        if cores is not None:
+            rows.append(cores)
     return rows
+
+
+def _per_event_s(ms: float | None, events: int) -> float | None:
+    return None if ms is None or not events else ms / 1000 / events
+
+
+def cpu_budget_row(ctx: Context, chunks: int, raw: list[RawRun], runs: dict[int, list[TurnRun]],
+                   ceilings: dict[int, list[TurnRun]],
+                   cores: int | None = None) -> Row | None:
+    """Informational: the CPU the three 1- and 8-subscriber targets need together on this
+    machine, where the agent, the daemon and the load generator share the cores.
+
+    At the targets' least demanding point the daemon delivers ``D8 = FANOUT_8_TARGET *
+    SINGLE_OF_AGENT_TARGET * agent raw`` events/s to 8 subscribers, so it takes in ``D8 / 8``
+    agent events a second. Each taken-in event costs the agent its CPU per event (measured in the
+    1-subscriber turns) and the daemon at most ``CPU_OF_AGENT_TARGET`` times that, less what its
+    one delivery costs (bare Hypercorn's server CPU per delivered event at 1 subscriber); each
+    delivery costs at least what bare Hypercorn and the same client spend per delivered event at
+    8 subscribers (server plus client CPU, same frames, same wake-up size). The value is the
+    cores that adds up to, the baseline the cores this process may use; above 1x the targets
+    cannot all pass here. The note gives the daemon CPU ratio at which they would just fit."""
+    if not raw or not runs.get(1) or not ceilings.get(1) or not ceilings.get(8):
+        return None
+    agent = [_per_event_s(t.cpu.agent_ms, t.published) for t in runs[1]]
+    bare1 = [_per_event_s(t.cpu.daemon_ms, t.delivered) for t in ceilings[1]]
+    bare8 = [_per_event_s(None if t.cpu.daemon_ms is None or t.cpu.clients_ms is None
+                          else t.cpu.daemon_ms + t.cpu.clients_ms, t.delivered)
+             for t in ceilings[8]]
+    if None in agent or None in bare1 or None in bare8:
+        return None
+    a = statistics.median(x for x in agent if x is not None)
+    d1 = statistics.median(x for x in bare1 if x is not None)
+    d8 = statistics.median(x for x in bare8 if x is not None)
+    if a <= 0:
+        return None
+    cores = cores or len(os.sched_getaffinity(0))
+    raw_rate = statistics.median(r.rate for r in raw)
+    delivered8 = FANOUT_8_TARGET * SINGLE_OF_AGENT_TARGET * raw_rate
+    taken_in = delivered8 / 8
+    ingest = max(CPU_OF_AGENT_TARGET * a - d1, 0.0)
+    need = taken_in * (ingest + a) + delivered8 * d8
+    row = Row(benchmark=NAME, name="CPU the 1- and 8-subscriber targets need together",
+              params={"chunks": chunks, "subscribers": "1,8"}, unit="cores", samples=[need],
+              value=need, baseline=float(cores), baseline_label="cores here",
+              ratio=need / cores, ratio_label="of the cores", quick=ctx.quick,
+              cpu_note="computed from other rows: no CPU of its own")
+    spare = cores - delivered8 * d8
+    fits_at = ((spare / taken_in - a) + d1) / a if spare > 0 else None
+    row.notes.append(
+        f"{delivered8:,.0f} events/s to 8 subscribers ({taken_in:,.0f}/s taken in): agent "
+        f"{a * 1e6:.2f} us/event, daemon at the {CPU_OF_AGENT_TARGET:g}x CPU target "
+        f"{CPU_OF_AGENT_TARGET * a * 1e6:.2f} us/event less {d1 * 1e6:.2f} for one delivery, "
+        f"{d8 * 1e6:.2f} us per delivery (bare Hypercorn + client at 8): {need:.2f} cores of "
+        f"{cores}; " + (f"they fit if the daemon's CPU per event is <= {fits_at:.1f}x the "
+                         f"agent's" if fits_at is not None and fits_at > 0 else
+                         "delivery alone fills the cores")
+        + " (informational, computed from this run)")
+    return row
 
 
 def targets_budget_row(ctx: Context, chunks: int, raw: list[RawRun],

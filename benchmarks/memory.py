@@ -46,17 +46,22 @@ MB = 1e6
 # Unpadded mock chunks are ~350 B events: this many fill the 8 MiB journal with room to spare.
 FILL_CHUNKS = 30_000
 
-IMPORT_FLOOR = (
-    "import daemon.server, daemon.http_api, daemon.manager, daemon.streams, daemon.asgi\n"
+# What the daemon imports: its own modules (and through them everything else), and the
+# third-party stack it is built on alone (the modules it imports at idle; trio-websocket is not
+# among them: the server side of WebSocket is Hypercorn's).
+DAEMON_IMPORTS = "daemon.server, daemon.http_api, daemon.manager, daemon.streams, daemon.asgi"
+STACK_IMPORTS = "trio, msgspec, sqlite3, quart_trio, hypercorn.trio"
+_PRINT_RSS = (
     "for line in open('/proc/self/status'):\n"
     "    if line.startswith('VmRSS:'): print(line.split()[1])\n"
 )
 
 
-def import_floor_kib() -> int:
-    """RSS of a Python process that imports the daemon's modules and does nothing else."""
-    out = subprocess.run([sys.executable, "-c", IMPORT_FLOOR], check=True, capture_output=True,
-                         text=True, timeout=60)
+def import_floor_kib(modules: str = DAEMON_IMPORTS) -> int:
+    """RSS of a Python process that imports ``modules`` (by default the daemon's) and does
+    nothing else."""
+    out = subprocess.run([sys.executable, "-c", f"import {modules}\n{_PRINT_RSS}"], check=True,
+                         capture_output=True, text=True, timeout=60)
     return int(out.stdout.strip())
 
 
@@ -165,6 +170,7 @@ def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
     chunks = args.chunks or ctx.pick(1_000_000, 50_000)
     trials = ctx.trials(3, 1)
     floor: list[float] = []
+    stack: list[float] = []
     splits: dict[str, str] = {}
     idle: list[float] = []
     full: list[float] = []
@@ -173,6 +179,7 @@ def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
     for trial in range(trials):
         ctx.progress(f"trial {trial + 1}/{trials}: import floor (python + the daemon's modules)")
         floor.append(import_floor_kib() * 1024 / MB)
+        stack.append(import_floor_kib(STACK_IMPORTS) * 1024 / MB)
         ctx.progress(f"trial {trial + 1}/{trials}: starting daemon (default caps, transcript on)")
         with start_daemon() as daemon:
             for _ in range(5):
@@ -191,12 +198,13 @@ def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
             if trial == trials - 1:
                 long = long_turn(ctx, daemon, caps[-1], chunks)
     assert long is not None
-    return rows_for(ctx, floor, idle, full, caps, long, splits)
+    return rows_for(ctx, floor, idle, full, caps, long, splits, stack)
 
 
 def rows_for(ctx: Context, floor: list[float], idle_mb: list[float], full_mb: list[float],
              caps: list[FullCaps], long: LongTurn,
-             splits: dict[str, str] | None = None) -> list[Row]:
+             splits: dict[str, str] | None = None,
+             stack_mb: list[float] | None = None) -> list[Row]:
     splits = splits or {}
     info = caps[-1].info
     fill_cpu = CpuUse()
@@ -239,4 +247,20 @@ def rows_for(ctx: Context, floor: list[float], idle_mb: list[float], full_mb: li
                 params=caps_params, unit="MB", samples=[long.rss_ended_mb], baseline=last_full,
                 baseline_label="full caps", ratio=long.rss_ended_mb / last_full, cpu_note="-",
                 quick=ctx.quick)
-    return [idle, full, growth, ended]
+    rows = [idle, full, growth, ended]
+    if stack_mb:
+        stack_floor = statistics.median(stack_mb)
+        room = IDLE_TARGET_MB - stack_floor
+        rows.insert(1, Row(
+            benchmark=NAME, name="import floor of the third-party stack alone",
+            params={"imports": STACK_IMPORTS}, unit="MB", samples=stack_mb,
+            baseline=idle.value, baseline_label="daemon idle",
+            ratio=stack_floor / idle.value if idle.value else None, ratio_label="of idle",
+            cpu_note="-", quick=ctx.quick,
+            notes=[f"python importing only the stack the daemon is built on reaches "
+                   f"{stack_floor:.1f} MB; the daemon's own modules bring it to "
+                   f"{statistics.median(floor):.1f} MB; the {IDLE_TARGET_MB:g} MB idle target "
+                   + (f"leaves {room:.1f} MB above the stack for the daemon's code and state"
+                      if room > 0 else f"is {-room:.1f} MB below the stack alone")
+                   + " (informational, measured in this run)"]))
+    return rows

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from benchmarks import client as client_bench
 from benchmarks.__main__ import journal_rows
-from benchmarks.e2e import RawRun, TurnRun, targets_budget_row
+from benchmarks.e2e import RawRun, TurnRun, cpu_budget_row, targets_budget_row
 from benchmarks.harness import Context, CpuUse, Progress
 from benchmarks.journal import check_pipeline_ran
 from benchmarks.loadgen import LoadGenError, SSECounter, check_delivery, delivery_problems
@@ -43,8 +43,10 @@ EXPECTED_ROWS: dict[str, list[str]] = {
     "e2e": ["agent raw emission", "1 subscriber", "8 subscribers", "64 subscribers",
             "CPU per 1,000 events", "bare Hypercorn ceiling, 1 subscriber",
             "bare Hypercorn ceiling, 64 subscribers",
-            "targets together under the 8-subscriber ceiling"],
-    "memory": ["RSS idle", "at full caps", "RSS growth", "turn ended"],
+            "targets together under the 8-subscriber ceiling",
+            "CPU the 1- and 8-subscriber targets need together"],
+    "memory": ["RSS idle", "third-party stack alone", "at full caps", "RSS growth",
+               "turn ended"],
     "resume": ["back", "cursor at head"],
     "transcript_cost": ["transcript on", "transcript off", "store CPU per 1,000 events"],
     "repair_cost": ["terminal -> committed repair", "model: replay history",
@@ -354,3 +356,42 @@ def test_targets_budget_row_needs_an_8_subscriber_ceiling() -> None:
     ctx = Context(quick=True, progress=Progress(enabled=False))
     raw = [RawRun(1.0, 1000, CpuUse())]
     assert targets_budget_row(ctx, 100, raw, {1: [], 8: []}) is None
+
+
+def _cores(agent_us: float, bare1_us: float, bare8_us: float, agent_rate: float) -> Any:
+    """The CPU-budget row from one 1-subscriber daemon turn and one bare turn at 1 and at 8
+    subscribers of 1,000,000 delivered events each, CPU given per event in microseconds."""
+    ctx = Context(quick=True, progress=Progress(enabled=False))
+    raw = [RawRun(1.0, round(agent_rate), CpuUse())]
+    runs = {1: [TurnRun(1, 1_000_000, 1_000_000, 1.0, 0, CpuUse(1.0, agent_us * 1000, 1.0))]}
+    ceilings = {
+        1: [TurnRun(1, 1_000_000, 1_000_000, 1.0, 0, CpuUse(bare1_us * 1000, None, 1.0))],
+        # Server and client CPU split evenly: the row adds them.
+        8: [TurnRun(8, 125_000, 1_000_000, 1.0, 0,
+                    CpuUse(bare8_us * 500, None, bare8_us * 500))]}
+    return cpu_budget_row(ctx, 100, raw, runs, ceilings, cores=2)
+
+
+def test_cpu_budget_row_adds_up_what_the_targets_ask_of_the_cores() -> None:
+    # Agent raw 1,000,000/s: 900,000/s to 8 subscribers, 112,500/s taken in. Agent 0.5 us,
+    # daemon at the 10x target 5 us less 0.5 us for one delivery: 112,500 x (4.5 + 0.5) us
+    # = 0.5625 cores; deliveries 900,000 x 1 us = 0.9 cores; 1.4625 of 2.
+    row = _cores(agent_us=0.5, bare1_us=0.5, bare8_us=1.0, agent_rate=1_000_000)
+    assert row.value == pytest.approx(1.4625)
+    assert row.baseline == 2 and row.ratio == pytest.approx(1.4625 / 2)
+    assert row.ok is None and row.target == ""  # informational: no verdict
+    # Fits at daemon CPU (2 - 0.9) / 112,500 - 0.5 + 0.5 = 9.78 us = 19.6x the agent.
+    assert "<= 19.6x the agent's" in row.notes[0]
+    # Deliveries that alone need more than the cores: no ratio can fit.
+    full = _cores(agent_us=0.5, bare1_us=0.5, bare8_us=2.5, agent_rate=1_000_000)
+    assert full.value == pytest.approx(0.5625 + 2.25) and full.ratio > 1
+    assert "delivery alone fills the cores" in full.notes[0]
+
+
+def test_cpu_budget_row_needs_both_ceilings_and_the_agents_cpu() -> None:
+    ctx = Context(quick=True, progress=Progress(enabled=False))
+    raw = [RawRun(1.0, 1000, CpuUse())]
+    turn = TurnRun(1, 100, 100, 1.0, 0, CpuUse(1.0, 1.0, 1.0))
+    assert cpu_budget_row(ctx, 100, raw, {1: [turn]}, {1: [turn], 8: []}) is None
+    no_agent = TurnRun(1, 100, 100, 1.0, 0, CpuUse(1.0, None, 1.0))
+    assert cpu_budget_row(ctx, 100, raw, {1: [no_agent]}, {1: [turn], 8: [turn]}) is None
