@@ -314,21 +314,24 @@ def cpu_budget_row(ctx: Context, chunks: int, raw: list[RawRun], runs: dict[int,
     bare8 = [_per_event_s(None if t.cpu.daemon_ms is None or t.cpu.clients_ms is None
                           else t.cpu.daemon_ms + t.cpu.clients_ms, t.delivered)
              for t in ceilings[8]]
-    if None in agent or None in bare1 or None in bare8:
-        return None
+    cores = cores or len(os.sched_getaffinity(0))
+    name = "CPU the 1- and 8-subscriber targets need together"
+    params: dict[str, Any] = {"chunks": chunks, "subscribers": "1,8"}
+    if None in agent or None in bare1 or None in bare8 or not all(agent):
+        # A turn too short for the agent's CPU to register (a clock tick is 10 ms).
+        return Row(benchmark=NAME, name=name, params=params, unit="cores", samples=[],
+                   baseline=float(cores), baseline_label="cores here", quick=ctx.quick,
+                   cpu_note="computed from other rows: no CPU of its own",
+                   notes=["agent CPU too small to measure in this run: nothing to add up"])
     a = statistics.median(x for x in agent if x is not None)
     d1 = statistics.median(x for x in bare1 if x is not None)
     d8 = statistics.median(x for x in bare8 if x is not None)
-    if a <= 0:
-        return None
-    cores = cores or len(os.sched_getaffinity(0))
     raw_rate = statistics.median(r.rate for r in raw)
     delivered8 = FANOUT_8_TARGET * SINGLE_OF_AGENT_TARGET * raw_rate
     taken_in = delivered8 / 8
     ingest = max(CPU_OF_AGENT_TARGET * a - d1, 0.0)
     need = taken_in * (ingest + a) + delivered8 * d8
-    row = Row(benchmark=NAME, name="CPU the 1- and 8-subscriber targets need together",
-              params={"chunks": chunks, "subscribers": "1,8"}, unit="cores", samples=[need],
+    row = Row(benchmark=NAME, name=name, params=params, unit="cores", samples=[need],
               value=need, baseline=float(cores), baseline_label="cores here",
               ratio=need / cores, ratio_label="of the cores", quick=ctx.quick,
               cpu_note="computed from other rows: no CPU of its own")

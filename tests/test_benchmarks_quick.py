@@ -393,5 +393,8 @@ def test_cpu_budget_row_needs_both_ceilings_and_the_agents_cpu() -> None:
     raw = [RawRun(1.0, 1000, CpuUse())]
     turn = TurnRun(1, 100, 100, 1.0, 0, CpuUse(1.0, 1.0, 1.0))
     assert cpu_budget_row(ctx, 100, raw, {1: [turn]}, {1: [turn], 8: []}) is None
-    no_agent = TurnRun(1, 100, 100, 1.0, 0, CpuUse(1.0, None, 1.0))
-    assert cpu_budget_row(ctx, 100, raw, {1: [no_agent]}, {1: [turn], 8: [turn]}) is None
+    for agent_ms in (None, 0.0):  # not measured, or below a clock tick
+        no_agent = TurnRun(1, 100, 100, 1.0, 0, CpuUse(1.0, agent_ms, 1.0))
+        row = cpu_budget_row(ctx, 100, raw, {1: [no_agent]}, {1: [turn], 8: [turn]}, cores=2)
+        assert row is not None and row.value is None and row.ok is None
+        assert "too small to measure" in row.notes[0]
