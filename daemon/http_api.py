@@ -11,11 +11,14 @@ from __future__ import annotations
 import logging
 import re
 import uuid
+from collections.abc import AsyncIterator
+from types import TracebackType
 from typing import Any, TypeVar
 
 import msgspec
 import trio
 from quart import Response, request
+from quart.wrappers.response import ResponseBody
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
@@ -24,7 +27,7 @@ from sdk.protocol import http as wire
 from . import server_patches
 from .bus import now_ms
 from .config import DaemonConfig
-from .core.envelope import RawList, decode_json, encode_json, encode_object
+from .core.envelope import RawList, decode_json, encode_json, encode_object_parts, write_groups
 from .core.openapi import build_openapi
 from .manager import AgentUnavailable, InvalidWorkspace, SessionManager
 from .session import MAX_PENDING_PROMPTS, PromptQueueFull, Session
@@ -53,14 +56,62 @@ class ApiError(Exception):
         self.details = details
 
 
+# A body with spliced lists at least this big is written part by part (see ``PartsBody``);
+# smaller ones are joined. Runs of small parts are joined into writes of about WRITE_BYTES.
+SPLICED_WRITE_MIN_BYTES = 1024 * 1024
+WRITE_BYTES = 256 * 1024
+
+
+class PartsBody(ResponseBody):
+    """A response body written as a list of byte strings, one ASGI send each, for a load
+    whose journal is megabytes of pre-encoded envelopes: they go to the socket from where
+    they already lie instead of being copied into one fresh body first (for 8 MiB, a copy
+    into pages the kernel must first map and zero, which cost more than the copy itself).
+    The caller sets Content-Length: the bytes on the wire are those of the joined body."""
+
+    def __init__(self, parts: list[bytes]) -> None:
+        self.parts = parts
+
+    async def __aenter__(self) -> PartsBody:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc_value: BaseException | None, tb: TracebackType | None) -> None:
+        pass
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._gen()
+
+    async def _gen(self) -> AsyncIterator[bytes]:
+        for part in self.parts:
+            yield part
+
+    async def make_conditional(self, begin: int, end: int | None) -> int:
+        raise NotImplementedError("range requests are not served on JSON routes")
+
+
+def spliced_body(body: dict[str, Any]) -> list[bytes]:
+    """The bytes of a JSON object with :class:`RawList` members, as the writes that send it:
+    one joined body when small, else the parts grouped by ``write_groups`` (the large
+    pre-encoded items as they are, the small pieces between them joined)."""
+    parts = encode_object_parts(body)
+    if sum(map(len, parts)) < SPLICED_WRITE_MIN_BYTES:
+        return [b"".join(parts)]
+    return write_groups(parts, WRITE_BYTES)
+
+
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     if isinstance(body, bytes):
-        raw = body
+        resp = Response(body, status=status, content_type="application/json")
     elif isinstance(body, dict) and any(isinstance(v, RawList) for v in body.values()):
-        raw = encode_object(body)
+        writes = spliced_body(body)
+        if len(writes) == 1:
+            resp = Response(writes[0], status=status, content_type="application/json")
+        else:
+            resp = Response(PartsBody(writes), status=status, content_type="application/json")
+            resp.headers["Content-Length"] = str(sum(map(len, writes)))
     else:
-        raw = encode_json(body)
-    resp = Response(raw, status=status, content_type="application/json")
+        resp = Response(encode_json(body), status=status, content_type="application/json")
     for key, value in (headers or {}).items():
         resp.headers[key] = value
     return resp

@@ -6,15 +6,19 @@ from __future__ import annotations
 import math
 
 import msgspec
+from hypothesis import given
+from hypothesis import strategies as st
 
 from daemon.core.envelope import (
     Event,
     RawList,
     build_envelope,
     encode_object,
+    encode_object_parts,
     make_event,
     sse_chunks,
     synthetic,
+    write_groups,
 )
 
 
@@ -82,3 +86,31 @@ def test_encode_object_splices_raw_lists() -> None:
                                                                      {"id": 2}], "empty": []}
     only = encode_object({"events": RawList(items[:1])})
     assert msgspec.json.decode(only) == {"events": [{"id": 0}]}
+
+
+def test_encode_object_parts_are_the_items_themselves() -> None:
+    items = [msgspec.json.encode({"id": i, "pad": "x" * i}) for i in range(4)]
+    fields = {"a": 1, "list": RawList(items), "b": "x"}
+    parts = encode_object_parts(fields)
+    assert b"".join(parts) == encode_object(fields)
+    # The pre-encoded items are in the parts as the same objects: nothing copied them.
+    assert [p for p in parts if any(p is item for item in items)] == items
+
+
+@given(st.lists(st.integers(min_value=0, max_value=40)), st.integers(min_value=1, max_value=30))
+def test_write_groups_keeps_the_bytes_and_copies_only_small_parts(sizes: list[int],
+                                                                  min_bytes: int) -> None:
+    parts = [bytes([65 + i % 26]) * size for i, size in enumerate(sizes)]
+    groups = write_groups(parts, min_bytes)
+    assert b"".join(groups) == b"".join(parts)
+    big = [p for p in parts if len(p) >= min_bytes]
+    # Every large part is written as it is, in order.
+    assert [g for g in groups if any(g is p for p in big)] == big
+    for i, group in enumerate(groups):
+        if any(group is p for p in big):
+            continue
+        # A joined run stops growing once it reaches min_bytes: it is under twice that, and
+        # one below min_bytes is cut short only by a large part or by the end.
+        assert 0 < len(group) < 2 * min_bytes
+        if len(group) < min_bytes and i + 1 < len(groups):
+            assert any(groups[i + 1] is p for p in big)

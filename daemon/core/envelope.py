@@ -258,6 +258,13 @@ def encode_object(fields: dict[str, Any]) -> bytes:
     """Encode a JSON object whose :class:`RawList` values are spliced in as arrays of their
     pre-encoded items: one join for the whole body, so an 8 MiB load is copied once, not
     three times (join, wrap, re-encode)."""
+    return b"".join(encode_object_parts(fields))
+
+
+def encode_object_parts(fields: dict[str, Any]) -> list[bytes]:
+    """What :func:`encode_object` joins: the object's plain members encoded together, then
+    each :class:`RawList` member as its name, its items (the pre-encoded bytes themselves, not
+    copies) and the commas between them."""
     plain = {k: v for k, v in fields.items() if not isinstance(v, RawList)}
     head = encode_json(plain)
     parts: list[bytes] = [head[:-1]]  # without the closing brace
@@ -275,5 +282,34 @@ def encode_object(fields: dict[str, Any]) -> bytes:
                 parts.append(item)
         parts.append(b"]")
     parts.append(b"}")
-    return b"".join(parts)
+    return parts
+
+
+def write_groups(parts: list[bytes], min_bytes: int) -> list[bytes]:
+    """``parts`` regrouped for writing, with the same bytes in the same order: a part of at
+    least ``min_bytes`` stays as it is (written from where it already lies), the runs of
+    smaller parts between them are joined, each run cut once it reaches ``min_bytes``. So a
+    body of a few large items is written without copying them, and one of many small items
+    takes a few writes, not one per item. Empty parts are left out."""
+    out: list[bytes] = []
+    run: list[bytes] = []
+    held = 0
+    for part in parts:
+        size = len(part)
+        if not size:
+            continue
+        if size >= min_bytes:
+            if run:
+                out.append(b"".join(run))
+                run, held = [], 0
+            out.append(part)
+            continue
+        run.append(part)
+        held += size
+        if held >= min_bytes:
+            out.append(b"".join(run))
+            run, held = [], 0
+    if run:
+        out.append(b"".join(run))
+    return out
 
