@@ -318,7 +318,7 @@ def cpu_budget_row(ctx: Context, chunks: int, raw: list[RawRun], runs: dict[int,
     name = "CPU the 1- and 8-subscriber targets need together"
     params: dict[str, Any] = {"chunks": chunks, "subscribers": "1,8"}
     if None in agent or None in bare1 or None in bare8 or not all(agent):
-        # A turn too short for the agent's CPU to register (a clock tick is 10 ms).
+        # A turn too short for the agent's CPU to register, or a process whose clock was gone.
         return Row(benchmark=NAME, name=name, params=params, unit="cores", samples=[],
                    baseline=float(cores), baseline_label="cores here", quick=ctx.quick,
                    cpu_note="computed from other rows: no CPU of its own",
@@ -471,7 +471,7 @@ def rows_for(ctx: Context, chunks: int, max_queued: int, persistence: bool,
             if persistence and cpu_row.ratio is not None:
                 cpu_row.ok = cpu_row.ratio <= CPU_OF_AGENT_TARGET
             elif cpu_row.target:
-                # A turn too short for the agent's CPU to register (a clock tick is 10 ms):
+                # A turn too short for the agent's CPU to register, or an agent already gone:
                 # there is nothing to judge the daemon's figure against in this run.
                 cpu_row.target = ""
                 cpu_row.notes.append("agent CPU too small to measure in this run: no verdict")

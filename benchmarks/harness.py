@@ -63,8 +63,21 @@ def spread(samples: Sequence[float]) -> float | None:
 # --- CPU accounting ------------------------------------------------------------------------------
 
 
+def _cpu_clock(pid: int) -> int:
+    """Linux's CPU-time clock of process ``pid`` (what ``clock_getcpuclockid`` returns, built
+    the same way: the negated pid, shifted, with the "scheduler" clock type)."""
+    return ((~pid) << 3) | 2
+
+
 def process_cpu_seconds(pid: int) -> float | None:
-    """User + system CPU of one process (not its children), or ``None`` once it is gone."""
+    """User + system CPU of one process, all its threads (also those that have ended), not its
+    children, or ``None`` once it is gone. Read from the process's CPU-time clock, to the
+    nanosecond: ``/proc/<pid>/stat`` counts in clock ticks (10 ms), which made a 50 ms agent
+    figure +-20%. Falls back to that where the clock cannot be read."""
+    try:
+        return time.clock_gettime(_cpu_clock(pid))
+    except OSError:
+        pass
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             raw = stat.read()

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from benchmarks import client as client_bench
 from benchmarks.__main__ import journal_rows
 from benchmarks.e2e import RawRun, TurnRun, cpu_budget_row, targets_budget_row
-from benchmarks.harness import Context, CpuUse, Progress
+from benchmarks.harness import Context, CpuUse, Progress, process_cpu_seconds
 from benchmarks.journal import check_pipeline_ran
 from benchmarks.loadgen import LoadGenError, SSECounter, check_delivery, delivery_problems
 from daemon.bus import BusLimits, SessionBus
@@ -393,8 +393,41 @@ def test_cpu_budget_row_needs_both_ceilings_and_the_agents_cpu() -> None:
     raw = [RawRun(1.0, 1000, CpuUse())]
     turn = TurnRun(1, 100, 100, 1.0, 0, CpuUse(1.0, 1.0, 1.0))
     assert cpu_budget_row(ctx, 100, raw, {1: [turn]}, {1: [turn], 8: []}) is None
-    for agent_ms in (None, 0.0):  # not measured, or below a clock tick
+    for agent_ms in (None, 0.0):  # not measured, or too small to register
         no_agent = TurnRun(1, 100, 100, 1.0, 0, CpuUse(1.0, agent_ms, 1.0))
         row = cpu_budget_row(ctx, 100, raw, {1: [no_agent]}, {1: [turn], 8: [turn]}, cores=2)
         assert row is not None and row.value is None and row.ok is None
         assert "too small to measure" in row.notes[0]
+
+
+_BURN = """
+import sys, threading, time
+def burn():
+    total = 0
+    for i in range(2_000_000):
+        total += i
+worker = threading.Thread(target=burn)
+worker.start()
+worker.join()
+burn()
+print(time.process_time(), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_process_cpu_counts_every_thread_to_the_nanosecond() -> None:
+    """The CPU figures of the daemon and the agents: a thread that has ended still counts, and
+    the reading is the process's own CPU clock, not a count of 10 ms ticks."""
+    child = subprocess.Popen([sys.executable, "-c", _BURN], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        own = float(child.stdout.readline())  # the child's CPU, both threads, by itself
+        seen = process_cpu_seconds(child.pid)
+        assert seen is not None
+        # The child only prints and blocks after reading its clock: the two readings agree.
+        assert own <= seen < own + 0.05
+        assert seen * 100 != round(seen * 100)  # not a whole number of ticks
+    finally:
+        child.communicate("")
+    assert process_cpu_seconds(child.pid) is None  # reaped: gone
