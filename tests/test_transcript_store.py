@@ -14,8 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from daemon.malloc import MMAP_THRESHOLD
 from daemon.transcript_store import (
     PAGE_SIZE,
+    ROW_MAX_BYTES,
     SCHEMA_VERSION,
     WAL_CHECKPOINT_BYTES,
     AdmitPrompt,
@@ -336,6 +338,38 @@ def test_event_only_batches_follow_the_committed_sessions(tmp_path: Path) -> Non
     assert reopened.raw_events(S2) == [ev(8)]
     assert reopened.raw_events(S1) == []
     reopened.close()
+
+
+def test_a_big_batch_is_split_into_rows_below_the_mmap_threshold(store: TranscriptStore) -> None:
+    """A batch's run of events is joined into rows of at most ROW_MAX_BYTES (below malloc's
+    mmap threshold, so neither the join nor SQLite's copy is a fresh mapping), never splitting
+    an event; each row's event_id is its own last event, and reading back gives every event
+    once, in order. An event bigger than the cap gets a row of its own."""
+    assert ROW_MAX_BYTES < MMAP_THRESHOLD
+    body = "z" * 20_000
+    ops = [append(S1, i, text=body) for i in range(1, 61)]  # ~1.2 MB: three rows or more
+    big = "b" * (ROW_MAX_BYTES + 10)
+    ops.append(append(S1, 61, text=big))
+    ops.append(append(S1, 62))
+    store.apply(ops)
+    rows = store._conn.execute(
+        "SELECT event_id, length(raw) FROM raw_events WHERE session_id = ? ORDER BY seq",
+        (S1,)).fetchall()
+    assert len(rows) >= 4
+    assert all(size <= ROW_MAX_BYTES for _, size in rows[:-2])
+    assert rows[-2] == (61, len(ev(61, big)))  # the oversized event alone
+    assert rows[-1] == (62, len(ev(62)))
+    assert [event_id for event_id, _ in rows] == sorted({event_id for event_id, _ in rows})
+    # Each row ends exactly where its last event ends: ids line up with the split.
+    events = store.raw_events(S1)
+    assert events == [op.raw for op in ops]
+    ends = [sum(len(op.raw) + 1 for op in ops[:i]) - 1 for i in range(1, len(ops) + 1)]
+    offset = 0
+    for event_id, size in rows:
+        offset += size
+        assert ends[event_id - 1] == offset
+        offset += 1
+    assert store.max_raw_event_id(S1) == 62
 
 
 def _file_bytes(path: Path) -> bytes:
