@@ -372,6 +372,45 @@ def test_a_big_batch_is_split_into_rows_below_the_mmap_threshold(store: Transcri
     assert store.max_raw_event_id(S1) == 62
 
 
+def _bytes_written() -> int:
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("wchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no wchar in /proc/self/io")
+
+
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="needs Linux /proc/<pid>/io")
+def test_commits_write_each_page_once(tmp_path: Path) -> None:
+    """A commit writes each page it changes to the WAL once, though it changes more pages than
+    the page cache holds: nothing is spilled early and written again. The turn boundary is the
+    case that did: deleting a turn's rows reads every overflow page, which pushed the freelist
+    trunk page (changed again with every page freed) out of the cache over and over. Every
+    byte this thread writes during a commit is then one WAL frame."""
+    path = tmp_path / "t.db"
+    store = TranscriptStore(path)
+    store.apply([UpsertSession(S1, "/w", 1)])
+    body = "q" * 10_000
+    event_id = 0
+    for turn in range(2):  # the second turn reuses the pages the first one freed
+        for _ in range(6):
+            store._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            ops = [append(S1, event_id + i, text=body) for i in range(1, 89)]  # two rows
+            event_id += 88
+            before = _bytes_written()
+            store.apply(ops)
+            wrote = _bytes_written() - before
+            wal = Path(f"{path}-wal").stat().st_size
+            assert wrote == wal, f"batch: {wrote} bytes written for a {wal}-byte WAL"
+        store._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        before = _bytes_written()
+        store.apply([finish(S1, None, [rec(turn + 1)])])
+        wrote = _bytes_written() - before
+        wal = Path(f"{path}-wal").stat().st_size
+        assert wrote == wal, f"boundary: {wrote} bytes written for a {wal}-byte WAL"
+        assert store.raw_events(S1) == []
+    store.close()
+
+
 def _file_bytes(path: Path) -> bytes:
     wal = Path(f"{path}-wal")
     return path.read_bytes() + (wal.read_bytes() if wal.exists() else b"")
