@@ -135,6 +135,8 @@ CREATE INDEX prompts_by_terminal ON prompts (session_id, terminal_seq);
 """
 
 _SESSION_EXISTS: Final = "EXISTS (SELECT 1 FROM sessions WHERE session_id = ?)"
+# Most raw_events rows one INSERT statement writes (4 bound values each; see _append_only).
+_ONE_STATEMENT_ROWS: Final = 16
 _INSERT_RAW: Final = (
     "INSERT INTO raw_events (session_id, event_id, prompt_id, raw) VALUES (?, ?, ?, ?)"
 )
@@ -318,16 +320,22 @@ class TranscriptStore:
 
     def _append_only(self, ops: Sequence[AppendEvent]) -> None:
         """A batch of nothing but events: no op in it creates or deletes a session, so the
-        committed set of stored sessions decides which rows are written. One row (one
-        session's run, the usual batch) is a single INSERT, its own transaction: one SQLite
-        call instead of BEGIN, INSERT and COMMIT, each of which the worker thread leaves and
-        re-takes the GIL for, against the event loop."""
+        committed set of stored sessions decides which rows are written. Up to
+        ``_ONE_STATEMENT_ROWS`` rows (a fast turn's batch is one to three) are one INSERT with
+        that many VALUES tuples, its own transaction: one SQLite call instead of BEGIN, an
+        INSERT per row and COMMIT, each of which the worker thread leaves and re-takes the GIL
+        for, against the event loop. Outside an explicit transaction such a statement needs no
+        statement journal: if it fails, the whole (implicit) transaction is rolled back."""
         stored = self._stored
         rows = [row for row in _event_rows(ops) if row[0] in stored]
         if not rows:
             return
         if len(rows) == 1:
             self._conn.execute(_INSERT_RAW, rows[0])
+            return
+        if len(rows) <= _ONE_STATEMENT_ROWS:
+            self._conn.execute(_INSERT_RAW + ", (?, ?, ?, ?)" * (len(rows) - 1),
+                               [value for row in rows for value in row])
             return
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")

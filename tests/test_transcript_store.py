@@ -372,6 +372,25 @@ def test_a_big_batch_is_split_into_rows_below_the_mmap_threshold(store: Transcri
     assert store.max_raw_event_id(S1) == 62
 
 
+@pytest.mark.parametrize("sessions", [2, 40])
+def test_an_event_batch_is_written_whole_or_not_at_all(tmp_path: Path, sessions: int) -> None:
+    """A batch of events, however many rows it makes (one INSERT statement for a few rows, a
+    transaction of them for many), is one transaction: a row that cannot be written (here a
+    NULL event id, which the schema refuses) leaves none of the batch's rows behind."""
+    store = TranscriptStore(tmp_path / "t.db")
+    ids = [str(uuid.UUID(int=n + 1)) for n in range(sessions)]
+    store.apply([UpsertSession(sid, "/w", 1) for sid in ids])
+    good = [append(ids[n % sessions], n + 1) for n in range(sessions * 2)]
+    bad = AppendEvent(ids[-1], None, None, b"{}")  # type: ignore[arg-type]
+    with pytest.raises(sqlite3.IntegrityError):
+        store.apply([*good, bad])
+    assert store._conn.execute("SELECT count(*) FROM raw_events").fetchone()[0] == 0
+    store.apply(good)  # and the same batch without the bad row is written whole
+    for n, sid in enumerate(ids):
+        assert store.raw_events(sid) == [ev(n + 1), ev(n + 1 + sessions)]
+    store.close()
+
+
 def _bytes_written() -> int:
     for line in Path("/proc/self/io").read_text().splitlines():
         if line.startswith("wchar:"):
