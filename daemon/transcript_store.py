@@ -8,8 +8,9 @@ What is stored, per session:
 - ``sessions``: the daemon session id, its workspace, creation time, the agent's ACP session id
   and whether the session was closed.
 - ``raw_events``: every durable event published since the session's last turn boundary (the
-  unfinished turn), as the bus encoded it; a row holds one batch's run of a session's events,
-  newline-separated, and ``event_id`` is the run's last id.
+  unfinished turn), as the bus encoded it; a row holds one batch's run of a session's events
+  (split into rows of at most ``ROW_MAX_BYTES``), newline-separated, and ``event_id`` is the
+  row's last id.
 - ``records``: the compacted, record-stamped events of completed turns, each with its
   ``record_id`` and its per-session ``turn`` number (so seeding can keep whole turns and count the
   turns it leaves out).
@@ -42,6 +43,7 @@ from daemon.core.transcript_ops import (
     TranscriptPage,
     UpsertSession,
 )
+from daemon.malloc import MMAP_THRESHOLD
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -74,11 +76,21 @@ _CURSOR_PREFIX: Final = "tc1."
 # Pages per row of the zeros that overwrite the free pages when a session is deleted.
 _WIPE_ROW_PAGES: Final = 2048
 
-# Page size of a newly created transcript file (see ``_configure``), the page cache and the WAL
-# size at which a checkpoint runs.
+# Page size of a newly created transcript file (see ``_configure``), the page cache, the dirty
+# pages a transaction may hold before it writes some out early, and the WAL size at which a
+# checkpoint runs.
 PAGE_SIZE: Final = 64 * 1024
 CACHE_KIB: Final = 512
+CACHE_SPILL_KIB: Final = 2048
 WAL_CHECKPOINT_BYTES: Final = 4 * 1024 * 1024
+# Largest raw_events row a batch's events are joined into (a single bigger event gets a row of
+# its own). Kept below the daemon's fixed malloc mmap threshold (``daemon.malloc``): a row is
+# built twice, by the join and by SQLite's copy of the bound blob, and a block at or above the
+# threshold is a fresh mmap each time, page-faulted in and unmapped again. A fast turn commits
+# 0.5-1 MB a batch; as one row that cost about 26,000 page faults per 100,000 events and
+# doubled the store's CPU per event (in-process, ~920 KB batches: 1.2-1.3 -> 0.6 ms per 1,000
+# events), for a few more bytes written (another row's local part on its leaf page).
+ROW_MAX_BYTES: Final = MMAP_THRESHOLD - 64 * 1024
 
 _SCHEMA: Final = """
 CREATE TABLE sessions (
@@ -123,6 +135,8 @@ CREATE INDEX prompts_by_terminal ON prompts (session_id, terminal_seq);
 """
 
 _SESSION_EXISTS: Final = "EXISTS (SELECT 1 FROM sessions WHERE session_id = ?)"
+# Most raw_events rows one INSERT statement writes (4 bound values each; see _append_only).
+_ONE_STATEMENT_ROWS: Final = 16
 _INSERT_RAW: Final = (
     "INSERT INTO raw_events (session_id, event_id, prompt_id, raw) VALUES (?, ?, ?, ?)"
 )
@@ -226,9 +240,19 @@ class TranscriptStore:
         # The daemon's memory should track its journals, not the database: a small page cache
         # (writes are appends; reads are rare pages of history) and a WAL of about 4 MB.
         conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+        # A transaction's dirty pages may outgrow that cache (8 pages of 64 KiB); SQLite then
+        # writes some out early ("spills" them to the WAL mid-transaction), and a spilled page
+        # the transaction changes again is written again. The turn boundary did that all the
+        # time: deleting a turn's raw rows reads every overflow page, which pushed the
+        # freelist trunk page (changed with every page freed) out of the cache over and over:
+        # 2.2 MB written for a 0.66 MB commit of a 17 MB turn, 9.5 MB for a 35 MB one. Up to
+        # CACHE_SPILL_KIB of dirty pages now stay in memory for the length of a transaction;
+        # a huge record (the compacted text of a 300 MB turn) still spills beyond that. Cost:
+        # about 0.5 MB more RSS (measured after malloc_trim, 900 KB batches and boundaries).
+        page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+        conn.execute(f"PRAGMA cache_spill={max(1, CACHE_SPILL_KIB * 1024 // page_size)}")
         # Checkpoint at about 4 MiB of WAL whatever the page size (the default, 1,000 pages,
         # is 64 MiB of WAL file at 64 KiB pages).
-        page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
         conn.execute(f"PRAGMA wal_autocheckpoint={max(1, WAL_CHECKPOINT_BYTES // page_size)}")
         conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
         # Deleted content: SQLite builds differ (Debian's is compiled with SECURE_DELETE on,
@@ -296,16 +320,22 @@ class TranscriptStore:
 
     def _append_only(self, ops: Sequence[AppendEvent]) -> None:
         """A batch of nothing but events: no op in it creates or deletes a session, so the
-        committed set of stored sessions decides which rows are written. One row (one
-        session's run, the usual batch) is a single INSERT, its own transaction: one SQLite
-        call instead of BEGIN, INSERT and COMMIT, each of which the worker thread leaves and
-        re-takes the GIL for, against the event loop."""
+        committed set of stored sessions decides which rows are written. Up to
+        ``_ONE_STATEMENT_ROWS`` rows (a fast turn's batch is one to three) are one INSERT with
+        that many VALUES tuples, its own transaction: one SQLite call instead of BEGIN, an
+        INSERT per row and COMMIT, each of which the worker thread leaves and re-takes the GIL
+        for, against the event loop. Outside an explicit transaction such a statement needs no
+        statement journal: if it fails, the whole (implicit) transaction is rolled back."""
         stored = self._stored
         rows = [row for row in _event_rows(ops) if row[0] in stored]
         if not rows:
             return
         if len(rows) == 1:
             self._conn.execute(_INSERT_RAW, rows[0])
+            return
+        if len(rows) <= _ONE_STATEMENT_ROWS:
+            self._conn.execute(_INSERT_RAW + ", (?, ?, ?, ?)" * (len(rows) - 1),
+                               [value for row in rows for value in row])
             return
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
@@ -657,17 +687,21 @@ def _session_row(row: tuple[Any, ...]) -> SessionRow:
 
 
 def _event_rows(ops: Sequence[AppendEvent]) -> list[tuple[str, int, str | None, bytes]]:
-    """One ``raw_events`` row per run of a session's events among ``ops``: the events' JSON
-    joined with newlines (compact JSON never contains one), the run's last id and prompt. A
-    100,000-chunk turn costs a few hundred rows, not 100,000, which keeps the transcript off
-    the daemon's throughput budget."""
+    """One ``raw_events`` row per run of a session's events among ``ops``, split where it would
+    pass ``ROW_MAX_BYTES``: the events' JSON joined with newlines (compact JSON never contains
+    one), the row's last id and prompt. A 100,000-chunk turn costs a few hundred rows, not
+    100,000, which keeps the transcript off the daemon's throughput budget."""
     rows: list[tuple[str, int, str | None, bytes]] = []
     start = 0
     count = len(ops)
     while start < count:
         session_id = ops[start].session_id
+        size = len(ops[start].raw)
         end = start + 1
         while end < count and ops[end].session_id == session_id:
+            size += 1 + len(ops[end].raw)
+            if size > ROW_MAX_BYTES:
+                break
             end += 1
         last = ops[end - 1]
         raw = ops[start].raw if end == start + 1 else b"\n".join([op.raw for op in ops[start:end]])

@@ -31,9 +31,13 @@ import logging
 import sqlite3
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from functools import partial
+from typing import TYPE_CHECKING, TypeVar
 
 import trio
+
+if TYPE_CHECKING:
+    import outcome
 
 from daemon.transcript_store import (
     AdmitPrompt,
@@ -55,6 +59,34 @@ logger = logging.getLogger("daemon.transcript")
 T = TypeVar("T")
 
 FailureCallback = Callable[[set[str], BaseException], None]
+
+
+async def in_worker_thread(fn: Callable[[], T]) -> T:
+    """Run ``fn()`` in one of Trio's cached worker threads; return its result or raise its error.
+
+    What one ``trio.to_thread.run_sync`` call does, minus what the writer has no use for. That
+    call renames the worker thread for every job and back again, two ``prctl`` calls through
+    ctypes; each gives up the GIL and then has to take it back from the event loop, which holds
+    it while a turn streams (a wait of up to one switch interval, then a forced hand-off the
+    loop pays for too). Per commit that was five GIL hand-offs where three are needed (the
+    thread waking up, the return from SQLite, the wake-up of the loop). It also takes a
+    capacity limiter and copies the context, work on the event loop's thread per commit.
+
+    Not cancellable, like a shielded ``to_thread`` call: a job handed to the thread cannot be
+    stopped, so its result is always awaited and accounted for; a cancellation of the caller
+    is raised at its next checkpoint instead. ``fn`` runs outside Trio: it must not call
+    ``trio.from_thread`` without a ``trio_token``.
+    """
+    task = trio.lowlevel.current_task()
+    token = trio.lowlevel.current_trio_token()
+
+    def deliver(result: outcome.Outcome[T]) -> None:
+        token.run_sync_soon(trio.lowlevel.reschedule, task, result)
+
+    trio.lowlevel.start_thread_soon(fn, deliver)
+    got: T = await trio.lowlevel.wait_task_rescheduled(
+        lambda _: trio.lowlevel.Abort.FAILED)
+    return got
 
 
 class TranscriptWriter:
@@ -151,7 +183,7 @@ class TranscriptWriter:
         committed (or failed); serialized with the writes on the one connection."""
         await self._wait_resolved(self._last_seq)
         async with self._db_lock:
-            return await trio.to_thread.run_sync(fn, self.store)
+            return await in_worker_thread(partial(fn, self.store))
 
     async def _wait_resolved(self, seq: int) -> None:
         if self._resolved >= seq:
@@ -288,10 +320,9 @@ class TranscriptWriter:
             if batch:
                 ops = [op for _, op in batch]
                 try:
-                    # Shielded: a batch taken off the queue is applied and accounted for, never
-                    # dropped half-way by a cancellation (the thread could not be stopped).
-                    with trio.CancelScope(shield=True):
-                        await trio.to_thread.run_sync(self.store.apply, ops)
+                    # Not cancellable (see in_worker_thread): a batch taken off the queue is
+                    # applied and accounted for, never dropped half-way by a cancellation.
+                    await in_worker_thread(partial(self.store.apply, ops))
                 except Exception as exc:
                     # Not only sqlite3.Error/OSError: a bad op (a bug upstream) must not take
                     # the writer, and with it every other session's durability, down either.

@@ -39,11 +39,18 @@ class GatedStore(TranscriptStore):
         self.gate.set()
         self.held = 0  # batches that had to wait at the gate
         self.entered = trio.Event()  # set (from the worker thread) when a batch is held
+        self._token: trio.lowlevel.TrioToken | None = None
+
+    def close_gate(self) -> None:
+        """From Trio: hold every commit from now on (the worker thread needs the loop's token
+        to say it is held)."""
+        self._token = trio.lowlevel.current_trio_token()
+        self.gate.clear()
 
     def apply(self, ops: Sequence[Op]) -> None:
         if not self.gate.is_set():
             self.held += 1
-            trio.from_thread.run_sync(self.entered.set)
+            trio.from_thread.run_sync(self.entered.set, trio_token=self._token)
             self.gate.wait()
         super().apply(ops)
 
@@ -111,7 +118,7 @@ async def test_no_terminal_reaches_a_subscriber_before_its_turn_is_committed(
         await nursery.start(writer.run)
         await nursery.start(session.run)
         nursery.start_soon(follow, bus, seen)
-        store.gate.clear()  # from here on nothing commits until the test opens the gate
+        store.close_gate()  # from here on nothing commits until the test opens the gate
         try:
             session.admit([{"type": "text", "text": "hello"}], None, None)
             await agent.answered.wait()

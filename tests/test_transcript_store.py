@@ -14,8 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from daemon.malloc import MMAP_THRESHOLD
 from daemon.transcript_store import (
     PAGE_SIZE,
+    ROW_MAX_BYTES,
     SCHEMA_VERSION,
     WAL_CHECKPOINT_BYTES,
     AdmitPrompt,
@@ -336,6 +338,96 @@ def test_event_only_batches_follow_the_committed_sessions(tmp_path: Path) -> Non
     assert reopened.raw_events(S2) == [ev(8)]
     assert reopened.raw_events(S1) == []
     reopened.close()
+
+
+def test_a_big_batch_is_split_into_rows_below_the_mmap_threshold(store: TranscriptStore) -> None:
+    """A batch's run of events is joined into rows of at most ROW_MAX_BYTES (below malloc's
+    mmap threshold, so neither the join nor SQLite's copy is a fresh mapping), never splitting
+    an event; each row's event_id is its own last event, and reading back gives every event
+    once, in order. An event bigger than the cap gets a row of its own."""
+    assert ROW_MAX_BYTES < MMAP_THRESHOLD
+    body = "z" * 20_000
+    ops = [append(S1, i, text=body) for i in range(1, 61)]  # ~1.2 MB: three rows or more
+    big = "b" * (ROW_MAX_BYTES + 10)
+    ops.append(append(S1, 61, text=big))
+    ops.append(append(S1, 62))
+    store.apply(ops)
+    rows = store._conn.execute(
+        "SELECT event_id, length(raw) FROM raw_events WHERE session_id = ? ORDER BY seq",
+        (S1,)).fetchall()
+    assert len(rows) >= 4
+    assert all(size <= ROW_MAX_BYTES for _, size in rows[:-2])
+    assert rows[-2] == (61, len(ev(61, big)))  # the oversized event alone
+    assert rows[-1] == (62, len(ev(62)))
+    assert [event_id for event_id, _ in rows] == sorted({event_id for event_id, _ in rows})
+    # Each row ends exactly where its last event ends: ids line up with the split.
+    events = store.raw_events(S1)
+    assert events == [op.raw for op in ops]
+    ends = [sum(len(op.raw) + 1 for op in ops[:i]) - 1 for i in range(1, len(ops) + 1)]
+    offset = 0
+    for event_id, size in rows:
+        offset += size
+        assert ends[event_id - 1] == offset
+        offset += 1
+    assert store.max_raw_event_id(S1) == 62
+
+
+@pytest.mark.parametrize("sessions", [2, 40])
+def test_an_event_batch_is_written_whole_or_not_at_all(tmp_path: Path, sessions: int) -> None:
+    """A batch of events, however many rows it makes (one INSERT statement for a few rows, a
+    transaction of them for many), is one transaction: a row that cannot be written (here a
+    NULL event id, which the schema refuses) leaves none of the batch's rows behind."""
+    store = TranscriptStore(tmp_path / "t.db")
+    ids = [str(uuid.UUID(int=n + 1)) for n in range(sessions)]
+    store.apply([UpsertSession(sid, "/w", 1) for sid in ids])
+    good = [append(ids[n % sessions], n + 1) for n in range(sessions * 2)]
+    bad = AppendEvent(ids[-1], None, None, b"{}")  # type: ignore[arg-type]
+    with pytest.raises(sqlite3.IntegrityError):
+        store.apply([*good, bad])
+    assert store._conn.execute("SELECT count(*) FROM raw_events").fetchone()[0] == 0
+    store.apply(good)  # and the same batch without the bad row is written whole
+    for n, sid in enumerate(ids):
+        assert store.raw_events(sid) == [ev(n + 1), ev(n + 1 + sessions)]
+    store.close()
+
+
+def _bytes_written() -> int:
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("wchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no wchar in /proc/self/io")
+
+
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="needs Linux /proc/<pid>/io")
+def test_commits_write_each_page_once(tmp_path: Path) -> None:
+    """A commit writes each page it changes to the WAL once, though it changes more pages than
+    the page cache holds: nothing is spilled early and written again. The turn boundary is the
+    case that did: deleting a turn's rows reads every overflow page, which pushed the freelist
+    trunk page (changed again with every page freed) out of the cache over and over. Every
+    byte this thread writes during a commit is then one WAL frame."""
+    path = tmp_path / "t.db"
+    store = TranscriptStore(path)
+    store.apply([UpsertSession(S1, "/w", 1)])
+    body = "q" * 10_000
+    event_id = 0
+    for turn in range(2):  # the second turn reuses the pages the first one freed
+        for _ in range(6):
+            store._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            ops = [append(S1, event_id + i, text=body) for i in range(1, 89)]  # two rows
+            event_id += 88
+            before = _bytes_written()
+            store.apply(ops)
+            wrote = _bytes_written() - before
+            wal = Path(f"{path}-wal").stat().st_size
+            assert wrote == wal, f"batch: {wrote} bytes written for a {wal}-byte WAL"
+        store._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        before = _bytes_written()
+        store.apply([finish(S1, None, [rec(turn + 1)])])
+        wrote = _bytes_written() - before
+        wal = Path(f"{path}-wal").stat().st_size
+        assert wrote == wal, f"boundary: {wrote} bytes written for a {wal}-byte WAL"
+        assert store.raw_events(S1) == []
+    store.close()
 
 
 def _file_bytes(path: Path) -> bytes:

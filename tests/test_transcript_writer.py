@@ -22,7 +22,7 @@ from daemon.transcript_store import (
     TranscriptStore,
     UpsertSession,
 )
-from daemon.transcript_writer import TranscriptWriter
+from daemon.transcript_writer import TranscriptWriter, in_worker_thread
 
 S1 = "11111111-1111-4111-8111-111111111111"
 S2 = "22222222-2222-4222-8222-222222222222"
@@ -41,15 +41,28 @@ class CountingStore(TranscriptStore):
         super().__init__(path)
         self.batches: list[int] = []
         self.failures: list[BaseException] = []
-        self.hold_next = False
+        self._hold_next = False
+        self._token: trio.lowlevel.TrioToken | None = None
         self.entered = trio.Event()  # set (from the worker thread) when a held batch is inside
         self.release = threading.Event()
 
+    @property
+    def hold_next(self) -> bool:
+        return self._hold_next
+
+    @hold_next.setter
+    def hold_next(self, value: bool) -> None:
+        # Set from a test running in Trio: the worker thread (not one of to_thread's) needs
+        # the token to reach back into the loop.
+        if value:
+            self._token = trio.lowlevel.current_trio_token()
+        self._hold_next = value
+
     def apply(self, ops: Sequence[Op]) -> None:
         self.batches.append(len(ops))
-        if self.hold_next:
-            self.hold_next = False
-            trio.from_thread.run_sync(self.entered.set)
+        if self._hold_next:
+            self._hold_next = False
+            trio.from_thread.run_sync(self.entered.set, trio_token=self._token)
             self.release.wait()
         if self.failures:
             raise self.failures.pop(0)
@@ -438,3 +451,58 @@ async def test_mark_failed_latches_and_refuses(store: CountingStore) -> None:
         assert await writer.wait_committed(writer.submit(append(S1, 2))) is False
         assert writer.durable_event_id(S1) == 1
         await writer.aclose()
+
+
+async def test_in_worker_thread_returns_raises_and_leaves_the_thread_name_alone() -> None:
+    """The writer's thread hop: the function's result comes back, its exception is raised in
+    the caller, and the worker thread is not renamed per job (the rename and its undoing were
+    two GIL hand-offs per commit)."""
+    names: list[str] = []
+
+    def job() -> int:
+        names.append(Path(f"/proc/self/task/{threading.get_native_id()}/comm").read_text())
+        return 42
+
+    def broken() -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    for _ in range(3):
+        assert await in_worker_thread(job) == 42
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O error"):
+        await in_worker_thread(broken)
+    assert len(names) == 3 and len(set(names)) == 1  # one name every time: the thread's own
+    assert not any("from" in name for name in names)  # not to_thread's "<fn> from <task>"
+
+
+async def test_in_worker_thread_is_not_abandoned_on_cancel() -> None:
+    """A cancelled caller still waits for the job it handed over and gets Cancelled only after
+    the job returned: a batch taken off the queue is never left running unaccounted."""
+    started = threading.Event()
+    go_on = threading.Event()
+    finished: list[bool] = []
+
+    def job() -> None:
+        started.set()
+        go_on.wait(10)
+        finished.append(True)
+
+    async def caller(scope_box: list[trio.CancelScope]) -> None:
+        with trio.CancelScope() as scope:
+            scope_box.append(scope)
+            await in_worker_thread(job)
+            # Reached: the cancellation could not interrupt the wait; it is raised at the
+            # next checkpoint.
+            finished.append(False)
+            await trio.lowlevel.checkpoint()
+            finished.append(False)  # never reached
+
+    box: list[trio.CancelScope] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(caller, box)
+        await trio.to_thread.run_sync(started.wait, 10)
+        box[0].cancel()
+        await trio.testing.wait_all_tasks_blocked()
+        assert finished == []  # still waiting for the job, not abandoned
+        go_on.set()
+    assert finished == [True, False]
+    assert box[0].cancelled_caught
