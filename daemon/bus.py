@@ -15,7 +15,6 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from itertools import repeat
 
 import msgspec
 import trio
@@ -23,7 +22,7 @@ import trio
 from sdk.protocol.events import EventPayload, SessionUpdateData, TurnCompleteData, TurnErrorData
 
 from .core.compactor import TurnCompactor, stamp_record
-from .core.envelope import Event, JsonObject, decode_json, typed_event
+from .core.envelope import Event, JsonObject, decode_json, spliced_events, typed_event
 from .core.live_journal import LiveJournals, plain_chunk_key
 from .core.replay_window import Record, ReplayWindow, SegmentHandle, SpilledTurn
 from .core.ring import DEFAULT_RING_BYTES, EventRing
@@ -251,8 +250,7 @@ class SessionBus:
             first = self.ring.next_id
             raws = EnvelopeSplicer(self.session_id, prompt_id, originator_client_id,
                                    self.clock_ms()).envelopes(first, updates)
-            events = list(map(Event.spliced, raws, range(first, first + len(raws)),
-                              repeat("session_update"), repeat(prompt_id)))
+            events = spliced_events(raws, first, "session_update", prompt_id)
             self.ring.extend(events)
             self._publish_chunk_run(kind, events, texts, prompt_id, originator_client_id, raws)
             return
