@@ -251,8 +251,9 @@ class SessionBus:
             raws = EnvelopeSplicer(self.session_id, prompt_id, originator_client_id,
                                    self.clock_ms()).envelopes(first, updates)
             events = spliced_events(raws, first, "session_update", prompt_id)
-            self.ring.extend(events)
-            self._publish_chunk_run(kind, events, texts, prompt_id, originator_client_id, raws)
+            offsets = self.ring.extend(events)
+            self._publish_chunk_run(kind, events, texts, prompt_id, originator_client_id, raws,
+                                    offsets)
             return
         ring = self.ring
         splicer: EnvelopeSplicer | None = None
@@ -290,12 +291,13 @@ class SessionBus:
 
     def _publish_chunk_run(self, kind: str, events: list[Event], texts: list[str],
                            prompt_id: str | None, originator_client_id: str | None,
-                           raws: list[bytes] | None = None) -> None:
+                           raws: list[bytes] | None = None,
+                           offsets: list[int] | None = None) -> None:
         """The journals, the compactor and the transcript for a run of spliced chunks that are
-        already in the ring."""
+        already in the ring (``offsets``: what ``EventRing.extend`` returned for them)."""
         self.journals.append_chunks(
             events, texts,
-            plain_chunk_key(kind, prompt_id, originator_client_id, self.session_id))
+            plain_chunk_key(kind, prompt_id, originator_client_id, self.session_id), offsets)
         try:
             self.compactor.add_plain_chunks(kind, events, texts, prompt_id, originator_client_id)
         except Exception:
