@@ -324,13 +324,22 @@ line_middles = st.one_of(
 )
 
 
+# Runs of one kind, so that the accepting path is drawn often, besides anything at all.
+one_kind_middles = st.sampled_from(["agent_message_chunk", "agent_thought_chunk"]).flatmap(
+    lambda kind: st.lists(st.builds(lambda t: encode_json(text_chunk(kind, t)), texts),
+                          min_size=1, max_size=10))
+
+
 @settings(max_examples=400, deadline=None)
-@given(st.lists(line_middles, max_size=10), st.booleans())
+@given(st.one_of(st.lists(line_middles, max_size=10), one_kind_middles),
+       st.one_of(st.none(), st.integers(0, 9)))
 def test_plain_chunk_lines_is_splice_updates_then_plain_chunk_run(middles: list[bytes],
-                                                                   foreign: bool) -> None:
+                                                                   foreign: int | None) -> None:
     lines = [_line_of(m) for m in middles]
-    if foreign and lines:
-        lines[-1] = update_prefix("other") + middles[-1] + b"}}"
+    if foreign is not None and lines:
+        # Another session's line, anywhere in the batch.
+        at = foreign % len(lines)
+        lines[at] = update_prefix("other") + middles[at] + b"}}"
     spliced = splice_updates(lines, _PREFIX)
     run = plain_chunk_run(spliced) if spliced else None
     expected = None if run is None else (spliced, run)
@@ -347,3 +356,35 @@ def test_plain_chunk_lines_refuses_middles_that_only_join_into_chunks() -> None:
         assert plain_chunk_lines([_line_of(m) for m in pair], _PREFIX) is None
     assert plain_chunk_lines([_line_of(one)] * 3, _PREFIX) == (
         [one] * 3, ("agent_message_chunk", ["a"] * 3))
+
+
+def _chunk(kind: str, text: str) -> bytes:
+    return encode_json(text_chunk(kind, text))
+
+
+def test_plain_chunk_lines_reads_either_kind_but_not_both() -> None:
+    thoughts = [_chunk("agent_thought_chunk", t) for t in ("a", "b")]
+    assert plain_chunk_lines([_line_of(m) for m in thoughts], _PREFIX) == (
+        thoughts, ("agent_thought_chunk", ["a", "b"]))
+    for mixed in ([_chunk("agent_message_chunk", "a"), _chunk("agent_thought_chunk", "b")],
+                  [_chunk("agent_thought_chunk", "a"), _chunk("agent_message_chunk", "b")]):
+        assert plain_chunk_lines([_line_of(m) for m in mixed], _PREFIX) is None
+
+
+def test_plain_chunk_lines_checks_every_line_not_only_the_ends() -> None:
+    good = _line_of(_chunk("agent_message_chunk", "a"))
+    other_session = update_prefix("other") + _chunk("agent_message_chunk", "a") + b"}}"
+    no_suffix = _line_of(_chunk("agent_message_chunk", "a"))[:-2] + b"  "
+    not_an_object = _PREFIX + b'["agent_message_chunk"]}}'
+    two_in_one = _line_of(_chunk("agent_message_chunk", "a") + b","
+                          + _chunk("agent_message_chunk", "b"))
+    for odd in (other_session, no_suffix, not_an_object, two_in_one):
+        assert plain_chunk_lines([good, odd, good], _PREFIX) is None
+
+
+def test_plain_chunk_lines_refuses_lines_holding_a_newline() -> None:
+    # LineSplitter never makes one; the joints' reasoning needs that, so it is checked. This
+    # line is even valid JSON (the newline is whitespace between members).
+    spaced = b'{"sessionUpdate":"agent_message_chunk",\n"content":{"type":"text","text":"a"}}'
+    assert splice_updates([_line_of(spaced)], _PREFIX) == [spaced]
+    assert plain_chunk_lines([_line_of(spaced)], _PREFIX) is None
