@@ -176,6 +176,8 @@ class SessionBus:
         self._flow_budget = FLOW_BUDGET_MAX
         self._flow_budget_at: float | None = None
         self.flow_wait_s = 0.0  # total time the publisher spent waiting for subscribers
+        # The last envelope template and what it was made for (see _splicer).
+        self._splicer_cache: tuple[tuple[str | None, str | None, int], EnvelopeSplicer] | None = None
         if writer is not None:
             writer.reset_durable(session_id)
 
@@ -248,8 +250,7 @@ class SessionBus:
             # the envelopes formatted in one pass, the ring filled a slice at a time.
             kind, texts = run
             first = self.ring.next_id
-            raws = EnvelopeSplicer(self.session_id, prompt_id, originator_client_id,
-                                   self.clock_ms()).envelopes(first, updates)
+            raws = self._splicer(prompt_id, originator_client_id).envelopes(first, updates)
             events = spliced_events(raws, first, "session_update", prompt_id)
             offsets = self.ring.extend(events)
             self._publish_chunk_run(kind, events, texts, prompt_id, originator_client_id, raws,
@@ -277,8 +278,7 @@ class SessionBus:
                     run_events, run_texts = [], []
                 run_kind = kind
             if splicer is None:
-                splicer = EnvelopeSplicer(self.session_id, prompt_id, originator_client_id,
-                                          self.clock_ms())
+                splicer = self._splicer(prompt_id, originator_client_id)
             event_id = ring.next_id
             event = Event.spliced(splicer.envelope(event_id, update), event_id,
                                   "session_update", prompt_id)
@@ -288,6 +288,19 @@ class SessionBus:
         if run_events:
             self._publish_chunk_run(run_kind or "", run_events, run_texts, prompt_id,
                                     originator_client_id)
+
+    def _splicer(self, prompt_id: str | None,
+                 originator_client_id: str | None) -> EnvelopeSplicer:
+        """The envelope template for chunks published now: the last one while the prompt, the
+        originator and the clock's millisecond are the same (a turn's reads come several to a
+        millisecond, and a template costs several envelopes to make), a new one else."""
+        key = (prompt_id, originator_client_id, self.clock_ms())
+        cached = self._splicer_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        splicer = EnvelopeSplicer(self.session_id, prompt_id, originator_client_id, key[2])
+        self._splicer_cache = (key, splicer)
+        return splicer
 
     def _publish_chunk_run(self, kind: str, events: list[Event], texts: list[str],
                            prompt_id: str | None, originator_client_id: str | None,

@@ -388,3 +388,23 @@ def test_plain_chunk_lines_refuses_lines_holding_a_newline() -> None:
     spaced = b'{"sessionUpdate":"agent_message_chunk",\n"content":{"type":"text","text":"a"}}'
     assert splice_updates([_line_of(spaced)], _PREFIX) == [spaced]
     assert plain_chunk_lines([_line_of(spaced)], _PREFIX) is None
+
+
+def test_the_envelope_template_follows_the_prompt_the_originator_and_the_clock() -> None:
+    # The bus keeps its last template while prompt, originator and millisecond stay the same:
+    # a chunk published after any of them changed carries the new value.
+    now = [1_000]
+    writer = RecordingWriter()
+    bus = SessionBus(SID, BusLimits(100, 1 << 20, 1 << 20, 64), writer,  # type: ignore[arg-type]
+                     clock_ms=lambda: now[0])
+    chunk = [_chunk("agent_message_chunk", "a")]
+    steps = [(PROMPT, CLIENT, 1_000), (PROMPT, CLIENT, 1_000), (PROMPT, CLIENT, 1_001),
+             (PROMPT, None, 1_001), ("p2", None, 1_001), ("p2", CLIENT, 1_001)]
+    for prompt_id, client_id, at in steps:
+        now[0] = at
+        bus.publish_updates(chunk, prompt_id=prompt_id, originator_client_id=client_id)
+        bus.publish_updates(chunk * 2, prompt_id=prompt_id, originator_client_id=client_id)
+    envs = [decode_json(raw) for _, raw in writer.stored_events()]
+    assert [(e.get("promptId"), e.get("originatorClientId"), e["_meta"]["serverTimestamp"])
+            for e in envs] == [step for step in steps for _ in range(3)]
+    assert [e["id"] for e in envs] == list(range(1, 3 * len(steps) + 1))
