@@ -21,6 +21,7 @@ from daemon.core.live_journal import LiveJournal, merge_key, plain_chunk_key
 from daemon.core.splice import (
     EnvelopeSplicer,
     compact,
+    compact_chunks,
     plain_chunk,
     plain_chunk_lines,
     plain_chunk_run,
@@ -408,3 +409,62 @@ def test_the_envelope_template_follows_the_prompt_the_originator_and_the_clock()
     assert [(e.get("promptId"), e.get("originatorClientId"), e["_meta"]["serverTimestamp"])
             for e in envs] == [step for step in steps for _ in range(3)]
     assert [e["id"] for e in envs] == list(range(1, 3 * len(steps) + 1))
+
+
+_WS = st.sampled_from([" ", "  ", "\t", "\r", "\n", " \r\n"])
+
+
+@st.composite
+def spelled_chunk(draw: st.DrawFn) -> bytes:
+    """A plain text chunk as an agent might spell it: either kind, any text (escaped or not,
+    some spaces written as \\u0020), members in either order, whitespace anywhere between
+    tokens, or none."""
+    kind = draw(st.sampled_from(["agent_message_chunk", "agent_thought_chunk"]))
+    text = json.dumps(draw(st.text(alphabet=st.characters(codec="utf-8"), max_size=20)
+                           | st.sampled_from(["a b", " ", "a\u0020b", "x, y: {z}"])),
+                      ensure_ascii=draw(st.booleans()))
+    if draw(st.booleans()):
+        text = text.replace(" ", "\\u0020", 1)
+
+    # Whitespace in a few of the places between tokens (often one: the case where a space
+    # outside the strings could pass for a space of the text).
+    spots = draw(st.dictionaries(st.integers(0, 19), _WS, max_size=3))
+    slot = itertools.count()
+
+    def ws() -> str:
+        return spots.get(next(slot), "")
+
+    def obj(members: list[tuple[str, str]]) -> str:
+        if draw(st.booleans()):
+            members = members[::-1]
+        body = ("," + ws()).join(f'{ws()}"{k}"{ws()}:{ws()}{v}{ws()}' for k, v in members)
+        return "{" + body + "}"
+
+    content = obj([("type", '"text"'), ("text", text)])
+    return (ws() + obj([("sessionUpdate", f'"{kind}"'), ("content", content)]) + ws()).encode()
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(spelled_chunk(), min_size=1, max_size=8))
+def test_compact_chunks_is_compact_of_each(updates: list[bytes]) -> None:
+    texts = []
+    for update in updates:
+        found = plain_chunk(update)
+        assert found is not None, update
+        texts.append(found[1])
+    assert compact_chunks(updates, texts) == [compact(update) for update in updates]
+
+
+def test_compact_chunks_hands_back_compact_updates_untouched() -> None:
+    updates = [_chunk("agent_message_chunk", t) for t in ("a b", "  c  ", "d")]
+    assert compact_chunks(updates, ["a b", "  c  ", "d"]) is updates
+    # One space outside a string is enough to have them all made compact.
+    spaced = [*updates[:2], updates[2].replace(b'"content":', b'"content": ')]
+    assert compact_chunks(spaced, ["a b", "  c  ", "d"]) == updates
+
+    # A space outside the strings next to one spelled \\u0020 in the text: as many raw
+    # spaces as the text holds, and still not compact.
+    escaped = b'{"sessionUpdate":"agent_message_chunk", "content":{"type":"text","text":"a\\u0020b"}}'
+    assert compact_chunks([escaped], ["a b"]) == [compact(escaped)] != [escaped]
+    tabbed = b'{"sessionUpdate":"agent_message_chunk",\t"content":{"type":"text","text":"a"}}'
+    assert compact_chunks([tabbed], ["a"]) == [compact(tabbed)] != [tabbed]
