@@ -148,10 +148,12 @@ class _MergedEntry:
 
     __slots__ = ("first", "last", "nbytes", "pieces", "rendered")
 
-    def __init__(self, first: Event, second: Event, second_text: str) -> None:
+    def __init__(self, first: Event, second: Event, second_text: str,
+                 first_text: str | None = None) -> None:
         self.first = first
         self.last = second
-        self.pieces = [_chunk_text(first), second_text]
+        # The first event's text is decoded from its bytes unless the caller knows it.
+        self.pieces = [_chunk_text(first) if first_text is None else first_text, second_text]
         self.nbytes = first.size + second.size
         self.rendered: bytes | None = None
 
@@ -342,7 +344,10 @@ class LiveJournal:
                         i = end
                         continue
                 elif last.size + event.size <= max_bytes:
-                    entries[-1] = _MergedEntry(last, event, texts[i])
+                    # Past the run's first event, a lone last entry is the previous event
+                    # of this run, whose text is known.
+                    entries[-1] = _MergedEntry(last, event, texts[i],
+                                               texts[i - 1] if i else None)
                     total += event.size
                     i += 1
                     continue
