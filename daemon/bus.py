@@ -15,7 +15,6 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from itertools import repeat
 
 import msgspec
 import trio
@@ -23,7 +22,7 @@ import trio
 from sdk.protocol.events import EventPayload, SessionUpdateData, TurnCompleteData, TurnErrorData
 
 from .core.compactor import TurnCompactor, stamp_record
-from .core.envelope import Event, JsonObject, decode_json, typed_event
+from .core.envelope import Event, JsonObject, decode_json, spliced_events, typed_event
 from .core.live_journal import LiveJournals, plain_chunk_key
 from .core.replay_window import Record, ReplayWindow, SegmentHandle, SpilledTurn
 from .core.ring import DEFAULT_RING_BYTES, EventRing
@@ -177,6 +176,8 @@ class SessionBus:
         self._flow_budget = FLOW_BUDGET_MAX
         self._flow_budget_at: float | None = None
         self.flow_wait_s = 0.0  # total time the publisher spent waiting for subscribers
+        # The last envelope template and what it was made for (see _splicer).
+        self._splicer_cache: tuple[tuple[str | None, str | None, int], EnvelopeSplicer] | None = None
         if writer is not None:
             writer.reset_durable(session_id)
 
@@ -249,12 +250,11 @@ class SessionBus:
             # the envelopes formatted in one pass, the ring filled a slice at a time.
             kind, texts = run
             first = self.ring.next_id
-            raws = EnvelopeSplicer(self.session_id, prompt_id, originator_client_id,
-                                   self.clock_ms()).envelopes(first, updates)
-            events = list(map(Event.spliced, raws, range(first, first + len(raws)),
-                              repeat("session_update"), repeat(prompt_id)))
-            self.ring.extend(events)
-            self._publish_chunk_run(kind, events, texts, prompt_id, originator_client_id, raws)
+            raws = self._splicer(prompt_id, originator_client_id).envelopes(first, updates)
+            events = spliced_events(raws, first, "session_update", prompt_id)
+            offsets = self.ring.extend(events)
+            self._publish_chunk_run(kind, events, texts, prompt_id, originator_client_id, raws,
+                                    offsets)
             return
         ring = self.ring
         splicer: EnvelopeSplicer | None = None
@@ -278,8 +278,7 @@ class SessionBus:
                     run_events, run_texts = [], []
                 run_kind = kind
             if splicer is None:
-                splicer = EnvelopeSplicer(self.session_id, prompt_id, originator_client_id,
-                                          self.clock_ms())
+                splicer = self._splicer(prompt_id, originator_client_id)
             event_id = ring.next_id
             event = Event.spliced(splicer.envelope(event_id, update), event_id,
                                   "session_update", prompt_id)
@@ -290,14 +289,28 @@ class SessionBus:
             self._publish_chunk_run(run_kind or "", run_events, run_texts, prompt_id,
                                     originator_client_id)
 
+    def _splicer(self, prompt_id: str | None,
+                 originator_client_id: str | None) -> EnvelopeSplicer:
+        """The envelope template for chunks published now: the last one while the prompt, the
+        originator and the clock's millisecond are the same (a turn's reads come several to a
+        millisecond, and a template costs several envelopes to make), a new one else."""
+        key = (prompt_id, originator_client_id, self.clock_ms())
+        cached = self._splicer_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        splicer = EnvelopeSplicer(self.session_id, prompt_id, originator_client_id, key[2])
+        self._splicer_cache = (key, splicer)
+        return splicer
+
     def _publish_chunk_run(self, kind: str, events: list[Event], texts: list[str],
                            prompt_id: str | None, originator_client_id: str | None,
-                           raws: list[bytes] | None = None) -> None:
+                           raws: list[bytes] | None = None,
+                           offsets: list[int] | None = None) -> None:
         """The journals, the compactor and the transcript for a run of spliced chunks that are
-        already in the ring."""
+        already in the ring (``offsets``: what ``EventRing.extend`` returned for them)."""
         self.journals.append_chunks(
             events, texts,
-            plain_chunk_key(kind, prompt_id, originator_client_id, self.session_id))
+            plain_chunk_key(kind, prompt_id, originator_client_id, self.session_id), offsets)
         try:
             self.compactor.add_plain_chunks(kind, events, texts, prompt_id, originator_client_id)
         except Exception:

@@ -839,7 +839,7 @@ class ClusterRouter:
                 mirror.bus.ring = type(ring)(ring.capacity, next_id=event_id,
                                              max_bytes=ring.max_bytes)
                 ring = mirror.bus.ring
-            event = Event(decode_json(raw), raw)
+            event = Event.with_env(decode_json(raw), raw)
             event.release()
             ring.append(event)
             mirror.bus._dirty = True

@@ -16,6 +16,7 @@ from daemon.core.envelope import (
     encode_object,
     encode_object_parts,
     make_event,
+    spliced_events,
     sse_chunks,
     synthetic,
     write_groups,
@@ -64,6 +65,44 @@ def test_release_keeps_bytes_and_decodes_on_demand() -> None:
     again = event.env
     assert again == env and again is not env
     assert event.id == 3 and event.type == "x"
+
+
+def test_with_env_reads_the_head_from_the_dict() -> None:
+    env = {"id": 4, "v": 1, "type": "session_update", "promptId": "p", "data": {}}
+    raw = msgspec.json.encode(env)
+    event = Event.with_env(env, raw)
+    assert (event.id, event.type, event.prompt_id, event.size, event.raw) == (
+        4, "session_update", "p", len(raw), raw)
+    assert event.env is env
+    # Ids and prompt ids of the wrong type are not taken; a missing type is refused.
+    odd = Event.with_env({"id": "4", "type": "x", "promptId": 5}, b"{}")
+    assert odd.id is None and odd.prompt_id is None
+    for bad in ({"id": 1}, {"type": 3}):
+        try:
+            Event.with_env(bad, b"{}")
+        except TypeError:
+            continue
+        raise AssertionError(f"{bad} accepted")
+
+
+def test_spliced_events_are_spliced_one_by_one() -> None:
+    raws = [b'{"id":%d,"v":1,"type":"session_update"}' % i + b" " * i for i in range(5, 9)]
+    events = spliced_events(raws, 5, "session_update", "p")
+    singles = [Event.spliced(raw, 5 + k, "session_update", "p") for k, raw in enumerate(raws)]
+    fields = [(e.raw, e.size, e.id, e.type, e.prompt_id, e.sse_head) for e in events]
+    assert fields == [(e.raw, e.size, e.id, e.type, e.prompt_id, e.sse_head) for e in singles]
+    assert [e.size for e in events] == [len(raw) for raw in raws]
+    assert events[0].env == {"id": 5, "v": 1, "type": "session_update"}  # decoded on demand
+    assert spliced_events([], 9, "session_update", None) == []
+
+
+def test_events_compare_and_hash_by_identity() -> None:
+    # The ring, journals and frame caches hold events as objects: two events with equal
+    # fields are still two events (and can be set members).
+    a = Event.spliced(b"{}", 1, "x", None)
+    b = Event.spliced(b"{}", 1, "x", None)
+    assert a != b and a == a
+    assert len({a, b}) == 2
 
 
 def test_sse_frames_and_chunks() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 from hypothesis import given
@@ -233,14 +234,17 @@ def test_journals_pair_summary_is_the_filtered_stream(
     st.integers(2, 12),
     st.one_of(st.integers(400, 60_000), st.integers(150_000, 400_000)),
     st.booleans(),
+    st.one_of(st.none(), st.integers(0, 1 << 40)),
 )
 def test_append_chunks_is_append_of_each(pads: list[int], runs: list[int], max_events: int,
-                                         max_bytes: int, user_first: bool) -> None:
+                                         max_bytes: int, user_first: bool,
+                                         shift: int | None) -> None:
     # The run path (one search per entry for how many events it takes) leaves both journals
     # exactly as appending each event: the same entries (256 sources at most, within the byte
     # cap), the same evictions and counters. Runs longer than an entry and byte caps that
-    # cut entries short are both generated.
-    check_runs_against_each(pads, runs, max_events, max_bytes, user_first)
+    # cut entries short are both generated; so are the offsets the ring hands on (cumulative
+    # sizes from wherever the ring's count stood: ``shift``) and none (summed here).
+    check_runs_against_each(pads, runs, max_events, max_bytes, user_first, shift)
 
 
 def test_append_chunks_fills_entries_to_256_sources_across_runs() -> None:
@@ -249,7 +253,7 @@ def test_append_chunks_fills_entries_to_256_sources_across_runs() -> None:
 
 
 def check_runs_against_each(pads: list[int], runs: list[int], max_events: int, max_bytes: int,
-                            user_first: bool) -> list[Any]:
+                            user_first: bool, shift: int | None = None) -> list[Any]:
     from daemon.core.live_journal import plain_chunk_key
     from daemon.core.splice import EnvelopeSplicer
 
@@ -279,7 +283,10 @@ def check_runs_against_each(pads: list[int], runs: list[int], max_events: int, m
     at, k = 0, 0
     while at < len(events):
         step = runs[k % len(runs)]
-        many.append_chunks(events[at:at + step], texts[at:at + step], key)
+        run = events[at:at + step]
+        offsets = None if shift is None else list(
+            accumulate((event.size for event in run), initial=shift + at))
+        many.append_chunks(run, texts[at:at + step], key, offsets)
         at += step
         k += 1
     for mode in ("full", "summary"):

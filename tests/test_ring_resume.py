@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -504,12 +505,18 @@ def test_extend_is_append_of_each(capacity: int, pads: list[int], runs: list[int
         one.append(event)
     many = EventRing(capacity, next_id=start, max_bytes=max_bytes)
     at, k = 0, 0
+    appended = 0
     while at < len(events):
         step = runs[k % len(runs)]
-        many.extend(events[at:at + step])
+        run = events[at:at + step]
+        # What it returns: the bytes appended before each event of the run, and after it.
+        offsets = many.extend(run)
+        assert offsets[0] == appended
+        assert [b - a for a, b in pairwise(offsets)] == [e.size for e in run]
+        appended = offsets[-1]
         at += step
         k += 1
-    many.extend([])
+    assert many.extend([]) == [appended]
     assert (many.first_id, many.last_id, len(many), many.total_bytes, many.next_id) == (
         one.first_id, one.last_id, len(one), one.total_bytes, one.next_id)
     assert ids(many.since(0)) == ids(one.since(0))

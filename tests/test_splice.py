@@ -21,6 +21,7 @@ from daemon.core.live_journal import LiveJournal, merge_key, plain_chunk_key
 from daemon.core.splice import (
     EnvelopeSplicer,
     compact,
+    compact_chunks,
     plain_chunk,
     plain_chunk_lines,
     plain_chunk_run,
@@ -324,13 +325,22 @@ line_middles = st.one_of(
 )
 
 
+# Runs of one kind, so that the accepting path is drawn often, besides anything at all.
+one_kind_middles = st.sampled_from(["agent_message_chunk", "agent_thought_chunk"]).flatmap(
+    lambda kind: st.lists(st.builds(lambda t: encode_json(text_chunk(kind, t)), texts),
+                          min_size=1, max_size=10))
+
+
 @settings(max_examples=400, deadline=None)
-@given(st.lists(line_middles, max_size=10), st.booleans())
+@given(st.one_of(st.lists(line_middles, max_size=10), one_kind_middles),
+       st.one_of(st.none(), st.integers(0, 9)))
 def test_plain_chunk_lines_is_splice_updates_then_plain_chunk_run(middles: list[bytes],
-                                                                   foreign: bool) -> None:
+                                                                   foreign: int | None) -> None:
     lines = [_line_of(m) for m in middles]
-    if foreign and lines:
-        lines[-1] = update_prefix("other") + middles[-1] + b"}}"
+    if foreign is not None and lines:
+        # Another session's line, anywhere in the batch.
+        at = foreign % len(lines)
+        lines[at] = update_prefix("other") + middles[at] + b"}}"
     spliced = splice_updates(lines, _PREFIX)
     run = plain_chunk_run(spliced) if spliced else None
     expected = None if run is None else (spliced, run)
@@ -347,3 +357,114 @@ def test_plain_chunk_lines_refuses_middles_that_only_join_into_chunks() -> None:
         assert plain_chunk_lines([_line_of(m) for m in pair], _PREFIX) is None
     assert plain_chunk_lines([_line_of(one)] * 3, _PREFIX) == (
         [one] * 3, ("agent_message_chunk", ["a"] * 3))
+
+
+def _chunk(kind: str, text: str) -> bytes:
+    return encode_json(text_chunk(kind, text))
+
+
+def test_plain_chunk_lines_reads_either_kind_but_not_both() -> None:
+    thoughts = [_chunk("agent_thought_chunk", t) for t in ("a", "b")]
+    assert plain_chunk_lines([_line_of(m) for m in thoughts], _PREFIX) == (
+        thoughts, ("agent_thought_chunk", ["a", "b"]))
+    for mixed in ([_chunk("agent_message_chunk", "a"), _chunk("agent_thought_chunk", "b")],
+                  [_chunk("agent_thought_chunk", "a"), _chunk("agent_message_chunk", "b")]):
+        assert plain_chunk_lines([_line_of(m) for m in mixed], _PREFIX) is None
+
+
+def test_plain_chunk_lines_checks_every_line_not_only_the_ends() -> None:
+    good = _line_of(_chunk("agent_message_chunk", "a"))
+    other_session = update_prefix("other") + _chunk("agent_message_chunk", "a") + b"}}"
+    no_suffix = _line_of(_chunk("agent_message_chunk", "a"))[:-2] + b"  "
+    not_an_object = _PREFIX + b'["agent_message_chunk"]}}'
+    two_in_one = _line_of(_chunk("agent_message_chunk", "a") + b","
+                          + _chunk("agent_message_chunk", "b"))
+    for odd in (other_session, no_suffix, not_an_object, two_in_one):
+        assert plain_chunk_lines([good, odd, good], _PREFIX) is None
+
+
+def test_plain_chunk_lines_refuses_lines_holding_a_newline() -> None:
+    # LineSplitter never makes one; the joints' reasoning needs that, so it is checked. This
+    # line is even valid JSON (the newline is whitespace between members).
+    spaced = b'{"sessionUpdate":"agent_message_chunk",\n"content":{"type":"text","text":"a"}}'
+    assert splice_updates([_line_of(spaced)], _PREFIX) == [spaced]
+    assert plain_chunk_lines([_line_of(spaced)], _PREFIX) is None
+
+
+def test_the_envelope_template_follows_the_prompt_the_originator_and_the_clock() -> None:
+    # The bus keeps its last template while prompt, originator and millisecond stay the same:
+    # a chunk published after any of them changed carries the new value.
+    now = [1_000]
+    writer = RecordingWriter()
+    bus = SessionBus(SID, BusLimits(100, 1 << 20, 1 << 20, 64), writer,  # type: ignore[arg-type]
+                     clock_ms=lambda: now[0])
+    chunk = [_chunk("agent_message_chunk", "a")]
+    steps = [(PROMPT, CLIENT, 1_000), (PROMPT, CLIENT, 1_000), (PROMPT, CLIENT, 1_001),
+             (PROMPT, None, 1_001), ("p2", None, 1_001), ("p2", CLIENT, 1_001)]
+    for prompt_id, client_id, at in steps:
+        now[0] = at
+        bus.publish_updates(chunk, prompt_id=prompt_id, originator_client_id=client_id)
+        bus.publish_updates(chunk * 2, prompt_id=prompt_id, originator_client_id=client_id)
+    envs = [decode_json(raw) for _, raw in writer.stored_events()]
+    assert [(e.get("promptId"), e.get("originatorClientId"), e["_meta"]["serverTimestamp"])
+            for e in envs] == [step for step in steps for _ in range(3)]
+    assert [e["id"] for e in envs] == list(range(1, 3 * len(steps) + 1))
+
+
+_WS = st.sampled_from([" ", "  ", "\t", "\r", "\n", " \r\n"])
+
+
+@st.composite
+def spelled_chunk(draw: st.DrawFn) -> bytes:
+    """A plain text chunk as an agent might spell it: either kind, any text (escaped or not,
+    some spaces written as \\u0020), members in either order, whitespace anywhere between
+    tokens, or none."""
+    kind = draw(st.sampled_from(["agent_message_chunk", "agent_thought_chunk"]))
+    text = json.dumps(draw(st.text(alphabet=st.characters(codec="utf-8"), max_size=20)
+                           | st.sampled_from(["a b", " ", "a\u0020b", "x, y: {z}"])),
+                      ensure_ascii=draw(st.booleans()))
+    if draw(st.booleans()):
+        text = text.replace(" ", "\\u0020", 1)
+
+    # Whitespace in a few of the places between tokens (often one: the case where a space
+    # outside the strings could pass for a space of the text).
+    spots = draw(st.dictionaries(st.integers(0, 19), _WS, max_size=3))
+    slot = itertools.count()
+
+    def ws() -> str:
+        return spots.get(next(slot), "")
+
+    def obj(members: list[tuple[str, str]]) -> str:
+        if draw(st.booleans()):
+            members = members[::-1]
+        body = ("," + ws()).join(f'{ws()}"{k}"{ws()}:{ws()}{v}{ws()}' for k, v in members)
+        return "{" + body + "}"
+
+    content = obj([("type", '"text"'), ("text", text)])
+    return (ws() + obj([("sessionUpdate", f'"{kind}"'), ("content", content)]) + ws()).encode()
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(spelled_chunk(), min_size=1, max_size=8))
+def test_compact_chunks_is_compact_of_each(updates: list[bytes]) -> None:
+    texts = []
+    for update in updates:
+        found = plain_chunk(update)
+        assert found is not None, update
+        texts.append(found[1])
+    assert compact_chunks(updates, texts) == [compact(update) for update in updates]
+
+
+def test_compact_chunks_hands_back_compact_updates_untouched() -> None:
+    updates = [_chunk("agent_message_chunk", t) for t in ("a b", "  c  ", "d")]
+    assert compact_chunks(updates, ["a b", "  c  ", "d"]) is updates
+    # One space outside a string is enough to have them all made compact.
+    spaced = [*updates[:2], updates[2].replace(b'"content":', b'"content": ')]
+    assert compact_chunks(spaced, ["a b", "  c  ", "d"]) == updates
+
+    # A space outside the strings next to one spelled \\u0020 in the text: as many raw
+    # spaces as the text holds, and still not compact.
+    escaped = b'{"sessionUpdate":"agent_message_chunk", "content":{"type":"text","text":"a\\u0020b"}}'
+    assert compact_chunks([escaped], ["a b"]) == [compact(escaped)] != [escaped]
+    tabbed = b'{"sessionUpdate":"agent_message_chunk",\t"content":{"type":"text","text":"a"}}'
+    assert compact_chunks([tabbed], ["a"]) == [compact(tabbed)] != [tabbed]

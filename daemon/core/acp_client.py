@@ -52,7 +52,7 @@ from .acp_codec import (
     update_prefix,
 )
 from .envelope import encode_json
-from .splice import ChunkRun, compact, plain_chunk_lines
+from .splice import ChunkRun, compact, compact_chunks, plain_chunk_lines
 
 __all__ = [
     "DEFAULT_CLIENT_INFO",
@@ -376,7 +376,7 @@ class AcpClient(Generic[S, W]):
                     if plain is not None:  # the usual read of a turn: text chunks only
                         raws, run = plain
                         if spaced:
-                            raws = list(map(compact, raws))
+                            raws = compact_chunks(raws, run[1])
                         return self._route_one(session_id, raws, run)
                     spliced = splice_updates(lines, prefix)
                     if spliced is not None:

@@ -107,6 +107,8 @@ class LineSplitter:
         lines = data.split(b"\n")
         tail = lines.pop()
         cap = self.max_line_bytes
+        # Bytes the complete lines can hold at most: the data plus the old buffer.
+        reach = len(data) + len(self._buffer)
         if self._buffer:
             if not lines:
                 # Still inside one long line: only the buffer grows.
@@ -122,8 +124,9 @@ class LineSplitter:
                 self._start_discarding()
             else:
                 self._buffer += tail
-        # A complete line can only exceed the cap if the data (plus the old buffer) did.
-        if lines and max(map(len, lines)) > cap:
+        # A complete line can only exceed the cap if the data (plus the old buffer) did: a
+        # read is far below the cap, so the lines are not measured one by one.
+        if reach > cap and lines and max(map(len, lines)) > cap:
             kept = [line for line in lines if len(line) <= cap]
             self.discarded_lines += len(lines) - len(kept)
             lines = kept

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from itertools import repeat
 from typing import Any, Final
 
 import msgspec
@@ -55,49 +56,54 @@ def is_finite_number(value: object) -> bool:
     return isinstance(value, float) and math.isfinite(value)
 
 
-class Event:
-    """One published (or seeded) event: the envelope dict and its one encoding.
+class Event(msgspec.Struct, gc=False, eq=False):
+    """One published (or seeded) event: its one encoding and, until released, its envelope dict.
 
     ``env`` must be treated as immutable once the event exists: its bytes are shared. After the
     publish pipeline has taken what it needs, :meth:`release` drops the dict so that the ring
     and the journals hold only the bytes; a later ``env`` read decodes them again.
+
+    A Struct rather than a plain class because a turn makes one per agent chunk: msgspec
+    builds it in C from positional fields (:func:`spliced_events` maps the class over a run),
+    which is about a third of a Python ``__init__``'s cost. Build one with
+    :meth:`with_env`, :meth:`from_env` or :meth:`spliced`; the positional fields are
+    ``raw, size, id, type, prompt_id`` and ``size`` must be ``len(raw)``. ``gc=False``: an
+    event holds bytes, strings, ints and a JSON dict, never anything that refers back to it,
+    so it cannot be part of a reference cycle and the collector need not track it.
+    ``eq=False``: events compare (and hash) by identity, like any object.
     """
 
-    __slots__ = ("_env", "_sse_head", "id", "prompt_id", "raw", "size", "type")
+    raw: bytes
+    size: int
+    id: int | None
+    type: str
+    prompt_id: str | None
+    _env: JsonObject | None = None
+    _sse_head: bytes | None = None
 
-    def __init__(self, env: JsonObject, raw: bytes) -> None:
-        self._env: JsonObject | None = env
-        self.raw = raw
-        self.size = len(raw)
+    @classmethod
+    def with_env(cls, env: JsonObject, raw: bytes) -> Event:
+        """The event of envelope ``env`` whose encoding is ``raw``; id, type and prompt id are
+        read from ``env`` (raises ``TypeError`` unless it is an object with a string type)."""
         head = view(env, EnvelopeView)
         if head is None or not isinstance(head.type, str):
             raise TypeError("an envelope is an object with a string type")
         ident = head.id
-        self.id: int | None = ident if isinstance(ident, int) else None
-        self.type: str = head.type
         prompt_id = head.prompt_id
-        self.prompt_id: str | None = prompt_id if isinstance(prompt_id, str) else None
-        self._sse_head: bytes | None = None
+        return cls(raw, len(raw), ident if isinstance(ident, int) else None, head.type,
+                   prompt_id if isinstance(prompt_id, str) else None, env)
 
     @classmethod
     def from_env(cls, env: JsonObject) -> Event:
         """Encode ``env`` (raises ``msgspec.EncodeError``/``TypeError`` if it cannot be)."""
-        return cls(env, encode_json(env))
+        return cls.with_env(env, encode_json(env))
 
     @classmethod
     def spliced(cls, raw: bytes, event_id: int, event_type: str, prompt_id: str | None) -> Event:
         """An event whose encoding was built without a dict (``daemon.core.splice``): ``raw`` must
         be a valid compact envelope carrying these id, type and prompt id. ``env`` decodes it
         when someone asks."""
-        event = cls.__new__(cls)
-        event._env = None
-        event.raw = raw
-        event.size = len(raw)
-        event.id = event_id
-        event.type = event_type
-        event.prompt_id = prompt_id
-        event._sse_head = None
-        return event
+        return cls(raw, len(raw), event_id, event_type, prompt_id)
 
     @property
     def env(self) -> JsonObject:
@@ -127,6 +133,14 @@ class Event:
 
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
         return f"Event(id={self.id}, type={self.type!r}, size={self.size})"
+
+
+def spliced_events(raws: list[bytes], first_id: int, event_type: str,
+                   prompt_id: str | None) -> list[Event]:
+    """:meth:`Event.spliced` of each of ``raws``, the ids counting up from ``first_id``: the
+    Struct mapped over the run, with no Python call per event."""
+    return list(map(Event, raws, map(len, raws), range(first_id, first_id + len(raws)),
+                    repeat(event_type), repeat(prompt_id)))
 
 
 def sse_chunks(events: Iterable[Event], max_chunk: int = 1024 * 1024) -> list[bytes]:
@@ -206,7 +220,7 @@ def make_event(
         meta=meta,
     )
     try:
-        return Event(env, encode_json(env))
+        return Event.with_env(env, encode_json(env))
     except (msgspec.EncodeError, TypeError, ValueError, OverflowError):
         return None
 
@@ -235,7 +249,7 @@ def synthetic(
     ``slow_client_warning``, ``client_evicted``, ``stream_error``). Never stored."""
     env = envelope_fields(event_type, data, prompt_id=prompt_id,
                           meta=None if now_ms is None else {"serverTimestamp": now_ms})
-    return Event(env, encode_json(env))
+    return Event.with_env(env, encode_json(env))
 
 
 def typed_synthetic(

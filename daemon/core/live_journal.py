@@ -148,10 +148,12 @@ class _MergedEntry:
 
     __slots__ = ("first", "last", "nbytes", "pieces", "rendered")
 
-    def __init__(self, first: Event, second: Event, second_text: str) -> None:
+    def __init__(self, first: Event, second: Event, second_text: str,
+                 first_text: str | None = None) -> None:
         self.first = first
         self.last = second
-        self.pieces = [_chunk_text(first), second_text]
+        # The first event's text is decoded from its bytes unless the caller knows it.
+        self.pieces = [_chunk_text(first) if first_text is None else first_text, second_text]
         self.nbytes = first.size + second.size
         self.rendered: bytes | None = None
 
@@ -308,9 +310,10 @@ class LiveJournal:
         one eviction pass at the end. Same result: whether an event merges never depends on
         evictions (only on the last entry, which is never evicted), and evicting the oldest
         entries while over a cap, once after all appends, removes the same entries as doing
-        it after each (the totals only grow meanwhile). ``offsets`` (``offsets[k]``: the
-        sizes of ``events[:k]`` added up, ``len(events) + 1`` of them) finds how many events
-        an entry takes with one search instead of a step per event."""
+        it after each (the totals only grow meanwhile). ``offsets`` (``offsets[k] -
+        offsets[0]``: the sizes of ``events[:k]`` added up, ``len(events) + 1`` of them; only
+        their differences are read) finds how many events an entry takes with one search
+        instead of a step per event."""
         entries = self._entries
         max_bytes = self.max_bytes
         total = self._total_bytes
@@ -341,7 +344,10 @@ class LiveJournal:
                         i = end
                         continue
                 elif last.size + event.size <= max_bytes:
-                    entries[-1] = _MergedEntry(last, event, texts[i])
+                    # Past the run's first event, a lone last entry is the previous event
+                    # of this run, whose text is known.
+                    entries[-1] = _MergedEntry(last, event, texts[i],
+                                               texts[i - 1] if i else None)
                     total += event.size
                     i += 1
                     continue
@@ -457,12 +463,16 @@ class LiveJournals:
         if in_summary(event):
             self.summary._push(event, None, "")
 
-    def append_chunks(self, events: list[Event], texts: list[str], key: MergeKey) -> None:
+    def append_chunks(self, events: list[Event], texts: list[str], key: MergeKey,
+                      offsets: list[int] | None = None) -> None:
         """Append a run of plain text chunks sharing merge key ``key``
         (:func:`plain_chunk_key`), ``texts[i]`` being the text of ``events[i]``: the same as
         :meth:`append` of each, without classifying them again. Top-level chunks belong in
-        both journals."""
-        offsets = list(accumulate([event.size for event in events], initial=0))
+        both journals. ``offsets``, when given, are the run's cumulative sizes from any
+        start (``EventRing.extend`` returns them): ``offsets[j] - offsets[i]`` is the size
+        of ``events[i:j]``."""
+        if offsets is None:
+            offsets = list(accumulate([event.size for event in events], initial=0))
         self.full._push_run(events, texts, key, offsets)
         self.summary._push_run(events, texts, key, offsets)
 

@@ -117,24 +117,31 @@ class EventRing:
         if self._held > self.max_bytes:
             self._drop_for_bytes()
 
-    def extend(self, events: list[Event]) -> None:
+    def extend(self, events: list[Event]) -> list[int]:
         """:meth:`append` of each of ``events`` (ids ``next_id`` onwards, consecutive), with
-        the slots, offsets and counts updated a slice at a time."""
+        the slots, offsets and counts updated a slice at a time.
+
+        Returns the run's cumulative offsets, ``len(events) + 1`` of them: element ``k`` is
+        the bytes appended to this ring before ``events[k]`` (the last: after the run), so
+        ``offsets[j] - offsets[i]`` is the size of ``events[i:j]``. The live journals take
+        them as they are (``LiveJournals.append_chunks``) instead of adding the sizes up again.
+        """
         count = len(events)
         if not count:
-            return
+            return [self._total]
         first = self.next_id
         if events[0].id != first or events[-1].id != first + count - 1:
             raise ValueError(
                 f"event ring expects ids {first}..{first + count - 1} next, got "
                 f"{events[0].id!r}..{events[-1].id!r}")
+        # offsets[k + 1] is what _ends holds for events[k].
+        offsets = list(accumulate(map(_size, events), initial=self._total))
         capacity = self.capacity
         if count > capacity:  # only the newest capacity of them could stay
             for event in events:
                 self.append(event)
-            return
+            return offsets
         slots = self._events
-        sizes = list(map(_size, events))
         # Slots the run overwrites still hold the oldest events (or None once dropped for
         # bytes): they leave now, as append would have made them leave one by one.
         overflow = self._count + count - capacity
@@ -147,21 +154,19 @@ class EventRing:
             self._held -= self._ends[newest_gone] - self._ends[oldest] + oldest_event.size
             self._count -= overflow
         lo = first % capacity
-        ends = list(accumulate(sizes, initial=self._total))
-        del ends[0]
         head = min(count, capacity - lo)
         slots[lo:lo + head] = events[:head]
-        self._ends[lo:lo + head] = ends[:head]
+        self._ends[lo:lo + head] = offsets[1:head + 1]
         if head < count:
             slots[:count - head] = events[head:]
-            self._ends[:count - head] = ends[head:]
-        added = ends[-1] - self._total
-        self._total = ends[-1]
-        self._held += added
+            self._ends[:count - head] = offsets[head + 1:]
+        self._held += offsets[-1] - self._total
+        self._total = offsets[-1]
         self.next_id = first + count
         self._count += count
         if self._held > self.max_bytes:
             self._drop_for_bytes()
+        return offsets
 
     def _drop_for_bytes(self) -> None:
         events = self._events
