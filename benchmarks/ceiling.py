@@ -5,11 +5,12 @@ Run as ``python -m benchmarks.ceiling --chunks N``: a raw ASGI app under Hyperco
 ``GET`` with an SSE stream and, once ``POST /start`` arrives, writes to each open stream the
 frames the daemon would write for a turn of ``N`` mock chunks: ids 1..N of ``session_update``
 envelopes spliced exactly as the daemon splices them (``daemon.core.splice``), framed by
-``daemon.core.sse_frames``, pre-built before the start and written one send per the daemon's
-wake-up (its dispatch group: a quarter of ``--max-queued``, at most
-``daemon.bus.DISPATCH_GROUP_MAX`` frames; 64 for ``maxQueued=2048``; ``--group`` overrides it),
-then a ``turn_complete`` frame with id N+1. Its first stdout line is
-``listening on http://127.0.0.1:PORT``. Nothing else runs in it: no agent to read, no ring,
+``daemon.core.sse_frames``, pre-built before the start, published one dispatch group at a
+time (a quarter of ``--max-queued``, at most ``daemon.bus.DISPATCH_GROUP_MAX`` frames; 64 for
+``maxQueued=2048``; ``--group`` overrides it) and written as the daemon writes them: one send
+per wake-up, a small one gathered over a few scheduler passes first (``daemon.streams``); then
+a ``turn_complete`` frame with id N+1. Its first stdout line is ``listening
+on http://127.0.0.1:PORT``. Nothing else runs in it: no agent to read, no ring,
 journals, compactor or transcript, every frame built before the clock starts; so it is an
 upper bound on the daemon's delivered rate with the same write pattern, not a model of it.
 
@@ -21,6 +22,7 @@ Hypercorn, Trio, Python and the client allow on this machine; no daemon can beat
 from __future__ import annotations
 
 import argparse
+import itertools
 import socket
 import sys
 import time
@@ -34,6 +36,7 @@ from daemon.bus import DISPATCH_GROUP_FRACTION, DISPATCH_GROUP_MAX
 from daemon.core.envelope import Event, encode_json
 from daemon.core.splice import EnvelopeSplicer
 from daemon.core.sse_frames import frames_of
+from daemon.streams import GATHER_BYTES, GATHER_PASSES
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -87,6 +90,7 @@ class CeilingApp:
 
     def __init__(self, segments: list[bytes], group: int, max_queued: int) -> None:
         self.segments = segments
+        self.ends = list(itertools.accumulate(map(len, segments)))  # bytes up to segment k
         self.group = group
         self.max_queued = max_queued
         self.started = trio.Event()
@@ -103,6 +107,15 @@ class CeilingApp:
             self.available = k + 1
             self.lot.unpark_all()
             await trio.lowlevel.checkpoint()
+
+    def worth_gathering(self, reader: _Reader) -> bool:
+        """``daemon.streams.EventPump.worth_gathering`` for this reader."""
+        available, cursor = self.available, reader.cursor
+        if available >= len(self.segments):
+            return False  # the turn is all published
+        pending = self.ends[available - 1] - (self.ends[cursor - 1] if cursor else 0)
+        return (0 < pending < GATHER_BYTES
+                and (available - cursor) * self.group <= self.max_queued // 4)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -135,6 +148,13 @@ class CeilingApp:
                 if reader.cursor >= available:
                     await self.lot.park()
                     continue
+                # A small write first lets the publisher run a few more passes, bounded as the
+                # daemon bounds it (daemon.streams.GATHER_BYTES), so the sends are as large.
+                for _ in range(GATHER_PASSES):
+                    if not self.worth_gathering(reader):
+                        break
+                    await trio.lowlevel.checkpoint()
+                available = self.available
                 body = (segments[reader.cursor] if available == reader.cursor + 1
                         else b"".join(segments[reader.cursor:available]))
                 reader.cursor = available

@@ -46,6 +46,19 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 MAX_SUBSCRIBERS = 64
 EPOCH_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 EVICTED_FRAME_TIMEOUT_S = 0.5
+# A live write that would be small first lets the publisher run a few more scheduler passes
+# (EventPump.worth_gathering; never a timed wait): every write costs the server the same fixed
+# price (the ASGI message, Hypercorn's and h11's framing, a send lock, a socket send, a wake-up
+# of the reader) whatever its size, so a write that carries three dispatch groups instead of one
+# pays it a third as often per event. Bounded by bytes (128 KiB, about 350 chunk frames) and by
+# frames (a quarter of maxQueued, so that with the next group the subscriber stays under half
+# its cap, where flow control starts), and to GATHER_PASSES passes per write: when the publisher
+# has nothing more to run, a pass costs microseconds. Measured in-process (cachegrind, real
+# Hypercorn, a publisher yielding between 64-line groups): 1 pass below 64 KiB took the
+# instructions per event per extra subscriber from ~2,390 to ~2,000, 3 passes below 128 KiB
+# to ~1,650.
+GATHER_BYTES = 128 * 1024
+GATHER_PASSES = 3
 
 
 class StreamRequestError(Exception):
@@ -207,6 +220,19 @@ class EventPump:
             return None
         return slow_client_warning_event(warning, now_ms())
 
+    def worth_gathering(self) -> bool:
+        """True when the subscriber's next live write would be small (events pending, under
+        GATHER_BYTES and a quarter of its maxQueued frames) and more may come: the caller
+        then yields once, so the publisher, if it has more read, publishes another group first
+        and the write carries both. The caller asks at most GATHER_PASSES times per write:
+        never a wait for events that do not come (an idle publisher has nothing to run)."""
+        if self.bus.closed:
+            return False
+        ring, state = self.bus.ring, self.sub.state
+        pending = ring.bytes_since(state.cursor)
+        return (0 < pending < GATHER_BYTES
+                and ring.last_id - state.cursor <= state.max_queued // 4)
+
     def next_batch(self) -> list[Event] | None:
         """Live events after the cursor (with a pending warning first); ``None`` when evicted.
         Advances the cursor: these events count as handed to the transport."""
@@ -352,6 +378,10 @@ async def serve_sse(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
                     await body(chunk)
             sub.end_write()
             while True:
+                for _ in range(GATHER_PASSES):  # see GATHER_BYTES
+                    if not pump.worth_gathering():
+                        break
+                    await trio.lowlevel.checkpoint()
                 frames = pump.next_sse()
                 if frames is None:
                     break

@@ -51,10 +51,14 @@ def test_subscribers_at_one_cursor_share_one_bytes_object() -> None:
     assert len(first) == len(second) == 1 and first[0] is second[0]
     for i in range(11, 16):
         ring.append(event(i))
-    # One subscriber at 10 builds the next segment; one still at 0 takes both, none rebuilt.
+    # One subscriber at 10 builds the next segment; one still at 0 takes both, none rebuilt,
+    # joined once: another subscriber at 0 takes that same join, not a copy of its own.
     newer, _ = frames.since(ring, 10)
     behind, end = frames.since(ring, 0)
-    assert end == 15 and behind[0] is first[0] and behind[1] is newer[0]
+    assert end == 15 and behind == [first[0] + newer[0]]
+    again, end = frames.since(ring, 0)
+    assert end == 15 and len(again) == 1 and again[0] is behind[0]
+    assert frames.since(ring, 10)[0][0] is newer[0]  # the segments it joined are still there
     assert frames.since(ring, 15) == ([], 15)
 
 
