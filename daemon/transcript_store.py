@@ -43,7 +43,6 @@ from daemon.core.transcript_ops import (
     TranscriptPage,
     UpsertSession,
 )
-from daemon.malloc import MMAP_THRESHOLD
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -84,13 +83,13 @@ CACHE_KIB: Final = 512
 CACHE_SPILL_KIB: Final = 2048
 WAL_CHECKPOINT_BYTES: Final = 4 * 1024 * 1024
 # Largest raw_events row a batch's events are joined into (a single bigger event gets a row of
-# its own). Kept below the daemon's fixed malloc mmap threshold (``daemon.malloc``): a row is
-# built twice, by the join and by SQLite's copy of the bound blob, and a block at or above the
-# threshold is a fresh mmap each time, page-faulted in and unmapped again. A fast turn commits
-# 0.5-1 MB a batch; as one row that cost about 26,000 page faults per 100,000 events and
-# doubled the store's CPU per event (in-process, ~920 KB batches: 1.2-1.3 -> 0.6 ms per 1,000
-# events), for a few more bytes written (another row's local part on its leaf page).
-ROW_MAX_BYTES: Final = MMAP_THRESHOLD - 64 * 1024
+# its own): a bound on one row's size, not a tuning knob. Rows were once capped below the
+# malloc mmap threshold (``daemon.malloc``) to spare the writer the page faults of a fresh
+# mapping per row (about half the store's CPU on 0.5-1 MB batches), but heap-allocated rows of
+# that size fragmented the heap between the open turn's long-lived texts: over a 1,000,000-chunk
+# open turn the daemon's RSS grew 40-50 MB instead of about 12 (``benchmarks memory``; a 60 KiB
+# cap made it 190 MB). A fast turn's 0.5-1 MB batch is one row again.
+ROW_MAX_BYTES: Final = 16 * 1024 * 1024
 
 _SCHEMA: Final = """
 CREATE TABLE sessions (

@@ -14,10 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.malloc import MMAP_THRESHOLD
+from daemon import transcript_store
 from daemon.transcript_store import (
     PAGE_SIZE,
-    ROW_MAX_BYTES,
     SCHEMA_VERSION,
     WAL_CHECKPOINT_BYTES,
     AdmitPrompt,
@@ -340,12 +339,14 @@ def test_event_only_batches_follow_the_committed_sessions(tmp_path: Path) -> Non
     reopened.close()
 
 
-def test_a_big_batch_is_split_into_rows_below_the_mmap_threshold(store: TranscriptStore) -> None:
-    """A batch's run of events is joined into rows of at most ROW_MAX_BYTES (below malloc's
-    mmap threshold, so neither the join nor SQLite's copy is a fresh mapping), never splitting
-    an event; each row's event_id is its own last event, and reading back gives every event
-    once, in order. An event bigger than the cap gets a row of its own."""
-    assert ROW_MAX_BYTES < MMAP_THRESHOLD
+def test_a_big_batch_is_split_into_rows_of_at_most_row_max_bytes(
+        store: TranscriptStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch's run of events is joined into rows of at most ROW_MAX_BYTES (here made small,
+    to need no 16 MiB batch), never splitting an event; each row's event_id is its own last
+    event, and reading back gives every event once, in order. An event bigger than the cap gets
+    a row of its own."""
+    monkeypatch.setattr(transcript_store, "ROW_MAX_BYTES", 448 * 1024)
+    ROW_MAX_BYTES = transcript_store.ROW_MAX_BYTES
     body = "z" * 20_000
     ops = [append(S1, i, text=body) for i in range(1, 61)]  # ~1.2 MB: three rows or more
     big = "b" * (ROW_MAX_BYTES + 10)
