@@ -43,6 +43,7 @@ from daemon.core.transcript_ops import (
     TranscriptPage,
     UpsertSession,
 )
+from daemon.malloc import MMAP_THRESHOLD
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -83,13 +84,14 @@ CACHE_KIB: Final = 512
 CACHE_SPILL_KIB: Final = 2048
 WAL_CHECKPOINT_BYTES: Final = 4 * 1024 * 1024
 # Largest raw_events row a batch's events are joined into (a single bigger event gets a row of
-# its own): a bound on one row's size, not a tuning knob. Rows were once capped below the
-# malloc mmap threshold (``daemon.malloc``) to spare the writer the page faults of a fresh
-# mapping per row (about half the store's CPU on 0.5-1 MB batches), but heap-allocated rows of
-# that size fragmented the heap between the open turn's long-lived texts: over a 1,000,000-chunk
-# open turn the daemon's RSS grew 40-50 MB instead of about 12 (``benchmarks memory``; a 60 KiB
-# cap made it 190 MB). A fast turn's 0.5-1 MB batch is one row again.
-ROW_MAX_BYTES: Final = 16 * 1024 * 1024
+# its own). Kept below the daemon's fixed malloc mmap threshold (``daemon.malloc``): a row is
+# built twice, by the join and by SQLite's copy of the bound blob, and a block at or above the
+# threshold is a fresh mmap each time, page-faulted in and unmapped again (``benchmarks
+# transcript_cost``, store CPU per 1,000 events: 0.63-0.71 ms against 0.99-1.10 ms with 16 MiB
+# rows). Such heap rows once fragmented the heap (RSS growth 4x a 1,000,000-chunk open turn's
+# text) only because cached statements kept them bound long after their batch; with statements
+# not cached (see ``__init__``) each is freed as soon as its INSERT is done.
+ROW_MAX_BYTES: Final = MMAP_THRESHOLD - 64 * 1024
 
 _SCHEMA: Final = """
 CREATE TABLE sessions (
@@ -172,7 +174,14 @@ class TranscriptStore:
         self.path = str(path)
         # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT), so one
         # batch is exactly one transaction whatever the Python version's implicit-BEGIN rules.
-        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        # cached_statements=0: every statement is prepared for its call and finalized when its
+        # cursor goes. SQLite keeps a statement's bound values until they are bound again
+        # (``sqlite3_reset`` does not clear them), so a cached INSERT held on to its last batch's
+        # blobs: up to 16 rows of up to ROW_MAX_BYTES for each multi-row INSERT shape, over
+        # 100 MB of RSS after a turn of large chunks. Preparing costs about 10 us a statement,
+        # and a batch of events is one statement.
+        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
+                               cached_statements=0)
         try:
             # Before anything touches the file: with EXCLUSIVE locking set before the first
             # WAL access, SQLite keeps the WAL index in heap memory and never maps a "-shm"

@@ -322,7 +322,9 @@ def test_huge_turn_leaves_memory_bounded_and_load_returns_it_whole(tmp_path: Pat
         limits = client.get("/capabilities").json()["limits"]
         assert limits["eventRingBytes"] == 16 * 1024 * 1024
         assert status["ringBytes"] <= limits["eventRingBytes"]
-        assert after < 200, f"daemon RSS {after:.0f} MB after the terminal"
+        # Measured 68-85 MB (50 MB before the turn); transcript statements that kept their last
+        # batch bound made it 99-265 MB.
+        assert after < 120, f"daemon RSS {after:.0f} MB after the terminal"
 
         load = client.post(f"/session/{sid}/load", json={}).json()
         replay = load["compactedReplay"]

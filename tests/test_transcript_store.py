@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import sqlite3
 import subprocess
 import sys
 import tempfile
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon import transcript_store
+from daemon.malloc import MMAP_THRESHOLD
 from daemon.transcript_store import (
     PAGE_SIZE,
+    ROW_MAX_BYTES,
     SCHEMA_VERSION,
     WAL_CHECKPOINT_BYTES,
     AdmitPrompt,
@@ -339,14 +344,12 @@ def test_event_only_batches_follow_the_committed_sessions(tmp_path: Path) -> Non
     reopened.close()
 
 
-def test_a_big_batch_is_split_into_rows_of_at_most_row_max_bytes(
-        store: TranscriptStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A batch's run of events is joined into rows of at most ROW_MAX_BYTES (here made small,
-    to need no 16 MiB batch), never splitting an event; each row's event_id is its own last
-    event, and reading back gives every event once, in order. An event bigger than the cap gets
-    a row of its own."""
-    monkeypatch.setattr(transcript_store, "ROW_MAX_BYTES", 448 * 1024)
-    ROW_MAX_BYTES = transcript_store.ROW_MAX_BYTES
+def test_a_big_batch_is_split_into_rows_below_the_mmap_threshold(store: TranscriptStore) -> None:
+    """A batch's run of events is joined into rows of at most ROW_MAX_BYTES (below malloc's
+    mmap threshold, so neither the join nor SQLite's copy is a fresh mapping), never splitting
+    an event; each row's event_id is its own last event, and reading back gives every event
+    once, in order. An event bigger than the cap gets a row of its own."""
+    assert ROW_MAX_BYTES < MMAP_THRESHOLD
     body = "z" * 20_000
     ops = [append(S1, i, text=body) for i in range(1, 61)]  # ~1.2 MB: three rows or more
     big = "b" * (ROW_MAX_BYTES + 10)
@@ -371,6 +374,60 @@ def test_a_big_batch_is_split_into_rows_of_at_most_row_max_bytes(
         assert ends[event_id - 1] == offset
         offset += 1
     assert store.max_raw_event_id(S1) == 62
+
+
+def _sqlite_memory_used() -> Callable[[], int]:
+    """SQLite's own count of the bytes it has allocated (``sqlite3_memory_used``), read from the
+    library the ``sqlite3`` module is linked against."""
+    import _sqlite3
+
+    try:
+        fn = ctypes.CDLL(_sqlite3.__file__).sqlite3_memory_used
+    except (OSError, AttributeError):
+        pytest.skip("this sqlite3 module does not expose sqlite3_memory_used")
+    fn.restype = ctypes.c_int64
+    fn.argtypes = []
+    return lambda: int(fn())
+
+
+def test_no_statement_keeps_a_batch_bound_after_it_is_written(tmp_path: Path) -> None:
+    """SQLite keeps a prepared statement's bound values until they are bound again, so a cached
+    INSERT would hold its last batch's blobs (every multi-row shape its own, up to 16 rows of
+    ROW_MAX_BYTES) for as long as the daemon runs. After each kind of write (one row, a
+    multi-row INSERT, more rows than one statement takes, a turn's records) SQLite's memory is
+    back within the page cache of where it started."""
+    memory_used = _sqlite_memory_used()
+    mib = 1024 * 1024
+    # The probe sees a retained binding: a plain connection, statement cached, 8 MiB bound.
+    probe = sqlite3.connect(":memory:", isolation_level=None)
+    probe.execute("CREATE TABLE t (b BLOB)")
+    gc.collect()
+    before = memory_used()
+    probe.execute("INSERT INTO t (b) VALUES (?)", (b"p" * (8 * mib),))
+    probe.execute("DELETE FROM t")
+    assert memory_used() - before >= 8 * mib
+    probe.close()
+
+    store = TranscriptStore(tmp_path / "transcript.db")
+    store.apply([UpsertSession(S1, "/w", 100)])
+    store.apply([append(S1, 1)])
+    gc.collect()
+    baseline = memory_used()
+    slack = 2 * mib  # the page cache (512 KiB) and SQLite's lookaside and schema
+    body = "q" * (ROW_MAX_BYTES - 1024)
+    batches: list[tuple[str, list[Any]]] = [
+        ("one row", [append(S1, 2, text="w" * (6 * mib))]),
+        ("one multi-row INSERT", [append(S1, 3 + i, text=body) for i in range(12)]),
+        ("more rows than one INSERT takes", [append(S1, 15 + i, text=body) for i in range(40)]),
+        ("a turn's records", [finish(S1, None, [rec(n, size=3 * mib) for n in range(1, 4)])]),
+    ]
+    for what, ops in batches:
+        store.apply(ops)
+        held = memory_used() - baseline
+        assert held < slack, f"after {what}: SQLite still holds {held / mib:.1f} MiB"
+    assert store._conn.execute(
+        "SELECT count(*) FROM records WHERE session_id = ?", (S1,)).fetchone()[0] == 3
+    store.close()
 
 
 @pytest.mark.parametrize("sessions", [2, 40])
