@@ -9,8 +9,9 @@ transcript costs at most 25% of it.
 
 An informational row measures the store alone, which the throughput rows cannot separate from
 the machine's noise: ``TranscriptStore.apply`` on a fresh file with the batches a fast turn hands
-the writer (runs of 64 chunk envelopes as the bus encodes them, 32 runs per commit: 2,048 events,
-about 0.7 MB, what a turn at ~160,000 events/s commits every ~13 ms), then the turn boundary that
+the writer (runs of 64 chunks as the bus hands them on, a template and the updates, 32 runs per
+commit: 2,048 events, about 0.7 MB of envelopes, what a turn at ~160,000 events/s commits every
+~13 ms), then the turn boundary that
 deletes them; CPU of that thread (user + system) per 1,000 events over the whole turn, boundary
 included, and the bytes written to the files per event. It runs in a child process with the
 daemon's malloc settings (``daemon.malloc.tune``): what a batch costs depends on them (a block
@@ -74,10 +75,10 @@ def store_turns(chunks: int, turns: int) -> list[tuple[float, float]]:
         update={"sessionUpdate": "agent_message_chunk",
                 "content": {"type": "text", "text": f"chunk-{i}"}}).update)
         for i in range(chunks)]
-    raws = EnvelopeSplicer(STORE_SESSION, STORE_PROMPT, STORE_CLIENT,
-                           1_796_204_622_728).envelopes(1, updates)
-    ops = [AppendEvent(STORE_SESSION, i + len(raws[i:i + RUN_EVENTS]), STORE_PROMPT,
-                       b"\n".join(raws[i:i + RUN_EVENTS])) for i in range(0, chunks, RUN_EVENTS)]
+    splicer = EnvelopeSplicer(STORE_SESSION, STORE_PROMPT, STORE_CLIENT, 1_796_204_622_728)
+    ops = [AppendEvent(STORE_SESSION, i + len(updates[i:i + RUN_EVENTS]), STORE_PROMPT,
+                       b"\n".join(updates[i:i + RUN_EVENTS]), splicer.template(i + 1))
+           for i in range(0, chunks, RUN_EVENTS)]
     batches = [ops[i:i + OPS_PER_BATCH] for i in range(0, len(ops), OPS_PER_BATCH)]
     text = b"x" * (12 * chunks)  # the compacted turn: about the chunks' text
     base = Path(tempfile.mkdtemp(prefix="tk-bench-store-"))

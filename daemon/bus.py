@@ -30,7 +30,13 @@ from .core.splice import ChunkRun, EnvelopeSplicer, plain_chunk, plain_chunk_run
 from .core.sse_frames import SharedFrames
 from .core.subscriber import Eviction, SubscriberState, Warning
 from .malloc import trim
-from .transcript_store import AppendEvent, FinishTurn, TerminalState, TranscriptStore
+from .transcript_store import (
+    AppendEvent,
+    FinishTurn,
+    RunTemplate,
+    TerminalState,
+    TranscriptStore,
+)
 from .transcript_writer import TranscriptWriter
 
 log = logging.getLogger("daemon.bus")
@@ -250,11 +256,12 @@ class SessionBus:
             # the envelopes formatted in one pass, the ring filled a slice at a time.
             kind, texts = run
             first = self.ring.next_id
-            raws = self._splicer(prompt_id, originator_client_id).envelopes(first, updates)
+            template = self._splicer(prompt_id, originator_client_id)
+            raws = template.envelopes(first, updates)
             events = spliced_events(raws, first, "session_update", prompt_id)
             offsets = self.ring.extend(events)
-            self._publish_chunk_run(kind, events, texts, prompt_id, originator_client_id, raws,
-                                    offsets)
+            self._publish_chunk_run(kind, events, texts, prompt_id, originator_client_id,
+                                    (template.template(first), updates), offsets)
             return
         ring = self.ring
         splicer: EnvelopeSplicer | None = None
@@ -304,10 +311,11 @@ class SessionBus:
 
     def _publish_chunk_run(self, kind: str, events: list[Event], texts: list[str],
                            prompt_id: str | None, originator_client_id: str | None,
-                           raws: list[bytes] | None = None,
+                           spliced: tuple[RunTemplate, list[bytes]] | None = None,
                            offsets: list[int] | None = None) -> None:
         """The journals, the compactor and the transcript for a run of spliced chunks that are
-        already in the ring (``offsets``: what ``EventRing.extend`` returned for them)."""
+        already in the ring (``offsets``: what ``EventRing.extend`` returned for them;
+        ``spliced``: the template and the updates they were all made from, when they were)."""
         self.journals.append_chunks(
             events, texts,
             plain_chunk_key(kind, prompt_id, originator_client_id, self.session_id), offsets)
@@ -316,11 +324,16 @@ class SessionBus:
         except Exception:
             self._mark_degraded("compactor.add")
         if self.writer is not None:
-            # One op for the run: the store keeps a run of a session's events as one row of
-            # their encodings joined by newlines, which is exactly this.
-            self.last_write_seq = self.writer.submit(AppendEvent(
-                self.session_id, events[-1].id or 0, prompt_id,
-                b"\n".join(raws if raws is not None else [event.raw for event in events])))
+            # One op for the run: their template and updates when they share one (the store
+            # keeps those, not the envelopes: a quarter of the bytes), else their encodings
+            # joined by newlines.
+            last_id = events[-1].id or 0
+            self.last_write_seq = self.writer.submit(
+                AppendEvent(self.session_id, last_id, prompt_id, b"\n".join(spliced[1]),
+                            spliced[0])
+                if spliced is not None else
+                AppendEvent(self.session_id, last_id, prompt_id,
+                            b"\n".join([event.raw for event in events])))
         self._dirty = True
 
     def _publish_decoded_update(self, update: bytes, prompt_id: str | None,

@@ -8,9 +8,13 @@ What is stored, per session:
 - ``sessions``: the daemon session id, its workspace, creation time, the agent's ACP session id
   and whether the session was closed.
 - ``raw_events``: every durable event published since the session's last turn boundary (the
-  unfinished turn), as the bus encoded it; a row holds one batch's run of a session's events
-  (split into rows of at most ``ROW_MAX_BYTES``), newline-separated, and ``event_id`` is the
-  row's last id.
+  unfinished turn); a row holds one batch's run of a session's events (split into rows of at
+  most ``ROW_MAX_BYTES``), and ``event_id`` is the row's last id. A row is either their
+  envelopes as the bus encoded them, joined by newlines (it starts with ``{``: the only form
+  schema version 1 wrote), or, when the batch has runs of spliced chunks
+  (``AppendEvent.run``), a MessagePack array of segments ``[first_id, head, tail, joined]``:
+  a run's template and its updates joined by newlines, or ``first_id`` 0 and envelopes joined
+  by newlines. Either form reads back as the same envelopes, byte for byte.
 - ``records``: the compacted, record-stamped events of completed turns, each with its
   ``record_id`` and its per-session ``turn`` number (so seeding can keep whole turns and count the
   turns it leaves out).
@@ -29,6 +33,9 @@ from collections.abc import Iterator, Sequence
 from os import PathLike
 from typing import Any, Final, Literal
 
+import msgspec
+
+from daemon.core.splice import run_envelopes
 from daemon.core.transcript_ops import (
     TERMINAL_STATES,
     AdmitPrompt,
@@ -38,6 +45,7 @@ from daemon.core.transcript_ops import (
     MarkClosed,
     Op,
     PromptRow,
+    RunTemplate,
     SessionRow,
     TerminalState,
     TranscriptPage,
@@ -56,6 +64,7 @@ __all__ = [
     "MarkClosed",
     "Op",
     "PromptRow",
+    "RunTemplate",
     "SessionRow",
     "TerminalState",
     "TranscriptPage",
@@ -64,7 +73,9 @@ __all__ = [
     "UpsertSession",
 ]
 
-SCHEMA_VERSION: Final = 1
+# 2: raw_events rows may hold segments (see the module docstring). A version-1 file is
+# upgraded in place when opened (its rows are all of the first form, which stays readable).
+SCHEMA_VERSION: Final = 2
 
 # A short wait rides out a brief lock taken by another opener before this connection holds
 # its exclusive lock (see ``locking_mode`` in ``__init__``) instead of failing at once. It stays
@@ -278,10 +289,14 @@ class TranscriptStore:
         conn.execute("BEGIN IMMEDIATE")
         try:
             # Re-read under the write lock: another opener may have created it meanwhile.
-            if conn.execute("PRAGMA user_version").fetchone()[0] == 0:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version == 0:
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         conn.execute(statement)
+            if version < SCHEMA_VERSION:
+                # Version 1 differs only in what a raw_events row may hold: from now on a
+                # daemon that cannot read segments refuses the file instead of misreading it.
                 conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             conn.execute("COMMIT")
         except BaseException:
@@ -524,8 +539,10 @@ class TranscriptStore:
         rows = self._conn.execute(
             "SELECT raw FROM raw_events WHERE session_id = ? ORDER BY seq", (session_id,)
         ).fetchall()
-        # A row holds one or more events, newline-separated (see _event_rows).
-        return [event for row in rows for event in bytes(row[0]).split(b"\n")]
+        events: list[bytes] = []
+        for (raw,) in rows:
+            events.extend(_row_events(bytes(raw)))
+        return events
 
     def max_raw_event_id(self, session_id: str) -> int:
         """Highest event id among the unfinished turn's raw events (0 if none)."""
@@ -694,28 +711,76 @@ def _session_row(row: tuple[Any, ...]) -> SessionRow:
     )
 
 
+Segment = tuple[int, bytes, bytes, bytes]
+_encode_segments: Final = msgspec.msgpack.Encoder().encode
+_decode_segments: Final = msgspec.msgpack.Decoder(list[Segment]).decode
+# What a segment adds to its bytes: the MessagePack headers of the array and its four members.
+_SEGMENT_OVERHEAD: Final = 24
+
+
+def _segment(op: AppendEvent) -> Segment:
+    run = op.run
+    if run is None:
+        return (0, b"", b"", op.raw)
+    return (run.first_id, run.head, run.tail, op.raw)
+
+
+def _op_size(op: AppendEvent) -> int:
+    run = op.run
+    return len(op.raw) + (0 if run is None else len(run.head) + len(run.tail) + _SEGMENT_OVERHEAD)
+
+
 def _event_rows(ops: Sequence[AppendEvent]) -> list[tuple[str, int, str | None, bytes]]:
     """One ``raw_events`` row per run of a session's events among ``ops``, split where it would
-    pass ``ROW_MAX_BYTES``: the events' JSON joined with newlines (compact JSON never contains
-    one), the row's last id and prompt. A 100,000-chunk turn costs a few hundred rows, not
-    100,000, which keeps the transcript off the daemon's throughput budget."""
+    pass ``ROW_MAX_BYTES``, with the row's last id and prompt. A 100,000-chunk turn costs a few
+    hundred rows, not 100,000, which keeps the transcript off the daemon's throughput budget.
+
+    A row of ops none of which is a run of spliced chunks is their JSON joined with newlines
+    (compact JSON never contains one); any other row is their segments (see the module
+    docstring)."""
     rows: list[tuple[str, int, str | None, bytes]] = []
     start = 0
     count = len(ops)
     while start < count:
         session_id = ops[start].session_id
-        size = len(ops[start].raw)
+        size = _op_size(ops[start])
+        runs = ops[start].run is not None
         end = start + 1
         while end < count and ops[end].session_id == session_id:
-            size += 1 + len(ops[end].raw)
+            size += 1 + _op_size(ops[end])
             if size > ROW_MAX_BYTES:
                 break
+            runs = runs or ops[end].run is not None
             end += 1
         last = ops[end - 1]
-        raw = ops[start].raw if end == start + 1 else b"\n".join([op.raw for op in ops[start:end]])
+        if runs:
+            raw = _encode_segments([_segment(op) for op in ops[start:end]])
+        elif end == start + 1:
+            raw = ops[start].raw
+        else:
+            raw = b"\n".join([op.raw for op in ops[start:end]])
         rows.append((session_id, last.event_id, last.prompt_id, raw))
         start = end
     return rows
+
+
+def _row_events(raw: bytes) -> list[bytes]:
+    """The envelopes a ``raw_events`` row holds, in order (see :func:`_event_rows`). A row that
+    is neither form (a damaged file) holds none: a reader must not be handed bytes that are
+    not an event, and the rest of the turn still reads."""
+    if raw[:1] == b"{":
+        return raw.split(b"\n")
+    try:
+        segments = _decode_segments(raw)
+    except msgspec.DecodeError:
+        return []
+    events: list[bytes] = []
+    for first_id, head, tail, joined in segments:
+        if first_id == 0:
+            events.extend(joined.split(b"\n"))
+        else:
+            events.extend(run_envelopes(RunTemplate(first_id, head, tail), joined.split(b"\n")))
+    return events
 
 
 def _runs(ops: Sequence[Op]) -> Iterator[Sequence[Op]]:

@@ -27,7 +27,7 @@ import pytest
 import trio
 
 from benchmarks.redis_launcher import HAVE_REDIS, SKIP_REASON, redis_cluster, redis_server
-from daemon.core.cluster import decode_op, session_keys
+from daemon.core.cluster import decode_op, event_run, session_keys
 from daemon.core.envelope import decode_json
 from daemon.core.transcript_ops import AppendEvent, FinishTurn
 from sdk.client import DaemonClient
@@ -163,7 +163,8 @@ async def test_three_nodes_subscribe_forward_load_kill_take_over(tmp_path: Path)
             await trio.to_thread.run_sync(a.proc.wait)
             survived = [op for op in await op_log(redis.port, sid)
                         if isinstance(op, AppendEvent)]
-            ids = [int(decode_json(line)["id"]) for op in survived for line in op.raw.split(b"\n")]
+            ids = [int(decode_json(line)["id"]) for op in survived
+                   for line in event_run(op)[2].split(b"\n")]
             assert ids == list(range(ids[0], ids[0] + len(ids)))
             assert ids[-1] >= durable  # every event up to the last durableEventId survived
 

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from daemon.bus import BusLimits, SessionBus
 from daemon.core.acp_codec import splice_updates, update_prefix
+from daemon.core.cluster import event_run
 from daemon.core.envelope import decode_json, encode_json, make_event
 from daemon.core.live_journal import LiveJournal, merge_key, plain_chunk_key
 from daemon.core.splice import (
@@ -49,13 +50,13 @@ class RecordingWriter:
         pass
 
     def stored_events(self) -> list[tuple[int, bytes]]:
-        """(id, raw) of every event the AppendEvent ops carry, a run's row split back."""
+        """(id, raw) of every event the AppendEvent ops carry, a run's row split back (its
+        envelopes made again from its template, when it has one)."""
         out: list[tuple[int, bytes]] = []
         for op in self.ops:
             if isinstance(op, AppendEvent):
-                raws = op.raw.split(b"\n")
-                first = op.event_id - len(raws) + 1
-                out.extend(zip(itertools.count(first), raws, strict=False))
+                first, _, joined = event_run(op)
+                out.extend(zip(itertools.count(first), joined.split(b"\n"), strict=False))
         return out
 
 
@@ -69,6 +70,13 @@ def new_bus(max_events: int, max_bytes: int) -> tuple[SessionBus, RecordingWrite
 
 def text_chunk(kind: str, text: str) -> dict[str, Any]:
     return {"sessionUpdate": kind, "content": {"type": "text", "text": text}}
+
+
+def is_plain(update: dict[str, Any]) -> bool:
+    content = update.get("content")
+    return (set(update) == {"sessionUpdate", "content"} and isinstance(content, dict)
+            and set(content) == {"type", "text"} and content["type"] == "text"
+            and update["sessionUpdate"] in ("agent_message_chunk", "agent_thought_chunk"))
 
 
 texts = st.text(max_size=30)
@@ -145,6 +153,13 @@ def test_batch_path_publishes_what_the_general_path_publishes(
     assert [(e.id, e.type, e.prompt_id, e.size) for e in fast.ring.since(0)] == [
         (e.id, e.type, e.prompt_id, e.size) for e in ref.ring.since(0)]
     assert fast_writer.stored_events() == ref_writer.stored_events()
+    # A batch of nothing but plain chunks of one kind reaches the transcript as one run op
+    # with its template (never as its envelopes); the general path never makes one.
+    assert not any(op.run for op in ref_writer.ops if isinstance(op, AppendEvent))
+    if batch >= len(updates) and all(map(is_plain, updates)) and len(
+            {u["sessionUpdate"] for u in updates}) == 1:
+        assert [op.run is not None for op in fast_writer.ops  # the turn's terminal follows
+                if isinstance(op, AppendEvent) and op.event_id <= len(updates)] == [True]
     # The compacted turn (window segment and transcript records) is the same.
     assert fast.window.snapshot(full_transcript_available=True) == ref.window.snapshot(
         full_transcript_available=True)

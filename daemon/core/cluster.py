@@ -22,6 +22,7 @@ from typing import Any, Final, TypeAlias
 
 import msgspec
 
+from .splice import run_envelopes
 from .transcript_ops import (
     AdmitPrompt,
     AppendEvent,
@@ -417,10 +418,14 @@ def decode_op(raw: bytes) -> Op:
 
 def event_run(op: AppendEvent) -> tuple[int, int, bytes]:
     """``(first id, last id, joined envelopes)`` of an ``AppendEvent``: the bus stores a run of
-    spliced chunks as one op whose ``raw`` is their envelopes joined by newlines (an envelope is
-    compact JSON and never holds a raw newline), ending at ``event_id``."""
+    events as one op ending at ``event_id``, whose ``raw`` is their envelopes joined by newlines
+    (an envelope is compact JSON and never holds a raw newline), or, for a run of spliced
+    chunks, their updates joined so, the envelopes made from ``op.run``."""
     count = op.raw.count(b"\n") + 1
-    return op.event_id - count + 1, op.event_id, op.raw
+    if op.run is None:
+        return op.event_id - count + 1, op.event_id, op.raw
+    return (op.run.first_id, op.event_id,
+            b"\n".join(run_envelopes(op.run, op.raw.split(b"\n"))))
 
 
 def split_run(first: int, last: int, raw: bytes) -> list[tuple[int, bytes]]:

@@ -22,9 +22,10 @@ from typing import Final, Literal
 import msgspec
 
 from daemon.core.envelope import SCHEMA_VERSION, encode_json
+from daemon.core.transcript_ops import RunTemplate
 
 __all__ = ["TEXT_CHUNK_KINDS", "ChunkRun", "EnvelopeSplicer", "compact", "compact_chunks",
-           "plain_chunk", "plain_chunk_lines", "plain_chunk_run"]
+           "plain_chunk", "plain_chunk_lines", "plain_chunk_run", "run_envelopes"]
 
 TEXT_CHUNK_KINDS: Final = frozenset({"agent_message_chunk", "agent_thought_chunk"})
 
@@ -214,8 +215,7 @@ class EnvelopeSplicer:
         if originator_client_id is not None:
             tail += b',"originatorClientId":' + encode_json(originator_client_id)
         self._tail = tail + b',"_meta":{"serverTimestamp":%d}}' % now_ms
-        self._format = (b'{"id":%d' + self._head.replace(b"%", b"%%") + b"%b"
-                        + self._tail.replace(b"%", b"%%"))
+        self._format = _envelope_format(self._head, self._tail)
 
     def envelope(self, event_id: int, update: bytes) -> bytes:
         return b'{"id":%d%b%b%b' % (event_id, self._head, update, self._tail)
@@ -224,3 +224,21 @@ class EnvelopeSplicer:
         """:meth:`envelope` of each update, the ids counting up from ``first_id``."""
         return list(map(self._format.__mod__,
                         zip(range(first_id, first_id + len(updates)), updates, strict=True)))
+
+    def template(self, first_id: int) -> RunTemplate:
+        """What :func:`run_envelopes` needs to make the envelopes of a run from its updates
+        again, the run's ids counting up from ``first_id``."""
+        return RunTemplate(first_id, self._head, self._tail)
+
+
+def _envelope_format(head: bytes, tail: bytes) -> bytes:
+    """The ``%``-format of one envelope: its id (``%d``) and its update (``%b``) go in."""
+    return b'{"id":%d' + head.replace(b"%", b"%%") + b"%b" + tail.replace(b"%", b"%%")
+
+
+def run_envelopes(run: RunTemplate, updates: list[bytes]) -> list[bytes]:
+    """The envelopes of a run of spliced chunks: exactly what
+    ``EnvelopeSplicer.envelopes(run.first_id, updates)`` returned for the splicer
+    ``run`` came from."""
+    return list(map(_envelope_format(run.head, run.tail).__mod__,
+                    zip(range(run.first_id, run.first_id + len(updates)), updates, strict=True)))

@@ -22,6 +22,7 @@ __all__ = [
     "MarkClosed",
     "Op",
     "PromptRow",
+    "RunTemplate",
     "SessionRow",
     "TerminalState",
     "TranscriptPage",
@@ -48,13 +49,30 @@ class UpsertSession(msgspec.Struct, frozen=True):
     agent_session_id: str | None = None
 
 
-class AppendEvent(msgspec.Struct, frozen=True):
-    """One durable event of the unfinished turn; ``raw`` is the bus's encoding of it."""
+class RunTemplate(msgspec.Struct, frozen=True, array_like=True):
+    """The envelope every event of a run of spliced text chunks shares: event ``i`` of the run
+    is ``{"id":<first_id + i>`` + ``head`` + its ``update`` bytes + ``tail`` (see
+    :mod:`daemon.core.splice`)."""
+
+    first_id: int
+    head: bytes
+    tail: bytes
+
+
+class AppendEvent(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Durable events of the unfinished turn, ending at id ``event_id``.
+
+    Without ``run``, ``raw`` is the bus's encoding of one event, or of several joined by
+    newlines (compact JSON never holds one). With ``run``, ``raw`` is the ``update`` bytes of a
+    run of spliced chunks joined by newlines, ids ``run.first_id`` to ``event_id``: what the
+    envelopes would be, without the template each of them repeats (about a quarter of the
+    bytes of a short chunk's envelope)."""
 
     session_id: str
     event_id: int
     prompt_id: str | None
     raw: bytes
+    run: RunTemplate | None = None
 
 
 class AdmitPrompt(msgspec.Struct, frozen=True):
