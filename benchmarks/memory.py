@@ -7,7 +7,8 @@ live journal, 4 MiB replay window, 8,000-event ring) and the transcript on:
 1. *idle*: started, a few ``GET /health`` served, no session.
 2. *full caps*: one session whose replay window is full (five completed ~1 MB turns) and whose
    open turn has pushed the live journal to its 8 MiB cap (short ``chunk-N`` texts, so the
-   open turn's own compacted text stays small).
+   open turn's own compacted text stays small). Read once RSS holds still (see
+   ``settled_rss_mb``), as are the RSS figures of step 3.
 3. that turn ends; a second turn of ``--chunks`` (default 1,000,000) short chunks runs and is
    held open by a gate; RSS is read once every chunk is published and committed. The caps were
    already reached, so the growth over step 2 should be the open turn's compacted text (kept
@@ -77,6 +78,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _rss_mb(daemon: Daemon) -> float:
     return daemon.rss_kib() * 1024 / MB
+
+
+# The daemon hands freed heap pages back once publishing pauses (``daemon.core.reclaim``: 50 ms
+# of quiet): a figure read the moment the last event is committed can still hold them. RSS is
+# read until it holds still (SETTLE_READS reads SETTLE_STEP_S apart within SETTLE_MB), at most
+# SETTLE_MAX_S; the row reports that, and its notes the first read.
+SETTLE_STEP_S = 0.05
+SETTLE_READS = 4
+SETTLE_MB = 0.1
+SETTLE_MAX_S = 2.0
+
+
+def settled_rss_mb(daemon: Daemon) -> tuple[float, float]:
+    """(RSS read at once, RSS once it holds still) of the daemon, in MB."""
+    reads = [_rss_mb(daemon)]
+    deadline = time.monotonic() + SETTLE_MAX_S
+    while time.monotonic() < deadline:
+        last = reads[-SETTLE_READS:]
+        if len(last) == SETTLE_READS and max(last) - min(last) <= SETTLE_MB:
+            break
+        time.sleep(SETTLE_STEP_S)
+        reads.append(_rss_mb(daemon))
+    return reads[0], reads[-1]
 
 
 def rss_split(pid: int) -> str:
@@ -157,13 +181,13 @@ def long_turn(ctx: Context, daemon: Daemon, caps: FullCaps, chunks: int) -> Long
     cpu = meter.stop()
     elapsed = time.monotonic() - started
     info = session_info(daemon, caps.session_id)
-    rss_open = _rss_mb(daemon)
+    _, rss_open = settled_rss_mb(daemon)
     split_open = rss_split(daemon.pid)
     ctx.progress(f"RSS with the long turn open {rss_open:.1f} MB "
                  f"({chunks / elapsed:,.0f} chunks/s ingested and committed)")
     daemon.open_gate(gate)
     daemon.wait_idle(caps.session_id)
-    return LongTurn(chunks, rss_open, _rss_mb(daemon), split_open, info, cpu)
+    return LongTurn(chunks, rss_open, settled_rss_mb(daemon)[1], split_open, info, cpu)
 
 
 def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
@@ -188,8 +212,10 @@ def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
             splits["idle"] = rss_split(daemon.pid)
             ctx.progress(f"idle RSS {idle[-1]:.1f} MB; filling the replay window")
             caps.append(fill_to_caps(ctx, daemon))
-            full.append(_rss_mb(daemon))
-            splits["full"] = rss_split(daemon.pid)
+            at_once, settled = settled_rss_mb(daemon)
+            full.append(settled)
+            splits["full"] = (f"{rss_split(daemon.pid)}; read as the fill was committed: "
+                              f"{at_once:.1f} MB")
             info = caps[-1].info
             ctx.progress(f"full-caps RSS {full[-1]:.1f} MB (journal "
                          f"{info['journalBytes'] / MIB:.2f} MiB, window "

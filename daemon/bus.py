@@ -151,6 +151,7 @@ class SessionBus:
         first_id: int = 1,
         clock_ms: Callable[[], int] = now_ms,
         spawn: Spawn | None = None,
+        on_published: Callable[[int], None] | None = None,
     ) -> None:
         self.session_id = session_id
         self.limits = limits
@@ -160,6 +161,10 @@ class SessionBus:
         # Runs background work of this bus (spilling an over-cap turn once it is committed);
         # without it over-cap turns stay in memory.
         self._spawn = spawn
+        # Told, at each flush, the bytes published since the last one (the daemon's
+        # Reclaimer: events pushed out of the ring and the journals leave heap holes).
+        self._on_published = on_published
+        self._published_noted = self.ring.appended_bytes
         self.journals = LiveJournals(limits.max_journal_events, limits.max_journal_bytes)
         self.compactor = TurnCompactor()
         self.window = ReplayWindow(limits.compacted_replay_max_bytes)
@@ -441,6 +446,10 @@ class SessionBus:
             return
         self._dirty = False
         ring = self.ring
+        if self._on_published is not None:
+            published = ring.appended_bytes
+            self._on_published(published - self._published_noted)
+            self._published_noted = published
         self._behind = behind = []
         for sub in tuple(self.subscribers):
             if not sub.sending:

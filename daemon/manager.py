@@ -107,8 +107,10 @@ class SessionManager:
         nursery: trio.Nursery,
         *,
         agent_env: Mapping[str, str] | None = None,
+        on_published: Callable[[int], None] | None = None,
     ) -> None:
         self.config = config
+        self.on_published = on_published  # given to every bus (see SessionBus)
         self.writer = writer
         self.nursery = nursery
         self.agent_env = dict(os.environ if agent_env is None else agent_env)
@@ -274,7 +276,8 @@ class SessionManager:
             acp_session_id = await agent.new_session(cwd)
         except Exception as exc:
             raise AgentUnavailable(f"session/new failed: {exc}") from exc
-        bus = SessionBus(session_id, self.limits, self.writer, spawn=self._spawn)
+        bus = SessionBus(session_id, self.limits, self.writer, spawn=self._spawn,
+                         on_published=self.on_published)
         session = Session(
             session_id, cwd, iso_now(), agent, acp_session_id, bus,
             approval_mode=self.config.approval_mode,
@@ -342,7 +345,8 @@ class SessionManager:
                 acp_session_id = await agent.new_session(cwd)
             except Exception as exc:
                 raise AgentUnavailable(f"session/new failed: {exc}") from exc
-        bus = SessionBus(session_id, self.limits, writer, first_id=next_id, spawn=self._spawn)
+        bus = SessionBus(session_id, self.limits, writer, first_id=next_id, spawn=self._spawn,
+                         on_published=self.on_published)
         if segments:
             bus.window.seed(segments, truncated_events=older_records,
                             truncated_turns=older_turns)

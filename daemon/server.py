@@ -24,6 +24,7 @@ from .core.guards import Guard
 from .http_api import create_app
 from .logs import ACCESS_LOG_FORMAT
 from .manager import SessionManager
+from .reclaimer import Reclaimer
 from .transcript_store import TranscriptSchemaError, TranscriptStore
 from .transcript_writer import TranscriptWriter
 
@@ -150,7 +151,9 @@ async def run_daemon(
             elif store is not None:
                 writer = TranscriptWriter(store)
                 await root.start(writer.run)
-            manager = SessionManager(config, writer, root)
+            reclaimer = Reclaimer()
+            await root.start(reclaimer.run)
+            manager = SessionManager(config, writer, root, on_published=reclaimer.note)
             guard = Guard(token=config.token, loopback_bind=config.is_loopback,
                           bind_hostname=config.hostname,
                           allow_origins=frozenset(config.allow_origins),

@@ -94,6 +94,11 @@ class EventRing:
         """Bytes of the events held now."""
         return self._held
 
+    @property
+    def appended_bytes(self) -> int:
+        """Bytes of every event appended so far, held or not."""
+        return self._total
+
     def append(self, event: Event) -> None:
         """Hold ``event`` (whose id must be ``next_id``), then drop the oldest events while
         more than ``capacity`` are held, or more than ``max_bytes`` and more than one."""

@@ -1,0 +1,72 @@
+"""When to hand freed heap memory back to the OS: the decision, without the clock or the call.
+
+Events above Python's small-object size (a text chunk's envelope past ~500 bytes) come from the C
+heap. When newer events push them out of the ring and the live journals, they leave free holes
+below live objects, and glibc returns memory to the OS only from the top of the heap: after the
+replay window's five turns of 1 KB chunks and a turn of short chunks that replaced them, about
+9 MB of a daemon's 75 MB were such holes (measured with ``malloc_trim`` at full caps). Trimming
+gives them back, but it costs about 1-2 ms when it releases tens of MB (about 50 us when there
+is nothing to release), so it runs once enough bytes have gone through the buses, when
+publishing pauses, and at most about once a second while it does not.
+
+Pure: :class:`ReclaimPolicy` is told the bytes published and the times, and says when to trim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = ["MAX_DELAY_S", "MIN_CHURN_BYTES", "QUIET_S", "ReclaimPolicy"]
+
+#: Published bytes since the last trim below which no trim is worth it (the holes they can leave
+#: are at most about this big).
+MIN_CHURN_BYTES: Final = 4 * 1024 * 1024
+#: Publishing paused this long: the burst is over, trim now.
+QUIET_S: Final = 0.05
+#: A stream that never pauses still gets a trim this long after the churn passed the minimum.
+MAX_DELAY_S: Final = 1.0
+
+
+@dataclass(slots=True)
+class ReclaimPolicy:
+    """Counts the bytes published since the last trim and says when the next one is due."""
+
+    min_churn_bytes: int = MIN_CHURN_BYTES
+    quiet_s: float = QUIET_S
+    max_delay_s: float = MAX_DELAY_S
+    churn: int = 0
+    _last_note_at: float = 0.0
+    _armed_at: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.min_churn_bytes < 1:
+            raise ValueError(f"min_churn_bytes must be >= 1, got {self.min_churn_bytes}")
+        if self.quiet_s <= 0 or self.max_delay_s < self.quiet_s:
+            raise ValueError("need 0 < quiet_s <= max_delay_s, got "
+                             f"{self.quiet_s} and {self.max_delay_s}")
+
+    def note(self, nbytes: int, now: float) -> bool:
+        """``nbytes`` were published at ``now``; True when this note is the one that made a
+        trim due (the churn just passed the minimum): a waiting caller should wake up."""
+        if nbytes <= 0:
+            return False
+        self.churn += nbytes
+        self._last_note_at = now
+        if self._armed_at is None and self.churn >= self.min_churn_bytes:
+            self._armed_at = now
+            return True
+        return False
+
+    def due_at(self) -> float | None:
+        """When the next trim is due (it may be in the past), or None while the churn is below
+        the minimum. Later notes move it on, up to ``max_delay_s`` after the churn passed the
+        minimum."""
+        if self._armed_at is None:
+            return None
+        return min(self._last_note_at + self.quiet_s, self._armed_at + self.max_delay_s)
+
+    def trimmed(self) -> None:
+        """A trim ran: count from zero again."""
+        self.churn = 0
+        self._armed_at = None

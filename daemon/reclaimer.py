@@ -1,0 +1,52 @@
+"""The Trio shell of :mod:`daemon.core.reclaim`: buses report the bytes they publish, one task
+trims the C heap when the policy says it is due. One per daemon, in the root nursery."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import trio
+
+from daemon import malloc
+from daemon.core.reclaim import ReclaimPolicy
+
+__all__ = ["Reclaimer"]
+
+log = logging.getLogger(__name__)
+
+
+class Reclaimer:
+    """``note`` is what a bus calls on each flush with the bytes it published since the last
+    one; ``run`` is the task that trims."""
+
+    def __init__(self, policy: ReclaimPolicy | None = None,
+                 trim: Callable[[], bool] = malloc.trim) -> None:
+        self.policy = policy if policy is not None else ReclaimPolicy()
+        self._trim = trim
+        self._due = trio.Event()
+        self.trims = 0  # trims run so far
+        self.released = 0  # of them, the ones that gave memory back
+
+    def note(self, nbytes: int) -> None:
+        if self.policy.note(nbytes, trio.current_time()):
+            self._due.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        task_status.started()
+        policy = self.policy
+        while True:
+            await self._due.wait()
+            # Later notes push the time on (up to the policy's longest delay): sleep until it
+            # stops moving.
+            while (due := policy.due_at()) is not None and due > trio.current_time():
+                await trio.sleep_until(due)
+            self.trims += 1
+            released = self._trim()
+            if released:
+                self.released += 1
+            log.info("event=heap_trimmed published_bytes=%d released=%s", policy.churn,
+                     released)
+            policy.trimmed()
+            self._due = trio.Event()
