@@ -261,12 +261,12 @@ class SessionBus:
             # the envelopes formatted in one pass, the ring filled a slice at a time.
             kind, texts = run
             first = self.ring.next_id
-            template = self._splicer(prompt_id, originator_client_id)
-            raws = template.envelopes(first, updates)
+            run_splicer = self._splicer(prompt_id, originator_client_id)
+            raws = run_splicer.envelopes(first, updates)
             events = spliced_events(raws, first, "session_update", prompt_id)
             offsets = self.ring.extend(events)
             self._publish_chunk_run(kind, events, texts, prompt_id, originator_client_id,
-                                    (template.template(first), updates), offsets)
+                                    (run_splicer.template(first), updates), offsets)
             return
         ring = self.ring
         splicer: EnvelopeSplicer | None = None

@@ -421,9 +421,8 @@ def event_run(op: AppendEvent) -> tuple[int, int, bytes]:
     events as one op ending at ``event_id``, whose ``raw`` is their envelopes joined by newlines
     (an envelope is compact JSON and never holds a raw newline), or, for a run of spliced
     chunks, their updates joined so, the envelopes made from ``op.run``."""
-    count = op.raw.count(b"\n") + 1
     if op.run is None:
-        return op.event_id - count + 1, op.event_id, op.raw
+        return op.event_id - op.raw.count(b"\n"), op.event_id, op.raw
     return (op.run.first_id, op.event_id,
             b"\n".join(run_envelopes(op.run, op.raw.split(b"\n"))))
 

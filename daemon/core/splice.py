@@ -222,8 +222,7 @@ class EnvelopeSplicer:
 
     def envelopes(self, first_id: int, updates: list[bytes]) -> list[bytes]:
         """:meth:`envelope` of each update, the ids counting up from ``first_id``."""
-        return list(map(self._format.__mod__,
-                        zip(range(first_id, first_id + len(updates)), updates, strict=True)))
+        return _formatted(self._format, first_id, updates)
 
     def template(self, first_id: int) -> RunTemplate:
         """What :func:`run_envelopes` needs to make the envelopes of a run from its updates
@@ -240,5 +239,11 @@ def run_envelopes(run: RunTemplate, updates: list[bytes]) -> list[bytes]:
     """The envelopes of a run of spliced chunks: exactly what
     ``EnvelopeSplicer.envelopes(run.first_id, updates)`` returned for the splicer
     ``run`` came from."""
-    return list(map(_envelope_format(run.head, run.tail).__mod__,
-                    zip(range(run.first_id, run.first_id + len(updates)), updates, strict=True)))
+    return _formatted(_envelope_format(run.head, run.tail), run.first_id, updates)
+
+
+def _formatted(envelope_format: bytes, first_id: int, updates: list[bytes]) -> list[bytes]:
+    """``envelope_format`` filled with each of ``updates``, the ids counting up from
+    ``first_id``: one C call per envelope."""
+    return list(map(envelope_format.__mod__,
+                    zip(range(first_id, first_id + len(updates)), updates, strict=True)))
