@@ -98,6 +98,18 @@ async def test_disk_full_never_makes_durable_event_id_lie(tmp_path: Path) -> Non
             # A transcript read waits for every earlier write: turn one is committed.
             assert (await client.get(f"/session/{sid}/transcript")).status_code == 200
             assert not (await status())["transcriptDegraded"]
+            # Turn two is admitted and its echo committed before the disk fills (the mock holds
+            # its chunks at a start gate meanwhile), so a restore has a turn to close. Without
+            # the gate the admission could share the first failing batch, and then nothing of
+            # the turn is stored at all: also no lie, but no interrupted turn to check.
+            prompts.append(await prompt(
+                client, sid,
+                "two mock:start_gate=two mock:chunks=200 mock:bytes=20000 mock:delay_ms=0"))
+            echo = await sub.wait_for(
+                lambda e: e.prompt_id == prompts[1] and chunk_kind(e) == "user_message_chunk",
+                timeout=TIMEOUT_S)
+            assert (await client.get(f"/session/{sid}/transcript")).status_code == 200
+            assert echo.id is not None and (await status())["durableEventId"] >= echo.id
             wal = data / (TRANSCRIPT_FILE + "-wal")
             assert daemon.stderr_path.stat().st_size < ROOM_BYTES  # the log is not what fails
             limit = wal.stat().st_size + ROOM_BYTES
@@ -105,8 +117,7 @@ async def test_disk_full_never_makes_durable_event_id_lie(tmp_path: Path) -> Non
             resource.prlimit(daemon.proc.pid, resource.RLIMIT_FSIZE, (limit, hard))
 
             nursery.start_soon(sample_forever)
-            prompts.append(await prompt(
-                client, sid, "two mock:chunks=200 mock:bytes=20000 mock:delay_ms=0"))
+            daemon.open_gate("two")
             terminal = await sub.wait_for(is_terminal_for(prompts[1]), timeout=TIMEOUT_S)
             assert terminal.type == "turn_complete"  # the failing disk never stalls a turn
             with trio.fail_after(TIMEOUT_S):

@@ -335,6 +335,34 @@ async def test_gate_holds_the_turn_until_its_file_exists(tmp_path: Path) -> None
         assert reply["result"] == {"stopReason": "end_turn"}
 
 
+async def test_start_gate_holds_the_chunks_until_its_file_exists(tmp_path: Path) -> None:
+    (tmp_path / "open").touch()  # the gate after the chunks stays open
+    async with mock_agent(MOCK_ACP_GATE_DIR=str(tmp_path)) as agent:
+        sid = await agent.new_session()
+        held = await agent.prompt(sid, "mock:start_gate=go mock:chunks=2")
+        # Nothing streams while the start gate is shut: a later request is answered first.
+        probe = await agent.request("session/new", {"cwd": "/", "mcpServers": []})
+        assert (await agent.recv())["id"] == probe
+        (tmp_path / "go").touch()
+        notes, reply = await agent.until_reply(held)
+        assert texts(notes) == ["chunk-0", "chunk-1"]
+        assert reply["result"] == {"stopReason": "end_turn"}
+
+        # A cancel at the start gate ends the turn cancelled, with no chunk at all.
+        cancelled = await agent.prompt(sid, "mock:start_gate=never mock:chunks=2")
+        await agent.send({"method": "session/cancel", "params": {"sessionId": sid}})
+        notes, reply = await agent.until_reply(cancelled)
+        assert notes == [] and reply["result"] == {"stopReason": "cancelled"}
+
+
+async def test_start_gate_without_a_gate_dir_is_an_error() -> None:
+    async with mock_agent() as agent:
+        sid = await agent.new_session()
+        _, reply = await agent.until_reply(await agent.prompt(sid, "mock:start_gate=go"))
+        assert reply["error"]["code"] == -32602
+        assert "MOCK_ACP_GATE_DIR" in reply["error"]["message"]
+
+
 async def test_cancel_at_the_gate_ends_cancelled(tmp_path: Path) -> None:
     async with mock_agent(MOCK_ACP_GATE_DIR=str(tmp_path)) as agent:
         sid = await agent.new_session()
@@ -400,8 +428,12 @@ def test_plan_tokens_override_and_last_one_wins() -> None:
         base, "mock:chunks=9 text mock:mode=hang mock:chunks=4 mock:bytes=12 mock:gate=g"
     )
     assert plan == PromptPlan(mode="hang", chunks=4, delay_ms=100, pad_bytes=12, gate="g")
+    assert plan_for_prompt(base, "mock:start_gate=s mock:gate=g") == PromptPlan(
+        mode="echo", chunks=3, delay_ms=100, gate="g", start_gate="s")
     assert plan_for_prompt(base, "no tokens here") == base
     with pytest.raises(ValueError, match="mock:chunks"):
         plan_for_prompt(base, "mock:chunks=-1")
     with pytest.raises(ValueError, match="mock:gate"):
         plan_for_prompt(base, "mock:gate=../escape")
+    with pytest.raises(ValueError, match="mock:start_gate"):
+        plan_for_prompt(base, "mock:start_gate=a/b")

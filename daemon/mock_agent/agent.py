@@ -15,10 +15,11 @@ by ``mock:<key>=<value>`` tokens in a prompt's text:
 
 Prompt tokens (override the variables for that prompt): ``mock:mode=<m>``,
 ``mock:chunks=<n>``, ``mock:delay_ms=<n>``, ``mock:bytes=<n>`` (pad each chunk's text to n bytes
-with ``.``), ``mock:gate=<name>`` (default ``open``), ``mock:permission=ask`` (after the chunks,
-ask the client with ``session/request_permission`` — options ``allow-once`` / ``reject-once`` —
-wait for the answer, and report it as one more chunk ``permission:<optionId>`` or
-``permission:cancelled``).
+with ``.``), ``mock:gate=<name>`` (default ``open``), ``mock:start_gate=<name>`` (before the
+first chunk, wait for ``<dir>/<name>``; needs ``MOCK_ACP_GATE_DIR``), ``mock:permission=ask``
+(after the chunks, ask the client with ``session/request_permission`` — options
+``allow-once`` / ``reject-once`` — wait for the answer, and report it as one more chunk
+``permission:<optionId>`` or ``permission:cancelled``).
 
 Every mode first streams its chunks, then: ``echo`` waits (delay or gate) and answers
 ``{stopReason: "end_turn"}``; ``reject`` answers JSON-RPC error -32603 ``injected error``;
@@ -47,7 +48,7 @@ GATE_POLL_SECONDS: Final = 0.01
 BATCH_BYTES: Final = 1 << 20
 AGENT_NAME: Final = "turnkeeper-mock-agent"
 
-_TOKEN = re.compile(r"mock:(mode|chunks|delay_ms|bytes|gate|permission)=(\S+)")
+_TOKEN = re.compile(r"mock:(mode|chunks|delay_ms|bytes|gate|start_gate|permission)=(\S+)")
 
 
 class ConfigError(ValueError):
@@ -63,6 +64,7 @@ class PromptPlan:
     delay_ms: int = 100
     pad_bytes: int = 0
     gate: str = "open"
+    start_gate: str | None = None
     ask_permission: bool = False
 
 
@@ -112,7 +114,7 @@ def plan_for_prompt(base: PromptPlan, text: str) -> PromptPlan:
         else:
             if "/" in value or value in (".", ".."):
                 raise ConfigError(f"{token} must be a plain file name, got {value!r}")
-            fields["gate"] = value
+            fields[key] = value
     return PromptPlan(**{**base.__dict__, **fields})
 
 
@@ -292,6 +294,8 @@ class MockAgent:
             return
         text = prompt_text(params.get("prompt"))
         plan = plan_for_prompt(self.base_plan, text)
+        if plan.start_gate is not None and self.gate_dir is None:
+            raise ConfigError("mock:start_gate needs MOCK_ACP_GATE_DIR")
         if self.prompt_log:
             with (
                 self._state_lock,
@@ -318,7 +322,8 @@ class MockAgent:
         cancelled: threading.Event,
     ) -> None:
         try:
-            finished = self.stream_chunks(session_id, plan, cancelled)
+            finished = plan.start_gate is None or self.wait_gate(plan.start_gate, cancelled)
+            finished = finished and self.stream_chunks(session_id, plan, cancelled)
             if finished and plan.ask_permission:
                 self.ask_permission(session_id, cancelled)
             if plan.mode == "crash-on-prompt":
@@ -330,10 +335,7 @@ class MockAgent:
                 if plan.mode == "hang":
                     cancelled.wait()
                 elif self.gate_dir is not None:
-                    gate = os.path.join(self.gate_dir, plan.gate)
-                    while not os.path.exists(gate):
-                        if cancelled.wait(GATE_POLL_SECONDS):
-                            break
+                    self.wait_gate(plan.gate, cancelled)
                 else:
                     cancelled.wait(plan.delay_ms / 1000)
             stop_reason = "cancelled" if cancelled.is_set() else "end_turn"
@@ -343,6 +345,15 @@ class MockAgent:
         finally:
             with self._state_lock:
                 session.running.discard(cancelled)
+
+    def wait_gate(self, name: str, cancelled: threading.Event) -> bool:
+        """Wait until ``<gate dir>/<name>`` exists; False if cancelled first."""
+        assert self.gate_dir is not None
+        gate = os.path.join(self.gate_dir, name)
+        while not os.path.exists(gate):
+            if cancelled.wait(GATE_POLL_SECONDS):
+                return False
+        return True
 
     def take_answer(self, message: dict[str, Any]) -> None:
         """A reply to one of our requests (anything else without a method is noise)."""
