@@ -33,7 +33,6 @@ from .malloc import trim
 from .transcript_store import (
     AppendEvent,
     FinishTurn,
-    RunTemplate,
     TerminalState,
     TranscriptStore,
 )
@@ -257,49 +256,31 @@ class SessionBus:
             return
         run = chunks if chunks is not None else plain_chunk_run(updates)
         if run is not None:
-            # The usual read: nothing but text chunks of one kind. One decode for the batch,
-            # the envelopes formatted in one pass, the ring filled a slice at a time.
-            kind, texts = run
-            first = self.ring.next_id
-            run_splicer = self._splicer(prompt_id, originator_client_id)
-            raws = run_splicer.envelopes(first, updates)
-            events = spliced_events(raws, first, "session_update", prompt_id)
-            offsets = self.ring.extend(events)
-            self._publish_chunk_run(kind, events, texts, prompt_id, originator_client_id,
-                                    (run_splicer.template(first), updates), offsets)
+            # The usual read: nothing but text chunks of one kind, found in one decode.
+            self._publish_spliced_run(run[0], updates, run[1], prompt_id, originator_client_id)
             return
-        ring = self.ring
-        splicer: EnvelopeSplicer | None = None
+        # A mixed read: each stretch of text chunks of one kind between the other updates is
+        # published as one run, the same way.
         run_kind: str | None = None
-        run_events: list[Event] = []
+        run_updates: list[bytes] = []
         run_texts: list[str] = []
         for update in updates:
             chunk = plain_chunk(update)
-            if chunk is None:
-                if run_events:
-                    self._publish_chunk_run(run_kind or "", run_events, run_texts, prompt_id,
-                                            originator_client_id)
-                    run_events, run_texts, run_kind = [], [], None
-                self._publish_decoded_update(update, prompt_id, originator_client_id)
-                continue
-            kind, text = chunk
-            if kind != run_kind:
-                if run_events:
-                    self._publish_chunk_run(run_kind or "", run_events, run_texts, prompt_id,
-                                            originator_client_id)
-                    run_events, run_texts = [], []
-                run_kind = kind
-            if splicer is None:
-                splicer = self._splicer(prompt_id, originator_client_id)
-            event_id = ring.next_id
-            event = Event.spliced(splicer.envelope(event_id, update), event_id,
-                                  "session_update", prompt_id)
-            ring.append(event)
-            run_events.append(event)
-            run_texts.append(text)
-        if run_events:
-            self._publish_chunk_run(run_kind or "", run_events, run_texts, prompt_id,
-                                    originator_client_id)
+            if chunk is None or chunk[0] != run_kind:
+                if run_updates:
+                    self._publish_spliced_run(run_kind or "", run_updates, run_texts, prompt_id,
+                                              originator_client_id)
+                    run_updates, run_texts = [], []
+                if chunk is None:
+                    run_kind = None
+                    self._publish_decoded_update(update, prompt_id, originator_client_id)
+                    continue
+                run_kind = chunk[0]
+            run_updates.append(update)
+            run_texts.append(chunk[1])
+        if run_updates:
+            self._publish_spliced_run(run_kind or "", run_updates, run_texts, prompt_id,
+                                      originator_client_id)
 
     def _splicer(self, prompt_id: str | None,
                  originator_client_id: str | None) -> EnvelopeSplicer:
@@ -314,13 +295,16 @@ class SessionBus:
         self._splicer_cache = (key, splicer)
         return splicer
 
-    def _publish_chunk_run(self, kind: str, events: list[Event], texts: list[str],
-                           prompt_id: str | None, originator_client_id: str | None,
-                           spliced: tuple[RunTemplate, list[bytes]] | None = None,
-                           offsets: list[int] | None = None) -> None:
-        """The journals, the compactor and the transcript for a run of spliced chunks that are
-        already in the ring (``offsets``: what ``EventRing.extend`` returned for them;
-        ``spliced``: the template and the updates they were all made from, when they were)."""
+    def _publish_spliced_run(self, kind: str, updates: list[bytes], texts: list[str],
+                             prompt_id: str | None, originator_client_id: str | None) -> None:
+        """A run of plain text chunks of one ``kind`` (``texts``: theirs): the envelopes
+        formatted in one pass around the agent's bytes, the ring filled a slice at a time, and
+        the journals, the compactor and the transcript fed once for the run."""
+        first = self.ring.next_id
+        splicer = self._splicer(prompt_id, originator_client_id)
+        events = spliced_events(splicer.envelopes(first, updates), first, "session_update",
+                                prompt_id)
+        offsets = self.ring.extend(events)
         self.journals.append_chunks(
             events, texts,
             plain_chunk_key(kind, prompt_id, originator_client_id, self.session_id), offsets)
@@ -329,16 +313,11 @@ class SessionBus:
         except Exception:
             self._mark_degraded("compactor.add")
         if self.writer is not None:
-            # One op for the run: their template and updates when they share one (the store
-            # keeps those, not the envelopes: a quarter of the bytes), else their encodings
-            # joined by newlines.
-            last_id = events[-1].id or 0
+            # One op for the run, holding the envelopes' shared template and the agent's
+            # updates rather than the envelopes: a quarter of the bytes.
             self.last_write_seq = self.writer.submit(
-                AppendEvent(self.session_id, last_id, prompt_id, b"\n".join(spliced[1]),
-                            spliced[0])
-                if spliced is not None else
-                AppendEvent(self.session_id, last_id, prompt_id,
-                            b"\n".join([event.raw for event in events])))
+                AppendEvent(self.session_id, events[-1].id or 0, prompt_id,
+                            b"\n".join(updates), splicer.template(first)))
         self._dirty = True
 
     def _publish_decoded_update(self, update: bytes, prompt_id: str | None,

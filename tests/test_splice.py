@@ -160,6 +160,14 @@ def test_batch_path_publishes_what_the_general_path_publishes(
             {u["sessionUpdate"] for u in updates}) == 1:
         assert [op.run is not None for op in fast_writer.ops  # the turn's terminal follows
                 if isinstance(op, AppendEvent) and op.event_id <= len(updates)] == [True]
+    # In a mixed batch too, every plain chunk reaches the transcript inside a run op: none is
+    # stored as its envelope.
+    for op in fast_writer.ops:
+        if isinstance(op, AppendEvent) and op.run is None:
+            for raw in op.raw.split(b"\n"):
+                event = decode_json(raw)
+                assert not (event["type"] == "session_update"
+                            and is_plain(event["data"]["update"])), event
     # The compacted turn (window segment and transcript records) is the same.
     assert fast.window.snapshot(full_transcript_available=True) == ref.window.snapshot(
         full_transcript_available=True)
