@@ -285,6 +285,9 @@ def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
         cores = cpu_budget_row(ctx, chunks, raw, runs, ceilings)
         if cores is not None:
             rows.append(cores)
+    model = fanout_model_row(ctx, chunks, runs, ceilings)
+    if model is not None:
+        rows.append(model)
     return rows
 
 
@@ -345,6 +348,65 @@ def cpu_budget_row(ctx: Context, chunks: int, raw: list[RawRun], runs: dict[int,
         f"{cores}; " + (f"they fit if the daemon's CPU per event is <= {fits_at:.1f}x the "
                          f"agent's" if fits_at is not None and fits_at > 0 else
                          "delivery alone fills the cores")
+        + " (informational, computed from this run)")
+    return row
+
+
+def _marginal_delivery_s(turns1: Sequence[TurnRun], turns8: Sequence[TurnRun]
+                         ) -> tuple[float, float] | None:
+    """``(c1, d)`` from server CPU per taken-in event at 1 and at 8 subscribers (medians):
+    ``c1`` at 1 subscriber, ``d`` what each of the 7 more deliveries added to it."""
+    c1 = [_per_event_s(t.cpu.daemon_ms, t.published) for t in turns1]
+    c8 = [_per_event_s(t.cpu.daemon_ms, t.published) for t in turns8]
+    if not c1 or not c8 or None in c1 or None in c8:
+        return None
+    one = statistics.median(x for x in c1 if x is not None)
+    eight = statistics.median(x for x in c8 if x is not None)
+    return one, (eight - one) / 7
+
+
+def fanout_model_row(ctx: Context, chunks: int, runs: dict[int, list[TurnRun]],
+                     ceilings: dict[int, list[TurnRun]]) -> Row | None:
+    """Informational: the fan-out the daemon's own measured costs allow, and why the fan-out
+    targets ask for a delivery cheaper than bare Hypercorn's.
+
+    With the daemon the bottleneck, an agent event taken in costs it ``I`` (ingest: parse,
+    ring, journals, transcript) plus ``d`` per subscriber it is delivered to, so with ``n``
+    subscribers it delivers ``n / (I + n d)`` events a second and the fan-out ratio is
+    ``n (I + d) / (I + n d)``. ``d`` is the daemon CPU per taken-in event at 8 subscribers less
+    that at 1, over 7; ``I`` the CPU at 1 less ``d``. A ratio of at least ``F`` at ``n``
+    subscribers needs ``I / d >= n (F - 1) / (n - F)``: 20 for 6x at 8 and for 16x at 64 alike.
+    The value is the ratio at 8 the model gives (it matches the measured one when the daemon,
+    not the machine, is the limit); the note sets the ``d`` the targets need beside bare
+    Hypercorn's own ``d`` (its server CPU measured the same way, same frames and client)."""
+    ours = _marginal_delivery_s(runs.get(1, []), runs.get(8, []))
+    if ours is None:
+        return None
+    c1, d = ours
+    ingest = c1 - d
+    name = "fan-out the daemon's measured costs allow, 8 subscribers"
+    params: dict[str, Any] = {"chunks": chunks, "subscribers": "1,8"}
+    row = Row(benchmark=NAME, name=name, params=params, unit="x", samples=[],
+              baseline=FANOUT_8_TARGET, baseline_label="the 8-subscriber target",
+              quick=ctx.quick, cpu_note="computed from other rows: no CPU of its own")
+    if d <= 0 or ingest <= 0:
+        row.notes.append(f"CPU per event {c1 * 1e6:.2f} us at 1 subscriber, delivery adds "
+                         f"{d * 1e6:.3f} us: too small to model in this run")
+        return row
+    ratio8 = 8 * c1 / (ingest + 8 * d)
+    row.samples, row.value = [ratio8], ratio8
+    row.ratio, row.ratio_label = ratio8 / FANOUT_8_TARGET, "of the target"
+    need = {n: n * (f - 1) / (n - f) for n, f in ((8, FANOUT_8_TARGET), (64, FANOUT_64_TARGET))}
+    bare = _marginal_delivery_s(ceilings.get(1, []), ceilings.get(8, []))
+    bare_note = ("" if bare is None or bare[1] <= 0 else
+                 f"; bare Hypercorn's own delivery costs {bare[1] * 1e6:.2f} us, so the "
+                 f"targets need {ingest / need[8] / bare[1]:.2f}x of it")
+    row.notes.append(
+        f"daemon CPU per event taken in: ingest {ingest * 1e6:.2f} us + {d * 1e6:.2f} us per "
+        f"delivery (I/d = {ingest / d:.1f}); the model gives {ratio8:.2f}x at 8 and "
+        f"{64 * c1 / (ingest + 64 * d):.2f}x at 64; {FANOUT_8_TARGET:g}x at 8 needs I/d >= "
+        f"{need[8]:g} and {FANOUT_64_TARGET:g}x at 64 >= {need[64]:g}: a delivery of at most "
+        f"{ingest / need[8] * 1e6:.2f} us at this ingest" + bare_note
         + " (informational, computed from this run)")
     return row
 

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from benchmarks import client as client_bench
 from benchmarks.__main__ import journal_rows
-from benchmarks.e2e import RawRun, TurnRun, cpu_budget_row, targets_budget_row
+from benchmarks.e2e import RawRun, TurnRun, cpu_budget_row, fanout_model_row, targets_budget_row
 from benchmarks.harness import Context, CpuUse, Progress, process_cpu_seconds
 from benchmarks.journal import check_pipeline_ran
 from benchmarks.loadgen import LoadGenError, SSECounter, check_delivery, delivery_problems
@@ -398,6 +398,48 @@ def test_cpu_budget_row_needs_both_ceilings_and_the_agents_cpu() -> None:
         row = cpu_budget_row(ctx, 100, raw, {1: [no_agent]}, {1: [turn], 8: [turn]}, cores=2)
         assert row is not None and row.value is None and row.ok is None
         assert "too small to measure" in row.notes[0]
+
+
+def _model(c1_us: float, c8_us: float, bare: tuple[float, float] | None = None) -> Any:
+    """The fan-out model row from one daemon turn at 1 and at 8 subscribers of 1,000,000
+    events taken in each (and optionally bare Hypercorn's), server CPU given per event taken
+    in, in microseconds."""
+    ctx = Context(quick=True, progress=Progress(enabled=False))
+
+    def turn(n: int, us: float) -> TurnRun:
+        return TurnRun(n, 1_000_000, n * 1_000_000, 1.0, 0, CpuUse(us * 1000, 1.0, 1.0))
+
+    runs = {1: [turn(1, c1_us)], 8: [turn(8, c8_us)]}
+    ceilings = {} if bare is None else {1: [turn(1, bare[0])], 8: [turn(8, bare[1])]}
+    return fanout_model_row(ctx, 100, runs, ceilings)
+
+
+def test_fanout_model_row_derives_the_ratio_from_ingest_and_delivery_costs() -> None:
+    # 4 us at 1 subscriber, 7.5 at 8: each delivery 0.5 us, ingest 3.5 us; 8 x 4 / (3.5 + 4).
+    row = _model(4.0, 7.5, bare=(0.5, 3.5))
+    assert row.value == pytest.approx(32 / 7.5)
+    assert row.baseline == 6 and row.ratio == pytest.approx(32 / 7.5 / 6)
+    assert row.ok is None and row.target == ""  # informational: no verdict
+    note = row.notes[0]
+    assert "ingest 3.50 us + 0.50 us per delivery (I/d = 7.0)" in note
+    assert "7.21x at 64" in note  # 64 x 4 / (3.5 + 32)
+    assert "needs I/d >= 20 and 16x at 64 >= 20" in note
+    # 3.5 / 20 = 0.175 us against bare Hypercorn's (3.5 - 0.5) / 7 = 0.43 us: 0.41x of it.
+    assert "at most 0.17 us" in note and "costs 0.43 us" in note and "0.41x of it" in note
+    # At I/d = 20 the model sits exactly on both targets.
+    edge = _model(2.1, 2.8)
+    assert edge.value == pytest.approx(6.0)
+    assert "16.00x at 64" in edge.notes[0] and "bare Hypercorn" not in edge.notes[0]
+
+
+def test_fanout_model_row_needs_both_turns_and_a_delivery_cost() -> None:
+    ctx = Context(quick=True, progress=Progress(enabled=False))
+    one = TurnRun(1, 100, 100, 1.0, 0, CpuUse(1.0, 1.0, 1.0))
+    assert fanout_model_row(ctx, 100, {1: [one]}, {}) is None
+    no_cpu = TurnRun(8, 100, 800, 1.0, 0, CpuUse(None, 1.0, 1.0))
+    assert fanout_model_row(ctx, 100, {1: [one], 8: [no_cpu]}, {}) is None
+    flat = _model(4.0, 3.9)  # deliveries too cheap to see against the noise
+    assert flat.value is None and "too small to model" in flat.notes[0]
 
 
 _BURN = """
