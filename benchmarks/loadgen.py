@@ -8,7 +8,9 @@ and its own CPU stays small beside the daemon's. A subscriber is done when it se
 ``event: <until>``, is evicted (``event: client_evicted``; with ``--reconnect`` it resumes from
 its last id instead) or its stream ends. What each subscriber received is checked against what
 was published with :func:`check_delivery`: contiguous ids, the expected first and last id, and
-the finishing frame (the terminal) carrying the last id.
+the finishing frame (the terminal) carrying the last id. A gap is always an error, but one the
+daemon announced first (a ``state_resync_required`` frame right before it: a subscriber that
+came back after the ring had moved on) is reported as such, apart from a gap nothing announced.
 
 Protocol on stdout, one JSON object per line:
 
@@ -16,7 +18,8 @@ Protocol on stdout, one JSON object per line:
   with ``--announce-ready``; the benchmark sends its prompt after this line);
 * ``{"rounds": [[<subscriber>, ...], ...], "cpu_s": <float>}`` at the end, where a subscriber is
   ``{"status", "bytes", "t_start", "t_headers", "t_done", "done", "evicted", "error",
-  "first_id", "last_id", "ids", "id_error", "terminal_id", "reconnects"}``
+  "first_id", "last_id", "ids", "id_error", "terminal_id", "reconnects", "resyncs",
+  "resync_reasons"}``
   and times are ``time.monotonic()`` values (CLOCK_MONOTONIC is system-wide, so the benchmark
   compares them with its own clock).
 
@@ -42,6 +45,8 @@ from urllib.parse import quote
 RECV_BYTES = 1 << 20
 MAX_RECONNECTS = 100
 EVICTED = b"event: client_evicted\n"
+RESYNC = b"\nevent: state_resync_required\n"
+RESYNC_REASON = re.compile(rb'"reason":"([^"\\]*)"')
 # An id line, found by its literal prefix (fast); ``(?=\n)``: only a complete one.
 ID_LINE = re.compile(rb"\nid: (\d+)(?=\n)")
 MARKER_WINDOW = 16 * 1024
@@ -72,6 +77,11 @@ class SSECounter:
         self.id_error: str | None = None
         self.terminal_id: int | None = None
         self.reconnects = 0
+        # state_resync_required frames received (the daemon announcing a gap), their reasons,
+        # and whether one came after the last id seen (so a gap at the next id is announced).
+        self.resyncs = 0
+        self.resync_reasons: list[str] = []
+        self._announced = False
         self.epoch: str | None = None
         self.bytes = 0
         self._reset_response()
@@ -181,9 +191,12 @@ class SSECounter:
         # of the rest (it is the newline before the next frame's first line).
         frames = text[:cut + 2]
         self._carry = text[cut + 1:]
-        found = ID_LINE.findall(frames)
-        if found:
-            self._check_ids(list(map(int, found)))
+        if RESYNC in frames:
+            self._scan_around_resyncs(frames)
+        else:
+            found = ID_LINE.findall(frames)
+            if found:
+                self._check_ids(list(map(int, found)))
         # The frames that finish a subscriber (its terminal or replay_complete, client_evicted)
         # are the last the daemon sends it, so only the tail of what arrived is searched.
         tail = max(0, len(frames) - MARKER_WINDOW)
@@ -196,11 +209,34 @@ class SSECounter:
         if frames.find(EVICTED, tail) >= 0:
             self.evicted = True
 
+    def _scan_around_resyncs(self, frames: bytes) -> None:
+        """The ids of ``frames`` in order, split at each ``state_resync_required`` frame (rare:
+        the daemon says ids are missing from here on), so a gap right after one is reported as
+        announced and any other gap as not."""
+        pos = 0
+        while True:
+            at = frames.find(RESYNC, pos)
+            found = ID_LINE.findall(frames, pos, len(frames) if at < 0 else at + 1)
+            if found:
+                self._check_ids(list(map(int, found)))
+            if at < 0:
+                return
+            end = frames.find(b"\n\n", at + 1)
+            reason = RESYNC_REASON.search(frames, at, end if end >= 0 else len(frames))
+            self.resyncs += 1
+            if len(self.resync_reasons) < 8:
+                self.resync_reasons.append(reason.group(1).decode() if reason else "?")
+            self._announced = True
+            pos = at + len(RESYNC)
+
     def _check_ids(self, ids: list[int]) -> None:
         first = ids[0]
+        announced, self._announced = self._announced, False
         if self.id_error is None:
             if self.last_id is not None and first != self.last_id + 1:
-                self.id_error = f"id {first} after id {self.last_id}"
+                self.id_error = f"id {first} after id {self.last_id}" + (
+                    f" (announced by state_resync_required {self.resync_reasons[-1]})"
+                    if announced else "")
             elif ids != list(range(first, first + len(ids))):
                 previous = next(i for i in range(1, len(ids)) if ids[i] != ids[i - 1] + 1)
                 self.id_error = f"id {ids[previous]} after id {ids[previous - 1]}"
@@ -226,7 +262,8 @@ class Subscriber:
                 "done": c.done, "evicted": c.evicted or c.reconnects > 0, "error": c.error,
                 "first_id": c.first_id, "last_id": c.last_id, "ids": c.ids,
                 "id_error": c.id_error, "terminal_id": c.terminal_id,
-                "reconnects": c.reconnects}
+                "reconnects": c.reconnects, "resyncs": c.resyncs,
+                "resync_reasons": c.resync_reasons}
 
 
 def _request(host: str, port: int, session: str, max_queued: int, last_event_id: int | None,

@@ -44,7 +44,8 @@ EXPECTED_ROWS: dict[str, list[str]] = {
             "CPU per 1,000 events", "bare Hypercorn ceiling, 1 subscriber",
             "bare Hypercorn ceiling, 64 subscribers",
             "targets together under the 8-subscriber ceiling",
-            "CPU the 1- and 8-subscriber targets need together"],
+            "CPU the 1- and 8-subscriber targets need together",
+            "fan-out the daemon's measured costs allow"],
     "memory": ["RSS idle", "third-party stack alone", "at full caps", "RSS growth",
                "turn ended"],
     "resume": ["back", "cursor at head"],
@@ -314,6 +315,37 @@ def test_ids_are_checked_across_a_reconnect() -> None:
     again.restart()
     again.feed(HEAD + _chunked(b"".join(FRAMES[20:]), []))  # id 20 replayed twice
     assert again.id_error == "id 20 after id 20"
+
+
+
+RESYNC_FRAME = (b'event: state_resync_required\ndata: {"v":1,"type":"state_resync_required",'
+                b'"data":{"reason":"ring_evicted","lastDeliveredId":20}}\n\n')
+
+
+@given(cuts=st.lists(st.integers(1, len(PAYLOAD) - 1), max_size=8))
+def test_a_gap_the_daemon_announced_is_told_apart_from_one_it_did_not(cuts: list[int]) -> None:
+    # Ids 1..20, then 31..40 (FRAMES[k] has id k): once with a state_resync_required between them, once without.
+    announced = b"".join(FRAMES[:21]) + RESYNC_FRAME + b"".join(FRAMES[31:])
+    silent = b"".join(FRAMES[:21]) + b"".join(FRAMES[31:])
+    for payload, expected in ((announced, "id 31 after id 20 (announced by "
+                                          "state_resync_required ring_evicted)"),
+                              (silent, "id 31 after id 20")):
+        counter = SSECounter(b"event: turn_complete\n")
+        raw = HEAD + _chunked(payload, [c for c in cuts if c < len(payload)])
+        _feed(counter, raw, [c for c in cuts if c < len(raw)])
+        assert counter.id_error == expected
+        assert (counter.first_id, counter.last_id, counter.ids) == (1, 40, 30)
+        assert counter.resyncs == (payload is announced)
+        assert counter.resync_reasons == (["ring_evicted"] if payload is announced else [])
+        assert counter.done and counter.terminal_id == 40
+    # A resync that a later gap does not follow directly announces nothing about that gap.
+    late = b"".join(FRAMES[:11]) + RESYNC_FRAME + b"".join(FRAMES[11:21]) + b"".join(FRAMES[31:])
+    # The reads end right after id 20, so the gap opens the next read's ids.
+    cut = len(late) - len(b"".join(FRAMES[31:]))
+    first_read = len(HEAD) + len(b"%x\r\n" % cut) + cut + 2
+    counter = SSECounter(b"event: turn_complete\n")
+    _feed(counter, HEAD + _chunked(late, [cut]), [first_read])
+    assert counter.id_error == "id 31 after id 20" and counter.resyncs == 1
 
 
 # --- the journal benchmark's pipeline check and its ERROR rows ------------------------------------
