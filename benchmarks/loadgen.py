@@ -9,8 +9,9 @@ and its own CPU stays small beside the daemon's. A subscriber is done when it se
 its last id instead) or its stream ends. What each subscriber received is checked against what
 was published with :func:`check_delivery`: contiguous ids, the expected first and last id, and
 the finishing frame (the terminal) carrying the last id. A gap is always an error, but one the
-daemon announced first (a ``state_resync_required`` frame right before it: a subscriber that
-came back after the ring had moved on) is reported as such, apart from a gap nothing announced.
+daemon announced (a ``state_resync_required`` frame right before it: a subscriber that came
+back after the ring had moved on) is reported as such, apart from a gap nothing announced; the
+frames are searched for it only when a gap is found, so the check costs nothing per byte.
 
 Protocol on stdout, one JSON object per line:
 
@@ -18,8 +19,7 @@ Protocol on stdout, one JSON object per line:
   with ``--announce-ready``; the benchmark sends its prompt after this line);
 * ``{"rounds": [[<subscriber>, ...], ...], "cpu_s": <float>}`` at the end, where a subscriber is
   ``{"status", "bytes", "t_start", "t_headers", "t_done", "done", "evicted", "error",
-  "first_id", "last_id", "ids", "id_error", "terminal_id", "reconnects", "resyncs",
-  "resync_reasons"}``
+  "first_id", "last_id", "ids", "id_error", "terminal_id", "reconnects"}``
   and times are ``time.monotonic()`` values (CLOCK_MONOTONIC is system-wide, so the benchmark
   compares them with its own clock).
 
@@ -47,6 +47,9 @@ MAX_RECONNECTS = 100
 EVICTED = b"event: client_evicted\n"
 RESYNC = b"\nevent: state_resync_required\n"
 RESYNC_REASON = re.compile(rb'"reason":"([^"\\]*)"')
+# What of a read is kept for the next one: enough to hold the frames after its last id frame
+# (a state_resync_required frame is a few hundred bytes).
+LOOKBACK = 4096
 # An id line, found by its literal prefix (fast); ``(?=\n)``: only a complete one.
 ID_LINE = re.compile(rb"\nid: (\d+)(?=\n)")
 MARKER_WINDOW = 16 * 1024
@@ -77,12 +80,9 @@ class SSECounter:
         self.id_error: str | None = None
         self.terminal_id: int | None = None
         self.reconnects = 0
-        # state_resync_required frames received (the daemon announcing a gap), their reasons,
-        # and whether one came after the last id seen (so a gap at the next id is announced).
-        self.resyncs = 0
-        self.resync_reasons: list[str] = []
-        self._announced = False
         self.epoch: str | None = None
+        # The frames after the last id frame scanned so far (LOOKBACK bytes at most).
+        self._after_last_id = b""
         self.bytes = 0
         self._reset_response()
 
@@ -191,12 +191,14 @@ class SSECounter:
         # of the rest (it is the newline before the next frame's first line).
         frames = text[:cut + 2]
         self._carry = text[cut + 1:]
-        if RESYNC in frames:
-            self._scan_around_resyncs(frames)
+        found = ID_LINE.findall(frames)
+        if found:
+            self._check_ids(list(map(int, found)), frames)
+            recent = frames[-LOOKBACK:]
+            last_id_at = recent.rfind(b"\nid: ")
+            self._after_last_id = recent[last_id_at:] if last_id_at >= 0 else b""
         else:
-            found = ID_LINE.findall(frames)
-            if found:
-                self._check_ids(list(map(int, found)))
+            self._after_last_id = (self._after_last_id + frames)[-LOOKBACK:]
         # The frames that finish a subscriber (its terminal or replay_complete, client_evicted)
         # are the last the daemon sends it, so only the tail of what arrived is searched.
         tail = max(0, len(frames) - MARKER_WINDOW)
@@ -209,41 +211,36 @@ class SSECounter:
         if frames.find(EVICTED, tail) >= 0:
             self.evicted = True
 
-    def _scan_around_resyncs(self, frames: bytes) -> None:
-        """The ids of ``frames`` in order, split at each ``state_resync_required`` frame (rare:
-        the daemon says ids are missing from here on), so a gap right after one is reported as
-        announced and any other gap as not."""
-        pos = 0
-        while True:
-            at = frames.find(RESYNC, pos)
-            found = ID_LINE.findall(frames, pos, len(frames) if at < 0 else at + 1)
-            if found:
-                self._check_ids(list(map(int, found)))
-            if at < 0:
-                return
-            end = frames.find(b"\n\n", at + 1)
-            reason = RESYNC_REASON.search(frames, at, end if end >= 0 else len(frames))
-            self.resyncs += 1
-            if len(self.resync_reasons) < 8:
-                self.resync_reasons.append(reason.group(1).decode() if reason else "?")
-            self._announced = True
-            pos = at + len(RESYNC)
-
-    def _check_ids(self, ids: list[int]) -> None:
+    def _check_ids(self, ids: list[int], frames: bytes = b"") -> None:
         first = ids[0]
-        announced, self._announced = self._announced, False
         if self.id_error is None:
             if self.last_id is not None and first != self.last_id + 1:
-                self.id_error = f"id {first} after id {self.last_id}" + (
-                    f" (announced by state_resync_required {self.resync_reasons[-1]})"
-                    if announced else "")
+                self.id_error = f"id {first} after id {self.last_id}" + self._announcement(
+                    self._after_last_id, frames, None, first)
             elif ids != list(range(first, first + len(ids))):
                 previous = next(i for i in range(1, len(ids)) if ids[i] != ids[i - 1] + 1)
-                self.id_error = f"id {ids[previous]} after id {ids[previous - 1]}"
+                self.id_error = f"id {ids[previous]} after id {ids[previous - 1]}" + (
+                    self._announcement(b"", frames, ids[previous - 1], ids[previous]))
         if self.first_id is None:
             self.first_id = first
         self.last_id = ids[-1]
         self.ids += len(ids)
+
+    @staticmethod
+    def _announcement(before: bytes, frames: bytes, previous: int | None, gap: int) -> str:
+        """`` (announced by state_resync_required <reason>)`` when such a frame lies between
+        the frame of id ``previous`` (``None``: the start of ``frames``, with ``before`` the
+        frames that came after the last id before them) and the frame of id ``gap``, else
+        ``""``. Runs only when a gap is found."""
+        end = frames.find(b"\nid: %d\n" % gap)
+        start = 0 if previous is None else frames.find(b"\nid: %d\n" % previous)
+        stretch = before + frames[max(start, 0):end if end >= 0 else len(frames)]
+        at = stretch.rfind(RESYNC)
+        if at < 0:
+            return ""
+        reason = RESYNC_REASON.search(stretch, at)
+        return (" (announced by state_resync_required "
+                f"{reason.group(1).decode(errors='replace') if reason else '?'})")
 
 
 @dataclass
@@ -262,8 +259,7 @@ class Subscriber:
                 "done": c.done, "evicted": c.evicted or c.reconnects > 0, "error": c.error,
                 "first_id": c.first_id, "last_id": c.last_id, "ids": c.ids,
                 "id_error": c.id_error, "terminal_id": c.terminal_id,
-                "reconnects": c.reconnects, "resyncs": c.resyncs,
-                "resync_reasons": c.resync_reasons}
+                "reconnects": c.reconnects}
 
 
 def _request(host: str, port: int, session: str, max_queued: int, last_event_id: int | None,
