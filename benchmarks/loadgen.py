@@ -46,6 +46,8 @@ RECV_BYTES = 1 << 20
 MAX_RECONNECTS = 100
 EVICTED = b"event: client_evicted\n"
 RESYNC = b"\nevent: state_resync_required\n"
+#: How an ``id_error`` says the daemon announced the gap.
+ANNOUNCED = "(announced by state_resync_required"
 RESYNC_REASON = re.compile(rb'"reason":"([^"\\]*)"')
 # What of a read is kept for the next one: enough to hold the frames after its last id frame
 # (a state_resync_required frame is a few hundred bytes).
@@ -239,7 +241,7 @@ class SSECounter:
         if at < 0:
             return ""
         reason = RESYNC_REASON.search(stretch, at)
-        return (" (announced by state_resync_required "
+        return (f" {ANNOUNCED} "
                 f"{reason.group(1).decode(errors='replace') if reason else '?'})")
 
 

@@ -26,7 +26,18 @@ from hypothesis import strategies as st
 
 from benchmarks import client as client_bench
 from benchmarks.__main__ import journal_rows
-from benchmarks.e2e import RawRun, TurnRun, cpu_budget_row, fanout_model_row, targets_budget_row
+from benchmarks.e2e import (
+    EvictedPastRing,
+    RawRun,
+    TurnRun,
+    cpu_budget_row,
+    evicted_past_ring,
+    fanout_model_row,
+    measure_turn_again,
+    note_repeats,
+    rows_for,
+    targets_budget_row,
+)
 from benchmarks.harness import Context, CpuUse, Progress, process_cpu_seconds
 from benchmarks.journal import check_pipeline_ran
 from benchmarks.loadgen import LoadGenError, SSECounter, check_delivery, delivery_problems
@@ -344,6 +355,46 @@ def test_a_gap_the_daemon_announced_is_told_apart_from_one_it_did_not(cuts: list
     counter = SSECounter(b"event: turn_complete\n")
     _feed(counter, HEAD + _chunked(late, [cut]), [first_read])
     assert counter.id_error == "id 31 after id 20"
+
+
+
+def test_a_turn_whose_only_faults_are_announced_gaps_is_run_again_and_said_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    announced = {"id_error": "id 92003 after id 91368 (announced by state_resync_required "
+                             "ring_evicted)"}
+    silent = {"id_error": "id 31 after id 20"}
+    assert evicted_past_ring([{"id_error": None}, announced]) is not None
+    assert "1 of 2 subscriber(s)" in (evicted_past_ring([{"id_error": None}, announced]) or "")
+    assert evicted_past_ring([announced, silent]) is None  # an unannounced gap: a real fault
+    assert evicted_past_ring([{"id_error": None}]) is None
+
+    import benchmarks.e2e as e2e
+    ctx = Context(quick=True, progress=Progress(enabled=False))
+    good = TurnRun(64, 100, 6400, 1.0, 0, CpuUse(1.0, 1.0, 1.0))
+    outcomes: list[BaseException | TurnRun] = [EvictedPastRing("past the ring"), good]
+
+    def fake_turn(*args: Any, **kwargs: Any) -> TurnRun:
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(e2e, "measure_turn", fake_turn)
+    repeats: dict[int, list[str]] = {}
+    assert measure_turn_again(ctx, None, 100, 64, 2048, repeats) is good  # type: ignore[arg-type]
+    assert repeats == {64: ["past the ring"]}
+    rows = rows_for(ctx, 100, 2048, True, [RawRun(1.0, 1000, CpuUse())],
+                    {1: [TurnRun(1, 100, 100, 1.0, 0, CpuUse())], 64: [good]})
+    note_repeats(rows, repeats)
+    (row,) = [r for r in rows if r.name == "throughput, 64 subscribers"]
+    assert "1 turn(s) run again: past the ring" in row.notes
+    # Past the last attempt, or on any other delivery fault, the error stands.
+    outcomes[:] = [EvictedPastRing(f"try {i}") for i in range(e2e.TURN_ATTEMPTS)]
+    with pytest.raises(EvictedPastRing, match=f"try {e2e.TURN_ATTEMPTS - 1}"):
+        measure_turn_again(ctx, None, 100, 64, 2048, {})  # type: ignore[arg-type]
+    outcomes[:] = [LoadGenError("id 31 after id 20")]
+    with pytest.raises(LoadGenError, match="id 31 after id 20"):
+        measure_turn_again(ctx, None, 100, 64, 2048, {})  # type: ignore[arg-type]
 
 
 # --- the journal benchmark's pipeline check and its ERROR rows ------------------------------------
