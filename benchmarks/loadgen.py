@@ -200,7 +200,7 @@ class SSECounter:
             last_id_at = recent.rfind(b"\nid: ")
             self._after_last_id = recent[last_id_at:] if last_id_at >= 0 else b""
         else:
-            self._after_last_id = (self._after_last_id + frames)[-LOOKBACK:]
+            self._after_last_id = (self._after_last_id + frames[-LOOKBACK:])[-LOOKBACK:]
         # The frames that finish a subscriber (its terminal or replay_complete, client_evicted)
         # are the last the daemon sends it, so only the tail of what arrived is searched.
         tail = max(0, len(frames) - MARKER_WINDOW)
@@ -213,7 +213,7 @@ class SSECounter:
         if frames.find(EVICTED, tail) >= 0:
             self.evicted = True
 
-    def _check_ids(self, ids: list[int], frames: bytes = b"") -> None:
+    def _check_ids(self, ids: list[int], frames: bytes) -> None:
         first = ids[0]
         if self.id_error is None:
             if self.last_id is not None and first != self.last_id + 1:
