@@ -386,6 +386,12 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
             raise ApiError(503, "prompt_queue_full", "Prompt queue is full",
                            {"Retry-After": "5"}, limit=MAX_PENDING_PROMPTS,
                            pendingCount=exc.pending) from None
+        # The 202 is a promise that survives a crash: it goes out once the admission (the
+        # ledger's in_flight row, and for a queued prompt its pending_prompt_added event) is
+        # committed, so a restart ends this prompt with a terminal, at worst "interrupted".
+        # The prompt is already queued and running meanwhile: this costs the reply one commit
+        # (the writer stops gathering while someone waits), never the turn's first token.
+        await session.wait_durable()
         return json_response(accepted, 202)
 
     @app.post("/session/<session_id>/cancel")

@@ -289,6 +289,8 @@ class SessionManager:
                 session_id, cwd, now_ms(), acp_session_id))
         self.sessions[session_id] = session
         await self.nursery.start(session.run)
+        # A session id handed out is on disk: after a crash, load and resume find it.
+        await session.wait_durable()
         log.info("event=session_created session=%s cwd=%s", session_id, cwd)
         return session
 

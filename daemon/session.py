@@ -311,16 +311,23 @@ class Session:
 
     async def _wait_durable(self) -> None:
         """Wait (bounded, shielded) until everything this session published is committed."""
+        with trio.CancelScope(shield=True):
+            await self.wait_durable()
+
+    async def wait_durable(self) -> None:
+        """Wait until everything this session has handed to the transcript so far (its
+        creation, an admission, events) is committed: at most ``DURABLE_WAIT_S``, after which
+        the session is marked degraded (a store that cannot commit never stalls it for
+        longer). Returns at once without a transcript, or once the session is degraded."""
         bus = self.bus
         writer = bus.writer
         if writer is None or bus.transcript_degraded:
             return
-        with trio.CancelScope(shield=True):
-            with trio.move_on_after(DURABLE_WAIT_S) as bound:
-                await writer.wait_committed(bus.last_write_seq)
-            if bound.cancelled_caught:
-                writer.mark_failed(self.id, TimeoutError(
-                    f"transcript commit did not finish within {DURABLE_WAIT_S:g} s"))
+        with trio.move_on_after(DURABLE_WAIT_S) as bound:
+            await writer.wait_committed(bus.last_write_seq)
+        if bound.cancelled_caught:
+            writer.mark_failed(self.id, TimeoutError(
+                f"transcript commit did not finish within {DURABLE_WAIT_S:g} s"))
 
     # -- commands -----------------------------------------------------------------------------
 
