@@ -298,6 +298,9 @@ def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
     ceilings: dict[int, list[TurnRun]] = {n: [] for n in counts}
     raw: list[RawRun] = []
     repeats: dict[int, list[str]] = {}
+    # Subscriber counts whose turn gave no figure in TURN_ATTEMPTS attempts: no more turns of
+    # theirs are run, so the other counts and the rows computed from them still get figures.
+    failed: dict[int, GaveUp] = {}
     ctx.progress(f"starting daemon (transcript {'on' if persistence else 'off'})")
     with start_daemon(persistence=persistence) as daemon:
         # Warm-up: start the agent and touch every code path once, unmeasured.
@@ -306,8 +309,17 @@ def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
             ctx.progress(f"trial {trial + 1}/{trials}: agent raw emission, {chunks:,} lines")
             raw.append(agent_raw_emission(chunks))
             for n in counts:
+                if n in failed:
+                    continue
                 ctx.progress(f"trial {trial + 1}/{trials}: {n} subscriber(s), {chunks:,} chunks")
-                turn = measure_turn_again(ctx, daemon, chunks, n, args.max_queued, repeats)
+                try:
+                    turn = measure_turn_again(ctx, daemon, chunks, n, args.max_queued, repeats)
+                except EvictedPastRing as exc:
+                    failed[n] = GaveUp(str(exc), trial, runs.pop(n))
+                    ceilings.pop(n, None)
+                    ctx.progress(f"  no figure for {n} subscriber(s), no more of their turns: "
+                                 f"{exc}")
+                    continue
                 runs[n].append(turn)
                 ctx.progress(f"  {turn.rate:,.0f} events/s delivered in {turn.seconds:.2f}s, "
                              f"evicted {turn.evicted}")
@@ -319,6 +331,7 @@ def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
                     ctx.progress(f"  {ceiling.rate:,.0f} events/s delivered in "
                                  f"{ceiling.seconds:.2f}s")
     rows = rows_for(ctx, chunks, args.max_queued, persistence, raw, runs)
+    rows += gave_up_rows(ctx, chunks, args.max_queued, persistence, failed)
     note_repeats(rows, repeats)
     if not args.no_ceiling:
         rows += ceiling_rows(ctx, chunks, runs, ceilings)
@@ -331,6 +344,36 @@ def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
     model = fanout_model_row(ctx, chunks, runs, ceilings)
     if model is not None:
         rows.append(model)
+    return rows
+
+
+@dataclass
+class GaveUp:
+    """A subscriber count whose turn was evicted past the ring in every attempt of one trial."""
+
+    reason: str
+    trial: int  # the trial it happened in (0-based)
+    earlier: list[TurnRun]  # the turns of earlier trials, delivered whole
+
+
+def gave_up_rows(ctx: Context, chunks: int, max_queued: int, persistence: bool,
+                 failed: dict[int, GaveUp]) -> list[Row]:
+    """An ERROR throughput row per subscriber count that gave no figure: the reason, and the
+    rates of earlier trials for information only (a figure from the trials that happened to be
+    delivered whole would flatter the daemon)."""
+    rows: list[Row] = []
+    for n, gave_up in sorted(failed.items()):
+        row = Row(benchmark=NAME, name=throughput_row_name(n),
+                  params={"chunks": chunks, "subscribers": n, "maxQueued": max_queued,
+                          "transcript": "on" if persistence else "off"},
+                  unit="events/s", samples=[], quick=ctx.quick,
+                  error=f"{EvictedPastRing.__name__}: {TURN_ATTEMPTS} attempts in trial "
+                        f"{gave_up.trial + 1}: {gave_up.reason}")
+        if gave_up.earlier:
+            rates = ", ".join(f"{turn.rate:,.0f}" for turn in gave_up.earlier)
+            row.notes.append(f"earlier trial(s) delivered whole: {rates} events/s (no figure "
+                             "is made of them)")
+        rows.append(row)
     return rows
 
 

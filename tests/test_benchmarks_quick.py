@@ -397,6 +397,70 @@ def test_a_turn_whose_only_faults_are_announced_gaps_is_run_again_and_said_so(
         measure_turn_again(ctx, None, 100, 64, 2048, {})  # type: ignore[arg-type]
 
 
+def test_a_count_evicted_past_the_ring_in_every_attempt_is_an_error_row_and_the_rest_run_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A subscriber count that gives no figure in TURN_ATTEMPTS attempts stops being measured:
+    its row is an ERROR with the reason (earlier trials' rates only in a note), while the other
+    counts keep all their trials and the rows computed from them; an unannounced gap still
+    fails the whole benchmark."""
+    import argparse
+    import contextlib
+
+    import benchmarks.e2e as e2e
+    calls: list[tuple[int, int]] = []  # (subscribers, trial) of every measured turn
+    trial = [-1]
+
+    def fake_raw(chunks: int) -> RawRun:
+        trial[0] += 1
+        return RawRun(1.0, 10 * chunks, CpuUse(1.0, 1.0, 1.0))
+
+    def fake_turn(daemon: Any, chunks: int, subscribers: int, max_queued: int = 2048,
+                  timeout: float = 600.0) -> TurnRun:
+        if trial[0] < 0:  # the warm-up turn
+            return TurnRun(1, chunks, chunks, 1.0, 0, CpuUse())
+        calls.append((subscribers, trial[0]))
+        if subscribers == 64 and trial[0] == 1:
+            raise EvictedPastRing(f"past the ring, trial {trial[0]}")
+        return TurnRun(subscribers, chunks, chunks * subscribers, 1.0 + trial[0], 0,
+                       CpuUse(1.0, 1.0, 1.0))
+
+    monkeypatch.setattr(e2e, "start_daemon", lambda **kwargs: contextlib.nullcontext())
+    monkeypatch.setattr(e2e, "agent_raw_emission", fake_raw)
+    monkeypatch.setattr(e2e, "measure_turn", fake_turn)
+    ctx = Context(quick=True, progress=Progress(enabled=False), trials_override=3)
+    args = argparse.Namespace(chunks=100, subscribers="1,8,64", max_queued=2048,
+                              no_persistence=False, no_ceiling=True)
+    listed = e2e.run(ctx, args)
+    rows = {row.name: row for row in listed}
+    assert len(rows) == len(listed)  # one row each: no figure of the failed count beside its error
+    # 64 was tried once in trial 0, TURN_ATTEMPTS times in trial 1, never in trial 2.
+    assert [t for n, t in calls if n == 64] == [0] + [1] * e2e.TURN_ATTEMPTS
+    assert [t for n, t in calls if n in (1, 8)] == [0, 0, 1, 1, 2, 2]
+    failed = rows["throughput, 64 subscribers"]
+    assert failed.verdict == "ERROR" and failed.value is None and failed.samples == []
+    assert failed.error is not None and "past the ring, trial 1" in failed.error
+    assert f"{e2e.TURN_ATTEMPTS} attempts in trial 2" in failed.error
+    assert any("6,400 events/s" in note for note in failed.notes)  # trial 0, for information
+    assert any(f"{e2e.TURN_ATTEMPTS - 1} turn(s) run again" in note for note in failed.notes)
+    eight = rows["throughput, 8 subscribers"]
+    assert eight.samples == [800.0, 400.0, 800 / 3] and eight.verdict != "ERROR"
+    assert rows["throughput, 1 subscriber"].samples == [100.0, 50.0, 100 / 3]
+    assert "fan-out the daemon's measured costs allow, 8 subscribers" in rows
+    # An unannounced gap is a delivery fault: the benchmark fails as a whole.
+    trial[0] = -1
+    calls.clear()
+
+    def broken_turn(daemon: Any, chunks: int, subscribers: int, max_queued: int = 2048,
+                    timeout: float = 600.0) -> TurnRun:
+        if trial[0] >= 0 and subscribers == 8:
+            raise LoadGenError("id 31 after id 20")
+        return fake_turn(daemon, chunks, subscribers, max_queued, timeout)
+
+    monkeypatch.setattr(e2e, "measure_turn", broken_turn)
+    with pytest.raises(LoadGenError, match="id 31 after id 20"):
+        e2e.run(ctx, args)
+
+
 # --- the journal benchmark's pipeline check and its ERROR rows ------------------------------------
 
 
