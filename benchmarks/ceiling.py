@@ -17,6 +17,12 @@ upper bound on the daemon's delivered rate with the same write pattern, not a mo
 The e2e benchmark reads it with the same load generator as the daemon (same ids check, the
 terminal last), so the daemon's rate over this one is how close the daemon comes to what
 Hypercorn, Trio, Python and the client allow on this machine; no daemon can beat it.
+
+``--server trio`` serves the same app with no HTTP server at all: a Trio TCP listener that
+reads each request's head, answers it, and frames the same response as Hypercorn frames it
+(status line and the app's headers, each body chunk-encoded, the last chunk ``0``). That
+is the floor of the stack below Hypercorn and h11: what Trio's socket streams, Python and the
+kernel's loopback cost per delivery, which no HTTP server written on Trio can go under.
 """
 
 from __future__ import annotations
@@ -168,6 +174,84 @@ class CeilingApp:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
+SERVERS = ("hypercorn", "trio")
+_HEAD_END = b"\r\n\r\n"
+_HEAD_LIMIT = 65536
+_REASONS = {200: b"OK", 204: b"No Content"}
+
+
+class _TrioSocketHttp:
+    """The ASGI ``send`` of one HTTP/1.1 response written straight to a Trio stream, framed as
+    Hypercorn frames it (h11's chunked encoding when the response has a body and no length);
+    the response head goes out with the first body chunk, as h11 sends it."""
+
+    __slots__ = ("_head", "_stream", "chunked")
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self._stream = stream
+        self._head = b""
+        self.chunked = False
+
+    async def send(self, message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            status = int(message["status"])
+            head = b"HTTP/1.1 %d %b\r\n" % (status, _REASONS.get(status, b""))
+            head += b"".join(b"%b: %b\r\n" % (name, value) for name, value in message["headers"])
+            self.chunked = status != 204
+            self._head = head + (b"transfer-encoding: chunked\r\n\r\n" if self.chunked
+                                 else b"\r\n")
+            return
+        body: bytes = message.get("body", b"")
+        more = bool(message.get("more_body", False))
+        out = self._head
+        self._head = b""
+        if self.chunked:
+            if body:
+                out += b"%x\r\n%b\r\n" % (len(body), body)
+            if not more:
+                out += b"0\r\n\r\n"
+        if out:
+            await self._stream.send_all(out)
+
+
+async def _read_head(stream: trio.SocketStream) -> bytes | None:
+    """The request's head (request line and headers), or ``None`` when the peer closed or sent
+    more than a head may hold. The ceiling's requests carry no body."""
+    data = b""
+    while _HEAD_END not in data:
+        if len(data) > _HEAD_LIMIT:
+            return None
+        more = await stream.receive_some(_HEAD_LIMIT)
+        if not more:
+            return None
+        data += more
+    return data
+
+
+async def _never() -> MutableMapping[str, Any]:
+    await trio.sleep_forever()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def serve_on_trio_socket(app: CeilingApp, sock: socket.socket) -> None:
+    """``app`` served from ``sock`` with no HTTP server: one request per connection."""
+    listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+
+    async def connection(stream: trio.SocketStream) -> None:
+        async with stream:
+            head = await _read_head(stream)
+            if head is None:
+                return
+            method = head.split(b" ", 1)[0].decode("ascii", "replace")
+            http = _TrioSocketHttp(stream)
+            try:
+                await app({"type": "http", "method": method}, _never, http.send)
+            except trio.BrokenResourceError:
+                return  # the client went away mid-stream
+
+    await trio.serve_listeners(connection, [listener])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from hypercorn.config import Config
     from hypercorn.trio import serve
@@ -179,6 +263,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the subscribers' maxQueued, which sets the daemon's wake-up size")
     parser.add_argument("--group", type=int, default=None,
                         help="frames per send (default: the daemon's wake-up size)")
+    parser.add_argument("--server", choices=SERVERS, default="hypercorn",
+                        help="hypercorn (the daemon's HTTP server) or trio (no HTTP server: "
+                             "the floor below it)")
     args = parser.parse_args(argv)
     group = args.group or daemon_group(args.max_queued)
     app = CeilingApp(turn_segments(args.chunks, group), group, args.max_queued)
@@ -186,14 +273,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
+    print(f"listening on http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
+    sys.setswitchinterval(0.001)  # as the daemon runs
+    if args.server == "trio":
+        trio.run(serve_on_trio_socket, app, sock)
+        return 0
     sock.set_inheritable(True)
     config = Config()
     config.bind = [f"fd://{sock.fileno()}"]
     config.accesslog = None
     config.errorlog = None
     config.keep_alive_timeout = 30
-    print(f"listening on http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
-    sys.setswitchinterval(0.001)  # as the daemon runs
     trio.run(serve, app, config)  # type: ignore[arg-type]
     return 0
 

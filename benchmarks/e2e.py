@@ -229,15 +229,21 @@ def agent_raw_emission(chunks: int) -> RawRun:
 
 
 LISTEN_PREFIX = b"listening on http://"
+# The ceiling servers' rows: (row name's start, what a note calls the server).
+CEILING_SERVER = ("bare Hypercorn ceiling", "bare Hypercorn")
+FLOOR_SERVER = ("Trio socket floor (no HTTP server)", "a bare Trio socket")
+FLOOR_COUNTS = (1, 8)  # the floor is measured where the fan-out model takes its d
 
 
 def ceiling_turn(chunks: int, subscribers: int, max_queued: int = 2048,
-                 timeout: float = 600.0) -> TurnRun:
+                 timeout: float = 600.0, server_kind: str = "hypercorn") -> TurnRun:
     """The same turn's frames written by bare Hypercorn (``benchmarks.ceiling``) to the same
     load generator: the most this stack delivers on this machine. Checked like a daemon turn
-    (ids 1..chunks+1, the terminal last)."""
+    (ids 1..chunks+1, the terminal last). ``server_kind="trio"``: the same frames written
+    with no HTTP server (the floor below Hypercorn)."""
     server = subprocess.Popen([sys.executable, "-m", "benchmarks.ceiling", "--chunks",
-                               str(chunks), "--max-queued", str(max_queued)],
+                               str(chunks), "--max-queued", str(max_queued),
+                               "--server", server_kind],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert server.stdout is not None
@@ -296,6 +302,7 @@ def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
     persistence = not args.no_persistence
     runs: dict[int, list[TurnRun]] = {n: [] for n in counts}
     ceilings: dict[int, list[TurnRun]] = {n: [] for n in counts}
+    floors: dict[int, list[TurnRun]] = {n: [] for n in counts if n in FLOOR_COUNTS}
     raw: list[RawRun] = []
     repeats: dict[int, list[str]] = {}
     # Subscriber counts whose turn gave no figure in TURN_ATTEMPTS attempts: no more turns of
@@ -317,6 +324,7 @@ def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
                 except EvictedPastRing as exc:
                     failed[n] = GaveUp(str(exc), trial, runs.pop(n))
                     ceilings.pop(n, None)
+                    floors.pop(n, None)
                     ctx.progress(f"  no figure for {n} subscriber(s), no more of their turns: "
                                  f"{exc}")
                     continue
@@ -330,18 +338,26 @@ def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
                     ceilings[n].append(ceiling)
                     ctx.progress(f"  {ceiling.rate:,.0f} events/s delivered in "
                                  f"{ceiling.seconds:.2f}s")
+                if not args.no_ceiling and n in floors:
+                    ctx.progress(f"trial {trial + 1}/{trials}: Trio socket floor (no HTTP "
+                                 f"server), {n} subscriber(s)")
+                    floor = ceiling_turn(chunks, n, args.max_queued, server_kind="trio")
+                    floors[n].append(floor)
+                    ctx.progress(f"  {floor.rate:,.0f} events/s delivered in "
+                                 f"{floor.seconds:.2f}s")
     rows = rows_for(ctx, chunks, args.max_queued, persistence, raw, runs)
     rows += gave_up_rows(ctx, chunks, args.max_queued, persistence, failed)
     note_repeats(rows, repeats)
     if not args.no_ceiling:
         rows += ceiling_rows(ctx, chunks, runs, ceilings)
+        rows += ceiling_rows(ctx, chunks, runs, floors, server=FLOOR_SERVER)
         budget = targets_budget_row(ctx, chunks, raw, ceilings)
         if budget is not None:
             rows.append(budget)
         cores = cpu_budget_row(ctx, chunks, raw, runs, ceilings)
         if cores is not None:
             rows.append(cores)
-    model = fanout_model_row(ctx, chunks, runs, ceilings)
+    model = fanout_model_row(ctx, chunks, runs, ceilings, floors)
     if model is not None:
         rows.append(model)
     return rows
@@ -465,7 +481,8 @@ def _marginal_delivery_s(turns1: Sequence[TurnRun], turns8: Sequence[TurnRun]
 
 
 def fanout_model_row(ctx: Context, chunks: int, runs: dict[int, list[TurnRun]],
-                     ceilings: dict[int, list[TurnRun]]) -> Row | None:
+                     ceilings: dict[int, list[TurnRun]],
+                     floors: dict[int, list[TurnRun]] | None = None) -> Row | None:
     """Informational: the fan-out the daemon's own measured costs allow, and why the fan-out
     targets ask for a delivery cheaper than bare Hypercorn's.
 
@@ -477,7 +494,9 @@ def fanout_model_row(ctx: Context, chunks: int, runs: dict[int, list[TurnRun]],
     subscribers needs ``I / d >= n (F - 1) / (n - F)``: 20 for 6x at 8 and for 16x at 64 alike.
     The value is the ratio at 8 the model gives (it matches the measured one when the daemon,
     not the machine, is the limit); the note sets the ``d`` the targets need beside bare
-    Hypercorn's own ``d`` (its server CPU measured the same way, same frames and client)."""
+    Hypercorn's own ``d`` (its server CPU measured the same way, same frames and client) and,
+    when ``floors`` has them, beside the ``d`` of the same frames written with no HTTP server
+    (Trio's socket stream alone: no server on this stack goes under it)."""
     ours = _marginal_delivery_s(runs.get(1, []), runs.get(8, []))
     if ours is None:
         return None
@@ -500,6 +519,10 @@ def fanout_model_row(ctx: Context, chunks: int, runs: dict[int, list[TurnRun]],
     bare_note = ("" if bare is None or bare[1] <= 0 else
                  f"; bare Hypercorn's own delivery costs {bare[1] * 1e6:.2f} us, so the "
                  f"targets need {ingest / need[8] / bare[1]:.2f}x of it")
+    floor = _marginal_delivery_s((floors or {}).get(1, []), (floors or {}).get(8, []))
+    if floor is not None and floor[1] > 0:
+        bare_note += (f"; with no HTTP server (a Trio socket) it costs {floor[1] * 1e6:.2f} us, "
+                      f"so {ingest / need[8] / floor[1]:.2f}x of that")
     row.notes.append(
         f"daemon CPU per event taken in: ingest {ingest * 1e6:.2f} us + {d * 1e6:.2f} us per "
         f"delivery (I/d = {ingest / d:.1f}); the model gives {ratio8:.2f}x at 8 and "
@@ -539,17 +562,19 @@ def targets_budget_row(ctx: Context, chunks: int, raw: list[RawRun],
 
 
 def ceiling_rows(ctx: Context, chunks: int, runs: dict[int, list[TurnRun]],
-                 ceilings: dict[int, list[TurnRun]]) -> list[Row]:
-    """One informational row per subscriber count: bare Hypercorn's rate, against the
-    daemon's rate with as many subscribers (ratio: how many times the daemon's rate the
-    stack allows), and what the fan-out targets would need."""
+                 ceilings: dict[int, list[TurnRun]],
+                 server: tuple[str, str] = CEILING_SERVER) -> list[Row]:
+    """One informational row per subscriber count: bare Hypercorn's rate (or ``server``'s:
+    the row name's start and how a note calls it), against the daemon's rate with as many
+    subscribers (ratio: how many times the daemon's rate the stack allows), and what the
+    fan-out targets would need."""
+    title, called = server
     rows: list[Row] = []
     single = statistics.median(t.rate for t in runs[1]) if runs.get(1) else None
     for n, turns in ceilings.items():
         if not turns:
             continue
-        row = Row(benchmark=NAME, name=f"bare Hypercorn ceiling, {n} subscriber"
-                                       f"{'s' if n > 1 else ''}",
+        row = Row(benchmark=NAME, name=f"{title}, {n} subscriber{'s' if n > 1 else ''}",
                   params={"chunks": chunks, "subscribers": n}, unit="events/s",
                   samples=[t.rate for t in turns], cpu=_mean_cpu([t.cpu for t in turns]),
                   quick=ctx.quick)
@@ -557,9 +582,9 @@ def ceiling_rows(ctx: Context, chunks: int, runs: dict[int, list[TurnRun]],
         if daemon and row.value:
             row.baseline, row.baseline_label = daemon, "daemon"
             row.ratio, row.ratio_label = row.value / daemon, "of the daemon"
-            row.notes.append(f"the daemon delivers {daemon / row.value:.0%} of what bare "
-                             "Hypercorn writes to the same client (same frames, same wake-up "
-                             "size; the cpu column's d is the bare server)")
+            row.notes.append(f"the daemon delivers {daemon / row.value:.0%} of what {called} "
+                             "writes to the same client (same frames, same wake-up size; the "
+                             "cpu column's d is the bare server)")
         fanout = {8: FANOUT_8_TARGET, 64: FANOUT_64_TARGET}.get(n)
         if fanout is not None and single and row.value:
             need = fanout * single

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +55,8 @@ EXPECTED_ROWS: dict[str, list[str]] = {
     "e2e": ["agent raw emission", "1 subscriber", "8 subscribers", "64 subscribers",
             "CPU per 1,000 events", "bare Hypercorn ceiling, 1 subscriber",
             "bare Hypercorn ceiling, 64 subscribers",
+            "Trio socket floor (no HTTP server), 1 subscriber",
+            "Trio socket floor (no HTTP server), 8 subscribers",
             "targets together under the 8-subscriber ceiling",
             "CPU the 1- and 8-subscriber targets need together",
             "fan-out the daemon's measured costs allow"],
@@ -545,18 +548,21 @@ def test_cpu_budget_row_needs_both_ceilings_and_the_agents_cpu() -> None:
         assert "too small to measure" in row.notes[0]
 
 
-def _model(c1_us: float, c8_us: float, bare: tuple[float, float] | None = None) -> Any:
+def _model(c1_us: float, c8_us: float, bare: tuple[float, float] | None = None,
+           floor: tuple[float, float] | None = None) -> Any:
     """The fan-out model row from one daemon turn at 1 and at 8 subscribers of 1,000,000
-    events taken in each (and optionally bare Hypercorn's), server CPU given per event taken
-    in, in microseconds."""
+    events taken in each (and optionally bare Hypercorn's, and the Trio socket floor's),
+    server CPU given per event taken in, in microseconds."""
     ctx = Context(quick=True, progress=Progress(enabled=False))
 
     def turn(n: int, us: float) -> TurnRun:
         return TurnRun(n, 1_000_000, n * 1_000_000, 1.0, 0, CpuUse(us * 1000, 1.0, 1.0))
 
+    def pair(costs: tuple[float, float] | None) -> dict[int, list[TurnRun]]:
+        return {} if costs is None else {1: [turn(1, costs[0])], 8: [turn(8, costs[1])]}
+
     runs = {1: [turn(1, c1_us)], 8: [turn(8, c8_us)]}
-    ceilings = {} if bare is None else {1: [turn(1, bare[0])], 8: [turn(8, bare[1])]}
-    return fanout_model_row(ctx, 100, runs, ceilings)
+    return fanout_model_row(ctx, 100, runs, pair(bare), pair(floor))
 
 
 def test_fanout_model_row_derives_the_ratio_from_ingest_and_delivery_costs() -> None:
@@ -571,6 +577,11 @@ def test_fanout_model_row_derives_the_ratio_from_ingest_and_delivery_costs() -> 
     assert "needs I/d >= 20 and 16x at 64 >= 20" in note
     # 3.5 / 20 = 0.175 us against bare Hypercorn's (3.5 - 0.5) / 7 = 0.43 us: 0.41x of it.
     assert "at most 0.17 us" in note and "costs 0.43 us" in note and "0.41x of it" in note
+    assert "no HTTP server" not in note  # no floor measured
+    # The floor: 0.4 us at 1 subscriber, 2.5 at 8, so (2.5 - 0.4) / 7 = 0.30 us a delivery,
+    # and the targets' 0.175 us is 0.58x of it.
+    floored = _model(4.0, 7.5, bare=(0.5, 3.5), floor=(0.4, 2.5)).notes[0]
+    assert "with no HTTP server (a Trio socket) it costs 0.30 us, so 0.58x of that" in floored
     # At I/d = 20 the model sits exactly on both targets.
     edge = _model(2.1, 2.8)
     assert edge.value == pytest.approx(6.0)
@@ -618,3 +629,72 @@ def test_process_cpu_counts_every_thread_to_the_nanosecond() -> None:
     finally:
         child.communicate("")
     assert process_cpu_seconds(child.pid) is None  # reaped: gone
+
+
+def _dechunked(stream: bytes) -> bytes:
+    """The body of an HTTP/1.1 response with chunked transfer encoding, up to its last chunk
+    (asserted to be there)."""
+    head, _, rest = stream.partition(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in head.lower(), head
+    body = b""
+    while True:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            return body
+        body, rest = body + rest[:size], rest[size + 2:]
+
+
+_UUID = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_TIMESTAMP = re.compile(rb'"serverTimestamp":[0-9]+')
+
+
+def _masked(stream: bytes) -> bytes:
+    return _TIMESTAMP.sub(b'"serverTimestamp":0', _UUID.sub(b"<uuid>", stream))
+
+
+def _ceiling_stream(server_kind: str, chunks: int) -> bytes:
+    """Everything one subscriber of ``benchmarks.ceiling --server server_kind`` reads of a
+    ``chunks``-chunk turn: the GET opened first, then the turn started, read to the last
+    chunk."""
+    import socket
+
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.ceiling", "--chunks", str(chunks),
+                             "--server", server_kind], cwd=ROOT, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().decode()
+        assert line.startswith("listening on http://127.0.0.1:"), line
+        port = int(line.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sub:
+            sub.sendall(b"GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
+            received = sub.recv(65536)
+            while b"retry: 3000" not in received:  # the stream is open: start the turn
+                received += sub.recv(65536)
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as start:
+                start.sendall(b"POST /start HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+                assert start.recv(4096).startswith(b"HTTP/1.1 204")
+            while not received.endswith(b"\r\n0\r\n\r\n"):
+                more = sub.recv(65536)
+                assert more, "the stream closed before its last chunk"
+                received += more
+        return received
+    finally:
+        proc.kill()
+        proc.wait(10)
+        proc.stdout.close() if proc.stdout else None
+
+
+def test_the_trio_socket_floor_writes_what_bare_hypercorn_writes() -> None:
+    # The floor is only a floor for the ceiling's write pattern if the client reads the same
+    # SSE bytes from both: same frames, same order, the terminal last.
+    chunks = 300
+    hypercorn, trio_socket = (_dechunked(_ceiling_stream(kind, chunks))
+                              for kind in ("hypercorn", "trio"))
+    # Each server process makes its own session and prompt ids and timestamp: the same length
+    # in every turn, so the bytes match once those are masked.
+    assert len(trio_socket) == len(hypercorn)
+    assert _masked(trio_socket) == _masked(hypercorn)
+    ids = [int(line[4:]) for line in trio_socket.split(b"\n") if line.startswith(b"id: ")]
+    assert ids == list(range(1, chunks + 2))
+    assert b"event: turn_complete" in trio_socket.rsplit(b"\n\n", 2)[-2]
