@@ -302,6 +302,32 @@ def test_a_dropped_or_repeated_frame_is_a_delivery_error(cuts: list[int], drop: 
         check_delivery([_report(PAYLOAD), report], 1, 40)
 
 
+def _frames_with_ids(ids: list[bytes]) -> bytes:
+    return b"".join(b'id: %b\nevent: session_update\ndata: {"v":1}\n\n' % i for i in ids)
+
+
+@given(cuts=st.lists(st.integers(1, 2000), max_size=8), swap=st.integers(0, 38))
+def test_ids_out_of_order_are_caught_whatever_their_spelling_and_size(cuts: list[int],
+                                                                       swap: int) -> None:
+    # The counter confirms a read by its ids' spellings; every other read is judged as numbers,
+    # so a swap is a gap, a leading zero is the same id, and ids too large to spell ahead work.
+    for base in (0, 1 << 40):
+        spelled = [b"%d" % (base + i) for i in range(1, 41)]
+        frames = _frames_with_ids(spelled)
+        report = _report(frames, [c for c in cuts if c < len(frames)])
+        assert report["id_error"] is None and report["ids"] == 40
+        assert (report["first_id"], report["last_id"]) == (base + 1, base + 40)
+        swapped = list(spelled)
+        swapped[swap], swapped[swap + 1] = swapped[swap + 1], swapped[swap]
+        frames = _frames_with_ids(swapped)
+        report = _report(frames, [c for c in cuts if c < len(frames)])
+        assert report["id_error"] is not None and report["ids"] == 40
+        padded = [b"00" + i if n == swap else i for n, i in enumerate(spelled)]
+        frames = _frames_with_ids(padded)
+        report = _report(frames, [c for c in cuts if c < len(frames)])
+        assert report["id_error"] is None and report["last_id"] == base + 40
+
+
 def test_a_missing_terminal_or_a_short_stream_is_a_delivery_error() -> None:
     no_terminal = _report(b"".join(FRAMES[:-1]))
     assert no_terminal["id_error"] is None and not no_terminal["done"]
