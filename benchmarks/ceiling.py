@@ -34,7 +34,7 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import trio
 
@@ -174,7 +174,8 @@ class CeilingApp:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-SERVERS = ("hypercorn", "trio")
+ServerKind = Literal["hypercorn", "trio"]
+SERVERS: tuple[ServerKind, ...] = ("hypercorn", "trio")
 _HEAD_END = b"\r\n\r\n"
 _HEAD_LIMIT = 65536
 _REASONS = {200: b"OK", 204: b"No Content"}
@@ -185,27 +186,27 @@ class _TrioSocketHttp:
     Hypercorn frames it (h11's chunked encoding when the response has a body and no length);
     the response head goes out with the first body chunk, as h11 sends it."""
 
-    __slots__ = ("_head", "_stream", "chunked")
+    __slots__ = ("_chunked", "_head", "_stream")
 
     def __init__(self, stream: trio.SocketStream) -> None:
         self._stream = stream
         self._head = b""
-        self.chunked = False
+        self._chunked = False
 
     async def send(self, message: MutableMapping[str, Any]) -> None:
         if message["type"] == "http.response.start":
             status = int(message["status"])
             head = b"HTTP/1.1 %d %b\r\n" % (status, _REASONS.get(status, b""))
             head += b"".join(b"%b: %b\r\n" % (name, value) for name, value in message["headers"])
-            self.chunked = status != 204
-            self._head = head + (b"transfer-encoding: chunked\r\n\r\n" if self.chunked
+            self._chunked = status != 204
+            self._head = head + (b"transfer-encoding: chunked\r\n\r\n" if self._chunked
                                  else b"\r\n")
             return
         body: bytes = message.get("body", b"")
         more = bool(message.get("more_body", False))
         out = self._head
         self._head = b""
-        if self.chunked:
+        if self._chunked:
             if body:
                 out += b"%x\r\n%b\r\n" % (len(body), body)
             if not more:

@@ -32,11 +32,14 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from benchmarks.harness import Context, CpuMeter, CpuUse, Row, own_cpu_seconds, process_cpu_seconds
 from benchmarks.launcher import Daemon, start_daemon
 from benchmarks.loadgen import ANNOUNCED, LoadGen, LoadGenError, check_delivery
+
+if TYPE_CHECKING:  # the ceiling servers run in their own processes
+    from benchmarks.ceiling import ServerKind
 
 NAME = "e2e"
 TITLE = "end-to-end turn throughput (agent -> daemon -> SSE subscribers)"
@@ -236,7 +239,7 @@ FLOOR_COUNTS = (1, 8)  # the floor is measured where the fan-out model takes its
 
 
 def ceiling_turn(chunks: int, subscribers: int, max_queued: int = 2048,
-                 timeout: float = 600.0, server_kind: str = "hypercorn") -> TurnRun:
+                 timeout: float = 600.0, server_kind: ServerKind = "hypercorn") -> TurnRun:
     """The same turn's frames written by bare Hypercorn (``benchmarks.ceiling``) to the same
     load generator: the most this stack delivers on this machine. Checked like a daemon turn
     (ids 1..chunks+1, the terminal last). ``server_kind="trio"``: the same frames written
@@ -519,7 +522,8 @@ def fanout_model_row(ctx: Context, chunks: int, runs: dict[int, list[TurnRun]],
     bare_note = ("" if bare is None or bare[1] <= 0 else
                  f"; bare Hypercorn's own delivery costs {bare[1] * 1e6:.2f} us, so the "
                  f"targets need {ingest / need[8] / bare[1]:.2f}x of it")
-    floor = _marginal_delivery_s((floors or {}).get(1, []), (floors or {}).get(8, []))
+    floors = floors or {}
+    floor = _marginal_delivery_s(floors.get(1, []), floors.get(8, []))
     if floor is not None and floor[1] > 0:
         bare_note += (f"; with no HTTP server (a Trio socket) it costs {floor[1] * 1e6:.2f} us, "
                       f"so {ingest / need[8] / floor[1]:.2f}x of that")

@@ -694,9 +694,11 @@ def _ceiling_stream(server_kind: str, chunks: int) -> bytes:
         port = int(line.rsplit(":", 1)[1])
         with socket.create_connection(("127.0.0.1", port), timeout=30) as sub:
             sub.sendall(b"GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
-            received = sub.recv(65536)
+            received = b""
             while b"retry: 3000" not in received:  # the stream is open: start the turn
-                received += sub.recv(65536)
+                more = sub.recv(65536)
+                assert more, f"the stream closed before it opened: {received!r}"
+                received += more
             with socket.create_connection(("127.0.0.1", port), timeout=30) as start:
                 start.sendall(b"POST /start HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
                 assert start.recv(4096).startswith(b"HTTP/1.1 204")
@@ -708,7 +710,8 @@ def _ceiling_stream(server_kind: str, chunks: int) -> bytes:
     finally:
         proc.kill()
         proc.wait(10)
-        proc.stdout.close() if proc.stdout else None
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def test_the_trio_socket_floor_writes_what_bare_hypercorn_writes() -> None:
