@@ -10,7 +10,9 @@ The daemon knows its own transport: :func:`install` makes Hypercorn's per-connec
 register the connection's socket here when the connection starts, keyed by its (local, peer)
 address pair (the ASGI scope's ``server`` and ``client``), and remove it when the connection
 ends. The registry holds exactly the open connections; finding one is a dict lookup, and no
-descriptor other than that connection's own is ever touched.
+descriptor other than that connection's own is ever touched. It also notes which connections
+are plain TCP (no TLS layer between the server and the socket): only those may have a response
+body written straight to their socket (:mod:`daemon.direct_body`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import socket
 import struct
 from collections.abc import Sequence
 from typing import Any, Protocol
+
+import trio
 
 log = logging.getLogger("daemon.sockets")
 
@@ -31,29 +35,42 @@ class _Shutdownable(Protocol):
     def shutdown(self, how: int, /) -> None: ...
     def setsockopt(self, level: int, option: int, value: bytes, /) -> None: ...
     def close(self) -> None: ...
+    def fileno(self) -> int: ...
 
 
 class ConnectionRegistry:
     """Open connections by (local, peer) address. Pure bookkeeping: no I/O of its own."""
 
-    __slots__ = ("_open",)
+    __slots__ = ("_open", "_plain")
 
     def __init__(self) -> None:
         self._open: dict[Key, _Shutdownable] = {}
+        self._plain: set[Key] = set()
 
     def __len__(self) -> int:
         return len(self._open)
 
-    def add(self, key: Key, sock: _Shutdownable) -> None:
+    def add(self, key: Key, sock: _Shutdownable, *, plain: bool = False) -> None:
+        """Register ``sock`` under ``key``; ``plain``: the server writes to it as it is (no
+        TLS layer), so bytes written to it are what the peer reads."""
         self._open[key] = sock
+        if plain:
+            self._plain.add(key)
+        else:
+            self._plain.discard(key)
 
     def remove(self, key: Key, sock: _Shutdownable) -> None:
         """Forget ``key`` if it still names ``sock`` (a newer connection may reuse the pair)."""
         if self._open.get(key) is sock:
             del self._open[key]
+            self._plain.discard(key)
 
     def get(self, key: Key) -> _Shutdownable | None:
         return self._open.get(key)
+
+    def plain(self, key: Key) -> _Shutdownable | None:
+        """The socket of ``key`` if it is open and plain TCP, else ``None``."""
+        return self._open.get(key) if key in self._plain else None
 
 
 registry = ConnectionRegistry()
@@ -102,6 +119,12 @@ def _transport_socket(stream: Any) -> Any:
     return getattr(inner, "socket", None)
 
 
+def _is_plain(stream: Any) -> bool:
+    """True for a bare Trio SocketStream: what is written to its socket reaches the peer as
+    it is (an SSLStream, or any other wrapper, encrypts or frames it first)."""
+    return type(stream) is trio.SocketStream
+
+
 def _key_of(sock: Any) -> Key | None:
     try:
         local, peer = addr(sock.getsockname()), addr(sock.getpeername())
@@ -136,10 +159,11 @@ def install() -> bool:
         """Hypercorn's TCPServer, with its socket in :data:`registry` while it runs."""
 
         async def run(self) -> None:
-            sock = _transport_socket(getattr(self, "stream", None))
+            stream = getattr(self, "stream", None)
+            sock = _transport_socket(stream)
             key = _key_of(sock) if sock is not None else None
             if key is not None:
-                registry.add(key, sock)
+                registry.add(key, sock, plain=_is_plain(stream))
             try:
                 await super().run()
             finally:

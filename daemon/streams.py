@@ -23,7 +23,7 @@ from sdk.protocol.sse import SSE_HEARTBEAT, sse_retry
 
 from .bus import SessionBus, Subscription, now_ms
 from .core.envelope import Event, encode_json, sse_chunks
-from .core.ring import decide_resume
+from .core.ring import ResumePlan, decide_resume
 from .core.subscriber import (
     MAX_QUEUED_DEFAULT,
     MAX_QUEUED_MAX,
@@ -32,6 +32,7 @@ from .core.subscriber import (
     client_evicted_event,
     slow_client_warning_event,
 )
+from .direct_body import BodyGone, DirectBody, direct_body
 from .sockets import shutdown_connection
 
 #: The frame that opens every stream (``retry: 3000``).
@@ -358,10 +359,12 @@ async def serve_sse(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
         (b"x-qwen-sse-stream-id", stream_id.encode()),
     ]})
 
-    async def body(data: bytes) -> None:
+    async def through_server(data: bytes) -> None:
         await send({"type": "http.response.body", "body": data, "more_body": True})
         sub.writes_done += 1
 
+    body: Callable[[bytes], Awaitable[None]] = through_server
+    gone = False
     try:
         async with trio.open_nursery() as nursery:
             sub.scope = nursery.cancel_scope
@@ -370,36 +373,22 @@ async def serve_sse(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
             if stalled_write_s is not None:
                 nursery.start_soon(watch_stalled_writes, sub, stalled_write_s)
             sub.begin_write()
-            await body(SSE_RETRY)
-            for chunk in sse_chunks(plan.before):
-                await body(chunk)
-            if await replay_events(sub, plan.replay, partial(_sse_group, body)):
-                for chunk in sse_chunks(plan.after):
-                    await body(chunk)
-            sub.end_write()
-            while True:
-                for _ in range(GATHER_PASSES):  # see GATHER_BYTES
-                    if not pump.worth_gathering():
-                        break
-                    await trio.lowlevel.checkpoint()
-                frames = pump.next_sse()
-                if frames is None:
-                    break
-                if frames:
-                    sub.begin_write()
-                    # One send per wake-up, however many segments it spans.
-                    await body(frames[0] if len(frames) == 1 else b"".join(frames))
-                    sub.end_write()
-                    continue
-                if bus.closed:
-                    break
-                if not await pump.wait():
-                    sub.begin_write()  # a stalled heartbeat is a stalled write like any other
-                    await body(SSE_HEARTBEAT)
-                    sub.end_write()
+            await body(SSE_RETRY)  # the server has now written the response head
+            direct = direct_body(scope)
+            if direct is not None:
+                body = partial(_direct_write, direct, sub)
+            try:
+                await _stream_sse(sub, pump, plan, body)
+            except BodyGone as exc:
+                log.info("event=sse_connection_gone reason=%s", exc)
+                gone = True
             nursery.cancel_scope.cancel()
     finally:
         bus.remove_subscriber(sub)
+    if gone:
+        if sub.abort is not None:
+            sub.abort()  # the server learns the connection is over; nothing more is written
+        return
     eviction = sub.state.evicted
     closing: list[MutableMapping[str, Any]] = []
     if eviction is not None:
@@ -407,6 +396,44 @@ async def serve_sse(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
             eviction, now_ms()).sse_frame})
     closing.append({"type": "http.response.body", "body": b"", "more_body": False})
     await final_send(sub, send, closing, EVICTED_FRAME_TIMEOUT_S)
+
+
+async def _direct_write(direct: DirectBody, sub: Subscription, data: bytes) -> None:
+    await direct.write(data)
+    sub.writes_done += 1
+
+
+async def _stream_sse(sub: Subscription, pump: EventPump, plan: ResumePlan,
+                      body: Callable[[bytes], Awaitable[None]]) -> None:
+    """The stream after its first frame: the resume plan's frames and replay, then live
+    batches and heartbeats until the subscriber is evicted or the bus closes."""
+    bus = pump.bus
+    for chunk in sse_chunks(plan.before):
+        await body(chunk)
+    if await replay_events(sub, plan.replay, partial(_sse_group, body)):
+        for chunk in sse_chunks(plan.after):
+            await body(chunk)
+    sub.end_write()
+    while True:
+        for _ in range(GATHER_PASSES):  # see GATHER_BYTES
+            if not pump.worth_gathering():
+                break
+            await trio.lowlevel.checkpoint()
+        frames = pump.next_sse()
+        if frames is None:
+            break
+        if frames:
+            sub.begin_write()
+            # One send per wake-up, however many segments it spans.
+            await body(frames[0] if len(frames) == 1 else b"".join(frames))
+            sub.end_write()
+            continue
+        if bus.closed:
+            break
+        if not await pump.wait():
+            sub.begin_write()  # a stalled heartbeat is a stalled write like any other
+            await body(SSE_HEARTBEAT)
+            sub.end_write()
 
 
 async def serve_ws(scope: Scope, receive: Receive, send: Send, bus: SessionBus,

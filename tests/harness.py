@@ -10,10 +10,11 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from benchmarks.launcher import forget, spawn_daemon
 
@@ -76,6 +77,17 @@ def start_daemon(
     proc, url = spawn_daemon(["--data-dir", str(data), "--workspace", str(base), *args],
                              {**mock_env, **(env or {})}, base, stderr_path)
     return RunningDaemon(url, proc, data, gate, log, stderr_path, list(args))
+
+
+async def answer_lifespan(receive: Callable[[], Awaitable[Mapping[str, Any]]],
+                          send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+    """The ASGI lifespan handshake of a test app served by Hypercorn: every startup and
+    shutdown message answered with its ``.complete``, until the shutdown."""
+    while True:
+        message = await receive()
+        await send({"type": message["type"] + ".complete"})
+        if message["type"] == "lifespan.shutdown":
+            return
 
 
 @contextmanager

@@ -26,7 +26,7 @@ from hypercorn.trio import serve
 from hypercorn.trio.tcp_server import TCPServer
 
 from daemon import sockets
-from tests.harness import start_daemon
+from tests.harness import answer_lifespan, start_daemon
 from tests.stalls import fd_count, holds_connection, open_stalled_sse, poll, run_turn, status
 
 ROUNDS = 2
@@ -43,11 +43,8 @@ async def test_registry_tracks_exactly_the_open_hypercorn_connections() -> None:
 
     async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                await send({"type": message["type"] + ".complete"})
-                if message["type"] == "lifespan.shutdown":
-                    return
+            await answer_lifespan(receive, send)
+            return
         key = (sockets.addr(scope["server"]), sockets.addr(scope["client"]))
         seen.append(sockets.registry.get(key) is not None)  # type: ignore[arg-type]
         await send({"type": "http.response.start", "status": 200, "headers": []})

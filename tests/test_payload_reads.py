@@ -35,6 +35,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     # interface, not the daemon's wire.
     ("daemon/asgi.py", "type"): "ASGI message type",
     ("daemon/streams.py", "type"): "ASGI message type",
+    ("daemon/direct_body.py", "type"): "ASGI scope key",
+    ("daemon/direct_body.py", "server"): "ASGI scope key",
     ("daemon/streams.py", "server"): "ASGI scope key",
     ("daemon/cluster.py", "type"): "ASGI message type",
     # Query-string parameters, parsed from the URL (not a JSON body).

@@ -1,0 +1,92 @@
+"""Writing an event stream's response body straight to its connection's socket. Trio shell.
+
+Hypercorn writes each body piece through the ASGI message, its HTTP/1.1 protocol object, h11's
+chunked framing (which copies the piece into a new bytes object with its chunk head and CRLF),
+a send lock and a Trio stream. For an SSE subscriber that is paid on every write, once per
+subscriber, and it cost the daemon more than the socket send itself. Once Hypercorn has sent the
+response head and the first body piece, the stream's later pieces go to the socket directly,
+framed as the same chunks (:mod:`daemon.core.chunked`): one vectored ``writev`` per write, the
+shared frames never copied. Hypercorn still owns the connection and ends the body (its last
+chunk): it writes on a connection only when its application asks it to, so nothing else writes
+to the socket while the stream's task does.
+
+Only where the bytes on the socket are the bytes the peer reads: a GET over HTTP/1.1 (chunked)
+on a plain TCP connection (no TLS layer) that the connection registry knows. Anywhere else
+:func:`direct_body` returns ``None`` and the stream writes through ASGI as before.
+
+A write is shielded from cancellation, as Hypercorn's are: a chunk is never left half-sent by
+a cancelled task. A write that cannot finish (the peer stopped reading) is ended as Hypercorn's
+is, by cutting the connection (:func:`daemon.sockets.shutdown_connection`): the write then fails
+with :class:`BodyGone`. The descriptor's number is read from the socket object before every
+system call, with no checkpoint in between, so a descriptor closed meanwhile is never written:
+its number may already belong to another connection or file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import trio
+
+from .core.chunked import advance, chunk
+from .sockets import addr, registry
+
+__all__ = ["BodyGone", "DirectBody", "direct_body"]
+
+
+class BodyGone(Exception):
+    """The connection can no longer be written: the peer went away or the daemon cut it."""
+
+
+class _Socket(Protocol):
+    def fileno(self) -> int: ...
+
+
+class DirectBody:
+    """Writes body pieces as HTTP/1.1 chunks to one connection's socket."""
+
+    __slots__ = ("_sock",)
+
+    def __init__(self, sock: _Socket) -> None:
+        self._sock = sock
+
+    async def write(self, data: bytes) -> None:
+        """Write ``data`` (not empty) as one chunk; returns once the kernel has all of it.
+        Raises :class:`BodyGone` if the connection is closed or broken."""
+        buffers = chunk(data)
+        sock = self._sock
+        with trio.CancelScope(shield=True):
+            while True:
+                fd = sock.fileno()
+                if fd < 0:
+                    raise BodyGone("the connection was closed")
+                try:
+                    sent = os.writev(fd, buffers)
+                except BlockingIOError:
+                    try:
+                        await trio.lowlevel.wait_writable(fd)
+                    except (trio.ClosedResourceError, OSError) as exc:
+                        raise BodyGone(f"the connection was closed: {exc!r}") from exc
+                    continue
+                except OSError as exc:
+                    raise BodyGone(f"the connection broke: {exc!r}") from exc
+                if not advance(buffers, sent):
+                    return
+
+
+def direct_body(scope: Mapping[str, Any]) -> DirectBody | None:
+    """A :class:`DirectBody` for this request's connection, or ``None`` where its body must go
+    through the server (not a plain-TCP HTTP/1.1 GET, or a connection the registry does not
+    know). Call it only after the server has written the response head."""
+    if (scope.get("type") != "http" or scope.get("http_version") != "1.1"
+            or scope.get("scheme") != "http" or scope.get("method") != "GET"):
+        return None
+    local, peer = addr(scope.get("server")), addr(scope.get("client"))
+    if local is None or peer is None:
+        return None
+    sock = registry.plain((local, peer))
+    if sock is None:
+        return None
+    return DirectBody(sock)
