@@ -204,15 +204,23 @@ class SSECounter:
         if start >= end:
             return
         self.bytes += end - start
-        text = self._carry + data[start:end]
-        cut = text.rfind(b"\n\n")
-        if cut < 0:
-            self._carry = text
-            return
         # Only whole frames are scanned; the newline ending the last separator stays in front
-        # of the rest (it is the newline before the next frame's first line).
-        frames = text[:cut + 2]
-        self._carry = text[cut + 1:]
+        # of the rest (it is the newline before the next frame's first line). The last
+        # separator is looked for in the read itself, so the read's bytes are copied once (into
+        # the frames); only a read with no whole separator of its own is joined to the carry
+        # first (the separator may straddle the two).
+        cut = data.rfind(b"\n\n", start, end)
+        if cut >= 0:
+            frames = b"".join((self._carry, memoryview(data)[start:cut + 2]))
+            self._carry = bytes(data[cut + 1:end])
+        else:
+            text = self._carry + bytes(data[start:end])
+            cut = text.rfind(b"\n\n")
+            if cut < 0:
+                self._carry = text
+                return
+            frames = text[:cut + 2]
+            self._carry = text[cut + 1:]
         found = ID_LINE.findall(frames)
         if found:
             self._check_ids(found, frames)
