@@ -16,8 +16,10 @@ that only counts lines (no daemon).
 Ceiling rows (informational; ``--no-ceiling`` skips them): after each daemon turn, the same
 turn's frames written by bare Hypercorn on Trio (``benchmarks.ceiling``: no daemon, every frame
 pre-built, one send per the daemon's wake-up size) to the same load generator with as many
-subscribers, checked the same way. No daemon on this stack can deliver more to this client on
-this machine; the row says how far the daemon is from it and what the fan-out targets need.
+subscribers, checked the same way: what Hypercorn's own write path delivers to this client on
+this machine, and what the fan-out targets need beside it. The daemon writes a stream's frames
+past Hypercorn's write path, straight to the socket (``daemon.direct_body``), so it can beat
+these rows: they are reference servers, not bounds.
 """
 
 from __future__ import annotations
@@ -241,9 +243,9 @@ FLOOR_COUNTS = (1, 8)  # the floor is measured where the fan-out model takes its
 def ceiling_turn(chunks: int, subscribers: int, max_queued: int = 2048,
                  timeout: float = 600.0, server_kind: ServerKind = "hypercorn") -> TurnRun:
     """The same turn's frames written by bare Hypercorn (``benchmarks.ceiling``) to the same
-    load generator: the most this stack delivers on this machine. Checked like a daemon turn
-    (ids 1..chunks+1, the terminal last). ``server_kind="trio"``: the same frames written
-    with no HTTP server (the floor below Hypercorn)."""
+    load generator: what Hypercorn's own write path delivers on this machine. Checked like a
+    daemon turn (ids 1..chunks+1, the terminal last). ``server_kind="trio"``: the same frames
+    written through Trio's socket stream with no HTTP server."""
     server = subprocess.Popen([sys.executable, "-m", "benchmarks.ceiling", "--chunks",
                                str(chunks), "--max-queued", str(max_queued),
                                "--server", server_kind],
@@ -499,7 +501,8 @@ def fanout_model_row(ctx: Context, chunks: int, runs: dict[int, list[TurnRun]],
     not the machine, is the limit); the note sets the ``d`` the targets need beside bare
     Hypercorn's own ``d`` (its server CPU measured the same way, same frames and client) and,
     when ``floors`` has them, beside the ``d`` of the same frames written with no HTTP server
-    (Trio's socket stream alone: no server on this stack goes under it)."""
+    (Trio's socket stream alone). The daemon's own writes skip both layers (one ``writev`` per
+    write), so its ``d`` can be below both; what is left of it is mostly the kernel's send."""
     ours = _marginal_delivery_s(runs.get(1, []), runs.get(8, []))
     if ours is None:
         return None
