@@ -41,11 +41,11 @@ class _Shutdownable(Protocol):
 class ConnectionRegistry:
     """Open connections by (local, peer) address. Pure bookkeeping: no I/O of its own."""
 
-    __slots__ = ("_open", "_plain")
+    __slots__ = ("_open",)
 
     def __init__(self) -> None:
-        self._open: dict[Key, _Shutdownable] = {}
-        self._plain: set[Key] = set()
+        # key -> (socket, plain: the server writes to it as it is, with no TLS layer)
+        self._open: dict[Key, tuple[_Shutdownable, bool]] = {}
 
     def __len__(self) -> int:
         return len(self._open)
@@ -53,24 +53,22 @@ class ConnectionRegistry:
     def add(self, key: Key, sock: _Shutdownable, *, plain: bool = False) -> None:
         """Register ``sock`` under ``key``; ``plain``: the server writes to it as it is (no
         TLS layer), so bytes written to it are what the peer reads."""
-        self._open[key] = sock
-        if plain:
-            self._plain.add(key)
-        else:
-            self._plain.discard(key)
+        self._open[key] = (sock, plain)
 
     def remove(self, key: Key, sock: _Shutdownable) -> None:
         """Forget ``key`` if it still names ``sock`` (a newer connection may reuse the pair)."""
-        if self._open.get(key) is sock:
+        entry = self._open.get(key)
+        if entry is not None and entry[0] is sock:
             del self._open[key]
-            self._plain.discard(key)
 
     def get(self, key: Key) -> _Shutdownable | None:
-        return self._open.get(key)
+        entry = self._open.get(key)
+        return entry[0] if entry is not None else None
 
     def plain(self, key: Key) -> _Shutdownable | None:
         """The socket of ``key`` if it is open and plain TCP, else ``None``."""
-        return self._open.get(key) if key in self._plain else None
+        entry = self._open.get(key)
+        return entry[0] if entry is not None and entry[1] else None
 
 
 registry = ConnectionRegistry()
