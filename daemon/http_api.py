@@ -276,6 +276,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
             known_clients=len(manager.clients),
             server=wire.ServerPatches(ws_keepalive=patches.ws_keepalive,
                                       connection_registry=patches.connection_registry,
+                                      ws_limits=patches.ws_limits,
                                       hypercorn_version=patches.hypercorn_version),
             sessions=manager.status(),
         ))

@@ -17,7 +17,7 @@ import trio
 from hypercorn.config import Config as HyperConfig
 from hypercorn.trio import serve
 
-from . import malloc, server_patches
+from . import malloc, server_patches, ws_limits
 from .asgi import DaemonASGI
 from .config import DaemonConfig
 from .core.guards import Guard
@@ -99,6 +99,8 @@ def hypercorn_config(config: DaemonConfig) -> HyperConfig:
     hconf.graceful_timeout = 1.0
     hconf.keep_alive_timeout = 30
     hconf.websocket_ping_interval = config.ws_ping_ms / 1000
+    # A WebSocket client's messages are never used: a few KiB at most (daemon.ws_limits).
+    hconf.websocket_max_message_size = ws_limits.MAX_CLIENT_MESSAGE_BYTES
     return hconf
 
 

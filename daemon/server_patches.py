@@ -1,12 +1,14 @@
-"""The daemon's two additions to Hypercorn's private internals, installed in one place.
+"""The daemon's additions to Hypercorn's private internals, installed in one place.
 
 - ``ws_keepalive``: pongs are counted, two missed ones close a WebSocket with 1011;
-- ``sockets``: every connection's socket is registered, so a stalled write can be cut.
+- ``sockets``: every connection's socket is registered, so a stalled write can be cut;
+- ``ws_limits``: a WebSocket client's messages are uncompressed and a few KiB at most.
 
-Both replace or extend private Hypercorn code (``WSStream`` methods, the Trio worker's
-``TCPServer``), so ``pyproject.toml`` pins Hypercorn to the range they were tested on, each
-checks the shape it relies on before touching anything (and stays off, logging why, on a shape
-it does not know), and ``tests/test_server_patches.py`` fails when that shape changes.
+All replace or extend private Hypercorn code (``WSStream`` methods, its ``Handshake``, the Trio
+worker's ``TCPServer``), so ``pyproject.toml``
+pins Hypercorn to the range they were tested on, each checks the shape it relies on before
+touching anything (and stays off, logging why, on a shape it does not know), and
+``tests/test_server_patches.py`` fails when that shape changes.
 :func:`install` is called once, by ``daemon.server`` as the daemon starts (never at import);
 :func:`status` is what ``GET /daemon/status`` reports as ``server``.
 """
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from . import sockets, ws_keepalive
+from . import sockets, ws_keepalive, ws_limits
 
 log = logging.getLogger("daemon.server_patches")
 
@@ -31,6 +33,7 @@ TESTED_HYPERCORN = ">=0.18,<0.19"
 class PatchStatus:
     ws_keepalive: bool
     connection_registry: bool
+    ws_limits: bool
     hypercorn_version: str
 
 
@@ -41,7 +44,7 @@ def hypercorn_version() -> str:
         return "unknown"
 
 
-_status = PatchStatus(ws_keepalive=False, connection_registry=False,
+_status = PatchStatus(ws_keepalive=False, connection_registry=False, ws_limits=False,
                       hypercorn_version=hypercorn_version())
 
 
@@ -55,7 +58,13 @@ WS_STREAM_SHAPE: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
     "_send_pings": (("self",), frozenset({"closed", "context", "sleep", "config",
                                           "websocket_ping_interval"})),
     "_send_wsproto_event": (("self", "event"), frozenset({"connection", "send", "stream_id"})),
-    "_handle_events": (("self",), frozenset({"connection", "events"})),
+    "_handle_events": (("self",), frozenset({
+        "connection", "events", "buffer", "extend", "clear", "to_message", "app_put",
+        "_send_wsproto_event", "send", "stream_id", "state", "FrameTooLargeError"})),
+}
+HANDSHAKE_SHAPE: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
+    "accept": (("self", "subprotocol", "additional_headers"),
+               frozenset({"extensions", "server_extensions_handshake", "Connection"})),
 }
 TCP_SERVER_SHAPE: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
     "__init__": (("self", "app", "config", "context", "state", "stream"), frozenset({"stream"})),
@@ -63,8 +72,8 @@ TCP_SERVER_SHAPE: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
 }
 
 
-def _method_problems(cls: type, shape: dict[str, tuple[tuple[str, ...], frozenset[str]]]
-                     ) -> list[str]:
+def _method_problems(cls: type, shape: dict[str, tuple[tuple[str, ...], frozenset[str]]],
+                     sync: tuple[str, ...] = ()) -> list[str]:
     problems = []
     for name, (params, uses) in shape.items():
         func = cls.__dict__.get(name)
@@ -74,7 +83,7 @@ def _method_problems(cls: type, shape: dict[str, tuple[tuple[str, ...], frozense
         got = tuple(inspect.signature(func).parameters)
         if got != params:
             problems.append(f"{cls.__name__}.{name}{got} is not {params}")
-        if name != "__init__" and not inspect.iscoroutinefunction(func):
+        if name not in ("__init__", *sync) and not inspect.iscoroutinefunction(func):
             problems.append(f"{cls.__name__}.{name} is no longer a coroutine function")
         missing = uses - set(func.__code__.co_names)
         if missing:
@@ -83,11 +92,14 @@ def _method_problems(cls: type, shape: dict[str, tuple[tuple[str, ...], frozense
 
 
 def shape_problems(ws_stream_cls: type, stream_closed: Any, tcp_server_cls: type,
-                   worker_serve: Any) -> list[str]:
+                   worker_serve: Any, *, handshake_cls: type | None = None) -> list[str]:
     """How the given Hypercorn classes differ from the shape the patches were written for
-    (empty: they match). Pure inspection; call it before patching."""
+    (empty: they match). Pure inspection; call it before patching. The keyword-only ones are
+    checked when given (:func:`hypercorn_shape_problems` gives them all)."""
     problems = _method_problems(ws_stream_cls, WS_STREAM_SHAPE)
     problems += _method_problems(tcp_server_cls, TCP_SERVER_SHAPE)
+    if handshake_cls is not None:
+        problems += _method_problems(handshake_cls, HANDSHAKE_SHAPE, sync=("accept",))
     if not hasattr(tcp_server_cls, "__await__"):
         problems.append("TCPServer is no longer awaitable")
     fields = getattr(stream_closed, "__dataclass_fields__", {})
@@ -105,15 +117,19 @@ def hypercorn_shape_problems() -> list[str]:
     from hypercorn.protocol import ws_stream
     from hypercorn.trio import run, tcp_server
 
-    return shape_problems(ws_stream.WSStream, getattr(ws_stream, "StreamClosed", None),
-                          tcp_server.TCPServer, run.worker_serve)
+    problems = shape_problems(
+        ws_stream.WSStream, getattr(ws_stream, "StreamClosed", None), tcp_server.TCPServer,
+        run.worker_serve, handshake_cls=ws_stream.Handshake)
+    if not isinstance(getattr(ws_stream, "FrameTooLargeError", None), type):
+        problems.append("hypercorn's ws_stream module has no class FrameTooLargeError")
+    return problems
 
 
 def install() -> PatchStatus:
-    """Install both patches (idempotent); returns which are active. A Hypercorn whose shape
+    """Install the patches (idempotent); returns which are active. A Hypercorn whose shape
     differs from the one they were written for is left alone (logged)."""
     global _status
-    if not (_status.ws_keepalive or _status.connection_registry):
+    if not (_status.ws_keepalive or _status.connection_registry or _status.ws_limits):
         problems = hypercorn_shape_problems()
         if problems:
             log.warning("event=server_patches_unavailable hypercorn=%s tested=%s problems=%s",
@@ -121,10 +137,12 @@ def install() -> PatchStatus:
             return _status
     _status = PatchStatus(ws_keepalive=ws_keepalive.install(),
                           connection_registry=sockets.install(),
+                          ws_limits=ws_limits.install(),
                           hypercorn_version=hypercorn_version())
     log.info("event=server_patches hypercorn=%s tested=%s ws_keepalive=%s "
-             "connection_registry=%s", _status.hypercorn_version, TESTED_HYPERCORN,
-             _status.ws_keepalive, _status.connection_registry)
+             "connection_registry=%s ws_limits=%s",
+             _status.hypercorn_version, TESTED_HYPERCORN, _status.ws_keepalive,
+             _status.connection_registry, _status.ws_limits)
     return _status
 
 

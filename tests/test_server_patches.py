@@ -38,7 +38,8 @@ def test_patches_install_on_the_installed_hypercorn() -> None:
     status = _fresh_interpreter(
         "import json, dataclasses; from daemon import server_patches as p; "
         "print(json.dumps(dataclasses.asdict(p.install())))")
-    assert status["ws_keepalive"] is True and status["connection_registry"] is True, status
+    assert all(status[name] is True for name in (
+        "ws_keepalive", "connection_registry", "ws_limits")), status
 
 
 def _shapes() -> dict[str, Any]:
@@ -109,4 +110,5 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
 def test_daemon_status_reports_the_patches(daemon: RunningDaemon) -> None:
     body = httpx.get(f"{daemon.url}/daemon/status", timeout=10).json()
     assert body["server"] == {"wsKeepalive": True, "connectionRegistry": True,
+                              "wsLimits": True,
                               "hypercornVersion": server_patches.hypercorn_version()}

@@ -328,6 +328,7 @@ class ServerPatches(_Body, kw_only=True):
 
     ws_keepalive: bool
     connection_registry: bool
+    ws_limits: bool
     hypercorn_version: str
 
 
