@@ -1,7 +1,8 @@
 """Clients that attack the daemon's transports, for the tests and the benchmarks: a raw
 WebSocket client that writes frames byte by byte as an attacker would (compressed frames the
 server never agreed to, fragments that never finish), which no well-behaved client library lets
-one do; and reads of a process's memory from ``/proc`` (Linux)."""
+one do; an HTTP/2 client (on the ``h2`` library Hypercorn itself uses) whose streams never get a
+flow-control window; and reads of a process's memory from ``/proc`` (Linux)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ import base64
 import os
 import socket
 import struct
+import threading
 import zlib
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.settings
 
 
 def host_port(url: str) -> tuple[str, int]:
@@ -122,3 +129,63 @@ def reset_peak_rss(pid: int) -> None:
     """Start ``VmHWM`` of ``pid`` again from its current RSS (Linux ``clear_refs`` 5)."""
     with open(f"/proc/{pid}/clear_refs", "w") as refs:
         refs.write("5")
+
+class ZeroWindowClient:
+    """One HTTP/2 connection whose streams all have a zero window (``INITIAL_WINDOW_SIZE`` 0):
+    the server may send their headers, never a byte of their bodies. A thread reads the
+    connection (settings and pings are answered by ``h2``) until it ends."""
+
+    def __init__(self, url: str) -> None:
+        self.sock = socket.create_connection(host_port(url), timeout=30)
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        self.conn.initiate_connection()
+        self.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+        self.lock = threading.Lock()
+        self.statuses: dict[int, int] = {}
+        self.body_bytes = 0
+        self.ended = threading.Event()
+        self.end_reason = ""
+        self._flush()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _flush(self) -> None:
+        data = self.conn.data_to_send()
+        if data:
+            self.sock.sendall(data)
+
+    def get(self, path: str) -> int:
+        """Open a GET stream on ``path``; returns its id."""
+        with self.lock:
+            stream_id: int = self.conn.get_next_available_stream_id()
+            self.conn.send_headers(stream_id, [
+                (":method", "GET"), (":path", path), (":scheme", "http"),
+                (":authority", "127.0.0.1")], end_stream=True)
+            self._flush()
+        return stream_id
+
+    def _read(self) -> None:
+        try:
+            while True:
+                data = self.sock.recv(65536)
+                if not data:
+                    self.end_reason = "eof"
+                    return
+                with self.lock:
+                    for event in self.conn.receive_data(data):
+                        if isinstance(event, h2.events.ResponseReceived):
+                            headers = dict(event.headers or [])
+                            self.statuses[event.stream_id or 0] = int(headers[b":status"])
+                        elif isinstance(event, h2.events.DataReceived):
+                            self.body_bytes += len(event.data)  # never acknowledged
+                        elif isinstance(event, h2.events.ConnectionTerminated):
+                            self.end_reason = "goaway"
+                    self._flush()
+        except OSError as exc:
+            self.end_reason = type(exc).__name__
+        finally:
+            self.ended.set()
+
+    def close(self) -> None:
+        self.sock.close()
+        self._reader.join(10)

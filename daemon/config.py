@@ -87,6 +87,8 @@ class DaemonConfig:
     node_url: str | None = None
     node_id: str | None = None
     lease_ms: int = DEFAULT_LEASE_MS
+    # Serve HTTP/2 (h2c upgrade and prior knowledge) besides HTTP/1.1.
+    http2: bool = False
 
     @property
     def is_loopback(self) -> bool:
@@ -292,6 +294,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                         "its headers (408)")
     p.add_argument("--stalled-write-ms", default=str(DEFAULT_STALLED_WRITE_MS),
                    help="cut an event stream whose write has made no progress this long")
+    p.add_argument("--http2", action="store_true",
+                   help="also serve HTTP/2 (h2c upgrade and prior knowledge); HTTP/1.1 only "
+                        "without it")
     p.add_argument("--cluster-redis", default=None, metavar="URL",
                    help="join a cluster of daemons on this Redis (redis://host:port/db); "
                         "the transcript and the event streams then live there")
@@ -418,4 +423,5 @@ def _validate(ns: argparse.Namespace, env: Mapping[str, str]) -> DaemonConfig:
         node_url=node_url,
         node_id=node_id,
         lease_ms=_positive_int("--lease-ms", ns.lease_ms),
+        http2=bool(ns.http2),
     )

@@ -277,6 +277,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
             server=wire.ServerPatches(ws_keepalive=patches.ws_keepalive,
                                       connection_registry=patches.connection_registry,
                                       ws_limits=patches.ws_limits,
+                                      http2_flow_control=patches.http2_flow_control,
                                       hypercorn_version=patches.hypercorn_version),
             sessions=manager.status(),
         ))

@@ -101,6 +101,9 @@ def hypercorn_config(config: DaemonConfig) -> HyperConfig:
     hconf.websocket_ping_interval = config.ws_ping_ms / 1000
     # A WebSocket client's messages are never used: a few KiB at most (daemon.ws_limits).
     hconf.websocket_max_message_size = ws_limits.MAX_CLIENT_MESSAGE_BYTES
+    # HTTP/2 (h2c and prior knowledge as well as TLS's ALPN) only when asked for
+    # (daemon.http2 reads this list).
+    hconf.alpn_protocols = ["h2", "http/1.1"] if config.http2 else ["http/1.1"]
     return hconf
 
 

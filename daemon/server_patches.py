@@ -2,10 +2,12 @@
 
 - ``ws_keepalive``: pongs are counted, two missed ones close a WebSocket with 1011;
 - ``sockets``: every connection's socket is registered, so a stalled write can be cut;
-- ``ws_limits``: a WebSocket client's messages are uncompressed and a few KiB at most.
+- ``ws_limits``: a WebSocket client's messages are uncompressed and a few KiB at most;
+- ``http2``: HTTP/2 only with ``--http2``, and then a stream's writes stall when its reader's
+  flow-control window stays shut, as a socket write does over HTTP/1.1.
 
 All replace or extend private Hypercorn code (``WSStream`` methods, its ``Handshake``, the Trio
-worker's ``TCPServer``), so ``pyproject.toml``
+worker's ``TCPServer``, the protocol choice, the HTTP/2 stream buffers), so ``pyproject.toml``
 pins Hypercorn to the range they were tested on, each checks the shape it relies on before
 touching anything (and stays off, logging why, on a shape it does not know), and
 ``tests/test_server_patches.py`` fails when that shape changes.
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from . import sockets, ws_keepalive, ws_limits
+from . import http2, sockets, ws_keepalive, ws_limits
 
 log = logging.getLogger("daemon.server_patches")
 
@@ -34,6 +36,7 @@ class PatchStatus:
     ws_keepalive: bool
     connection_registry: bool
     ws_limits: bool
+    http2_flow_control: bool
     hypercorn_version: str
 
 
@@ -45,7 +48,7 @@ def hypercorn_version() -> str:
 
 
 _status = PatchStatus(ws_keepalive=False, connection_registry=False, ws_limits=False,
-                      hypercorn_version=hypercorn_version())
+                      http2_flow_control=False, hypercorn_version=hypercorn_version())
 
 
 # What the patches rely on: method -> its parameters, and names its code must use.
@@ -65,6 +68,29 @@ WS_STREAM_SHAPE: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
 HANDSHAKE_SHAPE: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
     "accept": (("self", "subprotocol", "additional_headers"),
                frozenset({"extensions", "server_extensions_handshake", "Connection"})),
+}
+H11_PROTOCOL_SHAPE: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
+    "_check_protocol": (("self", "event"), frozenset({
+        "method", "target", "http_version", "H2ProtocolAssumedError",
+        "H2CProtocolRequiredError"})),
+}
+PROTOCOL_WRAPPER_SHAPE: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
+    "handle": (("self", "event"), frozenset({"protocol", "handle", "H2ProtocolAssumedError"})),
+}
+STREAM_BUFFER_SHAPE: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
+    "__init__": (("self", "event_class"), frozenset({"buffer", "_complete", "_is_empty",
+                                                     "_paused"})),
+    "push": (("self", "data"), frozenset({"_complete", "buffer", "extend", "_is_empty",
+                                          "_paused", "BufferCompleteError"})),
+    "pop": (("self", "max_length"), frozenset({"buffer", "_paused", "_is_empty", "set"})),
+    "close": (("self",), frozenset({"_complete", "buffer", "_is_empty", "_paused", "set"})),
+}
+H2_PROTOCOL_SHAPE: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
+    "__init__": (("self", "app", "config", "context", "task_group", "connection_state", "ssl",
+                  "client", "server", "send"), frozenset({"stream_buffers"})),
+    "handle": (("self", "event"), frozenset({"Closed", "closed", "_close_stream"})),
+    "_handle_events": (("self", "events"), frozenset({
+        "DataReceived", "streams", "acknowledge_received_data", "flow_controlled_length"})),
 }
 TCP_SERVER_SHAPE: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
     "__init__": (("self", "app", "config", "context", "state", "stream"), frozenset({"stream"})),
@@ -92,7 +118,10 @@ def _method_problems(cls: type, shape: dict[str, tuple[tuple[str, ...], frozense
 
 
 def shape_problems(ws_stream_cls: type, stream_closed: Any, tcp_server_cls: type,
-                   worker_serve: Any, *, handshake_cls: type | None = None) -> list[str]:
+                   worker_serve: Any, *, handshake_cls: type | None = None,
+                   h11_protocol_cls: type | None = None,
+                   protocol_wrapper_cls: type | None = None,
+                   h2_module: Any = None) -> list[str]:
     """How the given Hypercorn classes differ from the shape the patches were written for
     (empty: they match). Pure inspection; call it before patching. The keyword-only ones are
     checked when given (:func:`hypercorn_shape_problems` gives them all)."""
@@ -100,6 +129,12 @@ def shape_problems(ws_stream_cls: type, stream_closed: Any, tcp_server_cls: type
     problems += _method_problems(tcp_server_cls, TCP_SERVER_SHAPE)
     if handshake_cls is not None:
         problems += _method_problems(handshake_cls, HANDSHAKE_SHAPE, sync=("accept",))
+    if h11_protocol_cls is not None:
+        problems += _method_problems(h11_protocol_cls, H11_PROTOCOL_SHAPE)
+    if protocol_wrapper_cls is not None:
+        problems += _method_problems(protocol_wrapper_cls, PROTOCOL_WRAPPER_SHAPE)
+    if h2_module is not None:
+        problems += _h2_problems(h2_module)
     if not hasattr(tcp_server_cls, "__await__"):
         problems.append("TCPServer is no longer awaitable")
     fields = getattr(stream_closed, "__dataclass_fields__", {})
@@ -111,15 +146,32 @@ def shape_problems(ws_stream_cls: type, stream_closed: Any, tcp_server_cls: type
     return problems
 
 
+def _h2_problems(h2_module: Any) -> list[str]:
+    problems = []
+    for name in ("StreamBuffer", "H2Protocol", "BufferCompleteError"):
+        if not isinstance(getattr(h2_module, name, None), type):
+            problems.append(f"hypercorn's h2 module has no class {name}")
+    for name in ("BUFFER_HIGH_WATER", "BUFFER_LOW_WATER"):
+        if not isinstance(getattr(h2_module, name, None), (int, float)):
+            problems.append(f"hypercorn's h2 module has no number {name}")
+    if problems:
+        return problems
+    return (_method_problems(h2_module.StreamBuffer, STREAM_BUFFER_SHAPE)
+            + _method_problems(h2_module.H2Protocol, H2_PROTOCOL_SHAPE))
+
+
 def hypercorn_shape_problems() -> list[str]:
     """:func:`shape_problems` of the installed Hypercorn (before the patches replace anything:
     the classes are read from the modules that define them)."""
-    from hypercorn.protocol import ws_stream
+    from hypercorn import protocol
+    from hypercorn.protocol import h2, h11, ws_stream
     from hypercorn.trio import run, tcp_server
 
     problems = shape_problems(
         ws_stream.WSStream, getattr(ws_stream, "StreamClosed", None), tcp_server.TCPServer,
-        run.worker_serve, handshake_cls=ws_stream.Handshake)
+        run.worker_serve, handshake_cls=ws_stream.Handshake,
+        h11_protocol_cls=h11.H11Protocol, protocol_wrapper_cls=protocol.ProtocolWrapper,
+        h2_module=h2)
     if not isinstance(getattr(ws_stream, "FrameTooLargeError", None), type):
         problems.append("hypercorn's ws_stream module has no class FrameTooLargeError")
     return problems
@@ -129,7 +181,8 @@ def install() -> PatchStatus:
     """Install the patches (idempotent); returns which are active. A Hypercorn whose shape
     differs from the one they were written for is left alone (logged)."""
     global _status
-    if not (_status.ws_keepalive or _status.connection_registry or _status.ws_limits):
+    if not (_status.ws_keepalive or _status.connection_registry or _status.ws_limits
+            or _status.http2_flow_control):
         problems = hypercorn_shape_problems()
         if problems:
             log.warning("event=server_patches_unavailable hypercorn=%s tested=%s problems=%s",
@@ -138,11 +191,12 @@ def install() -> PatchStatus:
     _status = PatchStatus(ws_keepalive=ws_keepalive.install(),
                           connection_registry=sockets.install(),
                           ws_limits=ws_limits.install(),
+                          http2_flow_control=http2.install(),
                           hypercorn_version=hypercorn_version())
     log.info("event=server_patches hypercorn=%s tested=%s ws_keepalive=%s "
-             "connection_registry=%s ws_limits=%s",
+             "connection_registry=%s ws_limits=%s http2_flow_control=%s",
              _status.hypercorn_version, TESTED_HYPERCORN, _status.ws_keepalive,
-             _status.connection_registry, _status.ws_limits)
+             _status.connection_registry, _status.ws_limits, _status.http2_flow_control)
     return _status
 
 

@@ -73,7 +73,7 @@ def test_every_flag_has_help_a_default_and_an_environment_variable() -> None:
     assert len(actions) >= 15
     for action in actions:
         flag = action.option_strings[0]
-        assert action.help and re.search(r"\(default: [^;]+; env: [A-Z_]+\)$", action.help), flag
+        assert action.help and re.search(r"\(default: [^;]+; env: [A-Z0-9_]+\)$", action.help), flag
         assert env_var(flag) in action.help
         assert not action.help.startswith("(default"), f"{flag} has no help text of its own"
     text = parser.format_help()

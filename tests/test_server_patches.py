@@ -39,7 +39,7 @@ def test_patches_install_on_the_installed_hypercorn() -> None:
         "import json, dataclasses; from daemon import server_patches as p; "
         "print(json.dumps(dataclasses.asdict(p.install())))")
     assert all(status[name] is True for name in (
-        "ws_keepalive", "connection_registry", "ws_limits")), status
+        "ws_keepalive", "connection_registry", "ws_limits", "http2_flow_control")), status
 
 
 def _shapes() -> dict[str, Any]:
@@ -110,5 +110,5 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
 def test_daemon_status_reports_the_patches(daemon: RunningDaemon) -> None:
     body = httpx.get(f"{daemon.url}/daemon/status", timeout=10).json()
     assert body["server"] == {"wsKeepalive": True, "connectionRegistry": True,
-                              "wsLimits": True,
+                              "wsLimits": True, "http2FlowControl": True,
                               "hypercornVersion": server_patches.hypercorn_version()}

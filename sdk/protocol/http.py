@@ -329,6 +329,7 @@ class ServerPatches(_Body, kw_only=True):
     ws_keepalive: bool
     connection_registry: bool
     ws_limits: bool
+    http2_flow_control: bool
     hypercorn_version: str
 
 
