@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CORES := daemon sdk webui_model benchmarks
 STAMP := $(VENV)/.installed
 
-.PHONY: serve demo test test-stress check unit bench bench-quick mutation clean
+.PHONY: serve demo test test-stress test-agents check unit bench bench-quick mutation clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -57,6 +57,18 @@ test: check unit
 # proves no test depends on how fast or idle the machine is. Not part of `make test`.
 test-stress: $(STAMP)
 	PY=$(PY) tests/stress.sh
+
+# The agent matrix (not part of `make test`): installs the popular ACP agents at pinned versions
+# from npm and PyPI into .agents-cache/ (kept between runs), then runs each behind a real daemon
+# against the fake model servers in tests/agent_matrix/, in a network namespace with loopback
+# only where the machine allows one, and prints a table of which steps each passed.
+# AGENTS="opencode gemini-cli" runs a selection (names in tests/agent_matrix/agents.py).
+test-agents: $(STAMP)
+	$(PY) -m tests.agent_matrix.install $(AGENTS)
+	rm -rf .agents-cache/results
+	$(PY) -m tests.agent_matrix.offline $(PY) -m pytest -p no:cacheprovider -q \
+		tests/agent_matrix/scenario.py $(if $(AGENTS),-k "$(shell echo $(AGENTS) | sed 's/ / or /g')") \
+		$(PYTEST_ARGS); status=$$?; $(PY) -m tests.agent_matrix.scenario; exit $$status
 
 bench: $(STAMP)
 	$(PY) -m benchmarks $(ARGS)
