@@ -9,6 +9,12 @@ repair after the terminal: one more load, no new agent prompt, every chunk shown
 The daemon runs in its own process group and is stopped with SIGTERM at the end, on Ctrl-C and on
 SIGTERM/SIGHUP to the demo; the temporary directory is removed in every case. ``--step`` waits
 for Enter before releasing the gate.
+
+The demo installs its own handlers for SIGINT, SIGTERM and SIGHUP before it creates anything and
+keeps them until it has cleaned up, so a stop signal is never lost nor fatal half-way: not when
+the demo was started with SIGINT ignored (a background job of a non-interactive shell inherits
+that, and Trio then installs no Ctrl-C handler), not while Trio starts or ends, not a second
+signal during the cleanup. The first one stops the demo, which exits with 128 + its number.
 """
 
 from __future__ import annotations
@@ -331,29 +337,66 @@ async def scenario(daemon: DaemonProcess, say: Printer, *, step: bool) -> None:
         say("counts", f"agent prompts: {daemon.prompts()}, loads: {loads()}")
 
 
-async def amain(base: Path, say: Printer, *, step: bool) -> int:
-    """Run the demo; SIGTERM or SIGHUP cancels it (the daemon is still stopped in order)."""
-    signalled: list[int] = []
+STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class StopSignals:
+    """Records the first stop signal, from before ``trio.run`` until the demo has cleaned up.
+
+    Installed as the process's handler of :data:`STOP_SIGNALS` (whatever disposition the demo
+    inherited, SIG_IGN included); inside ``trio.run``, :func:`amain`'s signal receiver takes
+    over and hands the signal back here. A signal caught outside ``trio.run`` is only recorded:
+    ``amain`` does not start if one came first, and one during the final cleanup changes the
+    exit status without interrupting the cleanup.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def note(self, signum: int) -> None:
+        if self.signum is None:
+            self.signum = signum
+
+    def _handler(self, signum: int, frame: object) -> None:
+        self.note(signum)
+
+    def install(self) -> None:
+        for signum in STOP_SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._handler)
+
+    def restore(self) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
+
+
+async def amain(base: Path, say: Printer, *, step: bool, stop: StopSignals) -> int:
+    """Run the demo; a stop signal cancels it (the daemon is still stopped in order)."""
     failure: list[str] = []
-    async with trio.open_nursery() as nursery:
+    # Installed before the first checkpoint and kept through run_demo's cleanup: a signal
+    # arriving at any moment of the run is read here, never handled by a default disposition.
+    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
+        if stop.signum is not None:
+            return 128 + stop.signum  # arrived before Trio ran: nothing started yet
+        async with trio.open_nursery() as nursery:
+            demo = trio.CancelScope()
 
-        async def watch_signals() -> None:
-            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP) as signals:
+            async def watch_signals() -> None:
                 async for signum in signals:
-                    signalled.append(signum)
-                    nursery.cancel_scope.cancel()
-                    return
+                    stop.note(signum)  # later signals (during the cleanup) are only recorded
+                    demo.cancel()
 
-        nursery.start_soon(watch_signals)
-        try:
-            await run_demo(base, say, step=step)
-        except DemoError as exc:
-            failure.append(str(exc))
-        finally:
+            nursery.start_soon(watch_signals)
+            with demo:
+                try:
+                    await run_demo(base, say, step=step)
+                except DemoError as exc:
+                    failure.append(str(exc))
             nursery.cancel_scope.cancel()
-    if signalled:
-        print(f"demo: stopped by {signal.Signals(signalled[0]).name}", file=sys.stderr)
-        return 128 + signalled[0]
+    if stop.signum is not None:
+        print(f"demo: stopped by {signal.Signals(stop.signum).name}", file=sys.stderr)
+        return 128 + stop.signum
     if failure:
         print(f"demo: {failure[0]}", file=sys.stderr)
         return 1
@@ -367,21 +410,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--step", action="store_true",
                         help="wait for Enter before releasing the held-open turn")
     args = parser.parse_args(argv)
-    print("turnkeeper demo: a live turn overflows the daemon's live journal; "
-          "the WebUI model repairs it", flush=True)
-    base = Path(tempfile.mkdtemp(prefix="turnkeeper-demo-"))
-    say = Printer(sys.stdout)
-    code = 1
+    stop = StopSignals()
+    stop.install()
     try:
-        code = trio.run(partial(amain, base, say, step=args.step))
-    except* KeyboardInterrupt:
-        print("demo: interrupted", file=sys.stderr)
-        code = 130
+        print("turnkeeper demo: a live turn overflows the daemon's live journal; "
+              "the WebUI model repairs it", flush=True)
+        base = Path(tempfile.mkdtemp(prefix="turnkeeper-demo-"))
+        say = Printer(sys.stdout)
+        code = 1
+        try:
+            code = trio.run(partial(amain, base, say, step=args.step, stop=stop))
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+            state = "still there" if base.exists() else "removed"
+            say("cleanup", f"temporary directory {state}")
     finally:
-        shutil.rmtree(base, ignore_errors=True)
-        state = "still there" if base.exists() else "removed"
-        say("cleanup", f"temporary directory {state}")
-    return code
+        stop.restore()
+    # A signal that came during the cleanup, after amain had returned, still counts.
+    return code if stop.signum is None else 128 + stop.signum
 
 
 if __name__ == "__main__":
