@@ -1,12 +1,19 @@
 """The agent channel: a Trio shell around one ACP agent subprocess, spoken to over stdio.
 
-One channel per workspace. It owns the process and three kinds of work inside ``run``'s
-nursery: the stdout reader (which dispatches every read synchronously, so updates reach the
-sinks in stdout order and replies resolve after the updates that preceded them), the stderr
-logger, and short tasks answering the agent's own requests. The framing is the pure
-:mod:`daemon.core.acp_codec`; what the lines mean (initialize checks, routing, load replays,
-request matching, answers to the agent's requests) is the pure :mod:`daemon.core.acp_client`.
-This module only moves bytes, owns the process, the timers and the tasks, and logs.
+One channel per workspace. It owns the process and four kinds of work inside ``run``'s
+nursery: the stdin writer, the stdout reader (which dispatches every read synchronously, so
+updates reach the sinks in stdout order and replies resolve after the updates that preceded
+them), the stderr logger, and short tasks answering the agent's own requests. The framing is
+the pure :mod:`daemon.core.acp_codec`; what the lines mean (initialize checks, routing, load
+replays, request matching, answers to the agent's requests) is the pure
+:mod:`daemon.core.acp_client`. This module only moves bytes, owns the process, the timers and
+the tasks, and logs.
+
+Writes never block a caller: every line goes into one queue that the writer task alone writes,
+in order, a line at a time (so lines never interleave, and a caller that stops waiting never
+leaves half a line in the pipe). An agent whose stdin accepts nothing for ``write_timeout``
+seconds is declared dead: it is killed, and everything waiting on it fails as after a crash.
+Its stderr is logged within a budget of lines and bytes per second; the rest is counted.
 """
 
 from __future__ import annotations
@@ -15,7 +22,8 @@ import logging
 import math
 import signal
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 import trio
@@ -30,8 +38,10 @@ from daemon.core.acp_client import (
     MalformedLine,
     NotificationIgnored,
     PermissionAsked,
+    PermissionRefused,
     Replied,
     ReplyUnknown,
+    SessionIdInUse,
     UnroutedPermission,
     UnroutedUpdate,
     UnsupportedRequest,
@@ -46,9 +56,9 @@ from daemon.core.acp_client import (
     prompt_result,
     session_id_of,
 )
-from daemon.core.acp_codec import LineSplitter, Request
+from daemon.core.acp_codec import LineSplitter
 from daemon.core.splice import ChunkRun
-from sdk.protocol.acp import PermissionParamsView, view
+from daemon.core.throttle import LineBudget, LogThrottle
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -57,6 +67,7 @@ __all__ = [
     "AgentRpcError",
     "AgentStartError",
     "ChannelClosed",
+    "SessionIdInUse",
     "SessionSink",
 ]
 
@@ -71,6 +82,23 @@ PIPE_BYTES: Final = 1024 * 1024
 EXIT_GRACE_SECONDS: Final = 1.0
 # Agent stderr is for humans; a runaway line is cut rather than buffered.
 _STDERR_LINE_BYTES: Final = 64 * 1024
+# How much of an agent's stderr is logged: lines and bytes per second, and the bursts allowed
+# above that; the rest is counted and reported in one line once the flood pauses for
+# STDERR_QUIET_S, and at most every STDERR_REPORT_S while it lasts.
+STDERR_LINES_PER_S: Final = 50.0
+STDERR_LINE_BURST: Final = 500
+STDERR_BYTES_PER_S: Final = 16 * 1024.0
+STDERR_BYTE_BURST: Final = 256 * 1024
+STDERR_REPORT_S: Final = 10.0
+STDERR_QUIET_S: Final = 1.0
+# Bytes handed to the agent's stdin per write: each must be accepted within write_timeout.
+WRITE_PIECE_BYTES: Final = 64 * 1024
+# Replies the stdout reader makes itself (refusals) that may wait in the write queue before
+# the reader stops reading until the agent takes them: an agent that floods requests and does
+# not read the answers is slowed down, not buffered for.
+READER_REPLY_BACKLOG_BYTES: Final = 1024 * 1024
+# One log line per this many seconds about refused permission requests, with a count.
+REFUSAL_LOG_INTERVAL_S: Final = 10.0
 
 
 class AgentStartError(Exception):
@@ -105,9 +133,24 @@ class SessionSink(Protocol):
         session's subscribers write (and flow control checks them) at least that often."""
         ...
 
-    async def on_permission_request(self, params: dict[str, Any]) -> dict[str, Any]:
-        """Decide a ``session/request_permission``; returns the JSON-RPC result. Own task."""
+    def permission_asked(self, params: dict[str, Any]) -> Awaitable[dict[str, Any]]:
+        """A ``session/request_permission`` for this session, called as it is read (after the
+        updates of the same read, before any task the read wakes runs): publish it and decide
+        it or start waiting for the decision. The channel awaits the returned awaitable in a
+        task of its own for the JSON-RPC result it answers the agent with."""
         ...
+
+
+class _Write:
+    """One line waiting in the write queue."""
+
+    __slots__ = ("by_reader", "line", "skip", "started")
+
+    def __init__(self, line: bytes, by_reader: bool) -> None:
+        self.line = line
+        self.by_reader = by_reader
+        self.started = False
+        self.skip = False  # its caller stopped waiting before it was written: not written
 
 
 class _Slot:
@@ -159,17 +202,20 @@ class AgentChannel:
         cwd: str,
         *,
         init_timeout: float = 30.0,
+        write_timeout: float = 30.0,
         env: Mapping[str, str] | None = None,
         client_info: dict[str, Any] | None = None,
         on_exit: Callable[[int | None, str | None], None] | None = None,
     ) -> None:
         if not argv:
             raise ValueError("agent argv must not be empty")
-        if not (init_timeout > 0 and math.isfinite(init_timeout)):
-            raise ValueError(f"init_timeout must be a positive number, got {init_timeout!r}")
+        for name, value in (("init_timeout", init_timeout), ("write_timeout", write_timeout)):
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
         self.argv = list(argv)
         self.cwd = cwd
         self.init_timeout = init_timeout
+        self.write_timeout = write_timeout
         self.env = dict(env) if env is not None else None
         self.client_info = (
             dict(client_info) if client_info is not None else dict(DEFAULT_CLIENT_INFO)
@@ -182,11 +228,19 @@ class AgentChannel:
         self.exit_code: int | None = None
         self.signal_name: str | None = None
         self.pid: int | None = None
+        # Why the daemon declared the agent dead (it was killed), if it did.
+        self.death_reason: str | None = None
 
         self._proc: trio.Process | None = None
         self._nursery: trio.Nursery | None = None
         self._client: AcpClient[SessionSink, _Slot] = AcpClient()
-        self._write_lock = trio.Lock()
+        self._outbox: deque[_Write] = deque()
+        self._outbox_bytes = 0
+        self._outbox_ready = trio.Event()
+        self._reader_backlog = 0
+        self._backlog_drained = trio.Event()
+        self._writer_done = False
+        self._refusals = LogThrottle(REFUSAL_LOG_INTERVAL_S)
         self._stdout_eof = trio.Event()
         self._finished = trio.Event()
         self._ran = False
@@ -229,6 +283,7 @@ class AgentChannel:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                nursery.start_soon(self._pump_stdin, proc)
                 nursery.start_soon(self._pump_stderr, proc)
                 nursery.start_soon(self._pump_stdout, proc)
                 nursery.start_soon(self._watch_exit, proc)
@@ -313,7 +368,7 @@ class AgentChannel:
 
     async def _reap(self, proc: trio.Process, *, grace: float) -> None:
         if proc.returncode is None and grace > 0:
-            # Not under the write lock: closing wakes a writer stuck on a full pipe.
+            # Closing wakes the writer task if it is stuck on a full pipe.
             if proc.stdin is not None:
                 await proc.stdin.aclose()
             with trio.move_on_after(grace):
@@ -345,11 +400,17 @@ class AgentChannel:
     # Sessions
 
     def attach(self, acp_session_id: str, sink: SessionSink) -> None:
-        """Route the session's updates and permission requests to ``sink`` (replacing any)."""
+        """Route the session's updates and permission requests to ``sink``. Raises
+        :class:`SessionIdInUse` if another sink holds that id: an agent that hands out one
+        session id twice never gets two daemon sessions' traffic mixed."""
         self._client.attach(acp_session_id, sink)
 
-    def detach(self, acp_session_id: str) -> None:
-        self._client.detach(acp_session_id)
+    def is_attached(self, acp_session_id: str) -> bool:
+        return self._client.is_attached(acp_session_id)
+
+    def detach(self, acp_session_id: str, sink: SessionSink | None = None) -> None:
+        """Stop routing ``acp_session_id`` (with ``sink``: only if it is the one attached)."""
+        self._client.detach(acp_session_id, sink)
 
     async def new_session(self, cwd: str) -> str:
         return session_id_of(await self._request("session/new", new_session_params(cwd)))
@@ -366,8 +427,10 @@ class AgentChannel:
         )
 
     async def cancel(self, acp_session_id: str) -> None:
-        """Send ``session/cancel``; the running prompt's reply carries the outcome."""
-        await self._send(cancel_line(acp_session_id))
+        """Queue ``session/cancel`` (returns at once); the running prompt's reply carries the
+        outcome."""
+        self._send(cancel_line(acp_session_id))
+        await trio.lowlevel.checkpoint()
 
     # ---------------------------------------------------------------------------------------
     # Requests and writes
@@ -379,32 +442,92 @@ class AgentChannel:
             raise ChannelClosed(f"agent channel is closed; cannot send {method}")
         slot = _Slot()
         request_id, line = self._client.request(method, params, slot, loading=loading)
+        write = None
         try:
-            await self._send(line)
+            write = self._send(line)
             await slot.done.wait()
         finally:
             # Answered, failed or cancelled: a late reply will be logged as unknown.
             self._client.finished(request_id)
+            if write is not None and not write.started:
+                write.skip = True  # nobody waits for it any more: the agent never sees it
         if slot.error is not None:
             raise slot.error
         return slot.result
 
-    async def _send(self, line: bytes) -> None:
-        proc = self._proc
-        if proc is None or proc.stdin is None or self.closed:
+    def _send(self, line: bytes, *, by_reader: bool = False) -> _Write:
+        """Queue one line for the writer task; never blocks. ChannelClosed if the channel is
+        closed. ``by_reader``: a reply the stdout reader made (counted in its backlog)."""
+        if self._proc is None or self.closed or self._writer_done:
             raise ChannelClosed("agent channel is closed")
-        async with self._write_lock:
-            try:
-                await proc.stdin.send_all(line)
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                raise ChannelClosed(f"agent pid {proc.pid} stdin is closed") from exc
+        write = _Write(line, by_reader)
+        self._outbox.append(write)
+        self._outbox_bytes += len(line)
+        if by_reader:
+            self._reader_backlog += len(line)
+        self._outbox_ready.set()
+        return write
 
-    async def _reply(self, line: bytes) -> None:
+    def _reply(self, line: bytes, *, by_reader: bool = False) -> None:
         """Answer one of the agent's requests; the agent being gone is not our failure."""
         try:
-            await self._send(line)
+            self._send(line, by_reader=by_reader)
         except ChannelClosed:
             log.info("event=agent_reply_dropped pid=%s reason=channel_closed", self.pid)
+
+    async def _pump_stdin(self, proc: trio.Process) -> None:
+        """The one writer of the agent's stdin: the queued lines, in order, each whole."""
+        assert proc.stdin is not None
+        stdin = proc.stdin
+        try:
+            while True:
+                if not self._outbox:
+                    self._outbox_ready = trio.Event()
+                    await self._outbox_ready.wait()
+                    continue
+                write = self._outbox.popleft()
+                if not write.skip:
+                    write.started = True
+                    try:
+                        written = await self._write_line(stdin, write.line)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        return  # the agent closed its stdin, or we did: EOF and reaping follow
+                    if not written:
+                        self._stdin_stalled(proc, write)
+                        return
+                self._outbox_bytes -= len(write.line)
+                if write.by_reader:
+                    self._reader_backlog -= len(write.line)
+                    if self._reader_backlog <= READER_REPLY_BACKLOG_BYTES:
+                        self._backlog_drained.set()
+        finally:
+            self._writer_done = True
+            self._backlog_drained.set()  # a reader waiting on the backlog goes back to reading
+
+    async def _write_line(self, stdin: trio.abc.SendStream, line: bytes) -> bool:
+        """Write ``line`` piece by piece; False if a piece was not taken within the timeout."""
+        data = memoryview(line)
+        for start in range(0, len(data), WRITE_PIECE_BYTES):
+            with trio.move_on_after(self.write_timeout):
+                await stdin.send_all(data[start:start + WRITE_PIECE_BYTES])
+                continue
+            return False
+        return True
+
+    def _stdin_stalled(self, proc: trio.Process, write: _Write) -> None:
+        """The agent stopped reading its stdin: declare it dead. Killing it ends its stdout,
+        and the ordinary end of the channel follows (pending requests fail, ``on_exit``)."""
+        self.death_reason = (f"stdin accepted nothing for {self.write_timeout:g} s "
+                             f"(agent declared dead)")
+        self.closed = True  # no new request; the workspace's next session gets a new agent
+        log.warning(
+            "event=agent_stdin_stalled pid=%s timeout_ms=%d line_bytes=%d queued_lines=%d "
+            "queued_bytes=%d action=kill",
+            proc.pid, round(self.write_timeout * 1000), len(write.line), len(self._outbox),
+            self._outbox_bytes - len(write.line),
+        )
+        if proc.returncode is None:
+            proc.kill()
 
     # ---------------------------------------------------------------------------------------
     # Reading
@@ -451,6 +574,7 @@ class AgentChannel:
                     group = lines[start:start + step]
                     for sink in self._dispatch(group, spaced=may_be_spaced):
                         await sink.wait_subscribers()
+                    await self._wait_reply_backlog()
             # Stdout ended: the agent is usually exiting. Learn how before failing the pending
             # requests, so the session can say which signal or exit code ended it.
             self.closed = True
@@ -458,6 +582,13 @@ class AgentChannel:
                 await proc.wait()
         finally:
             self._end_of_stdout(f"agent pid {proc.pid} closed its stdout")
+
+    async def _wait_reply_backlog(self) -> None:
+        """Hold the reader while the replies it made itself wait in the write queue past
+        their bound (the writer's stall timeout bounds the wait)."""
+        while self._reader_backlog > READER_REPLY_BACKLOG_BYTES and not self._writer_done:
+            self._backlog_drained = trio.Event()
+            await self._backlog_drained.wait()
 
     def _dispatch_group_lines(self) -> int:
         """The smallest group any attached sink allows (the default without sinks)."""
@@ -470,7 +601,8 @@ class AgentChannel:
         if not self._stdout_eof.is_set():
             if self._proc is not None:
                 self._record_exit(self._proc)
-            self._close(reason)
+            self._close(reason if self.death_reason is None
+                        else f"agent pid {self.pid}: {self.death_reason}")
             self._stdout_eof.set()
 
     async def _watch_exit(self, proc: trio.Process) -> None:
@@ -490,8 +622,6 @@ class AgentChannel:
         returns those sinks. ``spaced=False`` promises that no line holds a space, tab or CR
         (so no update needs making compact)."""
         batch = self._client.receive(lines, spaced=spaced)
-        for event in batch.events:
-            self._on_event(event)
         updates = batch.updates
         chunks = batch.chunks
         for session_id, (sink, raws) in updates.items():
@@ -507,6 +637,10 @@ class AgentChannel:
                 log.exception(
                     "event=sink_flush_failed pid=%s acp_session_id=%s", self.pid, session_id
                 )
+        # After the updates: a permission request is published behind the updates read with
+        # it, and a reply wakes its waiter (which runs later) with all of them published.
+        for event in batch.events:
+            self._on_event(event)
         return [sink for sink, _ in updates.values()]
 
     def _on_event(self, event: object) -> None:
@@ -519,8 +653,24 @@ class AgentChannel:
                 slot.result = event.result
             slot.done.set()
         elif isinstance(event, PermissionAsked):
+            try:
+                decision = event.sink.permission_asked(event.params)
+            except Exception as exc:
+                self._permission_failed(event, exc)
+                self._client.permission_answered(event.session_id)
+                return
             assert self._nursery is not None
-            self._nursery.start_soon(self._answer_permission, event.request)
+            self._nursery.start_soon(self._answer_permission, event, decision)
+        elif isinstance(event, PermissionRefused):
+            count = self._refusals.note(trio.current_time())
+            if count is not None:
+                log.warning("event=agent_permission_refused pid=%s acp_session_id=%s "
+                            "reason=too_many_pending count=%d", self.pid, event.session_id, count)
+            self._reply(event.reply, by_reader=True)
+        elif isinstance(event, UnroutedPermission):
+            log.warning("event=agent_permission_unrouted pid=%s acp_session_id=%r",
+                        self.pid, event.session_id)
+            self._reply(event.reply, by_reader=True)
         elif isinstance(event, UnsupportedRequest):
             log.info(
                 "event=agent_request_unsupported pid=%s method=%r id=%r",
@@ -528,8 +678,7 @@ class AgentChannel:
                 event.method,
                 event.id,
             )
-            assert self._nursery is not None
-            self._nursery.start_soon(self._reply, event.reply)
+            self._reply(event.reply, by_reader=True)
         elif isinstance(event, UnroutedUpdate):
             log.debug(
                 "event=agent_update_unrouted pid=%s acp_session_id=%s", self.pid, event.session_id
@@ -548,43 +697,68 @@ class AgentChannel:
                 event.excerpt,
             )
 
-    async def _answer_permission(self, request: Request) -> None:
-        target = self._client.permission_target(request)
-        if isinstance(target, UnroutedPermission):
-            log.warning(
-                "event=agent_permission_unrouted pid=%s acp_session_id=%r",
-                self.pid,
-                target.session_id,
-            )
-            await self._reply(target.reply)
-            return
-        sink, params = target
+    async def _answer_permission(self, asked: PermissionAsked[SessionSink],
+                                 decision: Awaitable[dict[str, Any]]) -> None:
         try:
-            result = await sink.on_permission_request(params)
-        except Exception as exc:
-            found = view(params, PermissionParamsView)
-            log.exception(
-                "event=permission_handler_failed pid=%s acp_session_id=%s",
-                self.pid,
-                None if found is None else found.session_id,
-            )
-            await self._reply(permission_failed(request, exc))
-            return
-        await self._reply(permission_granted(request, result))
+            try:
+                result = await decision
+            except Exception as exc:
+                self._permission_failed(asked, exc)
+                return
+            self._reply(permission_granted(asked.request, result))
+        finally:
+            self._client.permission_answered(asked.session_id)
+
+    def _permission_failed(self, asked: PermissionAsked[SessionSink], exc: Exception) -> None:
+        log.error("event=permission_handler_failed pid=%s acp_session_id=%s",
+                  self.pid, asked.session_id, exc_info=exc)
+        self._reply(permission_failed(asked.request, exc))
 
     async def _pump_stderr(self, proc: trio.Process) -> None:
+        """Log the agent's stderr line by line within a :class:`LineBudget`; what is over it
+        is read and dropped (the agent never blocks on a full pipe) and reported in one line:
+        once the flood pauses for :data:`STDERR_QUIET_S`, at most every
+        :data:`STDERR_REPORT_S` while it lasts, and when the stream ends."""
         assert proc.stderr is not None
         splitter = LineSplitter(_STDERR_LINE_BYTES)
-        while True:
-            try:
-                data = await proc.stderr.receive_some(READ_CHUNK_BYTES)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return
-            if not data:
-                return
-            for line in splitter.feed(bytes(data)):
-                log.info(
-                    "event=agent_stderr pid=%s line=%r",
-                    proc.pid,
-                    line.decode("utf-8", errors="replace"),
-                )
+        budget = LineBudget(lines_per_s=STDERR_LINES_PER_S, line_burst=STDERR_LINE_BURST,
+                            bytes_per_s=STDERR_BYTES_PER_S, byte_burst=STDERR_BYTE_BURST)
+        reported = last_read = trio.current_time()
+        cut = 0
+        try:
+            while True:
+                report_at = math.inf
+                if budget.dropped_lines or splitter.discarded_lines != cut:
+                    report_at = min(reported + STDERR_REPORT_S, last_read + STDERR_QUIET_S)
+                with trio.move_on_at(report_at):
+                    try:
+                        data = await proc.stderr.receive_some(READ_CHUNK_BYTES)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        return
+                    if not data:
+                        return
+                    last_read = trio.current_time()
+                    for line in splitter.feed(bytes(data)):
+                        if budget.allow(last_read, len(line)):
+                            log.info(
+                                "event=agent_stderr pid=%s line=%r",
+                                proc.pid,
+                                line.decode("utf-8", errors="replace"),
+                            )
+                    if last_read < reported + STDERR_REPORT_S:
+                        continue
+                reported = trio.current_time()
+                cut = self._report_stderr_dropped(proc, budget, splitter, cut)
+        finally:
+            self._report_stderr_dropped(proc, budget, splitter, cut)
+
+    @staticmethod
+    def _report_stderr_dropped(proc: trio.Process, budget: LineBudget, splitter: LineSplitter,
+                               cut: int) -> int:
+        lines, size = budget.take_dropped()
+        too_long = splitter.discarded_lines - cut
+        if lines or too_long:
+            log.warning("event=agent_stderr_dropped pid=%s lines=%d bytes=%d "
+                        "lines_over_%d_bytes=%d", proc.pid, lines, size, _STDERR_LINE_BYTES,
+                        too_long)
+        return splitter.discarded_lines

@@ -33,6 +33,7 @@ DEFAULT_EVENT_RING_SIZE = 8000
 DEFAULT_EVENT_RING_BYTES = 16 * 1024 * 1024
 DEFAULT_AGENT_IDLE_MS = 300_000
 DEFAULT_AGENT_INIT_TIMEOUT_MS = 30_000
+DEFAULT_AGENT_WRITE_TIMEOUT_MS = 30_000
 DEFAULT_BODY_TIMEOUT_MS = 10_000
 DEFAULT_STALLED_WRITE_MS = 30_000  # two heartbeat intervals
 DEFAULT_LEASE_MS = 10_000
@@ -66,6 +67,10 @@ class DaemonConfig:
     workspace: str = field(default_factory=os.getcwd)
     require_auth: bool = False
     agent_init_timeout_ms: int = DEFAULT_AGENT_INIT_TIMEOUT_MS
+    # An agent whose stdin accepts nothing this long is declared dead (killed).
+    agent_write_timeout_ms: int = DEFAULT_AGENT_WRITE_TIMEOUT_MS
+    # A permission request nobody answers within this is cancelled; 0: wait for ever.
+    permission_response_timeout_ms: int = 0
     persistence: bool = True
     # Where the token came from ("--token" or "$QWEN_SERVER_TOKEN"), for the startup hint.
     token_source: str | None = None
@@ -153,6 +158,16 @@ def _positive_int(name: str, raw: str) -> int:
         raise ConfigError(f"{name} must be a positive integer, got {raw!r}") from None
     if value <= 0:
         raise ConfigError(f"{name} must be a positive integer, got {raw!r}")
+    return value
+
+
+def _non_negative_int(name: str, raw: str) -> int:
+    try:
+        value = int(raw, 10)
+    except ValueError:
+        raise ConfigError(f"{name} must be a non-negative integer, got {raw!r}") from None
+    if value < 0:
+        raise ConfigError(f"{name} must be a non-negative integer, got {raw!r}")
     return value
 
 
@@ -278,6 +293,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                    help="also require the token on GET /health")
     p.add_argument("--agent-init-timeout-ms", default=str(DEFAULT_AGENT_INIT_TIMEOUT_MS),
                    help="how long an agent gets to answer initialize")
+    p.add_argument("--agent-write-timeout-ms", default=str(DEFAULT_AGENT_WRITE_TIMEOUT_MS),
+                   help="declare an agent dead (kill it) when its stdin accepts nothing for "
+                        "this long")
+    p.add_argument("--permission-response-timeout-ms", default="0",
+                   help="answer a permission request nobody voted on within this long with "
+                        "cancelled (0: wait for a vote)")
     p.add_argument("--no-persistence", action="store_true",
                    help="run without the transcript (nothing is written to --data-dir but the "
                         "lock; markers then say fullTranscriptAvailable: false)")
@@ -408,6 +429,10 @@ def _validate(ns: argparse.Namespace, env: Mapping[str, str]) -> DaemonConfig:
         workspace=workspace,
         require_auth=bool(ns.require_auth),
         agent_init_timeout_ms=_positive_int("--agent-init-timeout-ms", ns.agent_init_timeout_ms),
+        agent_write_timeout_ms=_positive_int("--agent-write-timeout-ms",
+                                             ns.agent_write_timeout_ms),
+        permission_response_timeout_ms=_non_negative_int(
+            "--permission-response-timeout-ms", ns.permission_response_timeout_ms),
         persistence=not ns.no_persistence,
         token_source=None if token is None else "--token" if ns.token is not None
         else f"${TOKEN_ENV}",

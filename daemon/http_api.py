@@ -29,8 +29,8 @@ from .bus import now_ms
 from .config import DaemonConfig
 from .core.envelope import RawList, decode_json, encode_json, encode_object_parts, write_groups
 from .core.openapi import build_openapi
-from .manager import AgentUnavailable, InvalidWorkspace, SessionManager
-from .session import MAX_PENDING_PROMPTS, PromptQueueFull, Session
+from .manager import AgentSessionConflict, AgentUnavailable, InvalidWorkspace, SessionManager
+from .session import MAX_PENDING_PROMPTS, PromptQueueFull, Session, VoteResult
 from .transcript_store import InvalidCursor
 
 log = logging.getLogger("daemon.http")
@@ -117,8 +117,21 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
     return resp
 
 
+# An error body repeats request input (a cwd, an id from the path, an agent's message) at most
+# this many characters per field, so a huge input never comes back huge.
+ECHO_MAX_CHARS = 300
+
+
+def echo(value: Any) -> Any:
+    """``value`` as an error body may carry it: a long string is cut, with its length said."""
+    if isinstance(value, str) and len(value) > ECHO_MAX_CHARS:
+        return f"{value[:ECHO_MAX_CHARS]}… ({len(value)} characters)"
+    return value
+
+
 def error_body(status: int, code: str, error: str, **details: Any) -> dict[str, Any]:
-    return {"error": error, "code": code, **details}
+    return {"error": echo(error), "code": code,
+            **{key: echo(value) for key, value in details.items()}}
 
 
 def session_not_found(session_id: str) -> ApiError:
@@ -195,6 +208,9 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         """Load and resume (and only they) bring a persisted session back."""
         try:
             session = await manager.restore(session_id)
+        except AgentSessionConflict as exc:
+            raise ApiError(502, "agent_session_id_reused", f"Agent session conflict: {exc}") \
+                from None
         except AgentUnavailable as exc:
             raise ApiError(502, "agent_start_failed", f"Agent failed to start: {exc}") from None
         if session is None:
@@ -295,6 +311,9 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         except InvalidWorkspace as exc:
             raise ApiError(400, "invalid_cwd", f"Invalid workspace directory: {exc}",
                            cwd=cwd) from None
+        except AgentSessionConflict as exc:
+            raise ApiError(502, "agent_session_id_reused", f"Agent session conflict: {exc}") \
+                from None
         except AgentUnavailable as exc:
             raise ApiError(502, "agent_start_failed", f"Agent failed to start: {exc}") from None
         return json_response(wire.CreateSessionResponse(
@@ -411,9 +430,14 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         if outcome is None:
             raise ApiError(400, "invalid_permission_vote",
                            REQUEST_ERROR_TEXT["invalid_permission_vote"])
-        if not session.vote(request_id, msgspec.to_builtins(outcome)):
+        voted = session.vote(request_id, msgspec.to_builtins(outcome))
+        if voted is VoteResult.NOT_FOUND:
             raise ApiError(404, "permission_not_found",
                            f'No pending permission request "{request_id}"',
+                           requestId=request_id)
+        if voted is VoteResult.UNKNOWN_OPTION:
+            raise ApiError(400, "invalid_permission_option",
+                           "optionId is not one of the options the agent offered",
                            requestId=request_id)
         return json_response(wire.PermissionVoteResponse(request_id=request_id, outcome=outcome))
 

@@ -7,7 +7,12 @@ agent.
 Client input cannot grow the daemon's resources without bound: a workspace is named by its
 canonical path (so spellings of one directory share one agent), an agent whose workspace has had
 no session for ``--agent-idle-ms`` is stopped (stdin EOF) and started again on demand, and the
-per-key locks live only while somebody holds or waits for them.
+per-key locks live only while somebody holds or waits for them. Requests that need a
+workspace's agent while it is starting share that one start attempt and its outcome.
+
+An agent cannot merge sessions: the ACP session id it answers ``session/new`` with is attached
+to the new daemon session before anything else can run, and an id already attached to another
+live session of that agent fails the create (502 ``agent_session_id_reused``).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import trio
 from sdk.protocol.http import SessionCounts
 
 from ._version import __version__
-from .agent import AgentChannel, AgentStartError
+from .agent import AgentChannel, AgentStartError, SessionIdInUse
 from .bus import BusLimits, SessionBus, now_ms
 from .config import DaemonConfig
 from .core.clients import ClientRegistry
@@ -50,8 +55,35 @@ def _mint_client_id() -> str:
     return f"client_{uuid.uuid4()}"
 
 
+# The longest path Linux resolves (PATH_MAX); a longer cwd cannot name a directory.
+PATH_MAX = 4096
+
+
 class AgentUnavailable(Exception):
     """The workspace's agent could not be started (HTTP 502 ``agent_start_failed``)."""
+
+
+class AgentSessionConflict(AgentUnavailable):
+    """The agent answered ``session/new`` with an id another live session of it holds
+    (HTTP 502 ``agent_session_id_reused``)."""
+
+
+class _StartAttempt:
+    """One agent start that concurrent requests for a workspace share (and its failure)."""
+
+    __slots__ = ("agent", "done", "error")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.agent: AgentChannel | None = None
+        self.error: AgentUnavailable | None = None
+
+    async def outcome(self) -> AgentChannel:
+        await self.done.wait()
+        if self.agent is None:
+            assert self.error is not None
+            raise AgentUnavailable(str(self.error))
+        return self.agent
 
 
 class InvalidWorkspace(ValueError):
@@ -62,12 +94,15 @@ def canonical_workspace(cwd: str) -> str:
     """The one name of the directory ``cwd``: absolute, ``.``/``..``/``//`` resolved and
     symlinks followed. Raises :class:`InvalidWorkspace` if it is not an existing directory."""
     if not os.path.isabs(cwd) or "\x00" in cwd:
-        raise InvalidWorkspace(f"cwd must be an absolute path, got {cwd!r}")
+        raise InvalidWorkspace(f"cwd must be an absolute path, got {cwd[:200]!r}")
+    if len(cwd) > PATH_MAX:
+        # Before realpath, which would look at every component of a megabyte path.
+        raise InvalidWorkspace(f"cwd is longer than {PATH_MAX} characters ({len(cwd)})")
     path = os.path.realpath(cwd)
     if not os.path.exists(path):
-        raise InvalidWorkspace(f"cwd {cwd!r} does not exist")
+        raise InvalidWorkspace(f"cwd {cwd[:200]!r} does not exist")
     if not os.path.isdir(path):
-        raise InvalidWorkspace(f"cwd {cwd!r} is not a directory")
+        raise InvalidWorkspace(f"cwd {cwd[:200]!r} is not a directory")
     return path
 
 
@@ -119,6 +154,7 @@ class SessionManager:
         self.clients = ClientRegistry()
         self._agent_locks = _KeyedLocks()
         self._restore_locks = _KeyedLocks()
+        self._starts: dict[str, _StartAttempt] = {}
         # Requests between "got the workspace's agent" and "its session is registered": the
         # idle reaper must not stop an agent one of them is about to use.
         self._agent_users: dict[str, int] = {}
@@ -205,37 +241,91 @@ class SessionManager:
             del self._idle_timers[cwd]
 
     async def agent_for(self, cwd: str) -> AgentChannel:
-        async with self._agent_locks.hold(cwd):
-            agent = self.agents.get(cwd)
-            if agent is not None and not agent.closed:
-                return agent
-            argv = self.config.effective_agent_argv()
-            agent = AgentChannel(
-                argv, cwd, init_timeout=self.config.agent_init_timeout_ms / 1000,
-                env=self.agent_env, client_info={"name": "turnkeeper", "version": __version__},
-                on_exit=partial(self._agent_exited, cwd),
-            )
-            try:
-                await self.nursery.start(agent.run)
-            except AgentStartError as exc:
-                log.warning("event=agent_start_failed cwd=%s reason=%s", cwd, exc)
-                raise AgentUnavailable(str(exc)) from exc
-            except OSError as exc:
-                log.warning("event=agent_start_failed cwd=%s reason=%s", cwd, exc)
-                raise AgentUnavailable(f"cannot start agent: {exc}") from exc
-            self.agents[cwd] = agent
-            log.info("event=agent_started cwd=%s pid=%s", cwd, agent.pid)
-            return agent
-
-    def _agent_exited(self, cwd: str, exit_code: int | None, signal_code: str | None) -> None:
+        """The workspace's live agent, started if there is none. Concurrent callers share one
+        start attempt: an agent that never initializes costs one timeout, not one per caller
+        in turn. The attempt runs in the manager's nursery, so a caller that goes away does not
+        end it for the others."""
         agent = self.agents.get(cwd)
-        if agent is not None and agent.closed:
-            self.agents.pop(cwd, None)
+        if agent is not None and not agent.closed:
+            return agent
+        attempt = self._starts.get(cwd)
+        if attempt is None:
+            attempt = self._starts[cwd] = _StartAttempt()
+            self.nursery.start_soon(self._start_agent, cwd, attempt)
+        return await attempt.outcome()
+
+    async def _start_agent(self, cwd: str, attempt: _StartAttempt) -> None:
+        try:
+            async with self._agent_locks.hold(cwd):
+                agent = self.agents.get(cwd)
+                if agent is None or agent.closed:
+                    agent = await self._spawn_agent(cwd)
+                attempt.agent = agent
+        except AgentUnavailable as exc:
+            attempt.error = exc
+        finally:
+            if attempt.agent is None and attempt.error is None:
+                attempt.error = AgentUnavailable("the agent start was cancelled")
+            if self._starts.get(cwd) is attempt:
+                del self._starts[cwd]
+            attempt.done.set()
+
+    async def _spawn_agent(self, cwd: str) -> AgentChannel:
+        argv = self.config.effective_agent_argv()
+        agent = AgentChannel(
+            argv, cwd, init_timeout=self.config.agent_init_timeout_ms / 1000,
+            write_timeout=self.config.agent_write_timeout_ms / 1000,
+            env=self.agent_env, client_info={"name": "turnkeeper", "version": __version__},
+        )
+        agent.on_exit = partial(self._agent_exited, cwd, agent)
+        try:
+            await self.nursery.start(agent.run)
+        except AgentStartError as exc:
+            log.warning("event=agent_start_failed cwd=%s reason=%s", cwd, exc)
+            raise AgentUnavailable(str(exc)) from exc
+        except OSError as exc:
+            log.warning("event=agent_start_failed cwd=%s reason=%s", cwd, exc)
+            raise AgentUnavailable(f"cannot start agent: {exc}") from exc
+        self.agents[cwd] = agent
+        log.info("event=agent_started cwd=%s pid=%s", cwd, agent.pid)
+        return agent
+
+    def _agent_exited(self, cwd: str, agent: AgentChannel, exit_code: int | None,
+                      signal_code: str | None) -> None:
+        if self.agents.get(cwd) is agent:
+            del self.agents[cwd]
             self._cancel_idle_timer(cwd)
-        log.info("event=agent_exited cwd=%s exit_code=%s signal=%s", cwd, exit_code, signal_code)
+        log.info("event=agent_exited cwd=%s pid=%s exit_code=%s signal=%s reason=%s", cwd,
+                 agent.pid, exit_code, signal_code, agent.death_reason or "exited")
+        # Only the sessions of this agent: a new one may already serve the workspace.
         for session in list(self.sessions.values()):
-            if session.workspace_cwd == cwd:
+            if session.agent is agent:
                 session.agent_died(exit_code, signal_code)
+
+    async def _new_acp_session(self, agent: AgentChannel, cwd: str) -> str:
+        """``session/new`` on ``agent``, bounded like ``initialize`` (the limit clients see as
+        ``sessionRestoreTimeoutMs``): a create never waits on an agent for ever."""
+        bound = self.config.agent_init_timeout_ms / 1000
+        try:
+            with trio.fail_after(bound):
+                return await agent.new_session(cwd)
+        except trio.TooSlowError:
+            raise AgentUnavailable(f"session/new failed: no reply within {bound:g} s") from None
+        except Exception as exc:
+            raise AgentUnavailable(f"session/new failed: {exc}") from exc
+
+    @staticmethod
+    def _claim(agent: AgentChannel, acp_session_id: str, session: Session) -> None:
+        """Attach ``session`` under the id the agent gave it, before anything can await;
+        :class:`AgentSessionConflict` if another live session of the agent holds that id."""
+        try:
+            agent.attach(acp_session_id, session)
+        except SessionIdInUse as exc:
+            log.warning("event=agent_session_id_reused pid=%s acp_session_id=%r session=%s "
+                        "action=refuse_create", agent.pid, acp_session_id[:200], session.id)
+            raise AgentSessionConflict(
+                f"the agent answered session/new with session id {acp_session_id[:200]!r}, "
+                f"which another live session of this agent already uses") from exc
 
     # -- sessions -----------------------------------------------------------------------------
 
@@ -272,18 +362,11 @@ class SessionManager:
 
     async def _start_session_on_agent(self, cwd: str, session_id: str) -> Session:
         agent = await self.agent_for(cwd)
-        try:
-            acp_session_id = await agent.new_session(cwd)
-        except Exception as exc:
-            raise AgentUnavailable(f"session/new failed: {exc}") from exc
+        acp_session_id = await self._new_acp_session(agent, cwd)
         bus = SessionBus(session_id, self.limits, self.writer, spawn=self._spawn,
                          on_published=self.on_published)
-        session = Session(
-            session_id, cwd, iso_now(), agent, acp_session_id, bus,
-            approval_mode=self.config.approval_mode,
-            cancel_grace_s=self.config.cancel_grace_ms / 1000,
-            on_ended=self._session_ended,
-        )
+        session = self._session(session_id, cwd, iso_now(), agent, acp_session_id, bus)
+        self._claim(agent, acp_session_id, session)
         if self.writer is not None:
             bus.last_write_seq = self.writer.submit(UpsertSession(
                 session_id, cwd, now_ms(), acp_session_id))
@@ -336,17 +419,23 @@ class SessionManager:
         segments, next_id = seed_segments(turns, 1)
         agent = await self.agent_for(cwd)
         acp_session_id, via = None, "session/new"
-        if agent.supports_load_session and row.agent_session_id:
+        if row.agent_session_id and agent.is_attached(row.agent_session_id):
+            # Another live session holds that agent session (an agent that reused an id):
+            # loading it here would merge the two.
+            log.warning("event=session_load_skipped session=%s reason=acp_session_id_in_use",
+                        session_id)
+        elif agent.supports_load_session and row.agent_session_id:
             try:
-                await agent.load_session(row.agent_session_id, cwd)
+                with trio.fail_after(self.config.agent_init_timeout_ms / 1000):
+                    await agent.load_session(row.agent_session_id, cwd)
                 acp_session_id, via = row.agent_session_id, "session/load"
+            except trio.TooSlowError:
+                log.warning("event=session_load_failed session=%s reason=no_reply_within_%dms",
+                            session_id, self.config.agent_init_timeout_ms)
             except Exception as exc:
                 log.warning("event=session_load_failed session=%s reason=%s", session_id, exc)
         if acp_session_id is None:
-            try:
-                acp_session_id = await agent.new_session(cwd)
-            except Exception as exc:
-                raise AgentUnavailable(f"session/new failed: {exc}") from exc
+            acp_session_id = await self._new_acp_session(agent, cwd)
         bus = SessionBus(session_id, self.limits, writer, first_id=next_id, spawn=self._spawn,
                          on_published=self.on_published)
         if segments:
@@ -357,12 +446,9 @@ class SessionManager:
             if newest is not None:
                 bus.window.spill(newest)  # read from the transcript: it can be read again
             del segments, turns
-        session = Session(
-            session_id, cwd, iso_from_ms(row.created_at_ms), agent, acp_session_id, bus,
-            approval_mode=self.config.approval_mode,
-            cancel_grace_s=self.config.cancel_grace_ms / 1000,
-            on_ended=self._session_ended,
-        )
+        session = self._session(session_id, cwd, iso_from_ms(row.created_at_ms), agent,
+                                acp_session_id, bus)
+        self._claim(agent, acp_session_id, session)
         session.terminals.extend(terminals)
         bus.last_write_seq = writer.submit(
             UpsertSession(session_id, cwd, row.created_at_ms, acp_session_id))
@@ -372,6 +458,17 @@ class SessionManager:
                  "seeded_events=%d older_records=%d", session_id, via, len(in_flight),
                  next_id - 1, older_records)
         return session
+
+    def _session(self, session_id: str, cwd: str, created_at: str, agent: AgentChannel,
+                 acp_session_id: str, bus: SessionBus) -> Session:
+        timeout_ms = self.config.permission_response_timeout_ms
+        return Session(
+            session_id, cwd, created_at, agent, acp_session_id, bus,
+            approval_mode=self.config.approval_mode,
+            cancel_grace_s=self.config.cancel_grace_ms / 1000,
+            permission_timeout_s=timeout_ms / 1000 if timeout_ms else None,
+            on_ended=self._session_ended,
+        )
 
     def _session_ended(self, session: Session) -> None:
         if self.sessions.get(session.id) is session:

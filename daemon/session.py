@@ -6,14 +6,22 @@ terminal each way of ending gets are the pure :mod:`daemon.core.prompt_lifecycle
 owns the cancel scope, the clock and the agent call.
 The session is also the agent channel's sink for its ACP session: agent updates are published
 on the bus as they are read, and the bus is flushed once per stdout batch.
+
+Permission requests: each is published as ``permission_request`` and waits for a client's vote
+(one of the options the agent offered, or ``cancelled``), for ``--permission-response-timeout-ms``
+if set, or for the end of its prompt. Whoever decides, ``permission_resolved`` is published at
+that moment (with a ``reason`` when the daemon decided), so the resolutions of a turn always come
+before its terminal; the agent then gets the answer.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
+import math
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +34,14 @@ from sdk.protocol.acp import (
     TextBlockView,
     view,
 )
-from sdk.protocol.constants import BRIDGE_ECHO
+from sdk.protocol.constants import (
+    BRIDGE_ECHO,
+    PERMISSION_APPROVAL_MODE,
+    PERMISSION_NO_RUNNING_PROMPT,
+    PERMISSION_PROMPT_CANCELLED,
+    PERMISSION_TIMEOUT,
+    PERMISSION_TURN_ENDED,
+)
 from sdk.protocol.events import (
     PendingPromptAddedData,
     PendingPromptCompletedData,
@@ -91,8 +106,23 @@ class PendingPrompt:
 class PermissionWaiter:
     request_id: str
     prompt_id: str | None
+    # The optionIds the agent offered: a vote must name one of them.
+    option_ids: frozenset[str] = frozenset()
     event: trio.Event = field(default_factory=trio.Event)
     outcome: dict[str, Any] | None = None
+
+
+class VoteResult(enum.Enum):
+    """What :meth:`Session.vote` did with a vote."""
+
+    ACCEPTED = "accepted"
+    NOT_FOUND = "not_found"  # no pending request with that id (unknown, or answered)
+    UNKNOWN_OPTION = "unknown_option"  # an optionId the agent did not offer
+
+
+async def _answered(outcome: dict[str, Any]) -> dict[str, Any]:
+    """The agent's answer to a permission request decided on the spot."""
+    return {"outcome": outcome}
 
 
 def prompt_text(blocks: list[Any]) -> str:
@@ -116,6 +146,7 @@ class Session:
         *,
         approval_mode: str = "default",
         cancel_grace_s: float = 10.0,
+        permission_timeout_s: float | None = None,
         on_ended: Callable[[Session], None] | None = None,
     ) -> None:
         self.id = session_id
@@ -126,6 +157,7 @@ class Session:
         self.bus = bus
         self.approval_mode = approval_mode
         self.cancel_grace_s = cancel_grace_s
+        self.permission_timeout_s = permission_timeout_s  # None: wait for a vote
         self.on_ended = on_ended
         # The ledger's newest terminals, served by load without a database read.
         self.terminals: deque[dict[str, Any]] = deque(maxlen=MAX_LEDGER_TERMINALS)
@@ -195,7 +227,7 @@ class Session:
                 await self._run_prompt(self.queue.popleft())
             await self._drain_and_end()
         finally:
-            self.agent.detach(self.acp_session_id)
+            self.agent.detach(self.acp_session_id, self)
             self.bus.close()
             self.ended.set()
             if self.on_ended is not None:
@@ -265,8 +297,10 @@ class Session:
         # degraded transcript is skipped so a failed store never stalls a turn; a store that
         # does not commit within the bound degrades the session (its transcript stays a true
         # prefix and stops claiming to be full) rather than publish a terminal over a hole.
+        # The turn's unanswered permission requests are resolved (and published) first, so
+        # their permission_resolved frames are durable and precede the terminal.
+        self._resolve_permissions(prompt.prompt_id, PERMISSION_TURN_ENDED)
         await self._wait_durable()
-        self._resolve_permissions(prompt.prompt_id)
         bus.publish_terminal(
             decision.data(self.id, prompt.prompt_id),
             prompt_id=prompt.prompt_id,
@@ -339,7 +373,7 @@ class Session:
         prompt.state = state
         self.bus.publish(PromptCancelledData(session_id=self.id),
                          prompt_id=prompt.prompt_id, originator_client_id=client_id)
-        self._resolve_permissions(prompt.prompt_id)
+        self._resolve_permissions(prompt.prompt_id, PERMISSION_PROMPT_CANCELLED)
         if prompt.scope is not None:
             grace = trio.current_time() + self.cancel_grace_s
             if grace < prompt.scope.deadline:
@@ -371,18 +405,39 @@ class Session:
 
     # -- permission flow ---------------------------------------------------------------------
 
-    def vote(self, request_id: str, outcome: dict[str, Any]) -> bool:
-        waiter = self.permissions.pop(request_id, None)
+    def vote(self, request_id: str, outcome: dict[str, Any]) -> VoteResult:
+        """A client's vote: ``{"outcome": "selected", "optionId": ...}`` naming one of the
+        offered options, or ``{"outcome": "cancelled"}``."""
+        waiter = self.permissions.get(request_id)
         if waiter is None:
-            return False
-        waiter.outcome = outcome
-        waiter.event.set()
-        return True
+            return VoteResult.NOT_FOUND
+        option_id = outcome.get("optionId")
+        if option_id is not None and option_id not in waiter.option_ids:
+            return VoteResult.UNKNOWN_OPTION
+        self._resolve(waiter, outcome, None)
+        return VoteResult.ACCEPTED
 
-    def _resolve_permissions(self, prompt_id: str) -> None:
-        for request_id, waiter in list(self.permissions.items()):
+    def _resolve(self, waiter: PermissionWaiter, outcome: dict[str, Any],
+                 reason: str | None) -> None:
+        """Decide a pending request: publish ``permission_resolved`` now, wake its task (which
+        answers the agent)."""
+        if self.permissions.pop(waiter.request_id, None) is None:
+            return  # decided already
+        waiter.outcome = outcome
+        self._publish_resolved(waiter.request_id, outcome, reason, waiter.prompt_id)
+        waiter.event.set()
+
+    def _publish_resolved(self, request_id: str, outcome: dict[str, Any], reason: str | None,
+                          prompt_id: str | None) -> None:
+        data = (PermissionResolvedData(request_id=request_id, outcome=outcome) if reason is None
+                else PermissionResolvedData(request_id=request_id, outcome=outcome,
+                                            reason=reason))
+        self.bus.publish(data, prompt_id=prompt_id)
+
+    def _resolve_permissions(self, prompt_id: str, reason: str) -> None:
+        for waiter in list(self.permissions.values()):
             if waiter.prompt_id in (prompt_id, None):
-                self.vote(request_id, {"outcome": "cancelled"})
+                self._resolve(waiter, {"outcome": "cancelled"}, reason)
 
     # -- SessionSink (the agent channel calls these) -------------------------------------------
 
@@ -417,8 +472,11 @@ class Session:
     def dispatch_group_lines(self) -> int:
         return self.bus.dispatch_group_lines()
 
-    async def on_permission_request(self, params: dict[str, Any]) -> dict[str, Any]:
+    def permission_asked(self, params: dict[str, Any]) -> Awaitable[dict[str, Any]]:
+        # Synchronous, in stdout order: the request is published, and registered for a vote,
+        # before the prompt's reply (read after it) can end the turn.
         prompt = self.active
+        prompt_id = prompt.prompt_id if prompt is not None else None
         request_id = str(uuid.uuid4())
         found = view(params, PermissionParamsView)
         options = None if found is None else found.options
@@ -427,25 +485,43 @@ class Session:
             PermissionRequestData(request_id=request_id, session_id=self.id,
                                   tool_call=None if found is None else found.tool_call,
                                   options=options),
-            prompt_id=prompt.prompt_id if prompt is not None else None,
+            prompt_id=prompt_id,
         )
-        outcome: dict[str, Any]
         auto = self._auto_option(options) if self.approval_mode == "yolo" else None
         if auto is not None:
             outcome = {"outcome": "selected", "optionId": auto}
-        elif prompt is None or prompt.state is not PromptState.RUNNING:
+            self._publish_resolved(request_id, outcome, PERMISSION_APPROVAL_MODE, prompt_id)
+            return _answered(outcome)
+        if prompt is None or prompt.state is not PromptState.RUNNING:
             outcome = {"outcome": "cancelled"}
-        else:
-            waiter = PermissionWaiter(request_id, prompt.prompt_id)
-            self.permissions[request_id] = waiter
-            try:
+            self._publish_resolved(request_id, outcome, PERMISSION_NO_RUNNING_PROMPT, prompt_id)
+            return _answered(outcome)
+        waiter = PermissionWaiter(request_id, prompt_id, self._option_ids(options))
+        self.permissions[request_id] = waiter
+        return self._wait_for_vote(waiter)
+
+    async def _wait_for_vote(self, waiter: PermissionWaiter) -> dict[str, Any]:
+        try:
+            timeout = self.permission_timeout_s
+            with trio.move_on_after(math.inf if timeout is None else timeout):
                 await waiter.event.wait()
-            finally:
-                self.permissions.pop(request_id, None)
-            outcome = waiter.outcome or {"outcome": "cancelled"}
-        self.bus.publish(PermissionResolvedData(request_id=request_id, outcome=outcome),
-                         prompt_id=prompt.prompt_id if prompt is not None else None)
-        return {"outcome": outcome}
+            if waiter.outcome is None:
+                log.info("event=permission_timeout session=%s request=%s timeout_ms=%d",
+                         self.id, waiter.request_id, round((timeout or 0) * 1000))
+                self._resolve(waiter, {"outcome": "cancelled"}, PERMISSION_TIMEOUT)
+        finally:
+            # Cancelled meanwhile (the agent died, the daemon stops): nobody can vote on it.
+            self.permissions.pop(waiter.request_id, None)
+        return {"outcome": waiter.outcome or {"outcome": "cancelled"}}
+
+    @staticmethod
+    def _option_ids(options: list[Any]) -> frozenset[str]:
+        ids = set()
+        for option in options:
+            found = view(option, PermissionOptionView)
+            if found is not None and isinstance(found.option_id, str):
+                ids.add(found.option_id)
+        return frozenset(ids)
 
     @staticmethod
     def _auto_option(options: list[Any]) -> str | None:

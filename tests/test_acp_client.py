@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from daemon.core.acp_client import (
+    MAX_PENDING_PERMISSIONS,
     PROTOCOL_VERSION,
+    TOO_MANY_REQUESTS,
     AcpClient,
     AgentProtocolError,
     AgentRpcError,
@@ -20,8 +22,10 @@ from daemon.core.acp_client import (
     MalformedLine,
     NotificationIgnored,
     PermissionAsked,
+    PermissionRefused,
     Replied,
     ReplyUnknown,
+    SessionIdInUse,
     UnroutedPermission,
     UnroutedUpdate,
     UnsupportedRequest,
@@ -40,7 +44,6 @@ from daemon.core.acp_codec import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
-    Request,
     parse_update,
     splice_updates,
     update_prefix,
@@ -339,8 +342,8 @@ def test_a_permission_request_goes_to_the_session_it_names() -> None:
     client = attached("a")
     (event,) = client.receive([_permission("a")]).events
     assert isinstance(event, PermissionAsked)
-    assert client.permission_target(event.request) == ("sink-a",
-                                                       {"sessionId": "a", "options": []})
+    assert (event.session_id, event.sink, event.params) == (
+        "a", "sink-a", {"sessionId": "a", "options": []})
     granted = permission_granted(event.request, {"outcome": {"outcome": "cancelled"}})
     assert json.loads(granted) == {"jsonrpc": "2.0", "id": 7,
                                    "result": {"outcome": {"outcome": "cancelled"}}}
@@ -351,21 +354,61 @@ def test_a_permission_request_goes_to_the_session_it_names() -> None:
 @pytest.mark.parametrize("session_id", ["ghost", 5, None])
 def test_a_permission_request_for_no_session_gets_invalid_params(session_id: Any) -> None:
     client = attached("a")
-    target = client.permission_target(
-        Request(id="r", method="session/request_permission", params={"sessionId": session_id}))
+    (target,) = client.receive([_permission(session_id, "r")]).events
     assert isinstance(target, UnroutedPermission) and target.session_id == session_id
     assert json.loads(target.reply) == {"jsonrpc": "2.0", "id": "r", "error": {
         "code": INVALID_PARAMS, "message": f"unknown session {session_id!r}"}}
-    no_params = client.permission_target(Request(id=1, method="session/request_permission"))
-    assert isinstance(no_params, UnroutedPermission) and no_params.session_id is None
+    no_params = b'{"jsonrpc": "2.0", "id": 1, "method": "session/request_permission"}'
+    (event,) = client.receive([no_params]).events
+    assert isinstance(event, UnroutedPermission) and event.session_id is None
 
 
-def test_a_session_detached_before_the_answer_gets_invalid_params() -> None:
+def test_a_permission_request_after_the_session_detached_gets_invalid_params() -> None:
     client = attached("a")
-    (event,) = client.receive([_permission("a")]).events
-    assert isinstance(event, PermissionAsked)
     client.detach("a")
-    assert isinstance(client.permission_target(event.request), UnroutedPermission)
+    (event,) = client.receive([_permission("a")]).events
+    assert isinstance(event, UnroutedPermission)
+
+
+def test_permission_requests_over_the_cap_are_refused_until_answers_go_out() -> None:
+    client = attached("a", "b")
+    asked = client.receive([_permission("a", i) for i in range(MAX_PENDING_PERMISSIONS)]).events
+    assert all(isinstance(e, PermissionAsked) for e in asked)
+    assert client.pending_permissions("a") == MAX_PENDING_PERMISSIONS
+    (refused,) = client.receive([_permission("a", "over")]).events
+    assert isinstance(refused, PermissionRefused) and refused.session_id == "a"
+    error = json.loads(refused.reply)
+    assert error["id"] == "over" and error["error"]["code"] == TOO_MANY_REQUESTS
+    assert f"limit {MAX_PENDING_PERMISSIONS}" in error["error"]["message"]
+    # The cap is per session, and an answer frees one place.
+    (other,) = client.receive([_permission("b")]).events
+    assert isinstance(other, PermissionAsked)
+    client.permission_answered("a")
+    (again,) = client.receive([_permission("a", "again")]).events
+    assert isinstance(again, PermissionAsked)
+    for _ in range(MAX_PENDING_PERMISSIONS):
+        client.permission_answered("a")
+    assert client.pending_permissions("a") == 0
+    client.permission_answered("a")  # more answers than asks never goes negative
+    assert client.pending_permissions("a") == 0
+
+
+def test_a_session_id_attached_to_one_sink_is_refused_to_another() -> None:
+    client: Client = AcpClient()
+    first, second = "first-sink", "second-sink"
+    client.attach("dup", first)
+    client.attach("dup", first)  # the same sink again: nothing changes
+    with pytest.raises(SessionIdInUse) as caught:
+        client.attach("dup", second)
+    assert caught.value.acp_session_id == "dup" and "'dup'" in str(caught.value)
+    assert client.receive([update("dup", "x")]).updates["dup"][0] == first
+    client.detach("dup", second)  # not its id: the first keeps it
+    assert client.is_attached("dup")
+    assert client.receive([update("dup", "y")]).updates["dup"][0] == first
+    client.detach("dup", first)
+    assert not client.is_attached("dup")
+    client.attach("dup", second)  # free again once its holder detached
+    assert client.receive([update("dup", "z")]).updates["dup"][0] == second
 
 
 @pytest.mark.parametrize("method", ["fs/read_text_file", "session/request_permissions",

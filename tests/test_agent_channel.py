@@ -8,7 +8,7 @@ import os
 import sys
 import textwrap
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -80,8 +80,11 @@ class RecordingSink:
     def dispatch_group_lines(self) -> int:
         return self.group_lines
 
-    async def on_permission_request(self, params: dict[str, Any]) -> dict[str, Any]:
+    def permission_asked(self, params: dict[str, Any]) -> Awaitable[dict[str, Any]]:
         self.permission_requests.append(params)
+        return self._decide()
+
+    async def _decide(self) -> dict[str, Any]:
         return self.permission_result
 
     @property
@@ -537,6 +540,7 @@ async def test_acp_library_agent_permission_round_trip(tmp_path: Path) -> None:
         assert [o["optionId"] for o in request["options"]] == ["allow-once", "reject-once"]
 
         refuse = RecordingSink(permission_result={"outcome": {"outcome": "cancelled"}})
+        channel.detach(sid, allow)  # one sink per session id: the next one attaches after
         channel.attach(sid, refuse)
         await channel.prompt(sid, text_prompt("ask-permission again"))
         assert refuse.texts == ["permission:cancelled", "lib-chunk-0"]

@@ -70,7 +70,7 @@ class StreamingAgent:
     def attach(self, acp_session_id: str, sink: Any) -> None:
         self.sink = sink
 
-    def detach(self, acp_session_id: str) -> None:
+    def detach(self, acp_session_id: str, sink: Any = None) -> None:
         self.sink = None
 
     async def prompt(self, acp_session_id: str, blocks: list[Any]) -> dict[str, Any]:

@@ -84,7 +84,7 @@ class ScriptedAgent:
     def attach(self, acp_session_id: str, sink: Any) -> None:
         self.sink = sink
 
-    def detach(self, acp_session_id: str) -> None:
+    def detach(self, acp_session_id: str, sink: Any = None) -> None:
         self.sink = None
 
     async def prompt(self, acp_session_id: str, blocks: list[Any]) -> dict[str, Any]:
@@ -99,7 +99,7 @@ class ScriptedAgent:
 
 
 async def _permission_then_stream(agent: ScriptedAgent) -> dict[str, Any]:
-    await agent.sink.on_permission_request({
+    await agent.sink.permission_asked({
         "sessionId": "acp-1",
         "toolCall": {"toolCallId": "call-1", "title": "Write file", "kind": "edit"},
         "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"},

@@ -17,8 +17,12 @@ request it sends. The rules it holds:
 - Replies are matched to requests by id; ids are allocated here and never reused, and a reply
   with an id nobody waits for is reported, not delivered.
 - The agent's ``session/request_permission`` is answered by the session it names (an unknown
-  session gets an "invalid params" error); any other request the agent makes gets "method not
-  found". Notifications other than ``session/update`` are reported and ignored.
+  session gets an "invalid params" error, a session with ``MAX_PENDING_PERMISSIONS``
+  unanswered requests a "too many requests" error, both decided as the line is read, so a flood
+  costs no task); any other request the agent makes gets "method not found". Notifications
+  other than ``session/update`` are reported and ignored.
+- One ACP session id routes to one sink: attaching a second sink under an id that is attached
+  already is refused (an agent that hands out one id twice must not merge two sessions).
 
 No trio, no clock, no I/O, no logging: the shell moves the bytes, owns the process, the timers
 and the tasks, and logs the reports. ``S`` is the shell's session sink and ``W`` the shell's
@@ -56,7 +60,9 @@ from .splice import ChunkRun, compact, compact_chunks, plain_chunk_lines
 
 __all__ = [
     "DEFAULT_CLIENT_INFO",
+    "MAX_PENDING_PERMISSIONS",
     "PROTOCOL_VERSION",
+    "TOO_MANY_REQUESTS",
     "AcpClient",
     "AgentProtocolError",
     "AgentRpcError",
@@ -67,8 +73,10 @@ __all__ = [
     "MalformedLine",
     "NotificationIgnored",
     "PermissionAsked",
+    "PermissionRefused",
     "Replied",
     "ReplyUnknown",
+    "SessionIdInUse",
     "UnroutedPermission",
     "UnroutedUpdate",
     "UnsupportedRequest",
@@ -89,6 +97,10 @@ DEFAULT_CLIENT_INFO: Final = {"name": "turnkeeper", "version": __version__}
 
 # How much of an offending line a report keeps.
 _EXCERPT_BYTES: Final = 200
+# Unanswered permission requests one session may have; the agent's next one is refused.
+MAX_PENDING_PERMISSIONS: Final = 64
+# The JSON-RPC error (implementation-defined server range) refusing a request over a cap.
+TOO_MANY_REQUESTS: Final = -32000
 
 S = TypeVar("S")
 W = TypeVar("W")
@@ -101,6 +113,15 @@ class AgentRpcError(Exception):
         super().__init__(f"agent error {code}: {message}")
         self.code = code
         self.message = message
+
+
+class SessionIdInUse(Exception):
+    """An ACP session id the client already routes to another sink."""
+
+    def __init__(self, acp_session_id: str) -> None:
+        super().__init__(f"ACP session id {acp_session_id!r} is already in use by another "
+                         f"session of this agent")
+        self.acp_session_id = acp_session_id
 
 
 class AgentProtocolError(AgentRpcError):
@@ -216,10 +237,22 @@ class ReplyUnknown:
 
 
 @dataclass(frozen=True, slots=True)
-class PermissionAsked:
-    """The agent asks for a permission; the shell answers it in its own task."""
+class PermissionAsked(Generic[S]):
+    """The agent asks ``sink`` (attached under ``session_id``) for a permission; the shell
+    answers it in its own task, then calls :meth:`AcpClient.permission_answered`."""
 
     request: Request
+    session_id: str
+    sink: S
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class PermissionRefused:
+    """A permission request over the session's cap; ``reply`` is the error to send."""
+
+    session_id: str
+    reply: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,9 +299,10 @@ class UnroutedPermission:
     reply: bytes
 
 
+# Generic in (S, W), in the order they first appear.
 Event = (
-    Replied[W] | ReplyUnknown | PermissionAsked | UnsupportedRequest | UnroutedUpdate
-    | BadUpdate | NotificationIgnored | MalformedLine
+    PermissionAsked[S] | Replied[W] | ReplyUnknown | PermissionRefused | UnroutedPermission
+    | UnsupportedRequest | UnroutedUpdate | BadUpdate | NotificationIgnored | MalformedLine
 )
 
 
@@ -285,7 +319,7 @@ class Batch(Generic[S, W]):
     """
 
     updates: dict[str, tuple[S, list[bytes]]]
-    events: list[Event[W]]
+    events: list[Event[S, W]]
     chunks: dict[str, ChunkRun] = field(default_factory=dict)
 
 
@@ -296,11 +330,13 @@ class Batch(Generic[S, W]):
 class AcpClient(Generic[S, W]):
     """The client side of one agent connection: sessions, outstanding requests, loads."""
 
-    __slots__ = ("_load_of", "_loading", "_prefixes", "_sinks", "pending")
+    __slots__ = ("_asking", "_load_of", "_loading", "_prefixes", "_sinks", "pending")
 
     def __init__(self) -> None:
         self.pending: PendingRequests[W] = PendingRequests()
         self._sinks: dict[str, S] = {}
+        # Unanswered permission requests per session id (only while there are some).
+        self._asking: dict[str, int] = {}
         # What each attached session's update lines start with (acp_codec.update_prefix).
         self._prefixes: dict[str, bytes] = {}
         # Sessions being loaded (a count: two loads of one session may overlap), and which
@@ -311,11 +347,25 @@ class AcpClient(Generic[S, W]):
     # Sessions
 
     def attach(self, acp_session_id: str, sink: S) -> None:
-        """Route the session's updates and permission requests to ``sink`` (replacing any)."""
+        """Route the session's updates and permission requests to ``sink``. Raises
+        :class:`SessionIdInUse` if another sink is attached under that id (attaching the same
+        sink again is a no-op)."""
+        current = self._sinks.get(acp_session_id)
+        if current is not None:
+            if current is sink:
+                return
+            raise SessionIdInUse(acp_session_id)
         self._sinks[acp_session_id] = sink
         self._prefixes[acp_session_id] = update_prefix(acp_session_id)
 
-    def detach(self, acp_session_id: str) -> None:
+    def is_attached(self, acp_session_id: str) -> bool:
+        return acp_session_id in self._sinks
+
+    def detach(self, acp_session_id: str, sink: S | None = None) -> None:
+        """Stop routing ``acp_session_id``; with ``sink``, only if that sink is the one
+        attached (a session never detaches another's id)."""
+        if sink is not None and self._sinks.get(acp_session_id) is not sink:
+            return
         self._sinks.pop(acp_session_id, None)
         self._prefixes.pop(acp_session_id, None)
 
@@ -385,7 +435,7 @@ class AcpClient(Generic[S, W]):
                         return self._route_one(session_id, spliced)
                     break
         updates: dict[str, tuple[S, list[bytes]]] = {}
-        events: list[Event[W]] = []
+        events: list[Event[S, W]] = []
         sinks = self._sinks
         loading = self._loading
         # The session of the previous routed update and its list: most reads are one session's.
@@ -462,17 +512,19 @@ class AcpClient(Generic[S, W]):
             None if error is None else AgentRpcError(error.code, error.message),
         )
 
-    def _agent_request(self, request: Request) -> PermissionAsked | UnsupportedRequest:
+    def _agent_request(
+        self, request: Request
+    ) -> PermissionAsked[S] | PermissionRefused | UnroutedPermission | UnsupportedRequest:
         if request.method == "session/request_permission":
-            return PermissionAsked(request)
+            return self._permission(request)
         reply = encode_error(request.id, METHOD_NOT_FOUND, f"Method not found: {request.method}")
         return UnsupportedRequest(request.method, request.id, reply)
 
-    def permission_target(
+    def _permission(
         self, request: Request
-    ) -> tuple[S, dict[str, Any]] | UnroutedPermission:
-        """The sink that decides a permission request, and its params; looked up when the
-        shell's task starts, so a session detached meanwhile gets the error reply."""
+    ) -> PermissionAsked[S] | PermissionRefused | UnroutedPermission:
+        """Who decides a permission request, looked up as it is read: the session it names,
+        unless that session is unknown or has :data:`MAX_PENDING_PERMISSIONS` unanswered."""
         params = request.params
         found = view(params, PermissionParamsView)
         session_id = None if found is None else found.session_id
@@ -480,5 +532,24 @@ class AcpClient(Generic[S, W]):
         if sink is None:
             reply = encode_error(request.id, INVALID_PARAMS, f"unknown session {session_id!r}")
             return UnroutedPermission(session_id, reply)
-        assert type(params) is dict
-        return sink, params
+        assert type(session_id) is str and type(params) is dict
+        asking = self._asking.get(session_id, 0)
+        if asking >= MAX_PENDING_PERMISSIONS:
+            reply = encode_error(
+                request.id, TOO_MANY_REQUESTS,
+                f"too many pending permission requests for session {session_id!r} "
+                f"(limit {MAX_PENDING_PERMISSIONS})")
+            return PermissionRefused(session_id, reply)
+        self._asking[session_id] = asking + 1
+        return PermissionAsked(request, session_id, sink, params)
+
+    def permission_answered(self, session_id: str) -> None:
+        """The answer to one :class:`PermissionAsked` of ``session_id`` went out (or failed)."""
+        left = self._asking.get(session_id, 0) - 1
+        if left > 0:
+            self._asking[session_id] = left
+        else:
+            self._asking.pop(session_id, None)
+
+    def pending_permissions(self, session_id: str) -> int:
+        return self._asking.get(session_id, 0)

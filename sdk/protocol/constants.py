@@ -29,11 +29,30 @@ BRIDGE_ECHO: Final = "bridge-echo"
 #: Where compacted turns carry their transcript record id (``update._meta[...]``).
 RECORD_ID_META_KEY: Final = "qwen.session.recordId"
 
+#: ``permission_resolved.reason``: why the daemon answered a permission request by itself
+#: (a client's vote carries no reason). Each answers the agent ``{outcome: "cancelled"}`` but
+#: the yolo approval, which selects the first allow option.
+PERMISSION_TIMEOUT: Final = "timeout"
+PERMISSION_PROMPT_CANCELLED: Final = "prompt_cancelled"
+PERMISSION_TURN_ENDED: Final = "turn_ended"
+PERMISSION_NO_RUNNING_PROMPT: Final = "no_running_prompt"
+PERMISSION_APPROVAL_MODE: Final = "approval_mode"
+PERMISSION_RESOLVED_REASONS: Final = frozenset({
+    PERMISSION_TIMEOUT, PERMISSION_PROMPT_CANCELLED, PERMISSION_TURN_ENDED,
+    PERMISSION_NO_RUNNING_PROMPT, PERMISSION_APPROVAL_MODE,
+})
+
 __all__ = [
     "BRIDGE_ECHO",
     "ENVELOPE_VERSION",
     "LIVE_JOURNAL_SCOPE",
     "MAX_EVENT_ID",
+    "PERMISSION_APPROVAL_MODE",
+    "PERMISSION_NO_RUNNING_PROMPT",
+    "PERMISSION_PROMPT_CANCELLED",
+    "PERMISSION_RESOLVED_REASONS",
+    "PERMISSION_TIMEOUT",
+    "PERMISSION_TURN_ENDED",
     "RECORD_ID_META_KEY",
     "REPLAY_WINDOW_EXCEEDED",
     "RESYNC_EPOCH_RESET",

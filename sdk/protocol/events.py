@@ -448,8 +448,12 @@ class PermissionRequestData(_Payload, frozen=True):
 
 
 class PermissionResolvedData(_Payload, frozen=True):
+    """``outcome`` is what the agent was answered; ``reason`` (absent for a client's vote)
+    says why the daemon answered by itself (``constants.PERMISSION_RESOLVED_REASONS``)."""
+
     request_id: str
     outcome: Any = None
+    reason: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class SessionClosedData(_Payload, frozen=True):

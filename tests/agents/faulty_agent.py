@@ -20,6 +20,17 @@ cwd names it, else the variable ``FAULTY_AGENT_MODE``, else ``mock``.
                    (``stopReason: "refusal"``, so taking one for the prompt's reply shows)
 ``ignore-cancel``  ignores ``session/cancel`` (a ``mock:mode=hang`` prompt then never ends
                    by itself: the daemon's cancel grace must end it)
+``stop-reading``   a prompt whose text holds ``stop-reading`` gets one chunk
+                   ``stopped-reading``, then the agent never reads its stdin again (it stays
+                   alive, its pipe fills); other prompts are the mock's
+``same-id``        answers every ``session/new`` with the same ``sessionId``
+``permission-flood``  a prompt sends ``FAULTY_AGENT_PERMISSIONS`` (default 1000) permission
+                   requests at once and answers ``end_turn`` without waiting for them; once
+                   every request has an answer it writes one stderr line
+                   ``permission-flood: answered=<n> refused=<n> codes=<error codes>``
+``stderr-flood``   a prompt first writes ``FAULTY_AGENT_STDERR_LINES`` (default 200,000)
+                   stderr lines of 100 bytes, then one ``stderr-flood: done`` line, then runs
+                   as the mock's
 =================  ===========================================================================
 
 In the mid-turn modes everything else is the mock's behaviour (its variables and prompt
@@ -38,16 +49,19 @@ from typing import Any, BinaryIO
 # Run as a script: make the repository importable whatever the cwd (the workspace).
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from daemon.mock_agent import MockAgent, PromptPlan, chunk_lines
+from daemon.mock_agent import MockAgent, PromptPlan, chunk_lines, prompt_text
 from daemon.mock_agent import main as mock_main
 
 MODE_FILE = "faulty-agent-mode"
 MODES = ("mock", "silent-init", "exit-on-init", "bad-init", "garbage", "oversized",
-         "deep-line", "unknown-reply", "ignore-cancel")
+         "deep-line", "unknown-reply", "ignore-cancel", "stop-reading", "same-id",
+         "permission-flood", "stderr-flood")
 MID_TURN_MODES = ("garbage", "oversized", "deep-line")
 DEEP_LEVELS = 100_000
 EXIT_ON_INIT_CODE = 4
 SIXTEEN_MIB = 16 * 1024 * 1024
+SAME_SESSION_ID = "the-one-session"
+STDERR_LINE = b"x" * 99 + b"\n"
 
 
 def selected_mode(cwd: Path, env: dict[str, str] | os._Environ[str]) -> str:
@@ -105,6 +119,13 @@ class FaultyAgent(MockAgent):
         self.mode = mode
         self.oversized_bytes = int(env.get("FAULTY_AGENT_OVERSIZED_BYTES",
                                            str(SIXTEEN_MIB + 1024 * 1024)))
+        self.permissions = int(env.get("FAULTY_AGENT_PERMISSIONS", "1000"))
+        self.stderr_lines = int(env.get("FAULTY_AGENT_STDERR_LINES", "200000"))
+        self.stopped_reading = threading.Event()
+        # permission-flood: the error codes of refused requests, and how many were answered.
+        self.flood_lock = threading.Lock()
+        self.flood_codes: list[Any] = []
+        self.flood_answered = 0
 
     def handle_request(self, request_id: Any, method: str, params: dict[str, Any]) -> None:
         if method == "initialize":
@@ -120,7 +141,62 @@ class FaultyAgent(MockAgent):
             for bogus in (10_000_000, "never-sent"):
                 self.reply(bogus, {"stopReason": "refusal"})
             self.reply_error(20_000_000, -32603, "error for a request nobody sent")
+        if method == "session/new" and self.mode == "same-id":
+            self.reply(request_id, {"sessionId": SAME_SESSION_ID})
+            return
+        if method == "session/prompt" and self.mode == "stop-reading" \
+                and "stop-reading" in prompt_text(params.get("prompt")):
+            session_id = str(params.get("sessionId"))
+            self.write(self.chunk(session_id, "stopped-reading"))
+            self.stopped_reading.set()  # the main loop reads nothing more
+            return
+        if method == "session/prompt" and self.mode == "permission-flood":
+            self.flood(request_id, str(params.get("sessionId")))
+            return
+        if method == "session/prompt" and self.mode == "stderr-flood":
+            err = sys.stderr.buffer
+            for _ in range(self.stderr_lines):
+                err.write(STDERR_LINE)
+            err.write(b"stderr-flood: done\n")
+            err.flush()
         super().handle_request(request_id, method, params)
+
+    @staticmethod
+    def chunk(session_id: str, text: str) -> bytes:
+        return json.dumps({"jsonrpc": "2.0", "method": "session/update", "params": {
+            "sessionId": session_id, "update": {
+                "sessionUpdate": "agent_message_chunk",
+                "content": {"type": "text", "text": text}}}}).encode() + b"\n"
+
+    def flood(self, prompt_request_id: Any, session_id: str) -> None:
+        """Ask for many permissions at once, answer the prompt at once, then report on stderr
+        what the daemon answered each request."""
+        lines = []
+        for i in range(self.permissions):
+            lines.append(json.dumps({
+                "jsonrpc": "2.0", "id": f"flood-{i}", "method": "session/request_permission",
+                "params": {"sessionId": session_id,
+                           "toolCall": {"toolCallId": f"flood-{i}", "title": "Flood"},
+                           "options": [{"optionId": "allow-once", "name": "Allow",
+                                        "kind": "allow_once"}]}}).encode() + b"\n")
+        self.write(b"".join(lines))
+        self.reply(prompt_request_id, {"stopReason": "end_turn"})
+
+    def take_answer(self, message: dict[str, Any]) -> None:
+        if self.mode != "permission-flood" or not str(message.get("id")).startswith("flood-"):
+            super().take_answer(message)
+            return
+        with self.flood_lock:
+            error = message.get("error")
+            if isinstance(error, dict):
+                self.flood_codes.append(error.get("code"))
+            else:
+                self.flood_answered += 1
+            done = self.flood_answered + len(self.flood_codes) == self.permissions
+            report = (f"permission-flood: answered={self.flood_answered} "
+                      f"refused={len(self.flood_codes)} codes={sorted(set(self.flood_codes))}")
+        if done:
+            print(report, file=sys.stderr, flush=True)
 
     def cancel(self, session_id: Any) -> None:
         if self.mode != "ignore-cancel":
@@ -153,6 +229,8 @@ def main() -> None:
     while line := stdin.readline():
         if line.strip():
             agent.handle_line(line)
+        if agent.stopped_reading.is_set():
+            threading.Event().wait()  # alive, never reading stdin again
     os._exit(0)
 
 
