@@ -37,6 +37,7 @@ from sdk.errors import (
     TurnError,
 )
 from sdk.events import DaemonEvent, event_prompt_id
+from sdk.protocol.constants import PERMISSION_TIMEOUT
 from sdk.protocol.events import (
     AgentMessageChunk,
     AgentThoughtChunk,
@@ -385,6 +386,18 @@ class _Answer:
         self.why = why
 
 
+def describe_resolution(resolved: PermissionResolvedData) -> str:
+    """One line for a permission request answered while we were asking about it."""
+    outcome = _encode(resolved.outcome).decode()
+    request = f"permission request {resolved.request_id[:8]}"
+    if resolved.reason == PERMISSION_TIMEOUT:
+        return (f"{request} timed out: nobody answered within the daemon's permission "
+                f"timeout, so the agent was answered {outcome}")
+    if isinstance(resolved.reason, str):
+        return f"{request} was answered by the daemon ({resolved.reason}): {outcome}"
+    return f"{request} was answered elsewhere: {outcome}"
+
+
 class Permissions:
     """Answers the permission requests of one prompt.
 
@@ -428,10 +441,7 @@ class Permissions:
             asking = self._asking.pop(payload.request_id, None)
             if asking is not None:
                 asking.cancel()
-                self.out.error(
-                    f"permission request {payload.request_id[:8]} was answered elsewhere: "
-                    f"{_encode(payload.outcome).decode()}"
-                )
+                self.out.error(describe_resolution(payload))
 
     async def _answer(
         self, request_id: str, request: PermissionRequestData, scope: trio.CancelScope

@@ -94,7 +94,8 @@ class ToolBlock(_Block, frozen=True, kw_only=True):
 
 
 class PermissionBlock(_Block, frozen=True, kw_only=True):
-    """A permission request; ``permission_resolved`` fills ``outcome`` and sets ``resolved``."""
+    """A permission request; ``permission_resolved`` fills ``outcome`` and sets ``resolved``,
+    and ``reason`` when the daemon answered it by itself (``timeout``, ``turn_ended``, ...)."""
 
     kind: Literal["permission"] = "permission"
     request_id: str
@@ -102,6 +103,7 @@ class PermissionBlock(_Block, frozen=True, kw_only=True):
     options: tuple[Any, ...] = ()
     resolved: bool = False
     outcome: Any = None
+    reason: str | None = None
 
 
 class MessageBlock(_Block, frozen=True, kw_only=True):

@@ -672,9 +672,11 @@ def _permission_resolved(
     block = None if payload is None else draft.get(draft.permissions.get(payload.request_id))
     # A resolution for a request trimmed away (or never seen) has nothing left to update.
     if isinstance(block, PermissionBlock) and payload is not None:
+        reason = payload.reason if isinstance(payload.reason, str) else None
         draft.replace(
             msgspec.structs.replace(
-                block, **_touch(block, event, resolved=True, outcome=payload.outcome)
+                block,
+                **_touch(block, event, resolved=True, outcome=payload.outcome, reason=reason),
             )
         )
     return []

@@ -466,6 +466,15 @@ class SessionView {
 
 // --- rendering -------------------------------------------------------------------------------------
 
+// Why the daemon answered a permission request by itself (permission_resolved.reason).
+const PERMISSION_REASONS = {
+  timeout: "timed out: nobody answered in time",
+  prompt_cancelled: "the prompt was cancelled",
+  turn_ended: "the turn ended first",
+  no_running_prompt: "no prompt was running",
+  approval_mode: "approved by the daemon's approval mode",
+};
+
 const KIND_LABELS = {
   user: "You", assistant: "Agent", thought: "Thought", tool: "Tool", permission: "Permission",
   status: "Status", error: "Error", debug: "Debug", prompt_cancelled: "Cancelled",
@@ -499,7 +508,8 @@ function renderBlock(b, view) {
     li.append(el("span", { class: "text" }, `${title} asks for permission.`));
     if (b.resolved) {
       const outcome = b.outcome && b.outcome.optionId ? b.outcome.optionId : (b.outcome && b.outcome.outcome) || "resolved";
-      li.append(el("div", { class: "outcome" }, `Answered: ${outcome}`));
+      const why = b.reason ? ` (${PERMISSION_REASONS[b.reason] || b.reason})` : "";
+      li.append(el("div", { class: "outcome" }, `Answered: ${outcome}${why}`));
     } else {
       const row = el("div", { class: "options" });
       for (const option of b.options) {

@@ -561,7 +561,7 @@ function onPermissionRequest(draft, event) {
     id: draft.newId("permission"), kind: "permission", request_id: requestId,
     tool_call: isObject(data.toolCall) ? data.toolCall : {},
     options: Object.freeze(Array.isArray(data.options) ? [...data.options] : []),
-    resolved: false, outcome: null, ...stamp(event, null, eventPromptId(event)),
+    resolved: false, outcome: null, reason: null, ...stamp(event, null, eventPromptId(event)),
   });
   draft.append(b);
   draft.permissions.set(requestId, b.id);
@@ -574,6 +574,7 @@ function onPermissionResolved(draft, event) {
   if (b !== null && b.kind === "permission") {
     draft.replace(replaced(b, touch(b, event, null, {
       resolved: true, outcome: data.outcome === undefined ? null : data.outcome,
+      reason: typeof data.reason === "string" ? data.reason : null,
     })));
   }
   return [];

@@ -212,6 +212,15 @@ def reducer_cases() -> list[dict[str, Any]]:
                                           "outcome": {"outcome": "selected",
                                                       "optionId": "allow"}}, id=4, pid=P1),
             agent("done", id=5, pid=P1), done(P1, id=6)]),
+        ("permission timed out", 1000, [
+            user("edit", id=1, pid=P1),
+            frame("permission_request", {"requestId": "req-2", "sessionId": SID,
+                                         "options": [{"optionId": "allow", "name": "Allow",
+                                                      "kind": "allow_once"}]}, id=2, pid=P1),
+            frame("permission_resolved", {"requestId": "req-2",
+                                          "outcome": {"outcome": "cancelled"},
+                                          "reason": "timeout"}, id=3, pid=P1),
+            agent("went on without it", id=4, pid=P1), done(P1, id=5)]),
         ("turn error with a numeric code", 1000, [
             user("x", id=1, pid=P1), su("tool_call", id=2, pid=P1, toolCallId="t1"),
             failed(P1, id=3, code=-32603)]),
