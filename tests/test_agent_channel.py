@@ -544,3 +544,44 @@ async def test_acp_library_agent_permission_round_trip(tmp_path: Path) -> None:
         channel.attach(sid, refuse)
         await channel.prompt(sid, text_prompt("ask-permission again"))
         assert refuse.texts == ["permission:cancelled", "lib-chunk-0"]
+
+
+# An agent that asks a permission and answers the prompt in the same write, without waiting.
+ASK_AND_ANSWER_AGENT = r"""
+import json, sys
+
+for line in sys.stdin:
+    msg = json.loads(line)
+    method, rid = msg.get("method"), msg.get("id")
+    if method == "initialize":
+        out = {"jsonrpc": "2.0", "id": rid, "result": {"protocolVersion": 1}}
+    elif method == "session/new":
+        out = {"jsonrpc": "2.0", "id": rid, "result": {"sessionId": "s"}}
+    elif method == "session/prompt":
+        ask = {"jsonrpc": "2.0", "id": f"ask-{rid}", "method": "session/request_permission",
+               "params": {"sessionId": "s", "options": []}}
+        reply = {"jsonrpc": "2.0", "id": rid, "result": {"stopReason": "end_turn"}}
+        sys.stdout.write(json.dumps(ask) + "\n" + json.dumps(reply) + "\n")
+        sys.stdout.flush()
+        continue
+    else:
+        continue
+    sys.stdout.write(json.dumps(out) + "\n")
+    sys.stdout.flush()
+"""
+
+
+async def test_a_permission_request_reaches_its_sink_before_the_reply_read_after_it(
+    tmp_path: Path,
+) -> None:
+    """The sink learns of a permission request as the line is read, so the prompt's reply read
+    after it (here in the same read) cannot end the turn first. Repeated: a hand-off through a
+    task would lose that race about every other time (Trio runs a batch in either order)."""
+    argv = write_script(tmp_path, "ask_and_answer.py", ASK_AND_ANSWER_AGENT)
+    async with open_channel(argv, tmp_path) as channel:
+        sid = await channel.new_session(str(tmp_path))
+        sink = RecordingSink(permission_result={"outcome": {"outcome": "cancelled"}})
+        channel.attach(sid, sink)
+        for turn in range(1, 13):
+            assert await channel.prompt(sid, text_prompt("go")) == {"stopReason": "end_turn"}
+            assert len(sink.permission_requests) == turn

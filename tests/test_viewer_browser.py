@@ -349,6 +349,21 @@ def test_permission_request_answered_from_the_page(page: Any, proxy: ProxyThread
         {"outcome": "selected", "optionId": "allow-once"}]
 
 
+def test_a_permission_request_the_daemon_answered_shows_why(
+        page: Any, proxy: ProxyThread, api: httpx.Client) -> None:
+    """Cancelling the prompt answers its pending request: the block says so, with the reason
+    the daemon published (as it does for a request that timed out)."""
+    sid = new_session(api)
+    open_viewer(page, proxy, sid)
+    page.fill("#prompt-input", "edit please mock:chunks=1 mock:permission=ask")
+    page.click("#send")
+    page.wait_for_selector("#blocks li.permission button[data-option='allow-once']")
+    assert api.post(f"/session/{sid}/cancel").status_code == 204
+    page.wait_for_selector("#blocks li.permission[data-resolved='true']")
+    assert page.locator("#blocks li.permission .outcome").inner_text() == (
+        "Answered: cancelled (the prompt was cancelled)")
+
+
 def test_navigation_during_a_repair_aborts_it(page: Any, proxy: ProxyThread, api: httpx.Client,
                                               daemon: RunningDaemon) -> None:
     sid = new_session(api)

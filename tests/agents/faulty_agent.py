@@ -179,8 +179,10 @@ class FaultyAgent(MockAgent):
                            "toolCall": {"toolCallId": f"flood-{i}", "title": "Flood"},
                            "options": [{"optionId": "allow-once", "name": "Allow",
                                         "kind": "allow_once"}]}}).encode() + b"\n")
+        # One write: the daemon reads the requests and the prompt's reply together.
+        lines.append(json.dumps({"jsonrpc": "2.0", "id": prompt_request_id,
+                                 "result": {"stopReason": "end_turn"}}).encode() + b"\n")
         self.write(b"".join(lines))
-        self.reply(prompt_request_id, {"stopReason": "end_turn"})
 
     def take_answer(self, message: dict[str, Any]) -> None:
         if self.mode != "permission-flood" or not str(message.get("id")).startswith("flood-"):
