@@ -44,7 +44,7 @@ from daemon.core.subscriber import (
     client_evicted_event,
     slow_client_warning_event,
 )
-from daemon.session import Session
+from daemon.session import Session, VoteResult
 from daemon.streams import SSE_HEARTBEAT, SSE_RETRY
 from sdk.protocol.envelope import decode_event, encode_envelope
 
@@ -187,7 +187,8 @@ async def _session_frames() -> dict[str, list[bytes]]:
         session.admit([{"type": "text", "text": "second"}], CLIENT, None)  # queued: fails
         session.admit([{"type": "text", "text": "third"}], None, None)  # queued: cancelled
         (request_id,) = session.permissions
-        assert session.vote(request_id, {"outcome": "selected", "optionId": "allow"})
+        voted = session.vote(request_id, {"outcome": "selected", "optionId": "allow"})
+        assert voted is VoteResult.ACCEPTED
         await trio.testing.wait_all_tasks_blocked()
         assert agent.started == 3
         await session.cancel(CLIENT)
