@@ -430,7 +430,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         if outcome is None:
             raise ApiError(400, "invalid_permission_vote",
                            REQUEST_ERROR_TEXT["invalid_permission_vote"])
-        voted = session.vote(request_id, msgspec.to_builtins(outcome))
+        voted = session.vote(request_id, outcome)
         if voted is VoteResult.NOT_FOUND:
             raise ApiError(404, "permission_not_found",
                            f'No pending permission request "{request_id}"',

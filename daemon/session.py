@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import trio
 
 from sdk.protocol.acp import (
@@ -53,7 +54,7 @@ from sdk.protocol.events import (
     SessionDiedData,
     SessionUpdateData,
 )
-from sdk.protocol.http import PromptAccepted
+from sdk.protocol.http import PermissionOutcome, PromptAccepted
 from sdk.protocol.terminals import CHANNEL_CLOSED
 
 from .agent import AgentChannel, AgentRpcError, ChannelClosed
@@ -405,16 +406,15 @@ class Session:
 
     # -- permission flow ---------------------------------------------------------------------
 
-    def vote(self, request_id: str, outcome: dict[str, Any]) -> VoteResult:
-        """A client's vote: ``{"outcome": "selected", "optionId": ...}`` naming one of the
-        offered options, or ``{"outcome": "cancelled"}``."""
+    def vote(self, request_id: str, outcome: PermissionOutcome) -> VoteResult:
+        """A client's vote: one of the offered options selected, or cancelled."""
         waiter = self.permissions.get(request_id)
         if waiter is None:
             return VoteResult.NOT_FOUND
-        option_id = outcome.get("optionId")
-        if option_id is not None and option_id not in waiter.option_ids:
+        option_id = outcome.option_id
+        if isinstance(option_id, str) and option_id not in waiter.option_ids:
             return VoteResult.UNKNOWN_OPTION
-        self._resolve(waiter, outcome, None)
+        self._resolve(waiter, msgspec.to_builtins(outcome), None)
         return VoteResult.ACCEPTED
 
     def _resolve(self, waiter: PermissionWaiter, outcome: dict[str, Any],

@@ -370,6 +370,16 @@ async def test_a_vote_for_an_option_the_agent_did_not_offer_is_refused(
                                  "outcome": {"outcome": "selected", "optionId": "reject-once"}}
         assert agent_chunks(sub.events, pid) == ["permission:reject-once"]
         assert sub.events.index(resolved) < sub.events.index(terminal)
+        # A cancelling vote names no option: taken as it is.
+        async with following(client, sid) as sub:
+            pid = await send(client, sid, "mock:chunks=0 mock:permission=ask")
+            asked = await sub.wait_for(lambda e: e.type == "permission_request"
+                                       and e.prompt_id == pid)
+            voted = await client.post(f"/session/{sid}/permission/{asked.data['requestId']}",
+                                      json={"outcome": "cancelled"})
+            assert voted.status_code == 200, voted.text
+            await sub.wait_for(is_terminal_for(pid), timeout=CLIENT_TIMEOUT_S)
+        assert agent_chunks(sub.events, pid) == ["permission:cancelled"]
 
 
 PERMISSION_TIMEOUT_MS = 1000

@@ -47,6 +47,7 @@ from daemon.core.subscriber import (
 from daemon.session import Session, VoteResult
 from daemon.streams import SSE_HEARTBEAT, SSE_RETRY
 from sdk.protocol.envelope import decode_event, encode_envelope
+from sdk.protocol.http import PermissionOutcome
 
 GOLDEN = Path(__file__).parent / "fixtures" / "wire_golden.txt"
 SAMPLES = Path(__file__).parent / "fixtures" / "wire_samples.json"
@@ -187,7 +188,7 @@ async def _session_frames() -> dict[str, list[bytes]]:
         session.admit([{"type": "text", "text": "second"}], CLIENT, None)  # queued: fails
         session.admit([{"type": "text", "text": "third"}], None, None)  # queued: cancelled
         (request_id,) = session.permissions
-        voted = session.vote(request_id, {"outcome": "selected", "optionId": "allow"})
+        voted = session.vote(request_id, PermissionOutcome(outcome="selected", option_id="allow"))
         assert voted is VoteResult.ACCEPTED
         await trio.testing.wait_all_tasks_blocked()
         assert agent.started == 3
