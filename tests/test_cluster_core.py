@@ -28,6 +28,7 @@ from daemon.core.cluster import (
     route,
     session_keys,
     split_run,
+    stream_keep_from,
 )
 from daemon.core.transcript_ops import (
     AdmitPrompt,
@@ -78,6 +79,14 @@ def test_route() -> None:
     assert route(ENTRY, 0, "node-b", live_here=False) == TakeOver()
     # The lease names this node, which does not run it (restarted): take over at once.
     assert route(ENTRY, 5000, "node-a", live_here=False) == TakeOver()
+    # Redis just came back (this node's grace): an expired lease stays the owner's.
+    assert route(ENTRY, -2, "node-b", live_here=False, grace_left_ms=900) \
+        == Forward("http://127.0.0.1:1", "node-a")
+    assert route(ENTRY, -2, "node-b", live_here=False, grace_left_ms=900,
+                 owner_unreachable=True) == Unavailable(1)
+    assert route(ENTRY, -2, "node-b", live_here=False, grace_left_ms=2100,
+                 owner_unreachable=True) == Unavailable(3)
+    assert route(ENTRY, -2, "node-a", live_here=False, grace_left_ms=900) == TakeOver()
 
 
 def test_retry_after_rounds_up_to_whole_seconds() -> None:
@@ -127,6 +136,14 @@ def test_event_runs() -> None:
     assert split_run(*run) == [(10, b"a"), (11, b"b"), (12, b"c")]
     with pytest.raises(ValueError):
         split_run(10, 13, b"a\nb\nc")
+
+
+def test_stream_keeps_what_the_ring_holds() -> None:
+    # The owner's ring (bounded by events and bytes) decides; never more than its size back.
+    assert stream_keep_from(None, 50, 100) == 1
+    assert stream_keep_from(None, 250, 100) == 151
+    assert stream_keep_from(200, 250, 100) == 200  # the ring dropped more (its byte cap)
+    assert stream_keep_from(120, 250, 100) == 151  # the append is behind the ring
 
 
 def test_append_args_layout() -> None:

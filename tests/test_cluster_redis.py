@@ -6,6 +6,7 @@ master. coredis drives both under Trio."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,26 +102,26 @@ async def test_lease_and_fencing_scripts_on_a_real_redis(tmp_path: Path) -> None
             assert refused[0] == 0 and 0 < refused[1] <= 60_000  # the lease's remaining ms
             assert await client.get(keys.lease) == b"A 1"
             log = [keys.directory, keys.ops, keys.events]
-            assert await append(keys=log, args=append_args(1, "e1", 100, 0, [b"op1"],
+            assert await append(keys=log, args=append_args(1, "e1", 1, 0, [b"op1"],
                                                           [(1, 2, b"x\ny")])) == 1
             # The same batch again (its answer was lost): already there, not appended twice.
-            assert await append(keys=log, args=append_args(1, "e1", 100, 0, [b"op1"],
+            assert await append(keys=log, args=append_args(1, "e1", 1, 0, [b"op1"],
                                                           [(1, 2, b"x\ny")])) == 1
             assert await client.llen(keys.ops) == 1 and await client.xlen(keys.events) == 1
             # A writer that lost track of the log is refused (-1), nothing lands.
-            assert await append(keys=log, args=append_args(1, "e1", 100, 5, [b"op?"], [])) == -1
+            assert await append(keys=log, args=append_args(1, "e1", 1, 5, [b"op?"], [])) == -1
             assert await client.llen(keys.ops) == 1
             # The lease runs out (here: dropped, as its TTL would); B takes over.
             await client.delete([keys.lease])
             assert await claim(keys=claiming, args=["B", "http://b", "/w", "e2", 60_000, DAY]) \
                 == [1, 2, 1]
             assert await renew(keys=lease, args=["A", 1, 60_000, DAY]) == 0
-            assert await append(keys=log, args=append_args(1, "e1", 100, 1, [b"late"],
+            assert await append(keys=log, args=append_args(1, "e1", 1, 1, [b"late"],
                                                           [(3, 3, b"z")])) == 0
             assert await client.lrange(keys.ops, 0, -1) == [b"op1"]
             assert await client.xlen(keys.events) == 1
             assert await renew(keys=lease, args=["B", 2, 60_000, DAY]) == 1
-            assert await append(keys=log, args=append_args(2, "e2", 100, 1, [b"op2"], [])) == 1
+            assert await append(keys=log, args=append_args(2, "e2", 1, 1, [b"op2"], [])) == 1
             assert await client.lrange(keys.ops, 0, -1) == [b"op1", b"op2"]
             entry = (await client.xrange(keys.events))[0].field_values
             assert (entry[b"e"], entry[b"f"], entry[b"l"], entry[b"b"]) == (
@@ -160,7 +161,7 @@ async def test_compaction_and_retention_scripts_on_a_real_redis(tmp_path: Path) 
             assert 0 < await client.pttl(keys.directory) <= DAY
             log = [keys.directory, keys.ops, keys.events]
             batch = [b"up", b"admit", b"ev1", b"ev2", b"finish"]
-            assert await append(keys=log, args=append_args(1, "e1", 100, 0, batch,
+            assert await append(keys=log, args=append_args(1, "e1", 1, 0, batch,
                                                           [(1, 1, b"x")], DAY)) == 1
             for key in (keys.ops, keys.events):
                 assert 0 < await client.pttl(key) <= DAY
@@ -176,7 +177,88 @@ async def test_compaction_and_retention_scripts_on_a_real_redis(tmp_path: Path) 
             assert await compact(keys=ops, args=Compaction(0, 3, ()).args(1)) == 1
             assert await client.exists([keys.ops]) == 0
             # A client deletes the session: its keys live the closed retention, then go.
-            await append(keys=log, args=append_args(1, "e1", 100, 0, [b"again"], [], DAY))
+            await append(keys=log, args=append_args(1, "e1", 1, 0, [b"again"], [], DAY))
             assert await release(keys=keys.all(), args=["A", 1, "1", 1_000]) == 1
             for key in (keys.directory, keys.ops, keys.events):
                 assert 0 < await client.pttl(key) <= 1_000
+
+
+async def test_the_event_stream_is_trimmed_by_event_id(tmp_path: Path) -> None:
+    """The stream keeps no event older than the id each append names, whatever the sizes of
+    the publish batches (MAXLEN counted batches: 1,000 one-event entries and one 1,000-event
+    entry held the same "length"); a new epoch's entries keep growing ids and push the old
+    epoch out; a stream written with Redis' own ids (before this rule) is carried on."""
+    from daemon.core.cluster import APPEND_SCRIPT, CLAIM_SCRIPT, append_args, session_keys
+
+    keys = session_keys("s3")
+    ring = 100
+
+    async def events_held(client: Any) -> int:
+        return sum(int(e.field_values[b"l"]) - int(e.field_values[b"f"]) + 1
+                   for e in await client.xrange(keys.events))
+
+    with redis_server(tmp_path / "r") as server:
+        client = coredis.Redis(host="127.0.0.1", port=server.port)
+        async with client:
+            claim = client.register_script(CLAIM_SCRIPT)
+            append = client.register_script(APPEND_SCRIPT)
+            log = [keys.directory, keys.ops, keys.events]
+            # Redis' own ids first (the old rule): the numbering starts above them.
+            await client.xadd(keys.events, {"e": "old", "f": "1", "l": "1", "b": "x"})
+            assert (await claim(keys=keys.all(), args=["A", "u", "/w", "e1", 60_000, DAY]))[0]
+            length, last = 0, 0
+            for size in [1] * 150 + [40] * 10 + [1] * 30:  # small and large batches
+                first, last = last + 1, last + size
+                runs = [(first, last, b"\n".join(b"e%d" % i for i in range(first, last + 1)))]
+                keep = max(1, last - ring + 1)
+                assert await append(keys=log, args=append_args(1, "e1", keep, length,
+                                                              [b"op"], runs, DAY)) == 1
+                length += 1
+                held = await events_held(client)
+                assert held <= ring
+                assert held > min(last, ring) - 40  # whole entries go: at most one batch less
+            ids = [e.identifier for e in await client.xrange(keys.events)]
+            assert ids == sorted(ids, key=lambda i: int(i.split(b"-")[0]))
+            # A new epoch (a takeover) starts at id 1 again: its entries sort after.
+            await client.delete([keys.lease])
+            assert (await claim(keys=keys.all(), args=["B", "u", "/w", "e2", 60_000, DAY]))[0]
+            assert await append(keys=log, args=append_args(2, "e2", 1, length, [b"op"],
+                                                          [(1, 5, b"a\nb\nc\nd\ne")], DAY)) == 1
+            entries = await client.xrange(keys.events)
+            assert [e.field_values[b"e"] for e in entries] == [b"e2"]  # the old epoch left
+            assert int(entries[0].identifier.split(b"-")[0]) > int(ids[-1].split(b"-")[0])
+
+
+async def test_node_identity_scripts_on_a_real_redis(tmp_path: Path) -> None:
+    """JOIN_SCRIPT registers a free id (or this process's own), reports another process's
+    registration, and takes it over only when it is exactly as seen (a dead process's beat);
+    REFRESH_SCRIPT beats and tells a process that its id was taken over."""
+    from daemon.core.cluster import node_key
+    from daemon.core.cluster_identity import JOIN_SCRIPT, REFRESH_SCRIPT, Holder, join_result
+
+    key = node_key("A")
+    with redis_server(tmp_path / "r") as server:
+        client = coredis.Redis(host="127.0.0.1", port=server.port)
+        async with client:
+            join = client.register_script(JOIN_SCRIPT)
+            refresh = client.register_script(REFRESH_SCRIPT)
+            assert join_result(await join(keys=[key], args=["i1", "http://a", 5000, "", ""])) \
+                is None
+            assert join_result(await join(keys=[key], args=["i1", "http://a", 5000, "", ""])) \
+                is None  # its own again
+            held = join_result(await join(keys=[key], args=["i2", "http://b", 5000, "", ""]))
+            assert held == Holder("http://a", "i1", "0")
+            assert await refresh(keys=[key], args=["i1", "http://a", 5000]) == 1  # it beats
+            # What i2 saw is stale now: i1 lives, i2 is refused.
+            assert join_result(await join(keys=[key], args=[
+                "i2", "http://b", 5000, "i1", "0"])) == Holder("http://a", "i1", "1")
+            # i1 stops beating: i2 takes the id with the beat it saw; i1 learns it.
+            assert join_result(await join(keys=[key], args=[
+                "i2", "http://b", 5000, "i1", "1"])) is None
+            assert await client.hget(key, "inst") == b"i2"
+            assert await refresh(keys=[key], args=["i1", "http://a", 5000]) == 0
+            assert await refresh(keys=[key], args=["i2", "http://b", 5000]) == 1
+            assert 0 < await client.pttl(key) <= 5000
+            await client.delete([key])  # expired (a long outage): recreated by a refresh
+            assert await refresh(keys=[key], args=["i2", "http://b", 5000]) == 1
+            assert await client.hget(key, "inst") == b"i2"

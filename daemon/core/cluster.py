@@ -57,7 +57,7 @@ class SessionKeys:
     directory: str  # hash: the DirectoryEntry
     lease: str  # string "<nodeId> <generation>" with the lease TTL
     ops: str  # list: the transcript op log (encoded ops, in commit order)
-    events: str  # stream: the published events, capped at the ring size
+    events: str  # stream: the published events, at most the ring's (see STREAM IDS)
     readers: str  # hash: node id -> "<readers of its mirror> <Redis time ms>"
 
     def all(self) -> list[str]:
@@ -163,23 +163,29 @@ def route(
     *,
     live_here: bool,
     owner_unreachable: bool = False,
+    grace_left_ms: int = 0,
 ) -> Route:
     """Where a request for a session goes.
 
     ``lease_pttl_ms`` is Redis' ``PTTL`` of the lease key (negative: no lease). A session live on
     this node is served here. A session whose lease is held by another node is forwarded to it
     (``Unavailable`` once forwarding found the owner gone, until the lease runs out). Without a
-    lease the session is taken over here; a lease that still names this node (this node was
-    restarted before it expired) is taken over at once, since this node knows it is not
-    running the session."""
+    lease the session is taken over here; a lease that still names this very node (this node
+    was restarted before it expired) is taken over at once, since this node knows it is not
+    running the session. ``grace_left_ms`` > 0: this node saw Redis come back a moment ago
+    (see :mod:`daemon.core.cluster_lease`), so an expired lease is still left to the owner the
+    directory names: the request is forwarded to it (``Unavailable`` for the rest of the grace
+    if it does not answer)."""
     if live_here:
         return Local()
     if entry is None or entry.closed:
         return Unknown()
-    if lease_pttl_ms <= 0 or entry.owner_node_id == node_id:
+    if entry.owner_node_id == node_id:
+        return TakeOver()
+    if lease_pttl_ms <= 0 and grace_left_ms <= 0:
         return TakeOver()
     if owner_unreachable:
-        return Unavailable(retry_after_s(lease_pttl_ms))
+        return Unavailable(retry_after_s(max(lease_pttl_ms, grace_left_ms)))
     return Forward(entry.node_url, entry.owner_node_id)
 
 
@@ -224,12 +230,14 @@ redis.call('PEXPIRE', KEYS[4], ARGV[4])
 return 1
 """
 
-# KEYS: directory, ops, events. ARGV: generation, epoch, events cap, the op log's length
-# before this batch, idle retention ms, n ops, then n encoded ops, then triples (first id,
-# last id, joined envelopes) for the event stream.
+# KEYS: directory, ops, events. ARGV: generation, epoch, the oldest event id to keep in the
+# stream (0: trim nothing), the op log's length before this batch, idle retention ms, n ops,
+# then n encoded ops, then triples (first id, last id, joined envelopes) for the event stream.
 # Append only while the generation is the directory's: a stale owner's writes are refused
 # whole. The expected length makes a resend idempotent: a batch that already landed (its
 # answer was lost) is not appended twice. The keys written live the idle retention from now.
+# The stream is trimmed by event id (see STREAM IDS below): it keeps no event of the current
+# epoch older than the one named, and nothing of earlier epochs then.
 # Returns 1 (appended, or already there), 0 when fenced, -1 when the op log is not where the
 # owner thinks (it must not write on).
 APPEND_SCRIPT: Final = """
@@ -249,15 +257,44 @@ for i = 7, 6 + n do
   redis.call('RPUSH', KEYS[2], ARGV[i])
 end
 local i = 7 + n
-while i + 2 <= #ARGV do
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*',
-             'e', ARGV[2], 'f', ARGV[i], 'l', ARGV[i + 1], 'b', ARGV[i + 2])
-  i = i + 3
+if i + 2 <= #ARGV then
+  local xn = tonumber(redis.call('HGET', KEYS[1], 'xn') or '-1')
+  if xn < 0 then
+    local top = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
+    xn = top[1] and tonumber(string.match(top[1][1], '^(%d+)')) or 0
+  end
+  local xoff
+  if redis.call('HGET', KEYS[1], 'xe') ~= ARGV[2] then
+    xoff = xn + 1 - tonumber(ARGV[i])
+    redis.call('HSET', KEYS[1], 'xe', ARGV[2], 'xoff', xoff)
+  else
+    xoff = tonumber(redis.call('HGET', KEYS[1], 'xoff'))
+  end
+  while i + 2 <= #ARGV do
+    local g = xoff + tonumber(ARGV[i])
+    redis.call('XADD', KEYS[3], string.format('%d-0', g),
+               'e', ARGV[2], 'f', ARGV[i], 'l', ARGV[i + 1], 'b', ARGV[i + 2])
+    xn = xoff + tonumber(ARGV[i + 1])
+    i = i + 3
+  end
+  redis.call('HSET', KEYS[1], 'xn', xn)
+  if tonumber(ARGV[3]) > 0 then
+    redis.call('XTRIM', KEYS[3], 'MINID', string.format('%d-0', xoff + tonumber(ARGV[3])))
+  end
 end
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
 redis.call('PEXPIRE', KEYS[3], ARGV[5])
 return 1
 """
+
+# STREAM IDS. The event stream's entry ids are not Redis' clock but a count of events: an
+# entry holding events f..l of the current epoch gets the id ``<xoff + f>-0``, where ``xoff``
+# (directory field, with ``xe`` the epoch it belongs to) is chosen when an epoch's first entry
+# is added so that ids keep growing across epochs (``xn``: the count of the last event added).
+# So "no event older than id k of the current epoch" is ``XTRIM MINID <xoff + k>-0``: the
+# stream holds at most the events of the owner's ring (which is bounded by events and bytes),
+# whatever the sizes of the publish batches (``MAXLEN`` counted entries, i.e. batches).
+
 
 # KEYS: directory, ops. ARGV: generation, the op log's length now, the index its compacted
 # stretch starts at, then the positions (relative to that index) of the stretch's ops that
@@ -379,11 +416,12 @@ def readers_by_node(flat: list[Any], own_node_id: str, own_count: int) -> dict[s
     return out
 
 
-def append_args(generation: int, epoch: str, events_cap: int, log_len: int, ops: list[bytes],
+def append_args(generation: int, epoch: str, keep_from: int, log_len: int, ops: list[bytes],
                 runs: list[tuple[int, int, bytes]],
                 retention_ms: int = IDLE_RETENTION_MS) -> list[str | bytes | int]:
-    """``ARGV`` of :data:`APPEND_SCRIPT` (``log_len``: the op log's length before ``ops``)."""
-    out: list[str | bytes | int] = [str(generation), epoch, events_cap, log_len, retention_ms,
+    """``ARGV`` of :data:`APPEND_SCRIPT` (``log_len``: the op log's length before ``ops``;
+    ``keep_from``: the oldest event id the stream keeps, 0 for all)."""
+    out: list[str | bytes | int] = [str(generation), epoch, keep_from, log_len, retention_ms,
                                     len(ops), *ops]
     for first, last, raw in runs:
         out += [first, last, raw]
@@ -414,6 +452,14 @@ def decode_op(raw: bytes) -> Op:
     except (msgspec.DecodeError, msgspec.ValidationError, KeyError) as exc:
         raise ValueError(f"not an op of the op log: {exc}") from None
     return op
+
+
+def stream_keep_from(ring_first_id: int | None, last_event: int, ring_size: int) -> int:
+    """The oldest event id the session's stream keeps after an append whose newest event is
+    ``last_event``: the oldest one the owner's ring still holds (it is bounded by events and
+    by bytes), and never more than ``ring_size`` events back."""
+    by_count = max(1, last_event - ring_size + 1)
+    return by_count if ring_first_id is None else max(ring_first_id, by_count)
 
 
 def event_run(op: AppendEvent) -> tuple[int, int, bytes]:
