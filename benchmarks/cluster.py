@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import shutil
 import signal
 import statistics
@@ -169,9 +170,10 @@ def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
         redis_url = stack.enter_context(redis_server(scratch / "redis")).url
         ctx.progress(f"redis-server at {redis_url}")
         nodes = []
+        secret = {"TURNKEEPER_CLUSTER_SECRET": secrets.token_hex(16)}  # one for the cluster
         for name in "ABC":
             node = start_daemon(["--cluster-redis", redis_url, "--node-id", name,
-                                 "--lease-ms", str(lease_ms)])
+                                 "--lease-ms", str(lease_ms)], secret)
             stack.callback(node.stop)
             nodes.append(node)
         a, b, _ = nodes

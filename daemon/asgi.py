@@ -16,7 +16,16 @@ from .core.guards import Guard, is_ui_asset
 from .core.throttle import LogThrottle
 from .http_api import MAX_BODY_BYTES
 from .manager import SessionManager
-from .streams import Receive, Scope, Send, deny_ws, serve_sse, serve_ws
+from .streams import (
+    Receive,
+    Scope,
+    Send,
+    StreamRequestError,
+    deny_ws,
+    send_json_error,
+    serve_sse,
+    serve_ws,
+)
 from .ui_files import UiFiles
 
 log = logging.getLogger("daemon.asgi")
@@ -138,8 +147,15 @@ class DaemonASGI:
             if (kind == "http") == (which == "events"):
                 session = self.manager.get(session_id)
                 bus = session.bus if session is not None else None
-                if self.cluster is not None and session is None:
-                    bus = await self.cluster.stream_bus(session_id, self.manager.limits)
+                if self.cluster is not None:  # it also settles a lease this node doubts
+                    try:
+                        bus = await self.cluster.stream_bus(session_id, self.manager.limits)
+                    except StreamRequestError as err:  # Redis trouble: 503 + Retry-After
+                        if kind == "http":
+                            await send_json_error(send, err)
+                        else:
+                            await deny_ws(send, err.status, err.body)
+                        return
                 if bus is None:
                     body = {"error": f'No session with id "{session_id}"',
                             "code": "session_not_found", "sessionId": session_id}

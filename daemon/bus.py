@@ -188,6 +188,9 @@ class SessionBus:
         self.flow_wait_s = 0.0  # total time the publisher spent waiting for subscribers
         # The last envelope template and what it was made for (see _splicer).
         self._splicer_cache: tuple[tuple[str | None, str | None, int], EnvelopeSplicer] | None = None
+        # Cluster mode: True while this node certainly owns the session (its writer says how
+        # to know); a publish that finds it False first cuts every subscriber. None: no check.
+        self.guard = writer.publish_guard(session_id) if writer is not None else None
         if writer is not None:
             writer.reset_durable(session_id)
 
@@ -195,7 +198,7 @@ class SessionBus:
 
     @property
     def transcript_degraded(self) -> bool:
-        return self.writer is not None and self.session_id in self.writer.failed_sessions
+        return self.writer is not None and self.writer.is_degraded(self.session_id)
 
     @property
     def full_transcript_available(self) -> bool:
@@ -300,6 +303,7 @@ class SessionBus:
         """A run of plain text chunks of one ``kind`` (``texts``: theirs): the envelopes
         formatted in one pass around the agent's bytes, the ring filled a slice at a time, and
         the journals, the compactor and the transcript fed once for the run."""
+        self._check_guard()
         first = self.ring.next_id
         splicer = self._splicer(prompt_id, originator_client_id)
         events = spliced_events(splicer.envelopes(first, updates), first, "session_update",
@@ -348,6 +352,7 @@ class SessionBus:
             log.warning("event=dropped reason=unencodable session=%s payload=%s",
                         self.session_id, type(payload).__name__)
             return None
+        self._check_guard()
         self.ring.append(event)
         self.journals.append(event)
         self._dirty = True
@@ -489,6 +494,28 @@ class SessionBus:
             if scope.cancelled_caught and limit >= stall_s:
                 sub.flow_stalled_at = sub.writes_done
         self._flow_budget_at = trio.current_time()
+
+    def _check_guard(self) -> None:
+        """Before an event enters the ring: if this node may no longer be the session's owner
+        (cluster mode, see ``guard``), no subscriber may read it: each one is cut first."""
+        if self.subscribers and self.guard is not None and not self.guard():
+            self.cut_subscribers("lease_in_doubt")
+
+    def cut_subscribers(self, reason: str) -> None:
+        """End every subscriber's stream at once, without another frame: its connection is
+        shut down now, so nothing published from here on reaches it (the client resumes with
+        ``Last-Event-ID`` wherever the session lives then)."""
+        if not self.subscribers:
+            return
+        log.warning("event=subscribers_cut session=%s reason=%s count=%d", self.session_id,
+                    reason, len(self.subscribers))
+        for sub in tuple(self.subscribers):
+            self.subscribers.discard(sub)
+            if sub.scope is not None:
+                sub.scope.cancel()
+            if sub.abort is not None:
+                sub.abort()
+        self.frames.clear()
 
     def evict(self, sub: Subscription) -> None:
         """Drop a subscriber that fell behind; its stream ends with ``client_evicted``."""

@@ -4,11 +4,14 @@ Imported only when the daemon starts with ``--cluster-redis``: single-node mode 
 coredis. The rules (keys, scripts, routing) are the pure :mod:`daemon.core.cluster`; this module
 runs them:
 
-- :class:`ClusterNode` connects (refusing a Redis without AOF before the daemon serves
-  anything), registers the node, renews the leases of the sessions it owns, and ships every
-  transcript op of an owned session to Redis in order, fenced by the lease generation: the op
-  log (``tk:{id}:ops``, the transcript every node can read) and, for the events of the current
-  bus, the session's event stream (``tk:{id}:events``, capped at the ring size).
+- :class:`ClusterNode` connects (refusing a Redis without AOF, and a node id a live process
+  holds, before the daemon serves anything), renews the leases of the sessions it owns, and
+  ships every transcript op of an owned session to Redis in order, fenced by the lease
+  generation: the op log (``tk:{id}:ops``, the transcript every node can read) and, for the
+  events of the current bus, the session's event stream (``tk:{id}:events``, holding at most
+  the ring's events). Every Redis call has a deadline (:meth:`ClusterNode.call`); the lease
+  clock (:mod:`daemon.core.cluster_lease`) tells when this node may no longer be sure it owns a
+  session: its readers are cut and its requests wait until Redis confirms or denies the lease.
 - :class:`ClusterWriter` is the transcript writer of a cluster node: the local SQLite store as
   in single-node mode plus the Redis shipping; ``durableEventId`` is what Redis acknowledged.
 - :class:`ClusterRouter` sits in front of the app (``DaemonASGI``): a request for a session
@@ -16,16 +19,21 @@ runs them:
   runs, or takes the session over once the lease is gone (the op log is replayed into the local
   store and the single-node cold restore runs on it); an event stream of a session owned
   elsewhere is served from a mirror of its Redis stream with the single-node stream code.
+  Forwards are signed (:mod:`daemon.core.cluster_auth`); Redis trouble is a 503
+  ``cluster_unavailable`` with ``Retry-After``.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
+import secrets
+import time
 import uuid
 from collections import deque
-from collections.abc import MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import coredis
 import httpx
@@ -34,6 +42,7 @@ import trio
 from sdk.protocol.http import view_session_id
 
 from .bus import SessionBus, Subscription, now_ms
+from .core import cluster_auth
 from .core.cluster import (
     APPEND_SCRIPT,
     CLAIM_SCRIPT,
@@ -67,7 +76,16 @@ from .core.cluster import (
     route,
     session_keys,
     split_run,
+    stream_keep_from,
 )
+from .core.cluster_identity import (
+    JOIN_SCRIPT,
+    REFRESH_SCRIPT,
+    WATCH_REFRESHES,
+    join_result,
+    refusal,
+)
+from .core.cluster_lease import LeaseClock, RedisLink
 from .core.envelope import Event, decode_json, encode_json, synthetic
 from .core.ring import EventRing
 from .core.transcript_ops import (
@@ -79,6 +97,8 @@ from .core.transcript_ops import (
     UpsertSession,
 )
 from .manager import _KeyedLocks
+from .server import DaemonStartError
+from .streams import StreamRequestError
 from .transcript_store import TranscriptStore
 from .transcript_writer import TranscriptWriter
 
@@ -88,23 +108,37 @@ log = logging.getLogger("daemon.cluster")
 logging.getLogger("coredis").setLevel(logging.WARNING)
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
-# A forwarded request is answered by the owner from memory or its local store; one that is not
-# answered in this time counts as an owner that does not answer (503 while its lease runs).
-FORWARD_TIMEOUT = httpx.Timeout(10.0, connect=2.0)
-FORWARDED_HEADER = "x-turnkeeper-forwarded"
-# Hop-by-hop headers and those the HTTP client sets itself.
+FORWARDED_HEADER = cluster_auth.FORWARDED_HEADER
+SIGNATURE_HEADER = cluster_auth.SIGNATURE_HEADER
+# Hop-by-hop headers, those the HTTP client sets itself, and the forward's own (signed anew at
+# every hop). Everything else a client sent is carried through unchanged.
 _DROP_REQUEST = frozenset({"host", "content-length", "connection", "keep-alive",
-                           "transfer-encoding", "upgrade", FORWARDED_HEADER})
+                           "transfer-encoding", "upgrade", FORWARDED_HEADER, SIGNATURE_HEADER})
 _DROP_RESPONSE = frozenset({"content-length", "connection", "keep-alive", "transfer-encoding",
                             "date", "server"})
 SESSION_PATH_PREFIX = "/session/"
+# A node checks that its --node-url reaches itself by asking it for a nonce only it knows.
+PROBE_PATH = "/cluster/probe"
+PROBE_HEADER = "x-turnkeeper-probe"
 MIRROR_BLOCK_MS = 500
 READERS_LOOKUP_S = 0.2
 TERMINAL_SESSION_EVENTS = frozenset({b"session_closed", b"session_died"})
+# DEADLINES. Every Redis call gets call_timeout_s (a third of the lease, 0.2 to 2 s): past it
+# Redis counts as unavailable for that call. Reads of a whole op log or stream get
+# BULK_TIMEOUT_S at least. A forward gets the lease: an owner that does not answer within its
+# own lease cannot be relied on to still hold it.
+BULK_TIMEOUT_S = 10.0
+T = TypeVar("T")
 
 
-class ClusterStartError(Exception):
-    """The node cannot join the cluster (the message is the one-line reason)."""
+class ClusterUnavailable(Exception):
+    """Redis did not answer (refused, failed or past the call's deadline): the request that
+    needed it is answered 503 ``cluster_unavailable`` with ``Retry-After``."""
+
+
+class ClusterStartError(DaemonStartError):
+    """The node cannot join the cluster, or must leave it (the message is the one-line
+    reason; the daemon exits with status 1)."""
 
 
 @dataclass
@@ -182,7 +216,7 @@ class Mirror:
     done: trio.Event = field(default_factory=trio.Event)
 
 
-async def _decode_hash(raw: dict[Any, Any]) -> dict[str, str]:
+def _decode_hash(raw: dict[Any, Any]) -> dict[str, str]:
     return {(k.decode() if isinstance(k, bytes) else str(k)):
             (v.decode() if isinstance(v, bytes) else str(v)) for k, v in raw.items()}
 
@@ -191,7 +225,7 @@ class ClusterNode:
     """This daemon's membership of the cluster (owned by the server's root nursery)."""
 
     def __init__(self, url: str, node_id: str, node_url: str, lease_ms: int,
-                 events_cap: int, *, idle_retention_ms: int = IDLE_RETENTION_MS,
+                 events_cap: int, secret: str, *, idle_retention_ms: int = IDLE_RETENTION_MS,
                  closed_retention_ms: int = CLOSED_RETENTION_MS) -> None:
         self.url = url
         self.idle_retention_ms = idle_retention_ms
@@ -199,7 +233,13 @@ class ClusterNode:
         self.node_id = node_id
         self.node_url = node_url
         self.lease_ms = lease_ms
+        self.lease_s = lease_ms / 1000
         self.events_cap = events_cap
+        self.secret = secret.encode()
+        self.instance = secrets.token_hex(8)  # this process (see cluster_identity)
+        self.call_timeout_s = min(2.0, max(0.2, self.lease_s / 3))
+        self.lease = LeaseClock(self.lease_s)
+        self.link = RedisLink(self.lease_s)
         self.client: coredis.Redis[bytes] | coredis.RedisCluster[bytes] | None = None
         self.is_cluster = False
         self.owned: dict[str, Owned] = {}
@@ -207,18 +247,51 @@ class ClusterNode:
         self.fenced: set[str] = set()
         self.durable: dict[str, int] = {}
         self.manager: Any = None  # daemon.manager.SessionManager, set by attach()
+        self.on_acked: Callable[[int], None] | None = None  # the writer's (ClusterWriter)
         self._pending: deque[_Pending] = deque()
         self._wakeup = trio.Event()
         self._progress = trio.Event()
         self._resolved = 0
         self._failed_seqs: set[int] = set()
         self._last_seq = 0
+        self._confirming: dict[str, trio.Event] = {}
+        self.probe_nonce: str | None = None  # while verify_url runs
+        self._nursery: trio.Nursery | None = None
         self.appends = 0
         self.appends_fenced = 0
         self.compactions = 0
 
     def attach(self, manager: Any) -> None:
         self.manager = manager
+
+    # -- Redis calls, each with a deadline -------------------------------------------------------
+
+    async def call(self, fn: Callable[[], Awaitable[T]], *, timeout: float | None = None) -> T:
+        """``await fn()`` (one Redis call) within ``timeout`` (``call_timeout_s``); Redis
+        refusing, failing or not answering in time raises :class:`ClusterUnavailable` and is
+        noted in :attr:`link` (an outage, then the grace after it)."""
+        limit = self.call_timeout_s if timeout is None else timeout
+        with trio.move_on_after(limit):
+            try:
+                result = await fn()
+            except Exception as exc:  # coredis wraps its errors in exception groups
+                self._link_failed(repr(_leaf(exc)))
+                raise ClusterUnavailable(f"Redis failed: {_leaf(exc)!r}") from None
+            if self.link.answered(trio.current_time()):
+                log.warning("event=redis_available node=%s grace_ms=%d", self.node_id,
+                            self.lease_ms)
+            return result
+        self._link_failed(f"no answer within {limit:g} s")
+        raise ClusterUnavailable(f"Redis did not answer within {limit:g} s")
+
+    def _link_failed(self, why: str) -> None:
+        if self.link.failed(trio.current_time()):
+            log.warning("event=redis_unavailable node=%s error=%s", self.node_id, why)
+
+    @property
+    def retry_after_s(self) -> int:
+        """The ``Retry-After`` of a 503 for Redis trouble: a third of a lease, at least 1 s."""
+        return max(1, round(self.lease_s / 3))
 
     # -- start-up ---------------------------------------------------------------------------
 
@@ -255,12 +328,23 @@ class ClusterNode:
             self._compact = client.register_script(COMPACT_SCRIPT)
             self._readers_set = client.register_script(READERS_SET_SCRIPT)
             self._readers_get = client.register_script(READERS_GET_SCRIPT)
-            await self._register()
+            self._join = client.register_script(JOIN_SCRIPT)
+            self._refresh = client.register_script(REFRESH_SCRIPT)
+            try:
+                await self._join_as_this_node()
+            except ClusterStartError:
+                raise
+            except Exception as raised:
+                exc = _leaf(raised)
+                raise ClusterStartError(f"cannot join the cluster at {self.url}: "
+                                        f"{type(exc).__name__}: {exc}") from None
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 nursery.start_soon(self._ship_loop)
                 nursery.start_soon(self._renew_loop)
-                log.info("event=cluster_joined node=%s redis_cluster=%s lease_ms=%d",
-                         self.node_id, self.is_cluster, self.lease_ms)
+                log.info("event=cluster_joined node=%s instance=%s redis_cluster=%s "
+                         "lease_ms=%d", self.node_id, self.instance, self.is_cluster,
+                         self.lease_ms)
                 task_status.started()
 
     def new_client(self) -> coredis.Redis[bytes] | coredis.RedisCluster[bytes]:
@@ -279,21 +363,65 @@ class ClusterNode:
                 "keeps the transcript there and refuses to run without it "
                 "(CONFIG SET appendonly yes, or appendonly yes in redis.conf)")
 
-    async def _register(self) -> None:
-        assert self.client is not None
+    async def _join_as_this_node(self) -> None:
+        """Register this process as the node id, refusing an id a live process holds (see
+        :mod:`daemon.core.cluster_identity`)."""
         key = node_key(self.node_id)
-        await self.client.hset(key, {"url": self.node_url})
-        await self.client.pexpire(key, node_ttl_ms(self.lease_ms))
+        args: list[str | int] = [self.instance, self.node_url, node_ttl_ms(self.lease_ms)]
+        holder = join_result(await self._join(keys=[key], args=[*args, "", ""]))
+        if holder is None:
+            return
+        watch_ms = round(WATCH_REFRESHES * renew_interval_ms(self.lease_ms) * 1.2)
+        log.info("event=node_id_held node=%s holder_url=%s watching_ms=%d", self.node_id,
+                 holder.url, watch_ms)
+        await trio.sleep(watch_ms / 1000)  # the holder's heartbeat, if it lives, moves
+        later = join_result(await self._join(keys=[key], args=[
+            *args, holder.instance, holder.beat]))
+        if later is not None:
+            raise ClusterStartError(refusal(self.node_id, later))
+        log.info("event=node_id_taken_from_dead_process node=%s", self.node_id)
+
+    async def _refresh_registration(self) -> None:
+        key = node_key(self.node_id)
+        ok: Any = await self.call(lambda: self._refresh(
+            keys=[key], args=[self.instance, self.node_url, node_ttl_ms(self.lease_ms)]))
+        if not int(ok):
+            raise ClusterStartError(
+                f"node id {self.node_id!r} was taken over by another process while this one "
+                "did not refresh it (paused?): this process leaves the cluster")
+
+    async def verify_url(self, probe: Callable[[str], Awaitable[bool]]) -> None:
+        """Check that ``--node-url`` reaches this very process: ``probe`` asks the URL for
+        a fresh nonce that only this process knows (the router answers it)."""
+        self.probe_nonce = secrets.token_hex(16)
+        reached: bool | None = None
+        try:
+            with trio.move_on_after(max(2.0, self.lease_s)):
+                reached = await probe(self.probe_nonce)
+        except httpx.HTTPError as exc:
+            raise ClusterStartError(
+                f"--node-url {self.node_url} does not reach this node ({type(exc).__name__}: "
+                f"{exc}): the other nodes could never forward to it") from None
+        finally:
+            self.probe_nonce = None
+        if reached is None:
+            raise ClusterStartError(f"--node-url {self.node_url} did not answer in time: the "
+                                    "other nodes could never forward to it")
+        if not reached:
+            raise ClusterStartError(
+                f"--node-url {self.node_url} does not reach this node (another server "
+                "answered it): the other nodes could never forward to it")
 
     # -- leases -----------------------------------------------------------------------------
 
     async def claim(self, session_id: str, workspace: str, epoch: str) -> int | None:
         """Take the session's lease; its new generation, or ``None`` if another node has it."""
         keys = session_keys(session_id)
-        result: Any = await self._claim(
+        sent_at = trio.current_time()
+        result: Any = await self.call(lambda: self._claim(
             keys=keys.all(),
             args=[self.node_id, self.node_url, workspace, epoch, self.lease_ms,
-                  self.idle_retention_ms])
+                  self.idle_retention_ms]))
         ok, value = int(result[0]), int(result[1])
         if not ok:
             return None
@@ -302,6 +430,7 @@ class ClusterNode:
         # own turns are compacted as they end.
         self.owned[session_id] = Owned(value, log_len, tail=LogTail(log_len))
         self.fenced.discard(session_id)
+        self.lease.confirmed(session_id, sent_at)
         log.info("event=lease_claimed session=%s generation=%d", session_id, value)
         return value
 
@@ -310,19 +439,91 @@ class ClusterNode:
         while True:
             await trio.sleep(period)
             try:
-                await self._register()
-                for session_id, owned in list(self.owned.items()):
-                    keys = session_keys(session_id)
+                await self._refresh_registration()
+            except ClusterUnavailable as exc:
+                log.warning("event=lease_renew_failed error=%r", exc)
+                continue
+            for session_id in list(self.owned):
+                try:
                     if not self._runs(session_id) and session_id not in self.busy \
                             and self._ship_idle(session_id):
                         await self.release(session_id, closed=False)
                         continue
-                    ok: Any = await self._renew(keys=keys.all(), args=[
-                        self.node_id, owned.generation, self.lease_ms, self.idle_retention_ms])
-                    if not int(ok):
-                        self._lost(session_id, "renew refused")
-            except Exception as exc:  # Redis unreachable for a moment: the next round retries
-                log.warning("event=lease_renew_failed error=%r", exc)
+                    await self.renew(session_id)
+                except ClusterUnavailable as exc:  # the next round retries
+                    log.warning("event=lease_renew_failed session=%s error=%r", session_id,
+                                exc)
+                    break
+
+    async def renew(self, session_id: str) -> bool:
+        """Renew one lease now; False (and the session let go) when it is not ours any
+        more. Raises :class:`ClusterUnavailable` when Redis does not answer."""
+        owned = self.owned.get(session_id)
+        if owned is None:
+            return False
+        keys = session_keys(session_id)
+        sent_at = trio.current_time()
+        ok: Any = await self.call(lambda: self._renew(keys=keys.all(), args=[
+            self.node_id, owned.generation, self.lease_ms, self.idle_retention_ms]))
+        if not int(ok):
+            self._lost(session_id, "renew refused")
+            return False
+        self.lease.confirmed(session_id, sent_at)
+        return True
+
+    # -- the lease clock: is this node still the owner? ----------------------------------------
+
+    def may_publish(self, session_id: str) -> bool:
+        """The bus's guard (see daemon.core.cluster_lease): True while this node is sure it
+        owns ``session_id``; False starts a confirmation with Redis. A session not claimed
+        yet (a new one, whose claim ships with its creation) passes; a fenced one never."""
+        if session_id not in self.owned:
+            return session_id not in self.fenced
+        if self.lease.valid(session_id, trio.current_time()):
+            return True
+        self.start_confirm(session_id)
+        return False
+
+    def in_doubt(self, session_id: str) -> bool:
+        return session_id in self.owned and not self.lease.valid(session_id, trio.current_time())
+
+    def start_confirm(self, session_id: str) -> trio.Event:
+        """Renew ``session_id`` now, in the background (once at a time); the event is set
+        when the lease is confirmed, lost, or Redis did not answer."""
+        done = self._confirming.get(session_id)
+        if done is not None:
+            return done
+        done = self._confirming[session_id] = trio.Event()
+
+        async def confirm() -> None:
+            try:
+                # The node id first: a process whose id was taken over while it was paused
+                # must leave (ClusterStartError), not renew "its" leases.
+                await self._refresh_registration()
+                if await self.renew(session_id):
+                    log.info("event=lease_confirmed session=%s", session_id)
+            except ClusterUnavailable as exc:
+                log.warning("event=lease_in_doubt session=%s error=%r", session_id, exc)
+            finally:
+                del self._confirming[session_id]
+                done.set()
+
+        if self._nursery is not None:
+            self._nursery.start_soon(confirm)
+        else:
+            done.set()
+        return done
+
+    async def settle(self, session_id: str, timeout: float) -> bool:
+        """Wait (up to ``timeout``) until this node knows whether it owns ``session_id``;
+        True when it does (its lease is confirmed), False when it lost it or Redis would
+        not say in time."""
+        with trio.move_on_after(timeout):
+            while self.in_doubt(session_id):
+                await self.start_confirm(session_id).wait()
+                if self.in_doubt(session_id):
+                    await trio.sleep(0.05)  # Redis did not answer: ask again (paced)
+        return session_id in self.owned and not self.in_doubt(session_id)
 
     def _runs(self, session_id: str) -> bool:
         return self.manager is not None and session_id in self.manager.sessions
@@ -332,24 +533,28 @@ class ClusterNode:
 
     async def release(self, session_id: str, *, closed: bool) -> None:
         owned = self.owned.pop(session_id, None)
+        self.lease.forget(session_id)
         if owned is None:
             return
         keys = session_keys(session_id)
-        await self._release(keys=keys.all(), args=[
-            self.node_id, owned.generation, "1" if closed else "0", self.closed_retention_ms])
+        await self.call(lambda: self._release(keys=keys.all(), args=[
+            self.node_id, owned.generation, "1" if closed else "0", self.closed_retention_ms]))
         log.info("event=lease_released session=%s closed=%s", session_id, closed)
 
     def _lost(self, session_id: str, why: str) -> None:
         """Another node owns the session now: nothing of it may be written here again, and
-        the local copy ends (its late events reach nobody but its own local readers)."""
+        the local copy ends. Its readers here are cut first (their streams end; they resume
+        from the new owner's stream), so nothing it publishes from now on reaches them."""
         if session_id in self.fenced:
             return
         self.fenced.add(session_id)
         self.owned.pop(session_id, None)
+        self.lease.forget(session_id)
         log.warning("event=lease_lost session=%s reason=%s", session_id, why)
         manager = self.manager
         session = manager.sessions.get(session_id) if manager is not None else None
         if session is not None:
+            session.bus.cut_subscribers("lease_lost")
             session.bus.close()
             manager.nursery.start_soon(session.close, "lease_lost")
 
@@ -359,7 +564,11 @@ class ClusterNode:
             await self.wait_acked(self._last_seq)
         for session_id in list(self.owned):
             with trio.move_on_after(1):
-                await self.release(session_id, closed=False)
+                try:
+                    await self.release(session_id, closed=False)
+                except ClusterUnavailable as exc:
+                    log.warning("event=lease_release_failed session=%s error=%r", session_id,
+                                exc)
 
     # -- shipping the transcript ------------------------------------------------------------
 
@@ -377,11 +586,19 @@ class ClusterNode:
             await self._progress.wait()
         return seq not in self._failed_seqs
 
+    def acked(self, seq: int) -> bool | None:
+        """Is op ``seq`` in Redis (``None``: not resolved yet; ``False``: fenced)?"""
+        if self._resolved < seq:
+            return None
+        return seq not in self._failed_seqs
+
     def _resolve(self, upto: int, failed: list[int]) -> None:
         self._failed_seqs.update(failed)
         self._resolved = max(self._resolved, upto)
         self._progress.set()
         self._progress = trio.Event()
+        if self.on_acked is not None:
+            self.on_acked(self._resolved)
 
     async def _ship_loop(self) -> None:
         while True:
@@ -475,8 +692,9 @@ class ClusterNode:
                 return False
             owned = self.owned[session_id]
         keys = session_keys(session_id)
-        ok: Any = await self._set_epoch(keys=[keys.directory, keys.lease],
-                                   args=[self.node_id, owned.generation, epoch, base])
+        generation = owned.generation
+        ok: Any = await self.call(lambda: self._set_epoch(
+            keys=[keys.directory, keys.lease], args=[self.node_id, generation, epoch, base]))
         if not int(ok):
             self._lost(session_id, "epoch refused")
             return False
@@ -491,11 +709,17 @@ class ClusterNode:
         if owned is None:
             return False
         keys = session_keys(session_id)
-        ok: Any = await self._append(
-            keys=[keys.directory, keys.ops, keys.events],
-            args=append_args(owned.generation, owned.epoch or "", self.events_cap,
-                             owned.log_len, [encode_op(op) for op in ops], runs,
-                             self.idle_retention_ms))
+        keep_from = 0
+        if runs:
+            session = self.manager.sessions.get(session_id) if self.manager is not None \
+                else None
+            ring = session.bus.ring if session is not None else None
+            keep_from = stream_keep_from(ring.first_id if ring is not None else None,
+                                         runs[-1][1], self.events_cap)
+        args = append_args(owned.generation, owned.epoch or "", keep_from, owned.log_len,
+                           [encode_op(op) for op in ops], runs, self.idle_retention_ms)
+        ok: Any = await self.call(lambda: self._append(
+            keys=[keys.directory, keys.ops, keys.events], args=args))
         self.appends += 1
         if int(ok) != 1:
             self.appends_fenced += 1
@@ -518,8 +742,8 @@ class ClusterNode:
         pause = 0.05
         while True:
             try:
-                ok: Any = await self._compact(keys=[keys.directory, keys.ops],
-                                              args=compaction.args(owned.generation))
+                ok: Any = await self.call(lambda: self._compact(
+                    keys=[keys.directory, keys.ops], args=compaction.args(owned.generation)))
                 break
             except Exception as exc:
                 log.warning("event=cluster_compact_failed session=%s error=%r retry_s=%.2f",
@@ -552,10 +776,11 @@ class ClusterNode:
 
     async def lookup(self, session_id: str) -> tuple[DirectoryEntry | None, int, dict[str, str]]:
         """The directory entry, the lease's remaining ms (negative: none) and the raw hash."""
-        assert self.client is not None
+        client = self.client
+        assert client is not None
         keys = session_keys(session_id)
-        fields = await _decode_hash(await self.client.hgetall(keys.directory))
-        pttl = int(await self.client.pttl(keys.lease))
+        fields = _decode_hash(await self.call(lambda: client.hgetall(keys.directory)))
+        pttl = int(await self.call(lambda: client.pttl(keys.lease)))
         return DirectoryEntry.from_hash(fields), pttl, fields
 
     async def readers(self, session_id: str, own: int) -> dict[str, int]:
@@ -566,30 +791,47 @@ class ClusterNode:
         # READERS_LOOKUP_S it shows the owner's own readers only.
         with trio.move_on_after(READERS_LOOKUP_S):
             try:
-                flat = await self._readers_get(keys=[session_keys(session_id).readers],
-                                               args=[READERS_FRESH_MS])
-            except Exception as exc:  # Redis away: the owner's own count still answers
+                flat = await self.call(lambda: self._readers_get(
+                    keys=[session_keys(session_id).readers], args=[READERS_FRESH_MS]))
+            except ClusterUnavailable as exc:  # Redis away: the owner's own count still answers
                 log.warning("event=mirror_readers_failed session=%s error=%r", session_id, exc)
         return readers_by_node(list(flat), self.node_id, own)
 
     async def report_readers(self, session_id: str, count: int) -> None:
-        await self._readers_set(keys=[session_keys(session_id).readers],
-                                args=[self.node_id, count, READERS_FRESH_MS])
+        await self.call(lambda: self._readers_set(keys=[session_keys(session_id).readers],
+                                                  args=[self.node_id, count,
+                                                        READERS_FRESH_MS]))
 
     async def op_log(self, session_id: str) -> list[Op]:
-        assert self.client is not None
-        raw = await self.client.lrange(session_keys(session_id).ops, 0, -1)
+        client = self.client
+        assert client is not None
+        raw = await self.call(lambda: client.lrange(session_keys(session_id).ops, 0, -1),
+                              timeout=max(BULK_TIMEOUT_S, self.lease_s))
         return [decode_op(item) for item in raw]
 
 
 class ClusterWriter(TranscriptWriter):
     """The transcript writer of a cluster node: the local store (restore, pages and loads
     read it as in single-node mode) and, for every op, the shipping to Redis. An op counts as
-    committed once both have it; ``durableEventId`` is the newest event Redis acknowledged."""
+    committed once both have it; ``durableEventId`` is the newest event Redis acknowledged.
+
+    Redis is the cluster's transcript, so a commit that does not finish in time because Redis
+    does not answer latches nothing: the shipping retries until Redis answers (the op log
+    never gets a hole), the session is ``transcriptDegraded`` meanwhile, and the flag clears
+    once Redis has acknowledged everything up to where it was raised. A failure of the local
+    store itself latches the session as in single-node mode."""
 
     def __init__(self, store: TranscriptStore, node: ClusterNode) -> None:
         super().__init__(store)
         self.node = node
+        # An admission Redis has not taken within half a lease is refused (the 202 is not
+        # given): the client asks again, on whichever node owns the session by then.
+        self.admission_bound_s = node.lease_s / 2
+        # A terminal waits at most two leases for Redis (10 s at most, as on a single node),
+        # then the session is degraded until Redis has caught up.
+        self.durable_bound_s = min(10.0, 2 * node.lease_s)
+        self.lagging: dict[str, int] = {}  # session -> the seq Redis must acknowledge
+        node.on_acked = self._acked
 
     def submit(self, op: Op) -> int:
         seq = super().submit(op)
@@ -607,6 +849,31 @@ class ClusterWriter(TranscriptWriter):
         shipped = await self.node.wait_acked(seq)
         return local and shipped
 
+    async def wait_admitted(self, seq: int) -> bool:
+        return await self.node.wait_acked(seq)
+
+    def publish_guard(self, session_id: str) -> Callable[[], bool] | None:
+        return lambda: self.node.may_publish(session_id)
+
+    def is_degraded(self, session_id: str) -> bool:
+        return session_id in self.lagging or super().is_degraded(session_id)
+
+    def mark_failed(self, session_id: str, exc: BaseException) -> None:
+        seq = self.last_seq
+        if self.node.acked(seq) is not None:  # Redis answered: the local store is behind
+            super().mark_failed(session_id, exc)
+            return
+        if session_id not in self.lagging:
+            log.warning("event=transcript_lagging session=%s reason=redis_not_acknowledging "
+                        "error=%r", session_id, str(exc))
+        self.lagging[session_id] = seq
+
+    def _acked(self, upto: int) -> None:
+        for session_id, seq in list(self.lagging.items()):
+            if seq <= upto:
+                del self.lagging[session_id]
+                log.warning("event=transcript_recovered session=%s", session_id)
+
     def durable_event_id(self, session_id: str) -> int:
         return self.node.durable.get(session_id, 0)
 
@@ -618,15 +885,22 @@ class ClusterWriter(TranscriptWriter):
 class ClusterRouter:
     """Routes session requests in front of the app (see the module docstring)."""
 
-    def __init__(self, node: ClusterNode, manager: Any, writer: ClusterWriter) -> None:
+    def __init__(self, node: ClusterNode, manager: Any, writer: ClusterWriter, *,
+                 token: str | None = None) -> None:
         self.node = node
         self.manager = manager
         self.writer = writer
-        self.http = httpx.AsyncClient(timeout=FORWARD_TIMEOUT)
+        self.token = token  # the daemon's own, for the --node-url probe through its guard
+        # A forward gets the lease (see DEADLINES), its connection at most 2 s of it.
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(
+            max(node.lease_s, 0.5), connect=min(2.0, max(node.lease_s, 0.5))))
         self.mirrors: dict[str, Mirror] = {}
         self._takeover_locks = _KeyedLocks()
+        self._nonces = cluster_auth.NonceWindow()
+        self.ready = False  # set once --node-url was checked: until then sessions wait
         self.forwarded = 0
         self.takeovers = 0
+        self.forwards_rejected = 0
 
     @staticmethod
     def session_id_of(path: str) -> str | None:
@@ -636,11 +910,30 @@ class ClusterRouter:
         session_id = rest.split("/", 1)[0]
         return session_id or None
 
+    def _grace_left_ms(self) -> int:
+        return round(self.node.link.grace_left(trio.current_time()) * 1000)
+
     async def decide(self, session_id: str) -> Any:
-        if self.manager.get(session_id) is not None:
+        if self.manager.get(session_id) is not None and session_id not in self.node.fenced:
             return Local()
         entry, pttl, _ = await self.node.lookup(session_id)
-        return route(entry, pttl, self.node.node_id, live_here=False)
+        return route(entry, pttl, self.node.node_id, live_here=False,
+                     grace_left_ms=self._grace_left_ms())
+
+    async def _local(self, session_id: str) -> bool:
+        """Is the session live here and this node still its owner? A lease in doubt (this
+        node was paused, or Redis did not answer its renewals) is settled with Redis first:
+        False once it turned out lost; :class:`ClusterUnavailable` when Redis would not say
+        within a lease."""
+        node = self.node
+        if self.manager.get(session_id) is None or session_id in node.fenced:
+            return False
+        if not node.in_doubt(session_id) or await node.settle(session_id, node.lease_s):
+            return True
+        if session_id in node.owned:
+            raise ClusterUnavailable("this node's lease of the session is in doubt and Redis "
+                                     "does not answer")
+        return False  # lost: the session ends here; the request goes to the new owner
 
     async def take_over(self, session_id: str) -> bool:
         """Restore the session here after its owner's lease ran out: claim the lease, replay
@@ -649,7 +942,8 @@ class ClusterRouter:
             if self.manager.get(session_id) is not None:
                 return True
             entry, pttl, _ = await self.node.lookup(session_id)
-            decision = route(entry, pttl, self.node.node_id, live_here=False)
+            decision = route(entry, pttl, self.node.node_id, live_here=False,
+                             grace_left_ms=self._grace_left_ms())
             if not isinstance(decision, TakeOver) or entry is None:
                 return False
             self.node.busy.add(session_id)
@@ -677,36 +971,64 @@ class ClusterRouter:
 
     def wrap_send(self, method: str, path: str, send: Any) -> Any:
         """``POST /session`` answers once Redis holds what it created (the directory entry and
-        the lease): a client may take the session id to any other node at once."""
+        the lease): a client may take the session id to any other node at once. If Redis
+        does not take it within a lease, the answer is 503 ``cluster_unavailable`` instead."""
         if method != "POST" or path != "/session":
             return send
         node = self.node
+        refused = False
 
         async def send_when_shipped(message: MutableMapping[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                with trio.move_on_after(FORWARD_TIMEOUT.connect or 2.0):
-                    await node.wait_acked(node.last_seq)
+            nonlocal refused
+            if refused:
+                return
+            if message["type"] == "http.response.start" and message.get("status") == 200:
+                acked = False
+                with trio.move_on_after(node.lease_s):
+                    acked = await node.wait_acked(node.last_seq)
+                if not acked:
+                    refused = True
+                    await _send_unavailable(send, node, None, "the new session did not reach "
+                                            "the cluster's Redis in time")
+                    return
             await send(message)
 
         return send_when_shipped
 
     async def handle(self, scope: MutableMapping[str, Any], receive: Any, send: Any,
                      headers: dict[str, str], body: bytes | None) -> bool:
-        """Answer a request for a session this node does not run; False to let the app (or
-        the local stream) answer it as in single-node mode."""
-        session_id = self.session_id_of(scope["path"])
-        if session_id is None and scope["path"] == "/session" and scope.get("method") == "POST" \
-                and body:
+        """Answer a request for a session this node does not run (or no longer owns); False
+        to let the app (or the local stream) answer it as in single-node mode. Redis trouble
+        is a 503 ``cluster_unavailable`` with ``Retry-After``, never a 500 or a hang."""
+        path: str = scope["path"]
+        if path == PROBE_PATH:
+            await self._answer_probe(send, headers)
+            return True
+        session_id = self.session_id_of(path)
+        creating = session_id is None and path == "/session" and scope.get("method") == "POST"
+        if creating and body:
             session_id = _requested_session_id(body)  # attach to a session of the cluster
-        if session_id is None or headers.get(FORWARDED_HEADER) == "1":
+        if not self.ready and (session_id is not None or creating):
+            await _send_unavailable(send, self.node, session_id, "this node is still starting")
+            return True
+        if session_id is None:
             return False
+        forwarded = self._verified_forward(scope, headers, body or b"")
+        try:
+            return await self._route(scope, send, headers, body or b"", session_id, forwarded)
+        except ClusterUnavailable as exc:
+            log.info("event=cluster_unavailable session=%s error=%s", session_id, exc)
+            await _send_unavailable(send, self.node, session_id, str(exc))
+            return True
+
+    async def _route(self, scope: MutableMapping[str, Any], send: Any, headers: dict[str, str],
+                     body: bytes, session_id: str, forwarded: bool) -> bool:
         for _ in range(3):  # a takeover lost to another node is routed again
-            entry, pttl, _fields = (None, -2, {}) if self.manager.get(session_id) is not None \
-                else await self.node.lookup(session_id)
-            decision = route(entry, pttl, self.node.node_id,
-                             live_here=self.manager.get(session_id) is not None)
-            if isinstance(decision, Local):
+            if await self._local(session_id):
                 return False
+            entry, pttl, _fields = await self.node.lookup(session_id)
+            decision = route(entry, pttl, self.node.node_id, live_here=False,
+                             grace_left_ms=self._grace_left_ms())
             if isinstance(decision, Unknown):
                 if entry is None:
                     return False  # not in the cluster: the app answers (404)
@@ -720,15 +1042,18 @@ class ClusterRouter:
                     return False
                 continue
             assert isinstance(decision, Forward)
-            try:
-                await self._forward(scope, send, headers, body or b"", decision)
-                return True
-            except (httpx.TransportError, httpx.TimeoutException) as exc:
-                log.info("event=owner_unreachable session=%s owner=%s error=%r", session_id,
-                         decision.owner_node_id, exc)
+            if not forwarded:
+                try:
+                    await self._forward(scope, send, headers, body, decision)
+                    return True
+                except (httpx.TransportError, httpx.TimeoutException) as exc:
+                    log.info("event=owner_unreachable session=%s owner=%s error=%r",
+                             session_id, decision.owner_node_id, exc)
+            # The owner does not answer, or this is a forward the directory says belongs
+            # elsewhere (never forwarded twice): 503 until the lease (or the grace) is over.
             entry, pttl, _fields = await self.node.lookup(session_id)
             again = route(entry, pttl, self.node.node_id, live_here=False,
-                          owner_unreachable=True)
+                          owner_unreachable=True, grace_left_ms=self._grace_left_ms())
             if isinstance(again, Unavailable):
                 wait = again.retry_after_s
                 await _send_json(send, 503, {
@@ -739,14 +1064,35 @@ class ClusterRouter:
                 return True
         return False
 
+    def _verified_forward(self, scope: MutableMapping[str, Any], headers: dict[str, str],
+                          body: bytes) -> bool:
+        """Is this request a genuine forward of another node (see daemon.core.cluster_auth)?
+        A client's ``X-Turnkeeper-Forwarded`` without a valid signature counts for nothing."""
+        sender = headers.get(FORWARDED_HEADER)
+        signature = headers.get(SIGNATURE_HEADER)
+        if sender is None and signature is None:
+            return False
+        why = "unsigned" if not sender or signature is None else cluster_auth.verify(
+            self.node.secret, scope.get("method", "GET"), _target(scope), sender, signature,
+            body, time.time_ns() // 1_000_000, self._nonces)
+        if why is None:
+            return True
+        self.forwards_rejected += 1
+        log.warning("event=forward_rejected reason=%s claimed_sender=%s path=%s", why,
+                    (sender or "")[:64], scope["path"])
+        return False
+
     async def _forward(self, scope: MutableMapping[str, Any], send: Any,
                        headers: dict[str, str], body: bytes, target: Forward) -> None:
-        query = scope.get("query_string", b"").decode("latin-1")
-        url = target.node_url.rstrip("/") + scope["path"] + (f"?{query}" if query else "")
+        method = scope.get("method", "GET")
+        path = _target(scope)
+        url = target.node_url.rstrip("/") + path
         out = {k: v for k, v in headers.items() if k not in _DROP_REQUEST}
-        out[FORWARDED_HEADER] = "1"
-        response = await self.http.request(scope.get("method", "GET"), url, headers=out,
-                                           content=body)
+        out[FORWARDED_HEADER] = self.node.node_id
+        out[SIGNATURE_HEADER] = cluster_auth.sign(
+            self.node.secret, method, path, self.node.node_id, time.time_ns() // 1_000_000,
+            secrets.token_hex(12), body)
+        response = await self.http.request(method, url, headers=out, content=body)
         self.forwarded += 1
         raw = response.content
         answer = [(k.encode("latin-1"), v.encode("latin-1"))
@@ -756,12 +1102,45 @@ class ClusterRouter:
                     "headers": answer})
         await send({"type": "http.response.body", "body": raw, "more_body": False})
 
-    async def stream_bus(self, session_id: str, limits: Any) -> SessionBus | str | None:
+    # -- the --node-url check ------------------------------------------------------------------
+
+    async def probe(self, nonce: str) -> bool:
+        """Ask ``--node-url`` for the start-up nonce (ClusterNode.verify_url): True when
+        this very process answered."""
+        headers = {PROBE_HEADER: nonce}
+        if self.token:
+            headers["authorization"] = f"Bearer {self.token}"
+        response = await self.http.get(self.node.node_url.rstrip("/") + PROBE_PATH,
+                                       headers=headers)
+        return response.status_code == 204 \
+            and response.headers.get("x-turnkeeper-node") == self.node.node_id
+
+    async def _answer_probe(self, send: Any, headers: dict[str, str]) -> None:
+        nonce = self.node.probe_nonce
+        given = headers.get(PROBE_HEADER, "")
+        if nonce is not None and hmac.compare_digest(given.encode(), nonce.encode()):
+            await send({"type": "http.response.start", "status": 204, "headers": [
+                (b"x-turnkeeper-node", self.node.node_id.encode())]})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
+        await _send_json(send, 404, {"error": "Route not found", "code": "route_not_found"}, [])
+
+    # -- event streams ---------------------------------------------------------------------------
+
+    async def stream_bus(self, session_id: str, limits: Any) -> SessionBus | None:
         """The bus an event stream of ``session_id`` reads: the local one, a mirror of the
-        owner's Redis stream, ``"unavailable"``, or ``None`` (unknown: 404)."""
-        local = self.manager.get(session_id)
-        if local is not None:
-            return local.bus  # type: ignore[no-any-return]
+        owner's Redis stream, or ``None`` (unknown: 404). Redis trouble (or this node's lease
+        in doubt with Redis silent) raises :class:`StreamRequestError` 503."""
+        try:
+            return await self._stream_bus(session_id, limits)
+        except ClusterUnavailable as exc:
+            retry = self.node.retry_after_s
+            raise StreamRequestError(503, _unavailable_body(session_id, str(exc), retry),
+                                     {"Retry-After": str(retry)}) from None
+
+    async def _stream_bus(self, session_id: str, limits: Any) -> SessionBus | None:
+        if await self._local(session_id):
+            return self.manager.get(session_id).bus  # type: ignore[no-any-return]
         decision = await self.decide(session_id)
         if isinstance(decision, TakeOver):
             if await self.take_over(session_id):
@@ -781,12 +1160,14 @@ class ClusterRouter:
         return mirror.bus
 
     async def _open_mirror(self, session_id: str, limits: Any) -> Mirror | None:
-        assert self.node.client is not None
+        client = self.node.client
+        assert client is not None
         entry, _, fields = await self.node.lookup(session_id)
         if entry is None:
             return None
         base = int(fields.get("base", "1") or 1)
-        entries = await self.node.client.xrange(session_keys(session_id).events)
+        entries = await self.node.call(lambda: client.xrange(session_keys(session_id).events),
+                                       timeout=max(BULK_TIMEOUT_S, self.node.lease_s))
         current = [e for e in entries if _text(e.field_values.get(b"e", b"")) == entry.epoch]
         first = int(current[0].field_values[b"f"]) if current else base
         bus = MirrorBus(session_id, limits, entry.epoch, first)
@@ -917,6 +1298,29 @@ def _requested_session_id(body: bytes) -> str | None:
         return str(uuid.UUID(value)) if isinstance(value, str) else None
     except Exception:  # not JSON, not an object, not a UUID: the app answers it
         return None
+
+
+def _target(scope: MutableMapping[str, Any]) -> str:
+    """A request's path and query as signed (see daemon.core.cluster_auth)."""
+    query = scope.get("query_string", b"").decode("latin-1")
+    path: str = scope["path"]
+    return path + (f"?{query}" if query else "")
+
+
+def _unavailable_body(session_id: str | None, why: str, retry_s: int) -> dict[str, Any]:
+    body: dict[str, Any] = {"error": f"The cluster cannot serve this now ({why}); retry",
+                            "code": "cluster_unavailable", "retryable": True,
+                            "retryAfterMs": retry_s * 1000}
+    if session_id is not None:
+        body["sessionId"] = session_id
+    return body
+
+
+async def _send_unavailable(send: Any, node: ClusterNode, session_id: str | None,
+                            why: str) -> None:
+    retry = node.retry_after_s
+    await _send_json(send, 503, _unavailable_body(session_id, why, retry),
+                     [(b"retry-after", str(retry).encode())])
 
 
 def _leaf(exc: BaseException) -> BaseException:

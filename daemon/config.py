@@ -41,6 +41,7 @@ NODE_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0
 APPROVAL_MODES = ("default", "plan", "auto-edit", "auto", "yolo")
 TOKEN_ENV = "QWEN_SERVER_TOKEN"
 ENV_PREFIX = "TURNKEEPER_"
+MIN_CLUSTER_SECRET_CHARS = 16
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
 
@@ -94,6 +95,8 @@ class DaemonConfig:
     lease_ms: int = DEFAULT_LEASE_MS
     # Serve HTTP/2 (h2c upgrade and prior knowledge) besides HTTP/1.1.
     http2: bool = False
+    # The key of the HMAC that proves a request was forwarded by a node (cluster mode).
+    cluster_secret: str | None = None
 
     @property
     def is_loopback(self) -> bool:
@@ -209,6 +212,7 @@ _DEFAULT_TEXT = {
     "cluster_redis": "none (single node)",
     "node_url": "http://<--hostname>:<bound port>",
     "node_id": "random, printed at start",
+    "cluster_secret": "none (required with --cluster-redis)",
 }
 
 
@@ -327,6 +331,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                    help="this node's id in the cluster (letters, digits, '-', '_', '.')")
     p.add_argument("--lease-ms", default=str(DEFAULT_LEASE_MS),
                    help="how long a node owns a session without renewing its lease")
+    p.add_argument("--cluster-secret", default=None, metavar="SECRET",
+                   help="shared by every node of the cluster: the key that signs forwarded "
+                        "requests (required with --cluster-redis, at least "
+                        f"{MIN_CLUSTER_SECRET_CHARS} characters; prefer the environment)")
     _document(p)
     return p
 
@@ -403,6 +411,11 @@ def _validate(ns: argparse.Namespace, env: Mapping[str, str]) -> DaemonConfig:
         if ns.no_persistence:
             raise ConfigError("--cluster-redis needs the transcript: it cannot be combined "
                               "with --no-persistence")
+        secret = ns.cluster_secret or ""
+        if len(secret) < MIN_CLUSTER_SECRET_CHARS:
+            raise ConfigError(f"--cluster-secret must be set for --cluster-redis (at least "
+                              f"{MIN_CLUSTER_SECRET_CHARS} characters, the same on every node): "
+                              "it signs the requests nodes forward to each other")
     node_url: str | None = ns.node_url or None
     if node_url is not None and not node_url.startswith(("http://", "https://")):
         raise ConfigError(f"--node-url must be an http:// or https:// URL, got {node_url!r}")
@@ -449,4 +462,5 @@ def _validate(ns: argparse.Namespace, env: Mapping[str, str]) -> DaemonConfig:
         node_id=node_id,
         lease_ms=_positive_int("--lease-ms", ns.lease_ms),
         http2=bool(ns.http2),
+        cluster_secret=ns.cluster_secret or None,
     )

@@ -412,7 +412,15 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         # committed, so a restart ends this prompt with a terminal, at worst "interrupted".
         # The prompt is already queued and running meanwhile: this costs the reply one commit
         # (the writer stops gathering while someone waits), never the turn's first token.
-        await session.wait_durable()
+        # In cluster mode an admission Redis did not take in time (this node lost the
+        # session, or Redis is away) is not acknowledged: 503, and the client asks again.
+        if not await session.wait_admitted():
+            retry_s = max(1, round(manager.config.lease_ms / 1000))
+            raise ApiError(503, "session_owner_unavailable",
+                           "The prompt's admission did not reach the cluster's Redis in time "
+                           "(this node may have lost the session); retry",
+                           {"Retry-After": str(retry_s)}, sessionId=session_id,
+                           retryable=True, retryAfterMs=retry_s * 1000)
         return json_response(accepted, 202)
 
     @app.post("/session/<session_id>/cancel")

@@ -146,7 +146,7 @@ async def run_daemon(
                 cluster = ClusterNode(
                     config.cluster_redis, config.node_id or f"node-{uuid.uuid4().hex[:12]}",
                     config.node_url or f"http://{config.hostname}:{config.port}",
-                    config.lease_ms, config.event_ring_size)
+                    config.lease_ms, config.event_ring_size, config.cluster_secret or "")
                 writer = cluster_writer = ClusterWriter(store, cluster)
                 await root.start(writer.run)
                 try:
@@ -170,7 +170,8 @@ async def run_daemon(
                 cluster.attach(manager)
                 manager.node_id = cluster.node_id
                 manager.cluster_readers = cluster.readers
-                asgi.cluster = ClusterRouter(cluster, manager, cluster_writer)
+                asgi.cluster = ClusterRouter(cluster, manager, cluster_writer,
+                                             token=config.token)
             stop_http = trio.Event()
             try:
                 binds: list[str] = await root.start(partial(
@@ -187,6 +188,9 @@ async def run_daemon(
             if cluster is not None:
                 if config.node_url is None:
                     cluster.node_url = url  # the bound port (--port 0 picks one)
+                # Before any session: the other nodes must be able to forward to this one.
+                await cluster.verify_url(asgi.cluster.probe)
+                asgi.cluster.ready = True
                 print(f"cluster: node {cluster.node_id} at {cluster.node_url} on "
                       f"{config.cluster_redis}", file=stream, flush=True)
             # Start-up (imports, the schema, the app and its OpenAPI document) left freed heap

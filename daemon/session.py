@@ -349,20 +349,43 @@ class Session:
         with trio.CancelScope(shield=True):
             await self.wait_durable()
 
-    async def wait_durable(self) -> None:
+    async def wait_durable(self) -> bool:
         """Wait until everything this session has handed to the transcript so far (its
         creation, an admission, events) is committed: at most ``DURABLE_WAIT_S``, after which
         the session is marked degraded (a store that cannot commit never stalls it for
-        longer). Returns at once without a transcript, or once the session is degraded."""
+        longer; the writer may set another bound). Returns at once without a transcript, or
+        once the session is degraded. True when it is all committed; False when a write failed or did not finish in time,
+        or the session was degraded already."""
         bus = self.bus
         writer = bus.writer
-        if writer is None or bus.transcript_degraded:
-            return
-        with trio.move_on_after(DURABLE_WAIT_S) as bound:
-            await writer.wait_committed(bus.last_write_seq)
+        if writer is None:
+            return True
+        if bus.transcript_degraded:
+            return False
+        limit = writer.durable_bound_s or DURABLE_WAIT_S
+        with trio.move_on_after(limit) as bound:
+            committed = await writer.wait_committed(bus.last_write_seq)
         if bound.cancelled_caught:
             writer.mark_failed(self.id, TimeoutError(
-                f"transcript commit did not finish within {DURABLE_WAIT_S:g} s"))
+                f"transcript commit did not finish within {limit:g} s"))
+            return False
+        return committed
+
+    async def wait_admitted(self) -> bool:
+        """The prompt route's wait before its 202: may the admission just made be
+        acknowledged? A single node waits as :meth:`wait_durable` and answers True whatever
+        the store did (a failing store degrades the session, it does not refuse prompts). A
+        writer with an ``admission_bound_s`` (cluster mode) answers within it whether the
+        admission is durable there (in Redis, under this node's lease): False, and the
+        prompt must not be acknowledged, when it is not, even on a degraded session."""
+        bus = self.bus
+        writer = bus.writer
+        if writer is None or writer.admission_bound_s is None:
+            await self.wait_durable()
+            return True
+        with trio.move_on_after(writer.admission_bound_s):
+            return await writer.wait_admitted(bus.last_write_seq)
+        return False
 
     # -- commands -----------------------------------------------------------------------------
 

@@ -96,6 +96,15 @@ class TranscriptWriter:
     ranges of them, committed in order.
     """
 
+    # How long the prompt route may wait for an admission before refusing to acknowledge
+    # it (Session.wait_admitted). None: a single node acknowledges whatever the store did (a
+    # failing store degrades the session, it does not refuse prompts); the cluster writer
+    # sets a bound tied to the lease.
+    admission_bound_s: float | None = None
+    # How long a terminal waits for the transcript before the session is marked degraded
+    # (Session.wait_durable); None: the session's own default.
+    durable_bound_s: float | None = None
+
     def __init__(
         self,
         store: TranscriptStore,
@@ -208,6 +217,21 @@ class TranscriptWriter:
         every event of that bus at or below it committed too (the durable prefix rule: after
         a failed write nothing more of the session commits, so this stops where it failed)."""
         return self._durable.get(session_id, 0)
+
+    def is_degraded(self, session_id: str) -> bool:
+        """Does the session's transcript miss writes (``transcriptDegraded``)?"""
+        return session_id in self.failed_sessions
+
+    def publish_guard(self, session_id: str) -> Callable[[], bool] | None:
+        """A check the session's bus makes before it publishes (None: none). Cluster mode:
+        is this node still the session's owner (see daemon.cluster)?"""
+        del session_id
+        return None
+
+    async def wait_admitted(self, seq: int) -> bool:
+        """Is op ``seq`` (an admission) durable? Waited for by the prompt route when
+        :attr:`admission_bound_s` is set."""
+        return await self.wait_committed(seq)
 
     def reset_durable(self, session_id: str) -> None:
         """The session got a new bus: its ids restart, so forget the old durable id (ops of the

@@ -14,6 +14,7 @@ loopback, the bundled mock agent behind each.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -38,13 +39,14 @@ pytestmark = pytest.mark.skipif(not HAVE_REDIS, reason=SKIP_REASON)
 coredis = pytest.importorskip("coredis", reason="coredis is not installed (pip install '.[cluster]')")
 
 LEASE_MS = 1500
+SECRET = "node-tests-cluster-secret"
 TIMEOUT = httpx.Timeout(30)
 
 
 @contextmanager
 def nodes(base: Path, redis_url: str, names: str, *extra: str, token: str | None = None,
           env: dict[str, str] | None = None) -> Iterator[list[RunningDaemon]]:
-    env = dict(env or {})
+    env = {"TURNKEEPER_CLUSTER_SECRET": SECRET, **(env or {})}
     if token is not None:
         env["QWEN_SERVER_TOKEN"] = token
     with ExitStack() as stack:
@@ -106,7 +108,8 @@ def test_node_refuses_redis_without_aof(tmp_path: Path) -> None:
         done = subprocess.run(
             [sys.executable, "-m", "daemon", "--port", "0", "--data-dir", str(tmp_path / "d"),
              "--workspace", str(tmp_path), "--cluster-redis", server.url],
-            capture_output=True, timeout=60, cwd=str(tmp_path))
+            capture_output=True, timeout=60, cwd=str(tmp_path),
+            env={**os.environ, "TURNKEEPER_CLUSTER_SECRET": SECRET})
     assert done.returncode == 1
     assert b"listening" not in done.stdout  # nothing was served
     lines = [line for line in done.stderr.decode().splitlines() if line.startswith("daemon:")]
@@ -504,25 +507,33 @@ async def test_webui_repair_episode_across_nodes(tmp_path: Path) -> None:
 
 
 async def test_durable_event_id_is_what_redis_acknowledged(tmp_path: Path) -> None:
-    """With Redis paused (SIGSTOP), the owner keeps publishing, but durableEventId does not
-    move: it counts what Redis acknowledged, not what the local store committed. Once Redis
-    resumes, the queued ops land and it catches up."""
+    """With Redis paused (SIGSTOP), the owner keeps publishing a turn admitted before, but
+    durableEventId does not move: it counts what Redis acknowledged, not what the local store
+    committed. Once Redis resumes, the queued ops land and it catches up. (The lease is long
+    here so that the owner's status answers from memory all along; with a short one the
+    owner's lease falls in doubt and its status waits for Redis, see test_cluster_faults.)"""
     with redis_server(tmp_path / "redis") as redis, \
-            nodes(tmp_path, redis.url, "A") as (a,):
+            nodes(tmp_path, redis.url, "A", "--lease-ms", "8000") as (a,):
         async with httpx.AsyncClient(base_url=a.url, timeout=TIMEOUT) as ca:
             sid = (await ca.post("/session", json={})).json()["sessionId"]
-            before = (await ca.get(f"/session/{sid}/status")).json()
+            resp = await ca.post(f"/session/{sid}/prompt", json={"prompt": [
+                {"type": "text", "text": "paused mock:start_gate=s3 mock:chunks=3 mock:gate=g3"}]})
+            assert resp.status_code == 202
+            with trio.fail_after(10):
+                while True:  # the admission and the echo are in Redis
+                    before = (await ca.get(f"/session/{sid}/status")).json()
+                    if before["durableEventId"] == before["lastEventId"] > 0:
+                        break
+                    await trio.sleep(0.02)
             redis.proc.send_signal(signal.SIGSTOP)
             try:
-                resp = await ca.post(f"/session/{sid}/prompt", json={"prompt": [
-                    {"type": "text", "text": "paused mock:chunks=3 mock:gate=g3"}]})
-                assert resp.status_code == 202
+                a.open_gate("s3")
                 with trio.fail_after(10):
                     while True:
                         status = (await ca.get(f"/session/{sid}/status")).json()
-                        if status["lastEventId"] >= before["lastEventId"] + 4:
+                        if status["lastEventId"] >= before["lastEventId"] + 3:
                             break
-                        await trio.sleep(0.02)  # the echo and the three chunks are published
+                        await trio.sleep(0.02)  # the three chunks are published
                 assert status["durableEventId"] == before["durableEventId"]
             finally:
                 redis.proc.send_signal(signal.SIGCONT)
