@@ -37,6 +37,7 @@ class RedisServer:
     directory: Path
     proc: subprocess.Popen[bytes]
     log_path: Path
+    argv: list[str]
 
     @property
     def url(self) -> str:
@@ -51,6 +52,21 @@ class RedisServer:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self) -> None:
+        """SIGTERM and reap (Redis writes its AOF out and exits); the port stays this
+        server's for :meth:`start`. The fault tests' "Redis restarts"."""
+        _stop(self.proc)
+
+    def start(self) -> None:
+        """Start it again after :meth:`stop`: same port, directory and AOF (what it had
+        acknowledged comes back), ready once it answers ``PING``."""
+        if self.proc.poll() is None:
+            raise RuntimeError(f"redis-server on port {self.port} is still running")
+        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_until(partial(_pings, self), f"redis-server on port {self.port} (restarted)",
+                    self)
 
 
 def free_port() -> int:
@@ -93,7 +109,7 @@ def redis_server(directory: Path, *, appendonly: bool = True,
                 *extra]
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
-        server = RedisServer(port, directory, proc, log_path)
+        server = RedisServer(port, directory, proc, log_path, argv)
         try:
             _wait_until(partial(_pings, server), f"redis-server on port {port}", server)
         except RuntimeError as exc:
@@ -103,7 +119,7 @@ def redis_server(directory: Path, *, appendonly: bool = True,
         try:
             yield server
         finally:
-            _stop(proc)
+            _stop(server.proc)  # the process of the last start()
         return
     raise RuntimeError(f"could not start redis-server: {last_error}")
 

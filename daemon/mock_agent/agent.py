@@ -9,6 +9,8 @@ by ``mock:<key>=<value>`` tokens in a prompt's text:
 ``MOCK_ACP_EMIT_CHUNKS``   agent_message_chunk updates per prompt, ``chunk-0`` ... (default 3)
 ``MOCK_ACP_PROMPT_DELAY_MS``  wait before answering ``end_turn`` (default 100)
 ``MOCK_ACP_PROMPT_LOG``    append ``{"sessionId", "text"}`` as one JSON line per prompt
+``MOCK_ACP_END_LOG``       append ``{"sessionId", "text", "stopReason"}`` once a prompt's
+                           answer is written (a test knows the agent has said all of it)
 ``MOCK_ACP_LOAD_SESSION``  ``1``: advertise ``loadSession`` and answer ``session/load``
 ``MOCK_ACP_GATE_DIR``      after the chunks, wait for ``<dir>/<gate>`` instead of the delay
 =========================  ==================================================================
@@ -158,6 +160,7 @@ class MockAgent:
         self.base_plan = plan_from_env(env)
         self.load_session_enabled = env.get("MOCK_ACP_LOAD_SESSION", "") == "1"
         self.prompt_log = env.get("MOCK_ACP_PROMPT_LOG") or None
+        self.end_log = env.get("MOCK_ACP_END_LOG") or None
         self.gate_dir = env.get("MOCK_ACP_GATE_DIR") or None
         self._out = out
         self._write_lock = threading.Lock()
@@ -342,6 +345,10 @@ class MockAgent:
             with self._state_lock:
                 session.history.append((text, plan))
             self.reply(request_id, {"stopReason": stop_reason})
+            if self.end_log:
+                with self._state_lock, open(self.end_log, "a", encoding="utf-8") as log_file:
+                    log_file.write(json.dumps({"sessionId": session_id, "text": text,
+                                               "stopReason": stop_reason}) + "\n")
         finally:
             with self._state_lock:
                 session.running.discard(cancelled)
