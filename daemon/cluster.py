@@ -149,6 +149,7 @@ class Owned:
     log_len: int  # the op log's length in Redis, as this node's appends left it
     epoch: str | None = None  # the current bus's epoch once its UpsertSession was shipped
     tail: LogTail = field(default_factory=lambda: LogTail(0))  # since the last turn boundary
+    closing: bool = False  # deleted by a client: its release must mark it closed
 
 
 @dataclass(frozen=True)
@@ -532,14 +533,19 @@ class ClusterNode:
         return not any(p.op.session_id == session_id for p in self._pending)
 
     async def release(self, session_id: str, *, closed: bool) -> None:
-        owned = self.owned.pop(session_id, None)
-        self.lease.forget(session_id)
+        """Give the lease up (``closed``: the session was deleted for good). When Redis does
+        not answer, the session stays owned (and a close is remembered) for the next try."""
+        owned = self.owned.get(session_id)
         if owned is None:
             return
+        owned.closing = owned.closing or closed
         keys = session_keys(session_id)
+        flag = "1" if owned.closing else "0"
         await self.call(lambda: self._release(keys=keys.all(), args=[
-            self.node_id, owned.generation, "1" if closed else "0", self.closed_retention_ms]))
-        log.info("event=lease_released session=%s closed=%s", session_id, closed)
+            self.node_id, owned.generation, flag, self.closed_retention_ms]))
+        self.owned.pop(session_id, None)
+        self.lease.forget(session_id)
+        log.info("event=lease_released session=%s closed=%s", session_id, owned.closing)
 
     def _lost(self, session_id: str, why: str) -> None:
         """Another node owns the session now: nothing of it may be written here again, and
@@ -673,7 +679,8 @@ class ClusterNode:
                 ops, runs, last_event = [], [], 0
         if not await self._flush(session_id, ops, runs, last_event):
             return False
-        if closed:
+        progress[0] = len(items)  # all in Redis: a retry (of the release) resends nothing
+        if closed or any(isinstance(item.op, MarkClosed) for item in items):
             await self.release(session_id, closed=True)
         return True
 

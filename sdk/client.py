@@ -293,14 +293,17 @@ def _convert(body: Any, result_type: type[_R], what: str) -> _R:
 # A cluster node answers this (503, ``retryable: true``, ``Retry-After``) while the session's
 # owner is gone but its lease still runs; once it expires the next request restores it.
 OWNER_UNAVAILABLE: Final = "session_owner_unavailable"
+# ... and this while the cluster's Redis does not answer (restarting, paused, unreachable).
+CLUSTER_UNAVAILABLE: Final = "cluster_unavailable"
+_RESENT_CODES: Final = frozenset({OWNER_UNAVAILABLE, CLUSTER_UNAVAILABLE})
 _MIN_OWNER_RETRY_S: Final = 0.05
 
 
 def owner_retry_delay(error: DaemonHTTPError, waited_s: float, budget_s: float) -> float | None:
     """How long to wait before resending a request answered ``503 session_owner_unavailable``
-    (its ``Retry-After``, 1 s without one), or ``None`` when it is not that answer or the wait
-    would go past ``budget_s`` in all (``waited_s`` so far)."""
-    if error.status != 503 or error.code != OWNER_UNAVAILABLE or not is_retriable(error):
+    or ``503 cluster_unavailable`` (its ``Retry-After``, 1 s without one), or ``None`` when it
+    is not such an answer or the wait would go past ``budget_s`` in all (``waited_s`` so far)."""
+    if error.status != 503 or error.code not in _RESENT_CODES or not is_retriable(error):
         return None
     delay = max(error.retry_after if error.retry_after is not None else 1.0, _MIN_OWNER_RETRY_S)
     return delay if waited_s + delay <= budget_s else None

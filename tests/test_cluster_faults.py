@@ -24,6 +24,7 @@ from tests.cluster_chaos import (
     LEASE_MS,
     TIMEOUT,
     DurableWatch,
+    Exited,
     Follower,
     Prompter,
     check,
@@ -42,6 +43,12 @@ coredis = pytest.importorskip("coredis", reason="coredis is not installed (pip i
 ROUNDS = int(os.environ.get("TK_CHAOS_ROUNDS", "1"))
 
 
+@pytest.fixture(autouse=True, params=range(ROUNDS))
+def chaos_round(request: pytest.FixtureRequest) -> int:
+    """Every test once in ``make test``; ``make chaos-cluster`` repeats each of them."""
+    return int(request.param)
+
+
 async def owner_of(client: httpx.AsyncClient, sid: str, timeout: float = 20) -> str:
     """The session's owner once a status answers (a takeover may be needed first)."""
     with trio.fail_after(timeout):
@@ -58,15 +65,13 @@ async def lease_gone(redis_cli: object, sid: str, timeout: float = 20) -> None:
             await trio.sleep(0.02)  # polling Redis' own state
 
 
-@pytest.mark.parametrize("round_", range(ROUNDS))
-async def test_owner_paused_past_its_lease(tmp_path: Path, round_: int) -> None:
+async def test_owner_paused_past_its_lease(tmp_path: Path) -> None:
     """The owner is SIGSTOPped while its turn waits to start streaming, with a prompt sent to
     it meanwhile; B takes the session over; the old owner's agent streams the turn and ends it
     while the old owner sleeps, then it wakes up. None of its late events reaches any client
     (its own readers are cut), the prompt it admitted after losing the lease is not answered
     202 unless the new owner took it, a request to B while the frozen owner's lease runs is
     answered within about a lease (not after 10 s), and every promise holds."""
-    del round_
     with redis_server(tmp_path / "redis") as redis, \
             nodes(tmp_path, redis.url, "AB") as (a, b):
         async with httpx.AsyncClient(base_url=a.url, timeout=TIMEOUT) as ca, \
@@ -328,7 +333,11 @@ async def test_a_node_id_is_one_live_process(tmp_path: Path) -> None:
             again.proc.send_signal(signal.SIGSTOP)  # looks dead: its beat stops
             third = start_node(tmp_path, redis.url, "A", tag="A-third")
             try:
-                assert "event=node_id_taken_from_dead_process" in third.stderr()
+                # It watched the paused process's beat stand still, or (on a machine slow
+                # enough to take three leases to start) found its registration expired.
+                log = third.stderr()
+                assert "event=node_id_taken_from_dead_process" in log \
+                    or "event=node_id_held" not in log
                 again.proc.send_signal(signal.SIGCONT)
                 code = await trio.to_thread.run_sync(again.proc.wait, 30)
                 assert code == 1
@@ -403,9 +412,16 @@ async def test_a_node_url_that_does_not_reach_the_node_is_refused(tmp_path: Path
 
     with redis_server(tmp_path / "redis") as redis, \
             nodes(tmp_path, redis.url, "A") as (a,):
-        nobody = run_until_exit(tmp_path, redis.url, "X", "--node-url",
-                                f"http://127.0.0.1:{free_port()}")
-        other = run_until_exit(tmp_path, redis.url, "Y", "--node-url", a.url)
+        refusals: dict[str, Exited] = {}
+
+        async def refused(name: str, url: str) -> None:
+            refusals[name] = await trio.to_thread.run_sync(
+                lambda: run_until_exit(tmp_path, redis.url, name, "--node-url", url))
+
+        async with trio.open_nursery() as both:  # the two starts at once
+            both.start_soon(refused, "X", f"http://127.0.0.1:{free_port()}")
+            both.start_soon(refused, "Y", a.url)
+        nobody, other = refusals["X"], refusals["Y"]
     for refused, why in ((nobody, "does not reach this node"),
                          (other, "another server answered")):
         assert refused.returncode == 1, refused.stderr[-2000:]

@@ -86,3 +86,17 @@ async def test_other_errors_are_not_resent(answer: httpx.Response) -> None:
         with pytest.raises((ServerError, PromptQueueFullError)):
             await client.session_status(SID)
     assert waits.waits == [] and len(seen) == 1
+
+
+async def test_cluster_unavailable_is_resent_too() -> None:
+    """While the cluster's Redis does not answer, nodes say ``cluster_unavailable``: resent
+    the same way (within the same budget)."""
+    transport, seen = scripted([unavailable("1", code="cluster_unavailable"),
+                                unavailable("2", code="cluster_unavailable"),
+                                httpx.Response(200, json=STATUS)])
+    waits = Waits()
+    async with DaemonClient("http://node-b", transport=transport, sleep=waits) as client:
+        status = await client.session_status(SID)
+    assert status.raw["ownerNodeId"] == "B"
+    assert waits.waits == [1.0, 2.0]
+    assert len(seen) == 3

@@ -39,6 +39,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("daemon/direct_body.py", "server"): "ASGI scope key",
     ("daemon/streams.py", "server"): "ASGI scope key",
     ("daemon/cluster.py", "type"): "ASGI message type",
+    ("daemon/cluster.py", "status"): "ASGI response-start status",
     # Query-string parameters, parsed from the URL (not a JSON body).
     ("daemon/streams.py", "maxQueued"): "query-string parameter",
     ("daemon/streams.py", "lastEventId"): "query-string parameter",

@@ -49,6 +49,9 @@ class RecordingWriter:
     def reset_durable(self, session_id: str) -> None:
         pass
 
+    def publish_guard(self, session_id: str) -> None:
+        return None  # no cluster: nothing to check before publishing
+
     def stored_events(self) -> list[tuple[int, bytes]]:
         """(id, raw) of every event the AppendEvent ops carry, a run's row split back (its
         envelopes made again from its template, when it has one)."""
