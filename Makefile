@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CORES := daemon sdk webui_model benchmarks
 STAMP := $(VENV)/.installed
 
-.PHONY: serve demo test test-stress test-agents check unit bench bench-quick mutation clean
+.PHONY: serve demo test test-stress test-agents check unit bench bench-quick mutation clean chaos-cluster
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,13 @@ unit: $(STAMP) $(BROWSER_STAMP) $(REDIS_STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -n auto $(PYTEST_ARGS)
 
 test: check unit
+
+# The cluster fault suite (tests/test_cluster_faults.py, part of `make test` once) run again and
+# again: TK_CHAOS_ROUNDS rounds of every fault (default 10). Not part of `make test`.
+TK_CHAOS_ROUNDS ?= 10
+chaos-cluster: $(STAMP) $(REDIS_STAMP)
+	TK_CHAOS_ROUNDS=$(TK_CHAOS_ROUNDS) $(PY) -m pytest -q -p no:cacheprovider -n 2 \
+		tests/test_cluster_faults.py $(PYTEST_ARGS)
 
 # The whole suite three times in a row while another process keeps one CPU busy (tests/stress.sh):
 # proves no test depends on how fast or idle the machine is. Not part of `make test`.
