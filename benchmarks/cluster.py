@@ -10,9 +10,16 @@ Rows, each measured against its single-node counterpart in the same run:
 - **event latency**: the owner's publish timestamp (``_meta.serverTimestamp``, whole ms) to
   the moment an SSE reader in this process has the frame, for a reader on A vs one on B
   (through Redis); p50/p99 over several short turns.
-- **failover**: SIGKILL of A, then prompts sent to B until one is accepted (503 +
-  ``Retry-After`` while A's lease runs; then B takes over); the time from the kill to the
-  first event of that prompt on a reader of B. Baseline: the lease (``--lease-ms``).
+- **stream memory**: after turns of 1,000 chunks past the ring, the Redis memory of the
+  session's event stream (``MEMORY USAGE``) per 1,000 events it retains, against the bytes of
+  those events' envelopes; the stream holds at most the ring (trimmed by event id).
+- **mirror catch-up**: a new reader with ``Last-Event-ID: 0`` on a node with no mirror yet
+  (the ring's worth read from Redis) vs the same reader on the owner (from its ring).
+- **failover, per fault**: owner SIGKILL, owner SIGSTOP past its lease (then SIGCONT), Redis
+  restarted (SIGTERM, two leases down, started on its AOF) and Redis frozen (SIGSTOP, two
+  leases): from the fault (for Redis: from its return) to the first event of a new prompt on
+  a reader of the other node, the prompt resent after each 503 as the SDK does; p50/p99 over
+  the rounds. Baseline: the lease (``--lease-ms``).
 
 Needs ``redis-server`` on PATH (Debian package ``redis-server``); without it the benchmark is
 an ERROR row saying so.
@@ -29,6 +36,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -38,10 +46,12 @@ import httpx
 from benchmarks.harness import Context, CpuUse, Row
 from benchmarks.launcher import Daemon, start_daemon
 from benchmarks.loadgen import LoadGen, check_delivery
-from benchmarks.redis_launcher import redis_server
+from benchmarks.redis_launcher import RedisServer, redis_server
+from daemon.core.cluster import session_keys
 
 NAME = "cluster"
-TITLE = "cluster mode: fan-out over 3 nodes, forwarding, event latency through Redis, failover"
+TITLE = ("cluster mode: fan-out over 3 nodes, forwarding, event latency through Redis, stream "
+         "memory, mirror catch-up, failover per fault")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prompts per forwarding figure (default 60; quick 10)")
     parser.add_argument("--lease-ms", type=int, default=2000,
                         help="the nodes' --lease-ms (the failover waits it out)")
+    parser.add_argument("--failovers", type=int, default=None,
+                        help="rounds of each fault in the failover rows (default 5; quick 2)")
 
 
 class _Reader:
@@ -167,13 +179,13 @@ def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
     with ExitStack() as stack:
         scratch = Path(tempfile.mkdtemp(prefix="tk-cluster-"))
         stack.callback(shutil.rmtree, scratch, True)
-        redis_url = stack.enter_context(redis_server(scratch / "redis")).url
+        redis = stack.enter_context(redis_server(scratch / "redis"))
+        redis_url = redis.url
         ctx.progress(f"redis-server at {redis_url}")
         nodes = []
         secret = {"TURNKEEPER_CLUSTER_SECRET": secrets.token_hex(16)}  # one for the cluster
         for name in "ABC":
-            node = start_daemon(["--cluster-redis", redis_url, "--node-id", name,
-                                 "--lease-ms", str(lease_ms)], secret)
+            node = _node(redis_url, name, lease_ms, secret, scratch)
             stack.callback(node.stop)
             nodes.append(node)
         a, b, _ = nodes
@@ -214,31 +226,185 @@ def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
                         notes=[f"p99 {_pct(remote, 0.99):.1f} ms vs {_pct(local, 0.99):.1f} ms"
                                " on the owner; serverTimestamp has whole-ms resolution"]))
 
-        killed = time.monotonic()
-        a.proc.send_signal(signal.SIGKILL)
-        a.proc.wait()
-        refused = 0
-        while True:
-            resp = b.http.post(f"/session/{session_id}/prompt",
-                               json={"prompt": [{"type": "text", "text": "after"}]})
-            if resp.status_code == 202:
-                break
-            if resp.status_code != 503 or time.monotonic() - killed > 60:
-                raise RuntimeError(f"failover: {resp.status_code} {resp.text[:300]}")
-            refused += 1
-            time.sleep(0.05)  # the client's retry pace (the answer says Retry-After)
-        accepted = resp.json()
-        pid = accepted["promptId"]
-        after = _Reader(b.url, session_id, {"Last-Event-ID": str(accepted["lastEventId"]),
-                                            "X-Qwen-Event-Epoch": accepted["eventEpoch"]})
-        after.wait_for(lambda f: f[3] == pid)
-        failover = (time.monotonic() - killed) * 1000
-        for reader in (on_a, on_b, after):
+        on_a.close()
+        on_b.close()
+        rows += _stream_memory(ctx, redis, a, nodes[2], session_id)
+        rounds = args.failovers or ctx.pick(5, 2)
+
+        def restart(name: str) -> Daemon:
+            node = _node(redis_url, name, lease_ms, secret, scratch)
+            stack.callback(node.stop)
+            return node
+
+        rows += _failovers(ctx, redis, [a, b], session_id, lease_ms, rounds, restart)
+    return rows
+
+
+def _node(redis_url: str, name: str, lease_ms: int, env: dict[str, str],
+          scratch: Path) -> Daemon:
+    return start_daemon(["--cluster-redis", redis_url, "--node-id", name,
+                         "--lease-ms", str(lease_ms)], env, scratch=scratch)
+
+
+def _stream_memory(ctx: Context, redis: RedisServer, owner: Daemon, fresh: Daemon,
+                   session_id: str) -> list[Row]:
+    """Fill the session's stream past the ring; its memory per 1,000 retained events, then a
+    new mirror's catch-up on ``fresh`` against a reader on the owner."""
+    ring = 8000  # the default --event-ring-size
+    for n in range(ctx.pick(12, 10)):
+        owner.prompt(session_id, f"fill{n} mock:chunks=1000 mock:delay_ms=0")
+        owner.wait_idle(session_id)
+    key = session_keys(session_id).events
+    import coredis  # the cluster extra; only this benchmark needs it here
+
+    async def read() -> tuple[int, int, int]:
+        client = coredis.Redis(host="127.0.0.1", port=redis.port)
+        async with client:
+            entries = await client.xrange(key)
+            used = await client.memory_usage(key, samples=0)
+        events = sum(int(e.field_values[b"l"]) - int(e.field_values[b"f"]) + 1
+                     for e in entries)
+        return events, sum(len(e.field_values[b"b"]) for e in entries), int(used or 0)
+
+    import trio
+
+    held, raw, used = trio.run(read)
+    last = int(owner.status(session_id)["lastEventId"])
+    per_k = used / held * 1000
+    rows = [Row(benchmark=NAME, name="event stream in Redis: memory per 1,000 retained events",
+                params={"published": last, "ring": ring, "retained": held}, unit="KiB",
+                samples=[per_k / 1024], baseline=raw / held * 1000 / 1024,
+                baseline_label="their envelopes", ratio=used / raw,
+                ratio_label="x the envelopes", quick=ctx.quick,
+                notes=[f"{held} events retained of {last} published (ring {ring}): trimmed by "
+                       f"event id; {used / 1024 / 1024:.1f} MiB in all"])]
+    catch_up: list[float] = []
+    on_owner: list[float] = []
+    for _ in range(ctx.pick(3, 2)):
+        for node, out in ((owner, on_owner), (fresh, catch_up)):
+            t0 = time.monotonic()
+            reader = _Reader(node.url, session_id, {"Last-Event-ID": "0"})
+            _wait_count(reader, held)
+            out.append((time.monotonic() - t0) * 1000)
             reader.close()
-        rows.append(Row(benchmark=NAME, name="failover: SIGKILL of the owner -> first event "
-                                             "of a new prompt on the new owner",
-                        params={"lease_ms": lease_ms}, unit="ms", samples=[failover],
-                        baseline=float(lease_ms), baseline_label="lease",
-                        ratio=failover / lease_ms, ratio_label="of the lease", quick=ctx.quick,
-                        notes=[f"{refused} prompts answered 503 before the takeover"]))
+        _wait_mirror_gone(redis, session_id, "C")  # the next trial opens a new mirror
+    rows.append(Row(benchmark=NAME, name="new mirror's catch-up: the ring from Redis",
+                    params={"events": held}, unit="ms", samples=catch_up,
+                    baseline=statistics.median(on_owner), baseline_label="on the owner",
+                    ratio=statistics.median(catch_up) / statistics.median(on_owner),
+                    ratio_label="x the owner", quick=ctx.quick,
+                    notes=["a reader with Last-Event-ID 0 on a node with no mirror: "
+                           "XRANGE of the stream, then the ring's replay"]))
+    return rows
+
+
+def _wait_mirror_gone(redis: RedisServer, session_id: str, node: str,
+                      timeout: float = 30) -> None:
+    """Until ``node``'s mirror of the session has ended (it withdraws its reader report then;
+    a mirror nobody reads ends after two seconds)."""
+    deadline = time.monotonic() + timeout
+    while redis.cli("HEXISTS", session_keys(session_id).readers, node) != "0":
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the mirror on {node} did not end")
+        time.sleep(0.05)  # polling Redis' own state
+
+
+def _wait_count(reader: _Reader, count: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while len(reader.frames) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the reader got {len(reader.frames)} of {count} events")
+        time.sleep(0.002)  # polling the reader thread's list
+
+
+def _first_event_after(target: Daemon, session_id: str, started: float,
+                       limit_s: float = 60) -> tuple[float, int]:
+    """Send a prompt to ``target`` until it is accepted (503s resent after 50 ms, as the SDK
+    does after Retry-After, faster); the time from ``started`` to its first event on a
+    reader of ``target``, and the number of 503s."""
+    refused = 0
+    while True:
+        resp = target.http.post(f"/session/{session_id}/prompt",
+                                json={"prompt": [{"type": "text", "text": "after"}]})
+        if resp.status_code == 202:
+            break
+        if resp.status_code != 503 or time.monotonic() - started > limit_s:
+            raise RuntimeError(f"failover: {resp.status_code} {resp.text[:300]}")
+        refused += 1
+        time.sleep(0.05)
+    accepted = resp.json()
+    pid = accepted["promptId"]
+    reader = _Reader(target.url, session_id, {"Last-Event-ID": str(accepted["lastEventId"]),
+                                              "X-Qwen-Event-Epoch": accepted["eventEpoch"]})
+    try:
+        reader.wait_for(lambda f: f[3] == pid)
+    finally:
+        reader.close()
+    return (time.monotonic() - started) * 1000, refused
+
+
+def _owner(node: Daemon, session_id: str) -> str:
+    return str(node.status(session_id)["ownerNodeId"])
+
+
+def _failovers(ctx: Context, redis: RedisServer, pair: list[Daemon], session_id: str,
+               lease_ms: int, rounds: int, restart: Callable[[str], Daemon]) -> list[Row]:
+    """Each fault ``rounds`` times on the session's owner (or on Redis); the other node of
+    ``pair`` is asked. Killed nodes are started again (same id) between rounds."""
+    by_name = {"A": pair[0], "B": pair[1]}
+    rows = []
+    for fault in ("owner SIGKILL", "owner SIGSTOP", "Redis restart", "Redis freeze"):
+        times: list[float] = []
+        refused = kept = 0
+        for _ in range(rounds):
+            owner_name = _owner(by_name["A"] if by_name["A"].proc.poll() is None
+                                else by_name["B"], session_id)
+            other_name = "B" if owner_name == "A" else "A"
+            owner, other = by_name[owner_name], by_name[other_name]
+            outage = 2 * lease_ms / 1000
+            if fault == "owner SIGKILL":
+                started = time.monotonic()
+                owner.proc.send_signal(signal.SIGKILL)
+                owner.proc.wait()
+                took, n = _first_event_after(other, session_id, started)
+                owner.stop()
+                by_name[owner_name] = restart(owner_name)
+            elif fault == "owner SIGSTOP":
+                started = time.monotonic()
+                owner.proc.send_signal(signal.SIGSTOP)
+                try:
+                    took, n = _first_event_after(other, session_id, started)
+                finally:
+                    owner.proc.send_signal(signal.SIGCONT)
+            else:
+                if fault == "Redis restart":
+                    redis.stop()
+                    time.sleep(outage)  # the fault's length
+                    redis.start()
+                else:
+                    redis.proc.send_signal(signal.SIGSTOP)
+                    time.sleep(outage)  # the fault's length
+                    redis.proc.send_signal(signal.SIGCONT)
+                started = time.monotonic()
+                took, n = _first_event_after(other, session_id, started)
+                kept += _owner(other, session_id) == owner_name
+            times.append(took)
+            refused += n
+            if fault.startswith("Redis"):
+                by_name[owner_name].wait_idle(session_id)  # it kept the session
+            else:
+                other.wait_idle(session_id)
+            ctx.progress(f"failover ({fault}): {took:.0f} ms")
+        notes = [f"p99 {_pct(times, 0.99):.0f} ms over {rounds} rounds; {refused} prompts "
+                 "answered 503 first"]
+        if fault.startswith("owner"):
+            notes.append("from the fault to the first event of a new prompt on the other node")
+        else:
+            notes.append(f"{2 * lease_ms} ms outage; timed from Redis' return; the owner kept "
+                         f"the session in {kept} of {rounds} rounds")
+        rows.append(Row(benchmark=NAME, name=f"failover, {fault}: p50", params={
+            "lease_ms": lease_ms, "rounds": rounds}, unit="ms", samples=times,
+            baseline=float(lease_ms), baseline_label="lease",
+            ratio=statistics.median(times) / lease_ms, ratio_label="of the lease",
+            quick=ctx.quick, notes=notes))
     return rows
