@@ -1,5 +1,6 @@
-"""turnkeeper SDK: typed daemon events, truncation text, the Trio client, session handles with
-resumable subscriptions (SSE and WebSocket), and the live-journal repair rules and driver."""
+"""turnkeeper SDK: typed daemon events, truncation text, the async client (on anyio: Trio or
+asyncio) and its blocking twin, session handles with resumable subscriptions (SSE and
+WebSocket), and the live-journal repair rules and driver."""
 
 from __future__ import annotations
 
@@ -107,8 +108,8 @@ if TYPE_CHECKING:
     )
     from sdk.ws import WebSocketEventStream
 
-# The Trio/HTTP parts load on first use, so that importing the pure protocol (the daemon does,
-# for sdk.protocol) does not pull in httpx and trio-websocket.
+# The async/HTTP parts load on first use, so that importing the pure protocol (the daemon does,
+# for sdk.protocol) does not pull in httpx, anyio and wsproto.
 _LAZY: dict[str, str] = {
     **dict.fromkeys(('Capabilities', 'DaemonClient', 'DaemonStatus', 'EventStream', 'Health', 'LoadResult', 'PermissionVote', 'PromptAccepted', 'PromptTerminal', 'ResumeResult', 'SessionCreated', 'SessionStatus', 'TranscriptPage'), "sdk.client"),
     **dict.fromkeys(('RepairCandidate', 'RepairDriver', 'RepairOutcome', 'RepairOutcomeKind'), "sdk.repair_driver"),

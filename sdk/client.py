@@ -1,9 +1,10 @@
-"""The Trio HTTP client for the daemon and its SSE event stream.
+"""The async HTTP client for the daemon and its SSE event stream.
 
-One :class:`DaemonClient` owns one ``httpx.AsyncClient`` (one connection pool); httpx runs on
-Trio through anyio. Every route returns a typed msgspec Struct; every failure is mapped to the
-hierarchy in :mod:`sdk.errors`. :meth:`DaemonClient.events` opens an :class:`EventStream` that
-parses SSE with :class:`sdk.sse.SSEParser` and tracks the cursor and epoch.
+One :class:`DaemonClient` owns one ``httpx.AsyncClient`` (one connection pool); like httpx it
+runs on anyio, so under ``trio.run`` and ``asyncio.run`` alike. Every route returns a typed
+msgspec Struct; every failure is mapped to the hierarchy in :mod:`sdk.errors`.
+:meth:`DaemonClient.events` opens an :class:`EventStream` that parses SSE with
+:class:`sdk.sse.SSEParser` and tracks the cursor and epoch.
 
 Session handles, reconnecting subscriptions, the WebSocket variant and the repair driver build
 on this module; it deliberately holds no background tasks.
@@ -20,9 +21,9 @@ from types import MappingProxyType, TracebackType
 from typing import Any, Final, Literal, TypeVar
 from urllib.parse import quote
 
+import anyio
 import httpx
 import msgspec
-import trio
 
 from sdk.errors import (
     DaemonHTTPError,
@@ -319,7 +320,7 @@ class DaemonClient:
     Against a cluster node, a request answered ``503 session_owner_unavailable`` (the
     session's node died and its lease still runs) is sent again after the answer's
     ``Retry-After``, for at most ``owner_wait_s`` seconds of waiting in all; then the error is
-    raised. ``sleep`` replaces ``trio.sleep`` (tests).
+    raised. ``sleep`` replaces ``anyio.sleep`` (tests).
     """
 
     def __init__(
@@ -349,7 +350,7 @@ class DaemonClient:
         self.client_id = client_id
         self.timeout = timeout
         self.owner_wait_s = owner_wait_s
-        self._sleep: Callable[[float], Awaitable[None]] = sleep or trio.sleep
+        self._sleep: Callable[[float], Awaitable[None]] = sleep or anyio.sleep
         self._http = httpx.AsyncClient(
             base_url=self.base_url, timeout=timeout, transport=transport, follow_redirects=False
         )

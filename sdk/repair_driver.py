@@ -1,4 +1,4 @@
-"""The Trio driver of a live-journal repair episode.
+"""The driver of a live-journal repair episode (anyio: Trio and asyncio alike).
 
 The rules are pure and live in :mod:`sdk.repair`; this module owns the lifetimes. A
 :class:`RepairDriver` follows one session for a UI (the WebUI model's provider, a CLI, a test):
@@ -8,7 +8,7 @@ The rules are pure and live in :mod:`sdk.repair`; this module owns the lifetimes
    target's terminal arms the episode, and the guards are re-checked after each event;
 3. :meth:`RepairDriver.check` whenever a guard may have cleared (a local prompt settled, a page
    request, load, resume or navigation ended): when all guards hold, the attempt starts as a
-   task in the driver's nursery, never inside the subscription that it pauses.
+   task in the driver's task group (or Trio nursery), never inside the subscription it pauses.
 
 The attempt pauses the owner's subscription, makes one same-session memory-replay load with a
 fresh registration, validates it and hands a :class:`RepairCandidate` to the UI's ``commit``.
@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
-import trio
+import anyio
 
 from sdk.client import LoadResult
 from sdk.errors import AuthError, DaemonError, SessionNotFoundError
@@ -54,7 +54,7 @@ from sdk.repair import (
     repair_failure_notice,
     validate_fresh_snapshot,
 )
-from sdk.session import SessionHandle, SubscriptionState
+from sdk.session import SessionHandle, SubscriptionState, TaskSpawner
 
 __all__ = [
     "CommitFn",
@@ -133,7 +133,7 @@ class RepairDriver:
     """Drives the repair episodes of one session (see the module docstring).
 
     ``handle`` is the current subscription owner; it must have subscribed (the candidate takes
-    over its nursery and callbacks). ``nursery`` runs attempts. ``guards`` reports the UI's
+    over its task group and callbacks). ``nursery`` (a task group or Trio nursery) runs attempts. ``guards`` reports the UI's
     in-flight work (default: only this handle's own prompts); ``on_outcome`` is told how each
     attempt ended; ``registry`` remembers attempted signatures (share one per UI).
     """
@@ -141,7 +141,7 @@ class RepairDriver:
     def __init__(
         self,
         handle: SessionHandle,
-        nursery: trio.Nursery,
+        nursery: TaskSpawner,
         *,
         commit: CommitFn,
         notify: NoticeSink,
@@ -159,7 +159,7 @@ class RepairDriver:
         self._notify = notify
         self._guards = guards
         self._on_outcome = on_outcome
-        self._changed = trio.Event()
+        self._changed: anyio.Event | None = None
         self._running = 0
         """Attempt tasks started and not yet ended (an aborted one still ends with an outcome)."""
 
@@ -209,7 +209,7 @@ class RepairDriver:
             return False
         # Marked before the load is even scheduled: whatever happens, no second attempt.
         episode.mark_attempted()
-        scope = trio.CancelScope()
+        scope = anyio.CancelScope()
         episode.attempt_scope = scope
         self._running += 1
         self._nursery.start_soon(self._attempt, episode, scope)
@@ -222,7 +222,7 @@ class RepairDriver:
         if episode is None:
             return
         scope = episode.attempt_scope
-        if isinstance(scope, trio.CancelScope):
+        if isinstance(scope, anyio.CancelScope):
             scope.cancel()
         episode.finish()
         self._signal()
@@ -232,8 +232,15 @@ class RepairDriver:
         return self.episode is not None and self.episode.state is RepairState.RELOADING
 
     def _signal(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
+        changed, self._changed = self._changed, None
+        if changed is not None:
+            changed.set()
+
+    def _next_change(self) -> anyio.Event:
+        """The event the next :meth:`_signal` sets (made on demand: cheap when nobody waits)."""
+        if self._changed is None:
+            self._changed = anyio.Event()
+        return self._changed
 
     def _outcome_possible(self) -> bool:
         """Could another attempt end without a new ``begin()``?"""
@@ -260,14 +267,15 @@ class RepairDriver:
         while len(self.outcomes) < count:
             if not self._outcome_possible():
                 return None
-            await _first_of(self._changed.wait, lambda: self.handle.wait_state(
+            # Taken before the waiting tasks start, so a change in between is not missed.
+            await _first_of(self._next_change().wait, lambda: self.handle.wait_state(
                 SubscriptionState.STOPPED, SubscriptionState.CLOSED
             ))
         return self.outcomes[-1]
 
     # -- the attempt --------------------------------------------------------------------------
 
-    async def _attempt(self, episode: RepairEpisode, scope: trio.CancelScope) -> None:
+    async def _attempt(self, episode: RepairEpisode, scope: anyio.CancelScope) -> None:
         previous = self.handle
         # The candidate may exist when a cancel lands mid-attempt; the cleanup must see it.
         made: list[SessionHandle] = []
@@ -398,7 +406,7 @@ class RepairDriver:
 
 async def _first_of(*waits: Callable[[], Awaitable[object]]) -> None:
     """Return as soon as one of ``waits`` returns."""
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         for wait in waits:
 
             async def run(wait: Callable[[], Awaitable[object]] = wait) -> None:
@@ -409,7 +417,7 @@ async def _first_of(*waits: Callable[[], Awaitable[object]]) -> None:
 
 
 async def _detach_quietly(handle: SessionHandle) -> None:
-    with trio.CancelScope(shield=True), trio.move_on_after(_CLEANUP_TIMEOUT_S):
+    with anyio.move_on_after(_CLEANUP_TIMEOUT_S, shield=True):
         try:
             await handle.close()
         except DaemonError as exc:

@@ -2,7 +2,9 @@
 
 A :class:`SessionHandle` is one client's view of one daemon session: its
 session id, its own daemon-side client registration (``client_id``), and the resume cursor
-(``last_event_id``, ``epoch``). Its subscription is a task in a nursery the *caller* owns:
+(``last_event_id``, ``epoch``). Its subscription is a task in a task group the *caller* owns
+(an anyio task group, or a Trio nursery: anything with ``start_soon``), so the handle runs under
+``trio.run`` and ``asyncio.run`` alike:
 
 - :meth:`SessionHandle.subscribe` starts the reader; :meth:`pause` cancels its cancel scope
   but keeps cursor, epoch and registration; :meth:`resume` starts it again from them;
@@ -31,12 +33,14 @@ import inspect
 import logging
 import math
 import random
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, Protocol, TypeAlias
 
+import anyio
+import anyio.lowlevel
 import msgspec
-import trio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from sdk.client import (
     DEFAULT_MAX_QUEUED,
@@ -67,6 +71,7 @@ __all__ = [
     "SessionHandle",
     "StopCallback",
     "SubscriptionState",
+    "TaskSpawner",
     "Transport",
 ]
 
@@ -79,6 +84,14 @@ AcceptedCallback: TypeAlias = Callable[[PromptAccepted], object]
 StopCallback: TypeAlias = Callable[[DaemonError], None]
 SleepFn: TypeAlias = Callable[[float], Awaitable[None]]
 UniformFn: TypeAlias = Callable[[float, float], float]
+
+
+class TaskSpawner(Protocol):
+    """Where a subscription's reader runs: an anyio task group, or a Trio nursery."""
+
+    def start_soon(
+        self, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any, name: Any = None
+    ) -> object: ...
 
 
 class HandleClosedError(DaemonError):
@@ -174,7 +187,7 @@ class SessionHandle(FollowsCursor):
     (:meth:`DaemonClient.with_client_id`); the helpers make one. ``restore=True`` brings a
     session the daemon no longer holds in memory (it restarted) back on the first 404/410 of
     the stream or of :meth:`prompt`, once per failure (see the module docstring). ``sleep``
-    and ``uniform`` replace ``trio.sleep`` and the jitter source (tests).
+    and ``uniform`` replace ``anyio.sleep`` and the jitter source (tests).
     """
 
     def __init__(
@@ -203,7 +216,7 @@ class SessionHandle(FollowsCursor):
         self.max_queued = max_queued
         self.policy = policy if policy is not None else ReconnectPolicy()
         self.restore = restore
-        self._sleep: SleepFn = sleep if sleep is not None else trio.sleep
+        self._sleep: SleepFn = sleep if sleep is not None else anyio.sleep
         self._uniform: UniformFn = uniform if uniform is not None else random.uniform
         self.state = SubscriptionState.IDLE
         self.error: DaemonError | None = None
@@ -219,12 +232,12 @@ class SessionHandle(FollowsCursor):
         self.server_retry_s: float | None = None
         """The reconnection time the stream's last ``retry:`` field asked for (seconds)."""
         self.prompts_in_flight = 0
-        self._nursery: trio.Nursery | None = None
+        self._nursery: TaskSpawner | None = None
         self._on_event: EventCallback | None = None
         self._on_stop: StopCallback | None = None
-        self._scope: trio.CancelScope | None = None
-        self._taps: set[trio.MemorySendChannel[_TapItem]] = set()
-        self._state_changed = trio.Event()
+        self._scope: anyio.CancelScope | None = None
+        self._taps: set[MemoryObjectSendStream[_TapItem]] = set()
+        self._state_changed: anyio.Event | None = None
         self._detached = False
 
     # -- construction ----------------------------------------------------------------------
@@ -305,12 +318,12 @@ class SessionHandle(FollowsCursor):
 
     def subscribe(
         self,
-        nursery: trio.Nursery,
+        nursery: TaskSpawner,
         on_event: EventCallback,
         *,
         on_stop: StopCallback | None = None,
     ) -> None:
-        """Start the reader as a task in ``nursery`` (the caller's).
+        """Start the reader as a task in ``nursery`` (the caller's task group or nursery).
 
         ``on_stop`` receives the final error (auth, missing session, non-retryable); without
         it the error is raised from the reader task, i.e. into ``nursery``.
@@ -340,7 +353,7 @@ class SessionHandle(FollowsCursor):
             self._scope.cancel()
             self._scope = None
 
-    def resume(self, nursery: trio.Nursery | None = None) -> None:
+    def resume(self, nursery: TaskSpawner | None = None) -> None:
         """Start the reader again from the kept cursor and epoch."""
         if self.state is not SubscriptionState.PAUSED:
             raise RuntimeError(f"session handle {self.session_id} is {self.state.name}, not PAUSED")
@@ -358,22 +371,26 @@ class SessionHandle(FollowsCursor):
     async def wait_state(self, *states: SubscriptionState) -> SubscriptionState:
         """Wait until the subscription is in one of ``states``."""
         while self.state not in states:
+            if self._state_changed is None:
+                self._state_changed = anyio.Event()
             await self._state_changed.wait()
         return self.state
 
     def _set_state(self, state: SubscriptionState) -> None:
         self.state = state
-        self._state_changed.set()
-        self._state_changed = trio.Event()
+        # Made by the first waiter: a handle nobody waits on never builds one.
+        changed, self._state_changed = self._state_changed, None
+        if changed is not None:
+            changed.set()
 
     def _start(self) -> None:
         assert self._nursery is not None and self._on_event is not None
-        scope = trio.CancelScope()
+        scope = anyio.CancelScope()
         self._scope = scope
         self._set_state(SubscriptionState.RUNNING)
         self._nursery.start_soon(self._run_subscription, scope, self._on_event)
 
-    async def _run_subscription(self, scope: trio.CancelScope, on_event: EventCallback) -> None:
+    async def _run_subscription(self, scope: anyio.CancelScope, on_event: EventCallback) -> None:
         with scope:
             error = await self._read(on_event)
             if self._scope is scope:
@@ -455,7 +472,7 @@ class SessionHandle(FollowsCursor):
                             break
                         # A paused reader must not hand over events the parser already holds
                         # (those come back without a checkpoint): the resumed one will.
-                        await trio.lowlevel.checkpoint_if_cancelled()
+                        await anyio.lowlevel.checkpoint_if_cancelled()
                         attempt = 0
                         restored = False
                         self.cursor.observe(event)
@@ -513,7 +530,7 @@ class SessionHandle(FollowsCursor):
         to vote on its permissions, to log it). ``on_update`` sees every event of this prompt,
         the terminal included, in order. Raises :class:`TurnError` on ``turn_error``.
         """
-        send, receive = trio.open_memory_channel[_TapItem](math.inf)
+        send, receive = anyio.create_memory_object_stream[_TapItem](math.inf)
         self.prompts_in_flight += 1
         try:
             with send, receive:
@@ -538,7 +555,7 @@ class SessionHandle(FollowsCursor):
                     follower._taps.add(send)
                     result: TurnCompleteData | None = None
                     error: Exception | None = None
-                    async with trio.open_nursery() as nursery:
+                    async with anyio.create_task_group() as nursery:
                         nursery.start_soon(follower._follow_for_tap)
                         # Raised outside the nursery so callers get a TurnError (or their own
                         # on_update error) as is, not wrapped in an exception group.
@@ -612,7 +629,7 @@ class SessionHandle(FollowsCursor):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        with trio.CancelScope(shield=True), trio.move_on_after(self.client.timeout):
+        with anyio.move_on_after(self.client.timeout, shield=True):
             await self.close()
 
     def __repr__(self) -> str:
@@ -635,7 +652,7 @@ async def _ignore_event(event: DaemonEvent) -> None:
 
 
 async def _await_terminal(
-    receive: trio.MemoryReceiveChannel[_TapItem],
+    receive: MemoryObjectReceiveStream[_TapItem],
     prompt_id: str,
     on_update: EventCallback | None,
 ) -> TurnCompleteData:

@@ -1,4 +1,5 @@
-"""A fault-injecting TCP reverse proxy for integration tests, run inside the test's ``trio.run``.
+"""A fault-injecting TCP reverse proxy for integration tests, run inside the test's event loop
+(anyio: a Trio or an asyncio test alike).
 
 It relays bytes between the SDK and the real daemon, reading just enough HTTP/1.1 on the way
 up (request line, headers, ``Content-Length`` body) to count requests and, on demand:
@@ -20,12 +21,22 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import urlsplit
 
+import anyio
 import msgspec
-import trio
+from anyio.abc import SocketStream, TaskStatus
 
 LOAD_PATH = r"^/session/[^/]+/load$"
 
 _READ = 65536
+_GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
+
+
+async def _receive(stream: SocketStream) -> bytes:
+    """The next bytes, or b"" once the peer has closed (trio's ``receive_some`` contract)."""
+    try:
+        return await stream.receive(_READ)
+    except anyio.EndOfStream:
+        return b""
 
 
 @dataclass
@@ -39,7 +50,7 @@ class Fault:
 
 
 class _Conn:
-    def __init__(self, scope: trio.CancelScope) -> None:
+    def __init__(self, scope: anyio.CancelScope) -> None:
         self.scope = scope
         self.stream = False
 
@@ -58,7 +69,7 @@ class FaultProxy:
         self.injected: list[tuple[str, str, str]] = []
         self._faults: list[Fault] = []
         self._conns: set[_Conn] = set()
-        self._changed = trio.Event()
+        self._changed = anyio.Event()
 
     # -- control -------------------------------------------------------------------------
 
@@ -104,51 +115,50 @@ class FaultProxy:
 
     # -- serving -------------------------------------------------------------------------
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-        port = listeners[0].socket.getsockname()[1]
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
         self.url = f"http://127.0.0.1:{port}"
         task_status.started()
-        await trio.serve_listeners(self._handle, listeners)
+        async with listener:
+            await listener.serve(self._handle)
 
     def _note(self) -> None:
         self._changed.set()
-        self._changed = trio.Event()
+        self._changed = anyio.Event()
 
-    async def _handle(self, client: trio.SocketStream) -> None:
-        with trio.CancelScope() as scope:
+    async def _handle(self, client: SocketStream) -> None:
+        with anyio.CancelScope() as scope:
             conn = _Conn(scope)
             self._conns.add(conn)
             try:
-                upstream = await trio.open_tcp_stream(self.upstream_host, self.upstream_port)
-                async with upstream, trio.open_nursery() as nursery:
+                upstream = await anyio.connect_tcp(self.upstream_host, self.upstream_port)
+                async with upstream, anyio.create_task_group() as nursery:
                     nursery.start_soon(self._down, upstream, client, nursery.cancel_scope)
                     await self._up(client, upstream, conn)
                     nursery.cancel_scope.cancel()
-            except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                pass  # either side went away (possibly inside the nursery, hence except*)
+            except* _GONE:
+                pass  # either side went away (possibly inside the task group, hence except*)
             finally:
                 self._conns.discard(conn)
-                with trio.CancelScope(shield=True):
+                with anyio.CancelScope(shield=True):
                     await client.aclose()
 
     async def _down(
-        self, upstream: trio.SocketStream, client: trio.SocketStream, scope: trio.CancelScope
+        self, upstream: SocketStream, client: SocketStream, scope: anyio.CancelScope
     ) -> None:
         try:
-            while data := await upstream.receive_some(_READ):
-                await client.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            while data := await _receive(upstream):
+                await client.send(data)
+        except _GONE:
             pass
         scope.cancel()
 
-    async def _up(
-        self, client: trio.SocketStream, upstream: trio.SocketStream, conn: _Conn
-    ) -> None:
+    async def _up(self, client: SocketStream, upstream: SocketStream, conn: _Conn) -> None:
         buf = bytearray()
         while True:
             while (end := buf.find(b"\r\n\r\n")) == -1:
-                data = await client.receive_some(_READ)
+                data = await _receive(client)
                 if not data:
                     return
                 buf += data
@@ -161,15 +171,15 @@ class FaultProxy:
             if fault is not None:
                 self.injected.append((method, path, "drop" if fault.drop else str(fault.status)))
                 if not fault.drop:
-                    await client.send_all(_response(fault.status or 500, fault.body))
+                    await client.send(_response(fault.status or 500, fault.body))
                 return
-            await upstream.send_all(head)
+            await upstream.send(head)
             if "upgrade" in headers.get("connection", "").lower():
                 conn.stream = True
                 if buf:
-                    await upstream.send_all(bytes(buf))
-                while data := await client.receive_some(_READ):
-                    await upstream.send_all(data)
+                    await upstream.send(bytes(buf))
+                while data := await _receive(client):
+                    await upstream.send(data)
                 return
             if method == "GET" and path.endswith("/events"):
                 conn.stream = True
@@ -178,14 +188,14 @@ class FaultProxy:
             remaining = int(headers.get("content-length", "0") or "0")
             while remaining > 0:
                 if not buf:
-                    data = await client.receive_some(_READ)
+                    data = await _receive(client)
                     if not data:
                         return
                     buf += data
                 piece = bytes(buf[:remaining])
                 del buf[: len(piece)]
                 remaining -= len(piece)
-                await upstream.send_all(piece)
+                await upstream.send(piece)
 
     def _take_fault(self, method: str, path: str) -> Fault | None:
         for fault in self._faults:

@@ -20,6 +20,8 @@ STATUS = {"v": 1, "sessionId": SID, "workspaceCwd": "/w", "hasActivePrompt": Fal
           "activePromptId": None, "pendingPrompts": 0, "lastEventId": 3, "durableEventId": 3,
           "eventEpoch": "e", "subscribers": 0, "serverTime": 1, "ownerNodeId": "B"}
 
+pytestmark = pytest.mark.anyio
+
 
 def unavailable(retry_after: str | None, *, code: str = "session_owner_unavailable",
                 retryable: bool = True) -> httpx.Response:

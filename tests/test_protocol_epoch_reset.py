@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import anyio
 import pytest
-import trio
 
 from sdk.client import DaemonClient, EventStream
 from sdk.events import DaemonEvent
@@ -18,6 +18,8 @@ from sdk.ws import WebSocketEventStream
 from tests.harness import RunningDaemon, running_daemon
 
 WAIT_S = 30
+
+pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +49,7 @@ async def test_a_stream_cursor_restarts_at_zero_on_epoch_reset(
             else WebSocketEventStream(client, sid, newest, "not-this-epoch")
         )
         seen: list[tuple[str, int | None, int | None]] = []
-        with trio.fail_after(WAIT_S):
+        with anyio.fail_after(WAIT_S):
             async with stream:
                 async for event in stream:
                     seen.append((event.type, event.id, stream.last_event_id))
@@ -67,15 +69,15 @@ async def test_the_session_handle_resets_before_handing_the_frame_over(
         handle = SessionHandle(client.with_client_id(None), sid, last_event_id=newest,
                                epoch="not-this-epoch")
         cursors: list[tuple[str, int | None]] = []
-        got_two = trio.Event()
+        got_two = anyio.Event()
 
         async def on_event(event: DaemonEvent) -> None:
             cursors.append((event.type, handle.last_event_id))
             if event.id == 2:
                 got_two.set()
 
-        with trio.fail_after(WAIT_S):
-            async with trio.open_nursery() as nursery:
+        with anyio.fail_after(WAIT_S):
+            async with anyio.create_task_group() as nursery:
                 handle.subscribe(nursery, on_event)
                 await got_two.wait()
                 handle.stop()

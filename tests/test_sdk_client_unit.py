@@ -38,6 +38,8 @@ BASE = "http://127.0.0.1:4170"
 SID = "97ea491e-c339-49c7-a124-7737fb961931"
 CLIENT = "client_e9d029a4-d686-465d-a72d-61b99f2769ba"
 
+pytestmark = pytest.mark.anyio
+
 
 class Recorder:
     """A MockTransport handler that records requests and answers from a route table."""

@@ -1,18 +1,18 @@
 """Server hints on reconnect (the stream's ``retry:`` field, ``Retry-After`` on 429/503), the
 opt-in session restore on 404, the one ``maxQueued`` default, and the client's request counters.
 
-In process: an httpx mock transport answers from a script and the autojump clock runs the
-backoff in virtual time, so every delay is asserted exactly and nothing waits for real.
+In process: an httpx mock transport answers from a script and each backoff wait is recorded
+instead of slept, so every delay is asserted exactly and nothing waits for real. Every async
+test runs on each anyio backend.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 
+import anyio
 import httpx
 import pytest
-import trio
 
 from sdk import DEFAULT_MAX_QUEUED as EXPORTED_MAX_QUEUED
 from sdk.client import DEFAULT_MAX_QUEUED, DaemonClient, route_name
@@ -20,9 +20,11 @@ from sdk.errors import DaemonError, SessionNotFoundError, error_for_status
 from sdk.session import ReconnectPolicy, SessionHandle, SubscriptionState
 from sdk.sse import SSEParser
 from tests.harness import RunningDaemon, running_daemon
-from tests.test_sdk_session import EventLog, Stops, sse, sse_body, update
+from tests.test_sdk_session import EventLog, RecordingSleep, Stops, sse, sse_body, update
 
 HIGH: Callable[[float, float], float] = lambda low, high: high  # noqa: E731
+
+pytestmark = pytest.mark.anyio
 
 
 # --- the parser and the policy (pure) ---------------------------------------------------------
@@ -89,22 +91,18 @@ async def follow_script(
     answers: list[httpx.Response], *, restore: bool = False
 ) -> tuple[Script, SessionHandle, EventLog, DaemonError, list[float]]:
     script = Script(answers)
-    delays: list[float] = []
-
-    async def virtual_sleep(seconds: float) -> None:
-        delays.append(seconds)
-        await trio.sleep(seconds)
+    sleep = RecordingSleep()
 
     async with DaemonClient("http://daemon.test", transport=httpx.MockTransport(script)) as client:
         handle = SessionHandle(
-            client, "s1", last_event_id=4, epoch="E1", restore=restore, sleep=virtual_sleep,
+            client, "s1", last_event_id=4, epoch="E1", restore=restore, sleep=sleep,
             uniform=HIGH,
         )
         log, stops = EventLog(), Stops()
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             handle.subscribe(nursery, log, on_stop=stops)
-            error = await stops.wait(timeout=math.inf)
-    return script, handle, log, error, delays
+            error = await stops.wait()
+    return script, handle, log, error, sleep.delays
 
 
 def gone() -> httpx.Response:
@@ -117,9 +115,7 @@ def resumed() -> httpx.Response:
     )
 
 
-async def test_retry_after_on_503_and_429_sets_the_reconnect_wait(
-    autojump_clock: trio.abc.Clock,
-) -> None:
+async def test_retry_after_on_503_and_429_sets_the_reconnect_wait() -> None:
     _script, _handle, _log, error, delays = await follow_script(
         [
             httpx.Response(503, json={"error": "busy"}, headers={"Retry-After": "7"}),
@@ -133,9 +129,7 @@ async def test_retry_after_on_503_and_429_sets_the_reconnect_wait(
     assert delays == pytest.approx([8.4, 6.0, 4.8])
 
 
-async def test_the_streams_retry_field_becomes_the_base_delay(
-    autojump_clock: trio.abc.Clock,
-) -> None:
+async def test_the_streams_retry_field_becomes_the_base_delay() -> None:
     body = b"retry: 500\n\n" + sse_body(update(5))[len(b"retry: 3000\n\n"):]
     _script, handle, log, error, delays = await follow_script(
         [httpx.Response(502, json={}), sse(body), httpx.Response(502, json={}), gone()]
@@ -146,9 +140,7 @@ async def test_the_streams_retry_field_becomes_the_base_delay(
     assert handle.server_retry_s == 0.5
 
 
-async def test_restore_on_404_resumes_once_per_failure_and_a_second_404_is_final(
-    autojump_clock: trio.abc.Clock,
-) -> None:
+async def test_restore_on_404_resumes_once_per_failure_and_a_second_404_is_final() -> None:
     script, handle, log, error, delays = await follow_script(
         [
             gone(),  # the daemon restarted: the session is not in memory
@@ -167,9 +159,7 @@ async def test_restore_on_404_resumes_once_per_failure_and_a_second_404_is_final
     assert [e.id for e in log.events] == [1] and handle.client_id == "client_r"
 
 
-async def test_restore_stops_when_the_restore_itself_answers_404(
-    autojump_clock: trio.abc.Clock,
-) -> None:
+async def test_restore_stops_when_the_restore_itself_answers_404() -> None:
     script, handle, _log, error, delays = await follow_script([gone(), gone()], restore=True)
     assert isinstance(error, SessionNotFoundError) and delays == []
     assert script.routes() == ["events", "resume"] and handle.restores == 0

@@ -14,9 +14,9 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import pytest
-import trio
-import trio.testing
+from anyio.abc import TaskGroup
 
 from sdk.client import DaemonClient, LoadResult
 from sdk.errors import DaemonHTTPError
@@ -27,10 +27,12 @@ from sdk.session import SessionHandle, SubscriptionState
 from tests.fault_proxy import FaultProxy
 from tests.harness import RunningDaemon, running_daemon
 from tests.sse_client import chunk_kind, is_terminal_for, text_of
-from tests.test_sdk_session import EventLog
+from tests.test_sdk_session import EventLog, gate_name
 
 WAIT_S = 30
 TWENTY = [f"chunk-{i}" for i in range(20)]
+
+pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +46,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
 @pytest.fixture
 async def proxy(daemon: RunningDaemon) -> AsyncIterator[FaultProxy]:
     fault_proxy = FaultProxy(daemon.url)
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(fault_proxy.run)
         yield fault_proxy
         nursery.cancel_scope.cancel()
@@ -71,12 +73,12 @@ class Scenario:
 
     async def finish_turn(self) -> RepairOutcome:
         self.daemon.open_gate(self.token)
-        with trio.fail_after(WAIT_S):
+        with anyio.fail_after(WAIT_S):
             return await self.driver.wait_outcome()
 
 
 async def wait_for_chunk_19(direct: DaemonClient, session_id: str) -> None:
-    with trio.fail_after(WAIT_S):
+    with anyio.fail_after(WAIT_S):
         async with direct.events(session_id, 0) as stream:
             async for event in stream:
                 if text_of(event) == "chunk-19":
@@ -86,13 +88,13 @@ async def wait_for_chunk_19(direct: DaemonClient, session_id: str) -> None:
 async def start_scenario(
     daemon: RunningDaemon,
     proxy: FaultProxy,
-    nursery: trio.Nursery,
+    nursery: TaskGroup,
     direct: DaemonClient,
     ui_client: DaemonClient,
     tag: str,
     commit: Callable[[RepairCandidate], object] | None = None,
 ) -> Scenario:
-    token = f"repair-{tag}"
+    token = gate_name(f"repair-{tag}")
     created = await direct.create_session(scope="thread")
     accepted = await direct.send_prompt(
         created.session_id, f"{token} mock:chunks=20 mock:gate={token}"
@@ -137,7 +139,7 @@ async def test_repair_reloads_once_and_hands_the_subscription_to_the_candidate(
     async with (
         DaemonClient(daemon.url) as direct,
         DaemonClient(proxy.url) as ui_client,
-        trio.open_nursery() as nursery,
+        anyio.create_task_group() as nursery,
     ):
         sc = await start_scenario(daemon, proxy, nursery, direct, ui_client, "ok")
         prompts_before = len(daemon.prompts())
@@ -165,7 +167,7 @@ async def test_repair_reloads_once_and_hands_the_subscription_to_the_candidate(
         assert sc.driver.handle is new and new.client_id != sc.ui.client_id
         assert sc.ui.state is SubscriptionState.CLOSED
         assert new.state is SubscriptionState.RUNNING
-        with trio.fail_after(WAIT_S):
+        with anyio.fail_after(WAIT_S):
             after = await new.prompt(f"after {sc.token} mock:chunks=1")
         await sc.log.wait_for(is_terminal_for(after.prompt_id))
         ids = sc.log.ids()
@@ -244,7 +246,7 @@ async def test_each_failure_emits_one_notice_and_resumes_only_when_it_should(
     async with (
         DaemonClient(daemon.url) as direct,
         DaemonClient(proxy.url) as ui_client,
-        trio.open_nursery() as nursery,
+        anyio.create_task_group() as nursery,
     ):
         sc = await start_scenario(daemon, proxy, nursery, direct, ui_client, case, commit)
         inject(proxy, case, sc.session_id)
@@ -275,7 +277,7 @@ async def test_each_failure_emits_one_notice_and_resumes_only_when_it_should(
         if expected.resumed:
             assert sc.ui.state is SubscriptionState.RUNNING
             # The resumed subscription delivers: prompt() waits on it for its terminal.
-            with trio.fail_after(WAIT_S):
+            with anyio.fail_after(WAIT_S):
                 after = await sc.ui.prompt(f"after {sc.token} mock:chunks=1")
             await sc.log.wait_for(is_terminal_for(after.prompt_id))
             ids = sc.log.ids()
@@ -290,25 +292,25 @@ async def test_each_failure_emits_one_notice_and_resumes_only_when_it_should(
 async def test_abort_cancels_the_attempt_without_a_notice(
     daemon: RunningDaemon, proxy: FaultProxy
 ) -> None:
-    entered = trio.Event()
+    entered = anyio.Event()
 
     async def never_commits(candidate: RepairCandidate) -> None:
         entered.set()
-        await trio.sleep_forever()
+        await anyio.sleep_forever()
 
     async with (
         DaemonClient(daemon.url) as direct,
         DaemonClient(proxy.url) as ui_client,
-        trio.open_nursery() as nursery,
+        anyio.create_task_group() as nursery,
     ):
         sc = await start_scenario(daemon, proxy, nursery, direct, ui_client, "abort")
         sc.driver._commit = never_commits
         sc.daemon.open_gate(sc.token)
-        with trio.fail_after(WAIT_S):
+        with anyio.fail_after(WAIT_S):
             await entered.wait()
         assert sc.driver.attempting
         sc.driver.abort()
-        with trio.fail_after(WAIT_S):
+        with anyio.fail_after(WAIT_S):
             outcome = await sc.driver.wait_outcome()
         assert outcome.kind is RepairOutcomeKind.ABORTED and outcome.notice is None
         assert sc.notices == [] and sc.driver.episode is None
@@ -321,11 +323,11 @@ async def test_abort_cancels_the_attempt_without_a_notice(
 async def test_a_local_prompt_in_flight_delays_the_repair_until_it_settles(
     daemon: RunningDaemon, proxy: FaultProxy
 ) -> None:
-    token = "repair-guard"
+    token = gate_name("repair-guard")
     async with (
         DaemonClient(daemon.url) as direct,
         DaemonClient(proxy.url) as ui_client,
-        trio.open_nursery() as nursery,
+        anyio.create_task_group() as nursery,
     ):
         created = await direct.create_session(scope="thread")
         sid = created.session_id
@@ -343,7 +345,7 @@ async def test_a_local_prompt_in_flight_delays_the_repair_until_it_settles(
 
         log = EventLog(observe)
         ui.subscribe(nursery, log)
-        settled = trio.Event()
+        settled = anyio.Event()
 
         async def local_prompt() -> None:
             await ui.prompt(f"{token} mock:chunks=20 mock:gate={token}")
@@ -357,12 +359,12 @@ async def test_a_local_prompt_in_flight_delays_the_repair_until_it_settles(
         loads_before = proxy.loads
 
         daemon.open_gate(token)
-        with trio.fail_after(WAIT_S):
+        with anyio.fail_after(WAIT_S):
             await settled.wait()
         # The terminal armed the episode but the prompt in flight held the attempt back.
         assert started_at_terminal == [False] and proxy.loads == loads_before
         assert driver.check() is True  # the prompt settled: re-check
-        with trio.fail_after(WAIT_S):
+        with anyio.fail_after(WAIT_S):
             outcome = await driver.wait_outcome()
         assert outcome.kind is RepairOutcomeKind.REPAIRED and notices == []
         assert proxy.loads == loads_before + 1
@@ -377,21 +379,21 @@ async def test_wait_outcome_returns_none_when_no_attempt_can_come(
     async with (
         DaemonClient(daemon.url) as direct,
         DaemonClient(proxy.url) as ui_client,
-        trio.open_nursery() as nursery,
+        anyio.create_task_group() as nursery,
     ):
         sc = await start_scenario(daemon, proxy, nursery, direct, ui_client, "never-arms")
         results: list[RepairOutcome | None] = []
-        woke = trio.Event()
+        woke = anyio.Event()
 
         async def waiter() -> None:
             results.append(await sc.driver.wait_outcome())
             woke.set()
 
         nursery.start_soon(waiter)
-        await trio.testing.wait_all_tasks_blocked()
+        await anyio.wait_all_tasks_blocked()
         assert results == [], "the episode is pending: the waiter must wait"
         sc.driver.abort()  # e.g. a configured reload: the episode is gone without an attempt
-        with trio.fail_after(WAIT_S):
+        with anyio.fail_after(WAIT_S):
             await woke.wait()
         assert results == [None]
         assert await sc.driver.wait_outcome() is None  # no episode at all: at once
@@ -399,12 +401,12 @@ async def test_wait_outcome_returns_none_when_no_attempt_can_come(
         # An episode whose subscription ends before the terminal can never arm.
         mid = await sc.ui.client.load_session(sc.session_id)
         assert sc.driver.begin(mid) is not None
-        woke = trio.Event()
+        woke = anyio.Event()
         nursery.start_soon(waiter)
-        await trio.testing.wait_all_tasks_blocked()
+        await anyio.wait_all_tasks_blocked()
         assert len(results) == 1
         await sc.ui.close()
-        with trio.fail_after(WAIT_S):
+        with anyio.fail_after(WAIT_S):
             await woke.wait()
         assert results == [None, None] and sc.driver.outcomes == []
         assert proxy.loads == 2, "no repair load was made"

@@ -1,19 +1,21 @@
 """The SDK's session handle: reconnect rules, pause/resume and prompt().
 
-In-process tests drive the reconnect loop with an httpx mock transport and the autojump clock;
-integration tests run the real daemon and cut connections with the fault proxy at points the
-test chooses (never by sleeping).
+In-process tests drive the reconnect loop with an httpx mock transport and a recorded (not
+slept) backoff; integration tests run the real daemon and cut connections with the fault proxy
+at points the test chooses (never by sleeping). Every async test runs on each anyio backend
+(Trio, asyncio, and uvloop when installed).
 """
 
 from __future__ import annotations
 
-import math
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 
+import anyio
+import anyio.lowlevel
 import httpx
 import msgspec
 import pytest
-import trio
 
 from sdk.client import DaemonClient, PromptAccepted
 from sdk.errors import (
@@ -31,6 +33,8 @@ from tests.sse_client import chunk_kind, is_terminal_for, text_of
 
 WAIT_S = 30  # a guard against hangs, never a synchronisation device
 
+pytestmark = pytest.mark.anyio
+
 
 # --- helpers shared with the other SDK test files ------------------------------------------------
 
@@ -41,18 +45,18 @@ class EventLog:
     def __init__(self, hook: Callable[[DaemonEvent], object] | None = None) -> None:
         self.events: list[DaemonEvent] = []
         self.hook = hook
-        self._changed = trio.Event()
+        self._changed = anyio.Event()
 
     async def __call__(self, event: DaemonEvent) -> None:
         self.events.append(event)
         if self.hook is not None:
             self.hook(event)
         self._changed.set()
-        self._changed = trio.Event()
+        self._changed = anyio.Event()
 
     async def wait_for(self, pred: Callable[[DaemonEvent], bool]) -> DaemonEvent:
         seen = 0
-        with trio.fail_after(WAIT_S):
+        with anyio.fail_after(WAIT_S):
             while True:
                 for event in self.events[seen:]:
                     if pred(event):
@@ -77,14 +81,14 @@ class Stops:
 
     def __init__(self) -> None:
         self.errors: list[DaemonError] = []
-        self.event = trio.Event()
+        self.event = anyio.Event()
 
     def __call__(self, error: DaemonError) -> None:
         self.errors.append(error)
         self.event.set()
 
     async def wait(self, timeout: float = WAIT_S) -> DaemonError:
-        with trio.fail_after(timeout):
+        with anyio.fail_after(timeout):
             await self.event.wait()
         return self.errors[0]
 
@@ -97,11 +101,17 @@ class RecordingSleep:
 
     async def __call__(self, seconds: float) -> None:
         self.delays.append(seconds)
-        await trio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
 
 
 def is_user_echo(text: str) -> Callable[[DaemonEvent], bool]:
     return lambda e: chunk_kind(e) == "user_message_chunk" and text in text_of(e)
+
+
+def gate_name(name: str) -> str:
+    """A gate of the mock agent no earlier test opened: a module's daemon serves every
+    backend's run of a test, and a gate file, once there, stays open."""
+    return f"{name}-{uuid.uuid4().hex[:12]}"
 
 
 def assert_contiguous(ids: list[int], first: int) -> None:
@@ -123,7 +133,7 @@ def token_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDa
 @pytest.fixture
 async def proxy(daemon: RunningDaemon) -> AsyncIterator[FaultProxy]:
     fault_proxy = FaultProxy(daemon.url)
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(fault_proxy.run)
         yield fault_proxy
         nursery.cancel_scope.cancel()
@@ -211,11 +221,7 @@ async def run_scripted(
     uniform: Callable[[float, float], float] = lambda low, high: high,
 ) -> tuple[Script, SessionHandle, EventLog, DaemonError, list[float]]:
     script = Script(answers)
-    delays: list[float] = []
-
-    async def virtual_sleep(seconds: float) -> None:
-        delays.append(seconds)
-        await trio.sleep(seconds)  # the autojump clock skips it
+    sleep = RecordingSleep()
 
     async with DaemonClient("http://daemon.test", transport=httpx.MockTransport(script)) as client:
         handle = SessionHandle(
@@ -223,18 +229,17 @@ async def run_scripted(
             "s1",
             last_event_id=last_event_id,
             epoch=epoch,
-            sleep=virtual_sleep,
+            sleep=sleep,
             uniform=uniform,
         )
         log, stops = EventLog(), Stops()
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             handle.subscribe(nursery, log, on_stop=stops)
-            # Virtual time: the scripted backoff alone may exceed the real-time guard.
-            error = await stops.wait(timeout=math.inf)
-    return script, handle, log, error, delays
+            error = await stops.wait()
+    return script, handle, log, error, sleep.delays
 
 
-async def test_reconnect_rules_and_backoff_reset(autojump_clock: trio.abc.Clock) -> None:
+async def test_reconnect_rules_and_backoff_reset() -> None:
     evicted = {"v": 1, "type": "client_evicted", "data": {"reason": "queue_overflow"}}
     script, handle, log, error, delays = await run_scripted(
         [
@@ -269,9 +274,7 @@ async def test_reconnect_rules_and_backoff_reset(autojump_clock: trio.abc.Clock)
     ("status", "kind"),
     [(401, AuthError), (403, AuthError), (404, SessionNotFoundError), (410, SessionNotFoundError)],
 )
-async def test_final_statuses_stop_without_retry(
-    autojump_clock: trio.abc.Clock, status: int, kind: type[DaemonError]
-) -> None:
+async def test_final_statuses_stop_without_retry(status: int, kind: type[DaemonError]) -> None:
     script, handle, _log, error, delays = await run_scripted(
         [httpx.Response(status, json={"error": "no"})]
     )
@@ -280,7 +283,7 @@ async def test_final_statuses_stop_without_retry(
     assert handle.state is SubscriptionState.STOPPED
 
 
-async def test_backoff_is_capped_at_ten_seconds(autojump_clock: trio.abc.Clock) -> None:
+async def test_backoff_is_capped_at_ten_seconds() -> None:
     answers = [httpx.Response(502, json={"error": "bad gateway"}) for _ in range(7)]
     answers.append(httpx.Response(404, json={"error": "gone"}))
     _script, _handle, _log, error, delays = await run_scripted(
@@ -290,7 +293,7 @@ async def test_backoff_is_capped_at_ten_seconds(autojump_clock: trio.abc.Clock) 
     assert delays == pytest.approx([0.8, 1.6, 3.2, 6.4, 8.0, 8.0, 8.0])
 
 
-async def test_epoch_reset_restarts_the_cursor(autojump_clock: trio.abc.Clock) -> None:
+async def test_epoch_reset_restarts_the_cursor() -> None:
     resync = {
         "v": 1,
         "type": "state_resync_required",
@@ -322,7 +325,7 @@ async def test_sse_resume_after_a_severed_connection_has_no_gap_and_no_duplicate
         if text_of(event) == "chunk-700" and not cut:
             cut.append(proxy.sever_streams())
 
-    async with DaemonClient(proxy.url) as client, trio.open_nursery() as nursery:
+    async with DaemonClient(proxy.url) as client, anyio.create_task_group() as nursery:
         # The only reconnect must be the one this test causes, however slow this machine is:
         # the whole turn (echo, 1,900 chunks, terminal) is fewer events than the widest queue,
         # so the reader can never fall far enough behind a full-speed agent to be evicted.
@@ -342,7 +345,7 @@ async def test_sse_resume_after_a_severed_connection_has_no_gap_and_no_duplicate
 
 
 async def test_pause_keeps_cursor_epoch_and_registration(daemon: RunningDaemon) -> None:
-    async with DaemonClient(daemon.url) as client, trio.open_nursery() as nursery:
+    async with DaemonClient(daemon.url) as client, anyio.create_task_group() as nursery:
         handle = await SessionHandle.create(client)
         log = EventLog()
         handle.subscribe(nursery, log)
@@ -379,7 +382,7 @@ async def test_wrong_token_stops_the_subscription_with_auth_error(
         created = await SessionHandle.create(good)
         handle = SessionHandle(bad, created.session_id, last_event_id=0, sleep=sleep)
         stops = Stops()
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             handle.subscribe(nursery, EventLog(), on_stop=stops)
             error = await stops.wait()
         assert isinstance(error, AuthError) and error.status == 401
@@ -395,7 +398,7 @@ async def test_deleted_session_stops_with_missing_session_and_fails_the_waiting_
     daemon: RunningDaemon,
 ) -> None:
     sleep = RecordingSleep()
-    async with DaemonClient(daemon.url) as client, trio.open_nursery() as nursery:
+    async with DaemonClient(daemon.url) as client, anyio.create_task_group() as nursery:
         handle = await SessionHandle.create(client, sleep=sleep)
         log, stops = EventLog(), Stops()
         handle.subscribe(nursery, log, on_stop=stops)
@@ -421,7 +424,7 @@ async def test_deleted_session_stops_with_missing_session_and_fails_the_waiting_
 async def test_prompt_returns_its_own_terminal_with_another_prompt_interleaved(
     daemon: RunningDaemon,
 ) -> None:
-    async with DaemonClient(daemon.url) as client, trio.open_nursery() as nursery:
+    async with DaemonClient(daemon.url) as client, anyio.create_task_group() as nursery:
         first_handle = await SessionHandle.create(client)
         second_handle, _ = await SessionHandle.load(client, first_handle.session_id)
         assert first_handle.client_id != second_handle.client_id
@@ -431,8 +434,10 @@ async def test_prompt_returns_its_own_terminal_with_another_prompt_interleaved(
         results: dict[str, str] = {}
         second_updates: list[DaemonEvent] = []
 
+        interleave = gate_name("interleave")
+
         async def run_first() -> None:
-            done = await first_handle.prompt("first mock:chunks=5 mock:gate=interleave")
+            done = await first_handle.prompt(f"first mock:chunks=5 mock:gate={interleave}")
             results["first"] = done.prompt_id
 
         async def record(event: DaemonEvent) -> None:
@@ -447,7 +452,7 @@ async def test_prompt_returns_its_own_terminal_with_another_prompt_interleaved(
         first_id = event_prompt_id(echo)
         nursery.start_soon(run_second)
         queued = await second_log.wait_for(lambda e: e.type == "pending_prompt_added")
-        daemon.open_gate("interleave")
+        daemon.open_gate(interleave)
         await second_log.wait_for(lambda e: e.type == "pending_prompt_completed")
         await first_handle.close()
         await second_handle.close()
@@ -491,7 +496,7 @@ async def test_prompt_without_subscription_uses_a_temporary_stream(daemon: Runni
 
 @pytest.mark.parametrize("subscribed", [True, False])
 async def test_prompt_raises_turn_error_on_reject(daemon: RunningDaemon, subscribed: bool) -> None:
-    async with DaemonClient(daemon.url) as client, trio.open_nursery() as nursery:
+    async with DaemonClient(daemon.url) as client, anyio.create_task_group() as nursery:
         handle = await SessionHandle.create(client)
         if subscribed:
             handle.subscribe(nursery, EventLog())
@@ -503,11 +508,12 @@ async def test_prompt_raises_turn_error_on_reject(daemon: RunningDaemon, subscri
 
 
 async def test_prompt_reports_its_id_before_the_terminal(daemon: RunningDaemon) -> None:
-    async with DaemonClient(daemon.url) as client, trio.open_nursery() as nursery:
+    async with DaemonClient(daemon.url) as client, anyio.create_task_group() as nursery:
         handle = await SessionHandle.create(client)
         told: list[str] = []
-        accepted = trio.Event()
+        accepted = anyio.Event()
         results: list[str] = []
+        early = gate_name("early-id")
 
         def on_accepted(answer: PromptAccepted) -> None:
             told.append(answer.prompt_id)
@@ -515,16 +521,16 @@ async def test_prompt_reports_its_id_before_the_terminal(daemon: RunningDaemon) 
 
         async def run() -> None:
             done = await handle.prompt(
-                "early id mock:chunks=1 mock:gate=early-id", on_accepted=on_accepted
+                f"early id mock:chunks=1 mock:gate={early}", on_accepted=on_accepted
             )
             results.append(done.prompt_id)
 
         nursery.start_soon(run)
-        with trio.fail_after(WAIT_S):
+        with anyio.fail_after(WAIT_S):
             await accepted.wait()
         # The turn is held open by the gate: the id is known while it runs.
         assert results == [] and len(told) == 1
         status = await client.session_status(handle.session_id)
         assert status.raw["activePromptId"] == told[0]
-        daemon.open_gate("early-id")
+        daemon.open_gate(early)
     assert results == told

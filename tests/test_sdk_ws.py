@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 
+import anyio
 import pytest
-import trio
 
 from sdk.client import DaemonClient
 from sdk.errors import AuthError, SessionNotFoundError
@@ -20,6 +20,8 @@ from tests.test_sdk_session import EventLog, RecordingSleep, Stops, assert_conti
 
 WAIT_S = 30
 
+pytestmark = pytest.mark.anyio
+
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
@@ -30,7 +32,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
 @pytest.fixture
 async def proxy(daemon: RunningDaemon) -> AsyncIterator[FaultProxy]:
     fault_proxy = FaultProxy(daemon.url)
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         await nursery.start(fault_proxy.run)
         yield fault_proxy
         nursery.cancel_scope.cancel()
@@ -56,7 +58,7 @@ async def test_ws_resume_after_a_severed_connection_has_no_gap_and_no_duplicate(
         if text_of(event) == "chunk-700" and not cut:
             cut.append(proxy.sever_streams())
 
-    async with DaemonClient(proxy.url, token="ws-token") as client, trio.open_nursery() as nursery:
+    async with DaemonClient(proxy.url, token="ws-token") as client, anyio.create_task_group() as nursery:
         # The WebSocket writes one message per event, so a 2000-event burst can overflow the
         # default queue and evict (which also resumes); the widest queue keeps the only
         # reconnect the one this test causes.
@@ -84,7 +86,7 @@ async def test_ws_closes_with_1000_when_the_session_ends(daemon: RunningDaemon) 
             client, handle.session_id, 0, handle.epoch, max_queued=64
         ) as stream:
             assert stream.epoch == handle.epoch
-            with trio.fail_after(WAIT_S):
+            with anyio.fail_after(WAIT_S):
                 async for event in stream:
                     events.append(event)
                     if event.type == "replay_complete":
@@ -112,7 +114,7 @@ async def test_ws_upgrade_errors_map_to_the_sdk_errors(daemon: RunningDaemon) ->
 
 async def test_ws_handle_stops_with_missing_session_after_close(daemon: RunningDaemon) -> None:
     sleep = RecordingSleep()
-    async with DaemonClient(daemon.url, token="ws-token") as client, trio.open_nursery() as nursery:
+    async with DaemonClient(daemon.url, token="ws-token") as client, anyio.create_task_group() as nursery:
         handle = await SessionHandle.create(client, transport="ws", sleep=sleep)
         log, stops = EventLog(), Stops()
         handle.subscribe(nursery, log, on_stop=stops)

@@ -15,10 +15,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
-import trio
-import trio.testing
 
 from sdk.client import DaemonClient
 from sdk.repair import RepairState
@@ -30,6 +29,8 @@ from webui_model import Block, MessageBlock, TextBlock, WebUIProvider
 WAIT_S = 30
 CHUNK_RE = re.compile(r"chunk-(\d+)")
 TWENTY = Counter({n: 1 for n in range(20)})
+
+pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
@@ -92,7 +93,7 @@ class Watch:
 
 
 async def wait(provider: WebUIProvider, predicate: Callable[[], bool]) -> None:
-    with trio.fail_after(WAIT_S):
+    with anyio.fail_after(WAIT_S):
         await provider.wait_for(predicate)
 
 
@@ -109,7 +110,7 @@ async def test_spec7_item4_the_model_repairs_the_live_turn_with_one_more_load(
         created = await direct.create_session(scope="thread")
         sid = created.session_id
         accepted = await direct.send_prompt(sid, f"{token} mock:chunks=20 mock:gate={token}")
-        with trio.fail_after(WAIT_S):
+        with anyio.fail_after(WAIT_S):
             async with direct.events(sid, 0) as stream:
                 async for event in stream:
                     if text_of(event) == "chunk-19":
@@ -155,7 +156,7 @@ async def test_a_local_prompt_through_the_model_holds_the_repair_until_it_settle
         DaemonClient(daemon.url) as direct,
         DaemonClient(daemon.url, transport=counted) as ui_client,
         WebUIProvider(ui_client, load_warnings=lambda: ["Commands are temporarily unavailable."]) as provider,
-        trio.open_nursery() as nursery,
+        anyio.create_task_group() as nursery,
     ):
         created = await direct.create_session(scope="thread")
         sid = created.session_id
@@ -200,7 +201,7 @@ async def test_wait_repair_and_the_state_an_observer_sees_when_the_episode_ends(
         DaemonClient(daemon.url) as direct,
         DaemonClient(daemon.url) as ui_client,
         WebUIProvider(ui_client) as provider,
-        trio.open_nursery() as nursery,
+        anyio.create_task_group() as nursery,
     ):
         assert await provider.wait_repair() is None  # nothing open: nothing to wait for
         sid = (await direct.create_session(scope="thread")).session_id
@@ -209,7 +210,7 @@ async def test_wait_repair_and_the_state_an_observer_sees_when_the_episode_ends(
         await provider.open_session(sid)
         assert provider.episode is not None
         seen: list[tuple[int, list[RepairOutcomeKind], int]] = []
-        observed = trio.Event()
+        observed = anyio.Event()
 
         async def observer() -> None:
             await provider.wait_for(lambda: provider.episode is None)
@@ -223,13 +224,13 @@ async def test_wait_repair_and_the_state_an_observer_sees_when_the_episode_ends(
             observed.set()
 
         nursery.start_soon(observer)
-        await trio.testing.wait_all_tasks_blocked()
+        await anyio.wait_all_tasks_blocked()
         daemon.open_gate(token)
-        with trio.fail_after(WAIT_S):
+        with anyio.fail_after(WAIT_S):
             outcome = await provider.wait_repair()
         assert outcome is not None and outcome.kind is RepairOutcomeKind.REPAIRED
         assert chunk_counts(provider) == TWENTY
-        with trio.fail_after(WAIT_S):
+        with anyio.fail_after(WAIT_S):
             await observed.wait()
         # Woken by the episode's end, the observer saw the outcome and the counters with it.
         assert seen == [(1, [RepairOutcomeKind.REPAIRED], 2)]
@@ -243,24 +244,24 @@ async def test_wait_repair_and_the_state_an_observer_sees_when_the_episode_ends(
         await provider.open_session(sid2)
         assert provider.episode is not None
         results: list[object] = []
-        done = trio.Event()
+        done = anyio.Event()
 
         async def waiter() -> None:
             results.append(await provider.wait_repair())
             done.set()
 
         nursery.start_soon(waiter)
-        await trio.testing.wait_all_tasks_blocked()
+        await anyio.wait_all_tasks_blocked()
         assert results == []
         await provider.clear()
-        with trio.fail_after(WAIT_S):
+        with anyio.fail_after(WAIT_S):
             await done.wait()
         assert results == [None] and provider.repair_attempts == 1
         daemon.open_gate(other)
 
 
 async def wait_for_chunk_19(direct: DaemonClient, sid: str) -> None:
-    with trio.fail_after(WAIT_S):
+    with anyio.fail_after(WAIT_S):
         async with direct.events(sid, 0) as stream:
             async for event in stream:
                 if text_of(event) == "chunk-19":

@@ -3,7 +3,7 @@
 The daemon is an in-process fake behind ``httpx.MockTransport`` (a route table with scripted load
 and page answers, an SSE stream fed from a per-session ring); everything above the transport is
 the real code: ``DaemonClient``, ``SessionHandle``, ``RepairDriver``, the provider, the store and
-the reducer. Scripted answers can be held on a ``trio.Event`` gate, which is how a test puts a
+the reducer. Scripted answers can be held on an ``anyio.Event`` gate, which is how a test puts a
 request "in flight" at a point it chooses. Synchronisation is by waiting on provider or fake
 state changes, never by sleeping.
 """
@@ -16,10 +16,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import httpx
 import msgspec
 import pytest
-import trio
 
 from sdk.client import DaemonClient
 from sdk.errors import TurnError
@@ -46,6 +46,8 @@ P0, P1, P2, P3 = "prompt-0", "prompt-1", "prompt-2", "prompt-3"
 FULL_ANSWER = "chunk-0 chunk-1 chunk-2 chunk-3 chunk-4 chunk-5"
 WARNING = "Commands are temporarily unavailable."
 WAIT_S = 10
+
+pytestmark = pytest.mark.anyio
 
 # --- events -----------------------------------------------------------------------------------
 
@@ -157,7 +159,7 @@ def load_body(
 class Answer:
     status: int = 200
     body: Any = None
-    gate: trio.Event | None = None
+    gate: anyio.Event | None = None
     drop: bool = False
 
 
@@ -216,7 +218,7 @@ class FakeDaemon:
         self.page_answers: list[Answer] = []
         self.prompt_ids: list[str] = []
         self._rings: dict[str, list[dict[str, Any]]] = {}
-        self._changed = trio.Event()
+        self._changed = anyio.Event()
 
     # -- scripting -----------------------------------------------------------------------------
 
@@ -253,7 +255,7 @@ class FakeDaemon:
         return self.requests_to("POST", r"/prompt$")
 
     async def wait_for(self, predicate: Callable[[], bool]) -> None:
-        with trio.fail_after(WAIT_S):
+        with anyio.fail_after(WAIT_S):
             while not predicate():
                 await self.wait_changed()
 
@@ -262,7 +264,7 @@ class FakeDaemon:
 
     def _note(self) -> None:
         self._changed.set()
-        self._changed = trio.Event()
+        self._changed = anyio.Event()
 
     # -- serving -------------------------------------------------------------------------------
 
@@ -323,7 +325,7 @@ async def mounted(fake: FakeDaemon, **kw: Any) -> AsyncIterator[WebUIProvider]:
 
 
 async def wait(provider: WebUIProvider, predicate: Callable[[], bool]) -> None:
-    with trio.fail_after(WAIT_S):
+    with anyio.fail_after(WAIT_S):
         await provider.wait_for(predicate)
 
 
@@ -500,7 +502,7 @@ async def test_load_warnings_add_one_status_per_text_after_each_load() -> None:
 
 async def test_prompt_returns_on_its_terminal_and_raises_turn_errors() -> None:
     fake = FakeDaemon()
-    async with mounted(fake) as provider, trio.open_nursery() as nursery:
+    async with mounted(fake) as provider, anyio.create_task_group() as nursery:
         fake.queue_load(load_body(p1_turn(), [], 3))
         await provider.open_session(SID)
         fake.prompt_ids += [P2, P3]
@@ -541,7 +543,7 @@ async def test_repair_after_the_matching_terminal(kind: str) -> None:
         assert [b.id for b in m.prefix] == ["user-2", "assistant-3", "user-1", "assistant-1", "status-2"]
         signature = provider.episode.signature if provider.episode else ""
 
-        gate = trio.Event()
+        gate = anyio.Event()
         fake.queue_load(fresh_body(kind), gate=gate)
         fake.publish(*rest_of_turn(kind))
         await fake.wait_for(lambda: len(fake.loads) == 2)  # the attempt's load is in flight
@@ -586,9 +588,9 @@ async def test_repair_after_the_matching_terminal(kind: str) -> None:
 
 async def test_a_history_page_request_in_flight_delays_the_repair() -> None:
     fake = FakeDaemon()
-    async with mounted(fake) as provider, trio.open_nursery() as nursery:
+    async with mounted(fake) as provider, anyio.create_task_group() as nursery:
         await mount_mid_turn(provider, fake, page=False)
-        gate = trio.Event()
+        gate = anyio.Event()
         fake.queue_page(history_page(), gate=gate)
         nursery.start_soon(provider.load_more)
         await fake.wait_for(lambda: len(fake.pages) == 1)
@@ -609,10 +611,10 @@ async def test_a_history_page_request_in_flight_delays_the_repair() -> None:
 
 async def test_a_local_prompt_in_flight_delays_the_repair() -> None:
     fake = FakeDaemon()
-    async with mounted(fake) as provider, trio.open_nursery() as nursery:
+    async with mounted(fake) as provider, anyio.create_task_group() as nursery:
         await mount_mid_turn(provider, fake, page=False)
         fake.prompt_ids.append(P3)
-        settled = trio.Event()
+        settled = anyio.Event()
 
         async def local_prompt() -> None:
             await provider.prompt("next question")
@@ -627,7 +629,7 @@ async def test_a_local_prompt_in_flight_delays_the_repair() -> None:
         p3_turn = [echo("next question", P3, id=44), agent("p3 answer", id=45, prompt=P3), terminal("end_turn", P3, 46)]
         fake.queue_load(load_body([*p1_turn(), *p2_compacted(), *p3_turn], [], 46))
         fake.publish(*p3_turn)
-        with trio.fail_after(WAIT_S):
+        with anyio.fail_after(WAIT_S):
             await settled.wait()
         await wait(provider, lambda: provider.repair_attempts == 1)
         assert provider.repair_outcomes[-1].kind is RepairOutcomeKind.REPAIRED
@@ -733,7 +735,7 @@ async def test_a_fallback_commit_mirrors_its_status_into_the_next_episode() -> N
 FAILURES = ["missing_input", "missing_terminal", "degraded", "network", "auth", "missing_session", "server_error"]
 
 
-def failing_answer(case: str, gate: trio.Event | None = None) -> Answer:
+def failing_answer(case: str, gate: anyio.Event | None = None) -> Answer:
     compacted = [*p1_turn(), *p2_compacted()]
     if case == "missing_input":
         return Answer(body=load_body([e for e in compacted if e.id != 20], [], 43), gate=gate)
@@ -759,7 +761,7 @@ async def test_every_failure_keeps_the_transcript_and_emits_one_notice(case: str
         episode = provider.episode
         assert episode is not None
         old_handle = provider.handle
-        gate = trio.Event()
+        gate = anyio.Event()
         fake.load_answers.setdefault(SID, []).append(failing_answer(case, gate))
         fake.publish(*rest_of_turn())
         await fake.wait_for(lambda: len(fake.loads) == 2)
@@ -820,16 +822,16 @@ NAVIGATIONS = ["reload", "switch", "clear", "unmount"]
 async def test_navigation_aborts_the_repair_in_flight(action: str) -> None:
     fake = FakeDaemon()
     after: list[Block] = []
-    async with mounted(fake) as provider, trio.open_nursery() as nursery:
+    async with mounted(fake) as provider, anyio.create_task_group() as nursery:
         await mount_mid_turn(provider, fake)
-        repair_gate = trio.Event()
+        repair_gate = anyio.Event()
         fake.queue_load(fresh_body(), gate=repair_gate)
         fake.publish(*rest_of_turn())
         await fake.wait_for(lambda: len(fake.loads) == 2)
         assert provider.episode is not None and provider.episode.state is RepairState.RELOADING
 
         if action == "reload":
-            reload_gate = trio.Event()
+            reload_gate = anyio.Event()
             fake.queue_load(load_body([*p1_turn(), *p2_compacted()], [], 43), gate=reload_gate)
             nursery.start_soon(provider.reload)
             await fake.wait_for(lambda: len(fake.loads) == 3)
@@ -861,9 +863,9 @@ async def test_navigation_aborts_the_repair_in_flight(action: str) -> None:
 
 async def test_a_configured_reload_aborts_an_armed_episode_and_drops_a_stale_page() -> None:
     fake = FakeDaemon()
-    async with mounted(fake) as provider, trio.open_nursery() as nursery:
+    async with mounted(fake) as provider, anyio.create_task_group() as nursery:
         await mount_mid_turn(provider, fake, page=False)
-        gate = trio.Event()
+        gate = anyio.Event()
         fake.queue_page(history_page(), gate=gate)
         nursery.start_soon(provider.load_more)
         await fake.wait_for(lambda: len(fake.pages) == 1)
@@ -969,9 +971,9 @@ async def test_load_more_transient_errors_notify_and_other_errors_latch_until_fo
 
 async def test_operations_in_flight_are_abandoned_by_navigation() -> None:
     fake = FakeDaemon()
-    async with mounted(fake) as provider, trio.open_nursery() as nursery:
+    async with mounted(fake) as provider, anyio.create_task_group() as nursery:
         await mount_mid_turn(provider, fake, page=False)
-        fake.queue_page(history_page(), gate=trio.Event())
+        fake.queue_page(history_page(), gate=anyio.Event())
         errors: list[BaseException] = []
 
         async def page() -> None:

@@ -13,6 +13,8 @@ from sdk.protocol.terminals import TerminalOutcome
 from webui_model.provider import WebUIProvider
 from webui_model.provider_core import OpenSession
 
+pytestmark = pytest.mark.anyio
+
 
 async def test_a_recorded_malformed_turn_error_keeps_code_and_message() -> None:
     session = OpenSession("s")

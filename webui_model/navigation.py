@@ -1,5 +1,5 @@
 """Navigation and mounting: open (switch), reload, clear, unmount; each session in its own
-cancel scope and nursery, torn down as one."""
+cancel scope and task group, torn down as one."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Self
 
-import trio
+import anyio
+from anyio.abc import TaskStatus
 
 from sdk.client import LoadResult
 from webui_model.loading import Loading
@@ -25,7 +26,7 @@ class Navigation(Loading):
         if self._stack is not None or self._unmounted:
             raise RuntimeError("a WebUIProvider is mounted once")
         stack = AsyncExitStack()
-        self._root = await stack.enter_async_context(trio.open_nursery())
+        self._root = await stack.enter_async_context(anyio.create_task_group())
         self._stack = stack
         return self
 
@@ -92,13 +93,16 @@ class Navigation(Loading):
 
     # -- lifetimes ---------------------------------------------------------------------------------
     async def _host(
-        self, session: OpenSession, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+        self, session: OpenSession, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        with session.scope:
-            async with trio.open_nursery() as nursery:
+        with anyio.CancelScope() as scope:
+            session.scope = scope
+            if session.cancelled:
+                scope.cancel()
+            async with anyio.create_task_group() as nursery:
                 session.nursery = nursery
                 task_status.started()
-                await trio.sleep_forever()
+                await anyio.sleep_forever()
 
     async def _teardown(self, *, clear_store: bool) -> None:
         session, self._session = self._session, None
@@ -108,7 +112,7 @@ class Navigation(Loading):
                 session.driver.abort()
             for scope in tuple(session.op_scopes):
                 scope.cancel()
-            session.scope.cancel()
+            session.cancel()
             session.notify()
             owner = session.owner
             if owner is not None:

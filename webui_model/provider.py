@@ -1,6 +1,6 @@
-"""The WebUI model's provider: the Trio shell around the pure store.
+"""The WebUI model's provider: the async shell (anyio: Trio or asyncio) around the pure store.
 
-A :class:`WebUIProvider` is mounted with ``async with`` (that opens its nursery) and owns one
+A :class:`WebUIProvider` is mounted with ``async with`` (that opens its task group) and owns one
 session at a time:
 
     load → replay (one ``store.reset``) → subscribe → dispatch live events into the store
@@ -13,7 +13,7 @@ the SDK (``DaemonClient``, ``SessionHandle``, ``RepairDriver``).
 Lifetimes
 =========
 
-- Each session runs inside its own cancel scope with its own nursery (the subscription reader,
+- Each session runs inside its own cancel scope with its own task group (the subscription reader,
   repair attempts and resync reloads live there). Navigation — :meth:`open_session` (switch),
   :meth:`clear`, :meth:`unmount` — aborts the repair episode, cancels that scope and every
   operation still in flight for the session (those raise :class:`SessionAbandonedError`), and

@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AsyncExitStack, contextmanager
 from typing import Any, Final
 
-import trio
+import anyio
+from anyio.abc import TaskGroup
 
 from sdk.client import DaemonClient
 from sdk.errors import AuthError, DaemonError, SessionNotFoundError
@@ -62,8 +63,10 @@ class OpenSession:
 
     def __init__(self, session_id: str) -> None:
         self.session_id = session_id
-        self.scope = trio.CancelScope()
-        self.nursery: trio.Nursery | None = None
+        self.scope: anyio.CancelScope | None = None
+        """The session's scope, made by the task that hosts it (see :meth:`cancel`)."""
+        self.cancelled = False
+        self.nursery: TaskGroup | None = None
         self.driver: RepairDriver | None = None
         self.loaded_handle: SessionHandle | None = None
         self.closed = False
@@ -75,22 +78,31 @@ class OpenSession:
         """Bumped whenever the store is rebuilt from a new anchor; a page answer fetched for an
         older generation no longer fits the transcript and is dropped."""
         self.resync_scheduled = False
-        self.op_scopes: set[trio.CancelScope] = set()
+        self.op_scopes: set[anyio.CancelScope] = set()
         self.next_checkpoint: Checkpoint | None = None
         self.terminals: OrderedDict[str, TerminalOutcome] = OrderedDict()
         self.stop_error: DaemonError | None = None
-        self._changed = trio.Event()
+        self._changed: anyio.Event | None = None
 
     @property
     def owner(self) -> SessionHandle | None:
         """The handle owning the subscription now (after a repair: the driver's candidate)."""
         return self.driver.handle if self.driver is not None else self.loaded_handle
 
+    def cancel(self) -> None:
+        """Cancel the session's scope, now or as soon as its host task makes it."""
+        self.cancelled = True
+        if self.scope is not None:
+            self.scope.cancel()
+
     def notify(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
+        changed, self._changed = self._changed, None
+        if changed is not None:
+            changed.set()
 
     async def wait_changed(self) -> None:
+        if self._changed is None:
+            self._changed = anyio.Event()
         await self._changed.wait()
 
     def record_terminal(self, event: DaemonEvent) -> None:
@@ -144,10 +156,10 @@ class ProviderCore:
         self._pagination_supported: bool | None = None
         self._session: OpenSession | None = None
         self._navigating = 0
-        self._root: trio.Nursery | None = None
+        self._root: TaskGroup | None = None
         self._stack: AsyncExitStack | None = None
         self._unmounted = False
-        self._changed = trio.Event()
+        self._changed: anyio.Event | None = None
         self.store.subscribe(self._touch)
 
     # -- reading -----------------------------------------------------------------------------------
@@ -178,6 +190,8 @@ class ProviderCore:
     async def wait_for(self, predicate: Callable[[], bool]) -> None:
         """Wait until ``predicate()`` holds; re-checked after every store or provider change."""
         while not predicate():
+            if self._changed is None:
+                self._changed = anyio.Event()
             await self._changed.wait()
 
     def add_notice(self, notice: Notice) -> None:
@@ -213,12 +227,14 @@ class ProviderCore:
             self._set_connection(ConnectionState.DISCONNECTED)
 
     def _touch(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
+        # The event is made by the first waiter: a change nobody waits for costs nothing.
+        changed, self._changed = self._changed, None
+        if changed is not None:
+            changed.set()
 
     # -- lifetimes ---------------------------------------------------------------------------------
     async def _close_quietly(self, handle: SessionHandle) -> None:
-        with trio.CancelScope(shield=True), trio.move_on_after(self._detach_timeout):
+        with anyio.move_on_after(self._detach_timeout, shield=True):
             try:
                 await handle.close()
             except DaemonError as exc:
@@ -234,7 +250,7 @@ class ProviderCore:
         """Run the body under a scope that navigation cancels; then raise SessionAbandoned."""
         if session.closed:
             raise SessionAbandonedError(f"session {session.session_id} is no longer open")
-        scope = trio.CancelScope()
+        scope = anyio.CancelScope()
         session.op_scopes.add(scope)
         try:
             with scope:
@@ -246,7 +262,7 @@ class ProviderCore:
                 f"the provider left session {session.session_id} while the operation ran"
             )
 
-    def _require_mounted(self) -> trio.Nursery:
+    def _require_mounted(self) -> TaskGroup:
         if self._unmounted:
             raise RuntimeError("the WebUIProvider is unmounted")
         if self._root is None:
