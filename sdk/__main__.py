@@ -23,10 +23,12 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, TextIO, TypeVar
 
+import anyio
 import msgspec
-import trio
+from anyio.abc import TaskGroup
 
 from daemon._version import __version__
+from sdk._lines import LineReader
 from sdk.client import TOKEN_ENV, DaemonClient, LoadResult, PromptAccepted
 from sdk.errors import (
     AuthError,
@@ -412,7 +414,7 @@ class Permissions:
         client: DaemonClient,
         session_id: str,
         out: Output,
-        nursery: trio.Nursery,
+        nursery: TaskGroup,
         *,
         approve: str | None,
         interactive: bool,
@@ -428,13 +430,13 @@ class Permissions:
         self.answered = 0
         self._nursery = nursery
         self._stdin = stdin if stdin is not None else sys.stdin
-        self._asking: dict[str, trio.CancelScope] = {}
-        self._lines: trio.MemoryReceiveChannel[str] | None = None
+        self._asking: dict[str, anyio.CancelScope] = {}
+        self._lines: LineReader | None = None
 
     def on_event(self, event: DaemonEvent) -> None:
         payload = event.payload
         if isinstance(payload, PermissionRequestData) and payload.request_id:
-            scope = trio.CancelScope()
+            scope = anyio.CancelScope()
             self._asking[payload.request_id] = scope
             self._nursery.start_soon(self._answer, payload.request_id, payload, scope)
         elif isinstance(payload, PermissionResolvedData):
@@ -444,7 +446,7 @@ class Permissions:
                 self.out.error(describe_resolution(payload))
 
     async def _answer(
-        self, request_id: str, request: PermissionRequestData, scope: trio.CancelScope
+        self, request_id: str, request: PermissionRequestData, scope: anyio.CancelScope
     ) -> None:
         options = request.answers
         self.out.error(f"permission requested: {describe_permission(request)}")
@@ -497,7 +499,7 @@ class Permissions:
             "the agent asked for permission and stdin is not a terminal: nobody can answer, so "
             "the request and the prompt were cancelled (use --approve to answer without asking)"
         )
-        with trio.move_on_after(_CLEANUP_S):
+        with anyio.move_on_after(_CLEANUP_S):
             try:
                 await self.client.vote_permission(self.session_id, request_id, cancelled=True)
             except SessionNotFoundError:
@@ -524,23 +526,11 @@ class Permissions:
             self.out.error_raw(f"please answer {choices}\n")
 
     async def _next_line(self) -> str | None:
+        # One reader for the whole prompt: what a question cancelled mid-read had read stays
+        # buffered for the next question, and no thread is left behind blocked on the terminal.
         if self._lines is None:
-            send, self._lines = trio.open_memory_channel[str](math.inf)
-            self._nursery.start_soon(self._read_lines, send)
-        try:
-            return await self._lines.receive()
-        except trio.EndOfChannel:
-            return None
-
-    async def _read_lines(self, send: trio.MemorySendChannel[str]) -> None:
-        # One reader for the whole prompt: a question cancelled mid-read must not leave a
-        # second reader behind to swallow the next answer.
-        async with send:
-            while True:
-                line = await trio.to_thread.run_sync(self._stdin.readline, abandon_on_cancel=True)
-                if not line:
-                    return
-                await send.send(line)
+            self._lines = LineReader(self._stdin.fileno())
+        return await self._lines.readline()
 
 
 class _PromptState:
@@ -584,8 +574,8 @@ async def cmd_prompt(client: DaemonClient, args: argparse.Namespace, out: Output
 
     result = None
     error: Exception | None = None
-    with trio.move_on_after(math.inf if timeout is None else timeout) as timer:
-        async with trio.open_nursery() as nursery:
+    with anyio.move_on_after(math.inf if timeout is None else timeout) as timer:
+        async with anyio.create_task_group() as nursery:
             permissions = Permissions(
                 client,
                 args.session,
@@ -667,7 +657,7 @@ async def _timed_out(
             f"would stop instead, so it was left queued ({bound})"
         )
         return EXIT_TIMEOUT
-    with trio.move_on_after(_CLEANUP_S) as cleanup:
+    with anyio.move_on_after(_CLEANUP_S) as cleanup:
         try:
             await client.cancel(session_id)
         except DaemonError as exc:
@@ -805,7 +795,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = Output(args.json, sys.stdout, sys.stderr)
     try:
-        return trio.run(run, args, out)
+        # asyncio: the standard library's loop, so an SDK-only install runs the command line too.
+        return anyio.run(run, args, out)
     except _Usage as exc:
         out.error(str(exc))
         return EXIT_USAGE

@@ -33,8 +33,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Final, TextIO
 
-import trio
+import anyio
+from anyio.abc import Process
 
+from sdk._lines import LineReader
 from sdk.client import DaemonClient
 from sdk.events import TERMINAL_TYPES, DaemonEvent, typed_data
 from sdk.protocol.events import (
@@ -139,7 +141,7 @@ class DaemonProcess:
         self.gate_dir = base / "gates"
         self.prompt_log = base / "prompts.log"
         self.stderr_path = base / "daemon-stderr.log"
-        self.proc: trio.Process | None = None
+        self.proc: Process | None = None
         self.url = ""
         self.agent_pids: list[int] = []
 
@@ -154,16 +156,18 @@ class DaemonProcess:
         with open(self.stderr_path, "wb") as err:
             # Its own session: a Ctrl-C in the terminal reaches the demo only, and the demo
             # stops the daemon (which stops its agent) in order.
-            self.proc = await trio.lowlevel.open_process(
+            self.proc = await anyio.open_process(
                 argv, stdout=subprocess.PIPE, stderr=err, env=env, cwd=str(self.base),
                 start_new_session=True)
         assert self.proc.stdout is not None
         buf = b""
-        with trio.move_on_after(START_TIMEOUT_S):
+        with anyio.move_on_after(START_TIMEOUT_S):
             while (match := LISTEN_RE.search(buf)) is None:
-                chunk = await self.proc.stdout.receive_some(4096)
-                if not chunk:
-                    raise DemoError("the daemon exited before listening:\n" + self.stderr())
+                try:
+                    chunk = await self.proc.stdout.receive(4096)
+                except anyio.EndOfStream:
+                    raise DemoError(
+                        "the daemon exited before listening:\n" + self.stderr()) from None
                 buf += chunk
             self.url = match.group(1).decode()
             return
@@ -188,10 +192,10 @@ class DaemonProcess:
         proc = self.proc
         if proc is None:
             return None
-        with trio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True):
             if proc.returncode is None:
                 proc.send_signal(signal.SIGTERM)
-                with trio.move_on_after(STOP_TIMEOUT_S):
+                with anyio.move_on_after(STOP_TIMEOUT_S):
                     await proc.wait()
                 if proc.returncode is None:
                     proc.kill()
@@ -227,7 +231,7 @@ def is_chunk(event: DaemonEvent, n: int) -> bool:
 async def still_running(pid: int, wait_s: float = 5.0) -> bool:
     """Whether ``pid`` still exists after up to ``wait_s`` (an exited agent is reaped by the
     daemon, or by init once the daemon is gone: poll, bounded, until it disappears)."""
-    with trio.move_on_after(wait_s):
+    with anyio.move_on_after(wait_s):
         while True:
             try:
                 os.kill(pid, 0)
@@ -235,12 +239,12 @@ async def still_running(pid: int, wait_s: float = 5.0) -> bool:
                 return False
             except PermissionError:
                 return True
-            await trio.sleep(0.02)
+            await anyio.sleep(0.02)
     return True
 
 
 async def read_line() -> None:
-    await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
+    await LineReader(sys.stdin.fileno()).readline()
 
 
 async def run_demo(base: Path, say: Printer, *, step: bool = False) -> None:
@@ -283,14 +287,14 @@ async def scenario(daemon: DaemonProcess, say: Printer, *, step: bool) -> None:
         say("prompt", f"{PROMPT!r} accepted as {accepted.prompt_id}")
         say.more(f"the mock agent streams {CHUNKS} chunks of {CHUNK_BYTES} bytes, "
                  f"then holds the turn open until the gate file {GATE!r} exists")
-        with trio.fail_after(STEP_TIMEOUT_S):
+        with anyio.fail_after(STEP_TIMEOUT_S):
             async with direct.events(sid, 0) as stream:
                 seen = await read_until(stream, lambda e: is_chunk(e, CHUNKS - 1))
         last_id = max(e.id or 0 for e in seen)
         say("stream", f"{len(seen)} events arrived live (the user echo, then chunk-0 … "
                       f"chunk-{CHUNKS - 1}); the turn is still running")
 
-        with trio.fail_after(STEP_TIMEOUT_S):
+        with anyio.fail_after(STEP_TIMEOUT_S):
             await provider.open_session(sid)
         blocks = provider.store.blocks
         markers = [b for b in blocks if is_live_marker(b)]
@@ -312,7 +316,7 @@ async def scenario(daemon: DaemonProcess, say: Printer, *, step: bool) -> None:
             print("press Enter to release the gate", flush=True)
             await read_line()
         daemon.open_gate(GATE)
-        with trio.fail_after(STEP_TIMEOUT_S):
+        with anyio.fail_after(STEP_TIMEOUT_S):
             async with direct.events(sid, last_id) as stream:
                 after = await read_until(
                     stream, lambda e: e.type in TERMINAL_TYPES)
@@ -321,7 +325,7 @@ async def scenario(daemon: DaemonProcess, say: Printer, *, step: bool) -> None:
         reason = getattr(ended, "stop_reason", None) or getattr(ended, "code", "")
         say("release", f"gate opened: the agent ends the turn -> {end.type} ({reason})")
 
-        with trio.fail_after(STEP_TIMEOUT_S):
+        with anyio.fail_after(STEP_TIMEOUT_S):
             await provider.wait_for(lambda: provider.repair_attempts >= 1)
         outcome = provider.repair_outcomes[-1]
         blocks = provider.store.blocks
@@ -341,11 +345,11 @@ STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class StopSignals:
-    """Records the first stop signal, from before ``trio.run`` until the demo has cleaned up.
+    """Records the first stop signal, from before the loop runs until the demo has cleaned up.
 
     Installed as the process's handler of :data:`STOP_SIGNALS` (whatever disposition the demo
-    inherited, SIG_IGN included); inside ``trio.run``, :func:`amain`'s signal receiver takes
-    over and hands the signal back here. A signal caught outside ``trio.run`` is only recorded:
+    inherited, SIG_IGN included); inside the loop, :func:`amain`'s signal receiver takes
+    over and hands the signal back here. A signal caught outside the loop is only recorded:
     ``amain`` does not start if one came first, and one during the final cleanup changes the
     exit status without interrupting the cleanup.
     """
@@ -376,11 +380,11 @@ async def amain(base: Path, say: Printer, *, step: bool, stop: StopSignals) -> i
     failure: list[str] = []
     # Installed before the first checkpoint and kept through run_demo's cleanup: a signal
     # arriving at any moment of the run is read here, never handled by a default disposition.
-    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
+    with anyio.open_signal_receiver(*STOP_SIGNALS) as signals:
         if stop.signum is not None:
             return 128 + stop.signum  # arrived before Trio ran: nothing started yet
-        async with trio.open_nursery() as nursery:
-            demo = trio.CancelScope()
+        async with anyio.create_task_group() as nursery:
+            demo = anyio.CancelScope()
 
             async def watch_signals() -> None:
                 async for signum in signals:
@@ -419,7 +423,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         say = Printer(sys.stdout)
         code = 1
         try:
-            code = trio.run(partial(amain, base, say, step=args.step, stop=stop))
+            # On Trio (the daemon the demo starts needs it anyway): its signal receiver hands
+            # the handlers it replaced back on exit, which the cleanup's recording relies on.
+            code = anyio.run(partial(amain, base, say, step=args.step, stop=stop),
+                             backend="trio")
         finally:
             shutil.rmtree(base, ignore_errors=True)
             state = "still there" if base.exists() else "removed"
