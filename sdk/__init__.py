@@ -106,6 +106,7 @@ if TYPE_CHECKING:
         SessionHandle,
         SubscriptionState,
     )
+    from sdk.sync import SyncDaemonClient, SyncEventStream, SyncSessionHandle
     from sdk.ws import WebSocketEventStream
 
 # The async/HTTP parts load on first use, so that importing the pure protocol (the daemon does,
@@ -115,6 +116,7 @@ _LAZY: dict[str, str] = {
     **dict.fromkeys(('RepairCandidate', 'RepairDriver', 'RepairOutcome', 'RepairOutcomeKind'), "sdk.repair_driver"),
     **dict.fromkeys(('DEFAULT_MAX_QUEUED', 'HandleClosedError', 'ReconnectPolicy', 'SessionHandle', 'SubscriptionState'), "sdk.session"),
     **dict.fromkeys(('WebSocketEventStream',), "sdk.ws"),
+    **dict.fromkeys(('SyncDaemonClient', 'SyncEventStream', 'SyncSessionHandle'), "sdk.sync"),
 }
 
 
@@ -186,6 +188,9 @@ __all__ = [
     "StreamErrorData",
     "SubscriptionState",
     "SuffixResult",
+    "SyncDaemonClient",
+    "SyncEventStream",
+    "SyncSessionHandle",
     "TranscriptPage",
     "TransportError",
     "TruncationDebugItem",

@@ -758,6 +758,11 @@ class EventStream(FollowsCursor):
         """The reconnection time the stream's last valid ``retry:`` field asked for, if any."""
         return self._parser.retry_ms
 
+    @property
+    def buffered(self) -> int:
+        """Events already parsed and not yet handed over (the next ones need no read)."""
+        return len(self._pending)
+
     def request_headers(self) -> dict[str, str]:
         """The headers this stream sends (the cursor pair only together)."""
         headers = self._client.headers(accept="text/event-stream")

@@ -135,6 +135,11 @@ class WebSocketEventStream(FollowsCursor):
         self._part_bytes = 0
         self._opened = False
 
+    @property
+    def buffered(self) -> int:
+        """Events already decoded and not yet handed over (the next ones need no read)."""
+        return len(self._pending)
+
     def request_headers(self) -> dict[str, str]:
         """The headers of the upgrade request, without its ``Sec-WebSocket-Key``."""
         headers = self._client.headers()
