@@ -25,6 +25,7 @@ import anyio
 import httpx
 import msgspec
 
+from sdk._httpcore import load_httpcore
 from sdk.errors import (
     DaemonHTTPError,
     InvalidTokenError,
@@ -351,6 +352,8 @@ class DaemonClient:
         self.timeout = timeout
         self.owner_wait_s = owner_wait_s
         self._sleep: Callable[[float], Awaitable[None]] = sleep or anyio.sleep
+        if transport is None:
+            load_httpcore()  # before httpx does: without Trio unless the program runs it
         self._http = httpx.AsyncClient(
             base_url=self.base_url, timeout=timeout, transport=transport, follow_redirects=False
         )

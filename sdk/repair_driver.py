@@ -54,7 +54,7 @@ from sdk.repair import (
     repair_failure_notice,
     validate_fresh_snapshot,
 )
-from sdk.session import SessionHandle, SubscriptionState, TaskSpawner
+from sdk.session import SessionHandle, SubscriptionState, TaskSpawner, spawn
 
 __all__ = [
     "CommitFn",
@@ -133,7 +133,7 @@ class RepairDriver:
     """Drives the repair episodes of one session (see the module docstring).
 
     ``handle`` is the current subscription owner; it must have subscribed (the candidate takes
-    over its task group and callbacks). ``nursery`` (a task group or Trio nursery) runs attempts. ``guards`` reports the UI's
+    over its task group and callbacks). ``nursery`` (a task group, Trio nursery or ``asyncio.TaskGroup``) runs attempts. ``guards`` reports the UI's
     in-flight work (default: only this handle's own prompts); ``on_outcome`` is told how each
     attempt ended; ``registry`` remembers attempted signatures (share one per UI).
     """
@@ -212,7 +212,7 @@ class RepairDriver:
         scope = anyio.CancelScope()
         episode.attempt_scope = scope
         self._running += 1
-        self._nursery.start_soon(self._attempt, episode, scope)
+        spawn(self._nursery, self._attempt, episode, scope)
         self._signal()
         return True
 

@@ -3,7 +3,7 @@
 A :class:`SessionHandle` is one client's view of one daemon session: its
 session id, its own daemon-side client registration (``client_id``), and the resume cursor
 (``last_event_id``, ``epoch``). Its subscription is a task in a task group the *caller* owns
-(an anyio task group, or a Trio nursery: anything with ``start_soon``), so the handle runs under
+(an anyio task group, a Trio nursery or an ``asyncio.TaskGroup``), so the handle runs under
 ``trio.run`` and ``asyncio.run`` alike:
 
 - :meth:`SessionHandle.subscribe` starts the reader; :meth:`pause` cancels its cancel scope
@@ -86,12 +86,34 @@ SleepFn: TypeAlias = Callable[[float], Awaitable[None]]
 UniformFn: TypeAlias = Callable[[float, float], float]
 
 
-class TaskSpawner(Protocol):
-    """Where a subscription's reader runs: an anyio task group, or a Trio nursery."""
+class _StartsSoon(Protocol):
+    """An anyio task group or a Trio nursery."""
 
     def start_soon(
         self, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any, name: Any = None
     ) -> object: ...
+
+
+class _CreatesTasks(Protocol):
+    """An ``asyncio.TaskGroup``."""
+
+    def create_task(self, coro: Coroutine[Any, Any, Any], *, name: str | None = None) -> object:
+        ...
+
+
+TaskSpawner: TypeAlias = _StartsSoon | _CreatesTasks
+"""Where a subscription's reader (or a repair attempt) runs, owned by the caller: an anyio task
+group, a Trio nursery or an ``asyncio.TaskGroup``."""
+
+
+def spawn(
+    group: TaskSpawner, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any
+) -> None:
+    """Start ``func(*args)`` as a task of ``group`` (any :data:`TaskSpawner`)."""
+    if hasattr(group, "start_soon"):
+        group.start_soon(func, *args)
+    else:
+        group.create_task(func(*args))
 
 
 class HandleClosedError(DaemonError):
@@ -323,7 +345,8 @@ class SessionHandle(FollowsCursor):
         *,
         on_stop: StopCallback | None = None,
     ) -> None:
-        """Start the reader as a task in ``nursery`` (the caller's task group or nursery).
+        """Start the reader as a task in ``nursery``: the caller's anyio task group, Trio
+        nursery or ``asyncio.TaskGroup``.
 
         ``on_stop`` receives the final error (auth, missing session, non-retryable); without
         it the error is raised from the reader task, i.e. into ``nursery``.
@@ -388,7 +411,7 @@ class SessionHandle(FollowsCursor):
         scope = anyio.CancelScope()
         self._scope = scope
         self._set_state(SubscriptionState.RUNNING)
-        self._nursery.start_soon(self._run_subscription, scope, self._on_event)
+        spawn(self._nursery, self._run_subscription, scope, self._on_event)
 
     async def _run_subscription(self, scope: anyio.CancelScope, on_event: EventCallback) -> None:
         with scope:

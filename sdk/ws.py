@@ -29,12 +29,12 @@ from typing import Any, Final, NoReturn
 from urllib.parse import quote, urlencode, urlsplit
 
 import anyio
-import httpcore
 import httpx
 from wsproto.connection import Connection, ConnectionState, ConnectionType
 from wsproto.events import CloseConnection, Message, Ping
 from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
+from sdk._httpcore import load_httpcore
 from sdk.client import DEFAULT_MAX_QUEUED, EPOCH_HEADER, DaemonClient, _session_path
 from sdk.errors import TransportError, error_for_status
 from sdk.protocol.cursor import FollowsCursor, ResumeCursor
@@ -54,8 +54,7 @@ CLEAN_CLOSE_CODES: Final = frozenset({CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_POLI
 _DISCONNECT_TIMEOUT_S: Final = 2.0
 _READ_BYTES: Final = 65536
 _ACCEPT_GUID: Final = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
-_NETWORK_ERRORS: Final = (httpcore.NetworkError, OSError, anyio.BrokenResourceError,
-                          anyio.ClosedResourceError)
+_GONE: Final = (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError)
 
 
 def ws_url(
@@ -134,6 +133,11 @@ class WebSocketEventStream(FollowsCursor):
         self._parts: list[str | bytes] = []
         self._part_bytes = 0
         self._opened = False
+        # httpcore's read/write errors, and anyio's: a connection that is gone.
+        self._network_errors: tuple[type[BaseException], ...] = (
+            load_httpcore().NetworkError, *_GONE)
+        self._close_errors: tuple[type[BaseException], ...] = (
+            *self._network_errors, LocalProtocolError)
 
     @property
     def buffered(self) -> int:
@@ -220,7 +224,7 @@ class WebSocketEventStream(FollowsCursor):
                 with anyio.move_on_after(_DISCONNECT_TIMEOUT_S):
                     try:
                         await network.write(ws.send(CloseConnection(goodbye)))
-                    except (*_NETWORK_ERRORS, LocalProtocolError):
+                    except self._close_errors:
                         pass  # the peer is gone: that is how a severed stream ends
             # Closing the 101 response closes its connection (httpcore does not reuse it).
             await response.aclose()
@@ -246,7 +250,7 @@ class WebSocketEventStream(FollowsCursor):
         assert ws is not None
         try:
             data = await network.read(_READ_BYTES)
-        except _NETWORK_ERRORS as exc:
+        except self._network_errors as exc:
             await self._fail(CLOSE_ABNORMAL, repr(exc), cause=exc)
         if not data:
             await self._fail(CLOSE_ABNORMAL, "the connection dropped without a close frame")
@@ -263,7 +267,7 @@ class WebSocketEventStream(FollowsCursor):
                 elif isinstance(event, Ping):
                     try:
                         await network.write(ws.send(event.response()))
-                    except _NETWORK_ERRORS as exc:
+                    except self._network_errors as exc:
                         await self._fail(CLOSE_ABNORMAL, repr(exc), cause=exc)
                 elif isinstance(event, CloseConnection):
                     await self._closed(event)
@@ -300,7 +304,7 @@ class WebSocketEventStream(FollowsCursor):
             with anyio.move_on_after(_DISCONNECT_TIMEOUT_S):
                 try:
                     await self._network.write(ws.send(event.response()))
-                except (*_NETWORK_ERRORS, LocalProtocolError):
+                except self._close_errors:
                     pass
         code = event.code
         self.close_code = code
