@@ -415,7 +415,7 @@ class SessionHandle(FollowsCursor):
 
     async def _run_subscription(self, scope: anyio.CancelScope, on_event: EventCallback) -> None:
         with scope:
-            error = await self._read(on_event)
+            error = await self._read(on_event, scope)
             if self._scope is scope:
                 self._scope = None
             self.error = error
@@ -456,8 +456,11 @@ class SessionHandle(FollowsCursor):
             self.last_event_id,
         )
 
-    async def _read(self, on_event: EventCallback) -> DaemonError:
-        """Reconnect loop; returns the final error (it never ends otherwise)."""
+    async def _read(
+        self, on_event: EventCallback, scope: anyio.CancelScope | None = None
+    ) -> DaemonError:
+        """Reconnect loop; returns the final error (it never ends otherwise). ``scope`` is the
+        subscription's own (the one :meth:`pause` and :meth:`stop` cancel), when it has one."""
         attempt = 0
         restored = False  # a restore ran since the last frame: the next 404 is final
         while True:
@@ -494,8 +497,13 @@ class SessionHandle(FollowsCursor):
                             self.last_transport_error = exc
                             break
                         # A paused reader must not hand over events the parser already holds
-                        # (those come back without a checkpoint): the resumed one will.
-                        await anyio.lowlevel.checkpoint_if_cancelled()
+                        # (those come back without a checkpoint): the resumed one will. Its own
+                        # scope is asked directly (an attribute, not a trip through anyio's
+                        # backend lookup on every event); a bare follow() asks the loop.
+                        if scope is None:
+                            await anyio.lowlevel.checkpoint_if_cancelled()
+                        elif scope.cancel_called:
+                            await anyio.sleep_forever()  # the cancellation is on its way
                         attempt = 0
                         restored = False
                         self.cursor.observe(event)
