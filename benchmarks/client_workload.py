@@ -1,12 +1,16 @@
 """The workload of ``python -m benchmarks client``: client-side decode and reduce, in one process.
 
-Run by :mod:`benchmarks.client` as a script in a child process, once per checkout compared::
+Run by :mod:`benchmarks.client` as a script in a child process, once per checkout and event
+loop compared::
 
-    python benchmarks/client_workload.py --tree CHECKOUT --rows model_sse,sdk_handle,replay \
-        --repeat 2 --frames 40000 --history 200000 --live 10000
+    python benchmarks/client_workload.py --tree CHECKOUT --backend asyncio \
+        --rows model_sse,sdk_handle,replay --repeat 2 --frames 40000 --history 200000 --live 10000
 
 It puts ``CHECKOUT`` first on ``sys.path`` (and checks ``sdk`` and ``webui_model`` really load
-from there), then measures, ``--repeat`` times each after one small warm-up pass:
+from there), then measures (CPU seconds of this process, and wall seconds beside them), ``--repeat`` times
+each after one small warm-up pass, every row
+inside one ``anyio.run`` of ``--backend`` (``trio``, ``asyncio`` or ``uvloop``; a checkout from
+before the SDK ran on anyio is measured on ``trio`` only):
 
 - ``model_sse``: the SSE body of ``--frames`` realistic frames (one long agent turn: a bridge
   echo of the prompt, a live ``history_truncated`` marker, thought runs, tool calls and their
@@ -16,6 +20,10 @@ from there), then measures, ``--repeat`` times each after one small warm-up pass
 - ``sdk_handle``: the same body served by an ``httpx.MockTransport`` to a real
   ``sdk.SessionHandle`` subscription (EventStream, parser, cursor, taps, callback), timed from
   ``subscribe`` to the terminal;
+- ``sse_socket`` / ``ws_socket``: the same events over a real loopback socket (the loop's own
+  network stack), served by a child process of this script (``--serve sse|ws``: plain blocking
+  sockets, the whole turn written at once) as an SSE body or as WebSocket text messages, to a
+  ``SessionHandle`` with ``transport="sse"`` / ``"ws"``, timed from ``subscribe`` to the terminal;
 - ``replay``: the in-process scale row of ``benchmarks/repair_cost.py``: a 200,000-event
   history plus a 10,000-entry live journal (with its marker), ``replay_snapshot`` and one store
   ``reset``;
@@ -23,8 +31,9 @@ from there), then measures, ``--repeat`` times each after one small warm-up pass
   ``DaemonClient.load_session`` (``httpx.MockTransport``) and then replayed the same way.
 
 Only names that existed before the typed protocol are used (``sdk.sse``, ``sdk.events``,
-``sdk.DaemonClient``, ``sdk.SessionHandle``, ``webui_model``), so the same workload measures an
-old checkout and a new one. Each row also reports a digest of what it built (block count and
+``sdk.DaemonClient``, ``sdk.SessionHandle``, ``webui_model``), and subscriptions run in an anyio
+task group (a Trio nursery underneath on ``trio``), so the same workload measures an old
+checkout and a new one. Each row also reports a digest of what it built (block count and
 text length), and the driver checks the checkouts agree, so a faster checkout cannot be one
 that skipped work. Prints one JSON object on stdout.
 
@@ -35,13 +44,19 @@ measured may have in another version.
 from __future__ import annotations
 
 import argparse
+import base64
 import gc
+import hashlib
 import json
+import socket
+import struct
+import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -51,7 +66,27 @@ CLIENT = "client_e9d029a4-d686-465d-a72d-61b99f2769ba"
 READ_SIZE = 65536
 STAMP0 = 1796204622451
 
-ROWS = ("model_sse", "sdk_handle", "replay", "load_replay")
+ROWS = ("model_sse", "sdk_handle", "sse_socket", "ws_socket", "replay", "load_replay")
+BACKENDS: dict[str, tuple[str, dict[str, Any]]] = {
+    "trio": ("trio", {}),
+    "asyncio": ("asyncio", {}),
+    "uvloop": ("asyncio", {"use_uvloop": True}),
+}
+EPOCH = "bench-epoch"
+
+Spent = tuple[float, float]
+"""(CPU seconds of this process, wall seconds): on a shared machine the wall time mostly
+measures the neighbours, the CPU time what the client itself spent."""
+Measured = tuple[Spent, int, dict[str, int]]
+
+
+def _now() -> Spent:
+    return time.process_time(), time.perf_counter()
+
+
+def _since(start: Spent) -> Spent:
+    cpu, wall = _now()
+    return cpu - start[0], wall - start[1]
 
 _encode = msgspec.json.encode
 
@@ -149,12 +184,12 @@ def _digest(blocks: Any) -> dict[str, int]:
 # --- the rows -----------------------------------------------------------------------------------
 
 
-def model_sse(body: bytes) -> tuple[float, int, dict[str, int]]:
+def model_sse(body: bytes) -> Measured:
     from sdk.sse import SSEParser
     from webui_model import DEFAULT_MAX_BLOCKS, TranscriptStore
 
     reads = _reads(body)
-    started = time.perf_counter()
+    started = _now()
     parser = SSEParser()
     store = TranscriptStore(max_blocks=DEFAULT_MAX_BLOCKS)
     dispatch = store.dispatch
@@ -164,15 +199,14 @@ def model_sse(body: bytes) -> tuple[float, int, dict[str, int]]:
             dispatch(event)
             events += 1
     parser.close()
-    elapsed = time.perf_counter() - started
+    elapsed = _since(started)
     return elapsed, events, _digest(store.blocks)
 
 
-def sdk_handle(body: bytes) -> tuple[float, int, dict[str, int]]:
+async def sdk_handle(body: bytes) -> Measured:
     import httpx
-    import trio
 
-    from sdk import DaemonClient, SessionHandle
+    from sdk import DaemonClient
 
     reads = _reads(body)
 
@@ -185,30 +219,126 @@ def sdk_handle(body: bytes) -> tuple[float, int, dict[str, int]]:
         if not request.url.path.endswith("/events"):
             return httpx.Response(404, json={"error": "not_found"})
         return httpx.Response(200, stream=Body(), headers={
-            "content-type": "text/event-stream", "x-qwen-event-epoch": "bench-epoch"})
+            "content-type": "text/event-stream", "x-qwen-event-epoch": EPOCH})
 
-    counts = {"events": 0, "text": 0}
-    marks: dict[str, float] = {}
+    async with DaemonClient("http://bench.invalid",
+                            transport=httpx.MockTransport(answer)) as client:
+        return await _follow_to_terminal(client, "sse")
 
-    async def main() -> None:
-        async with DaemonClient("http://bench.invalid",
-                                transport=httpx.MockTransport(answer)) as client:
-            handle = SessionHandle(client.with_client_id(None), SID, last_event_id=0)
-            async with trio.open_nursery() as nursery:
-                async def on_event(event: Any) -> None:
-                    counts["events"] += 1
-                    if event.type == "turn_complete":
-                        marks["end"] = time.perf_counter()
-                        handle.stop()
-                        nursery.cancel_scope.cancel()
 
-                marks["start"] = time.perf_counter()
-                handle.subscribe(nursery, on_event)
+async def _follow_to_terminal(client: Any, transport: Literal["sse", "ws"]) -> Measured:
+    """A ``SessionHandle`` subscription from the first event to the terminal."""
+    import anyio
 
-    trio.run(main)
+    from sdk import SessionHandle
+
+    counts = {"events": 0}
+    marks: dict[str, Spent] = {}
+    handle = SessionHandle(client.with_client_id(None), SID, last_event_id=0,
+                           transport=transport)
+    async with anyio.create_task_group() as nursery:
+        async def on_event(event: Any) -> None:
+            counts["events"] += 1
+            if event.type == "turn_complete":
+                marks["end"] = _since(marks["start"])
+                handle.stop()
+                nursery.cancel_scope.cancel()
+
+        marks["start"] = _now()
+        handle.subscribe(nursery, on_event)
     if "end" not in marks:
         raise RuntimeError(f"the handle never delivered the terminal ({counts['events']} events)")
-    return marks["end"] - marks["start"], counts["events"], {"blocks": 0, "text_chars": 0}
+    return marks["end"], counts["events"], {"blocks": 0, "text_chars": 0}
+
+
+async def socket_row(url: str, transport: Literal["sse", "ws"]) -> Measured:
+    from sdk import DaemonClient
+
+    async with DaemonClient(url) as client:
+        return await _follow_to_terminal(client, transport)
+
+
+# --- the loopback server of the socket rows (a child process: --serve) ----------------------------
+
+
+def _ws_frame(payload: bytes, opcode: int = 0x1) -> bytes:
+    size = len(payload)
+    if size < 126:
+        head = struct.pack("!BB", 0x80 | opcode, size)
+    elif size < 65536:
+        head = struct.pack("!BBH", 0x80 | opcode, 126, size)
+    else:
+        head = struct.pack("!BBQ", 0x80 | opcode, 127, size)
+    return head + payload
+
+
+def _read_head(conn: socket.socket) -> bytes:
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        data = conn.recv(65536)
+        if not data:
+            break
+        buf += data
+    return buf
+
+
+def _answer(conn: socket.socket, kind: str, envelopes: list[bytes], sse: bytes) -> None:
+    with conn:
+        head = _read_head(conn)
+        if kind == "sse":
+            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                         b"x-qwen-event-epoch: " + EPOCH.encode() + b"\r\n"
+                         b"connection: close\r\n\r\n" + sse)
+            return
+        key = b""
+        for line in head.split(b"\r\n"):
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"sec-websocket-key":
+                key = value.strip()
+        accept = base64.b64encode(
+            hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+        conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\n"
+                     b"connection: upgrade\r\nsec-websocket-accept: " + accept + b"\r\n"
+                     b"x-qwen-event-epoch: " + EPOCH.encode() + b"\r\n\r\n"
+                     + b"".join(_ws_frame(raw) for raw in envelopes)
+                     + _ws_frame(struct.pack("!H", 1000), opcode=0x8))
+        while conn.recv(65536):  # until the client's close frame and EOF
+            pass
+
+
+def serve(kind: str, frames: int) -> None:
+    """Serve the turn on 127.0.0.1 until stdin closes; prints the URL first."""
+    envelopes = turn_envelopes(frames)
+    sse = sse_body(envelopes)
+    listener = socket.create_server(("127.0.0.1", 0))
+    print(f"http://127.0.0.1:{listener.getsockname()[1]}", flush=True)
+
+    def accept_forever() -> None:
+        while True:
+            conn, _ = listener.accept()
+            threading.Thread(target=_answer, args=(conn, kind, envelopes, sse),
+                             daemon=True).start()
+
+    threading.Thread(target=accept_forever, daemon=True).start()
+    sys.stdin.read()  # the parent closes it (or exits)
+
+
+class Server:
+    """``--serve KIND`` in a child process, for one socket row."""
+
+    def __init__(self, kind: str, frames: int) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve", kind, "--frames", str(frames)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        self.url = self.proc.stdout.readline().strip()
+        if not self.url:
+            raise RuntimeError(f"the {kind} server did not start")
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(10)
 
 
 def _scale_events(history_n: int, live_n: int) -> tuple[list[Any], list[Any]]:
@@ -247,11 +377,11 @@ def _replay(history: list[Any], live: list[Any]) -> Any:
     return store
 
 
-def replay(history_n: int, live_n: int) -> tuple[float, int, dict[str, int]]:
+def replay(history_n: int, live_n: int) -> Measured:
     history, live = _scale_events(history_n, live_n)
-    started = time.perf_counter()
+    started = _now()
     store = _replay(history, live)
-    elapsed = time.perf_counter() - started
+    elapsed = _since(started)
     return elapsed, len(history) + len(live), _digest(store.blocks)
 
 
@@ -278,9 +408,8 @@ def load_answer(history_n: int, live_n: int) -> bytes:
     })
 
 
-def load_replay(answer_body: bytes) -> tuple[float, int, dict[str, int]]:
+async def load_replay(answer_body: bytes) -> Measured:
     import httpx
-    import trio
 
     from sdk import DaemonClient
 
@@ -288,20 +417,14 @@ def load_replay(answer_body: bytes) -> tuple[float, int, dict[str, int]]:
         return httpx.Response(200, content=answer_body,
                               headers={"content-type": "application/json"})
 
-    out: dict[str, Any] = {}
-
-    async def main() -> None:
-        async with DaemonClient("http://bench.invalid",
-                                transport=httpx.MockTransport(answer)) as client:
-            started = time.perf_counter()
-            result = await client.load_session(SID)
-            store = _replay(list(result.compacted_replay), list(result.live_journal))
-            out["elapsed"] = time.perf_counter() - started
-            out["events"] = len(result.compacted_replay) + len(result.live_journal)
-            out["digest"] = _digest(store.blocks)
-
-    trio.run(main)
-    return out["elapsed"], out["events"], out["digest"]
+    async with DaemonClient("http://bench.invalid",
+                            transport=httpx.MockTransport(answer)) as client:
+        started = _now()
+        result = await client.load_session(SID)
+        store = _replay(list(result.compacted_replay), list(result.live_journal))
+        elapsed = _since(started)
+        events = len(result.compacted_replay) + len(result.live_journal)
+        return elapsed, events, _digest(store.blocks)
 
 
 # --- the driver's side ----------------------------------------------------------------------------
@@ -317,14 +440,21 @@ def _check_tree(tree: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--tree", required=True, type=Path,
+    parser.add_argument("--tree", type=Path,
                         help="the checkout whose sdk/ and webui_model/ are measured")
+    parser.add_argument("--backend", choices=sorted(BACKENDS), default="trio")
     parser.add_argument("--rows", default=",".join(ROWS))
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--frames", type=int, default=40_000)
     parser.add_argument("--history", type=int, default=200_000)
     parser.add_argument("--live", type=int, default=10_000)
+    parser.add_argument("--serve", choices=("sse", "ws"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.serve:
+        serve(args.serve, args.frames)
+        return 0
+    if args.tree is None:
+        parser.error("--tree is required")
     tree = args.tree.resolve()
     sys.path.insert(0, str(tree))
     _check_tree(tree)
@@ -332,33 +462,56 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(rows) - set(ROWS))
     if unknown:
         parser.error(f"unknown rows {unknown}; known: {', '.join(ROWS)}")
+    import anyio
+
+    backend, options = BACKENDS[args.backend]
+    results = anyio.run(_measure, args, rows, backend=backend, backend_options=options)
+    print(json.dumps({"tree": str(tree), "backend": args.backend, "rows": results}))
+    return 0
+
+
+async def _measure(args: argparse.Namespace, rows: list[str]) -> dict[str, Any]:
+    """Every row, inside the one running loop."""
     body = sse_body(turn_envelopes(args.frames))
     small = sse_body(turn_envelopes(min(args.frames, 2_000)))
     answer_body = load_answer(args.history, args.live) if "load_replay" in rows else b""
     small_answer = load_answer(min(args.history, 2_000), min(args.live, 200)) \
         if "load_replay" in rows else b""
-    work: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
-        "model_sse": (lambda: model_sse(body), lambda: model_sse(small)),
-        "sdk_handle": (lambda: sdk_handle(body), lambda: sdk_handle(small)),
-        "replay": (lambda: replay(args.history, args.live),
-                   lambda: replay(min(args.history, 2_000), min(args.live, 200))),
-        "load_replay": (lambda: load_replay(answer_body), lambda: load_replay(small_answer)),
+    servers = {kind: Server(kind, args.frames) for kind in ("sse", "ws")
+               if f"{kind}_socket" in rows}
+
+    async def sync(fn: Callable[[], Measured]) -> Measured:
+        return fn()
+
+    work: dict[str, Callable[[bool], Awaitable[Measured]]] = {
+        "model_sse": lambda warm: sync(lambda: model_sse(small if warm else body)),
+        "sdk_handle": lambda warm: sdk_handle(small if warm else body),
+        "sse_socket": lambda warm: socket_row(servers["sse"].url, "sse"),
+        "ws_socket": lambda warm: socket_row(servers["ws"].url, "ws"),
+        "replay": lambda warm: sync(lambda: replay(min(args.history, 2_000), min(args.live, 200))
+                                    if warm else replay(args.history, args.live)),
+        "load_replay": lambda warm: load_replay(small_answer if warm else answer_body),
     }
     results: dict[str, Any] = {}
-    for row in rows:
-        measure, warm_up = work[row]
-        warm_up()
-        seconds: list[float] = []
-        events = 0
-        digest: dict[str, int] = {}
-        for _ in range(args.repeat):
-            gc.collect()
-            elapsed, events, digest = measure()
-            seconds.append(elapsed)
-        results[row] = {"seconds": seconds, "events": events, "digest": digest,
-                        "sse_bytes": len(body) if row in ("model_sse", "sdk_handle") else None}
-    print(json.dumps({"tree": str(tree), "rows": results}))
-    return 0
+    try:
+        for row in rows:
+            await work[row](True)
+            seconds: list[float] = []
+            wall: list[float] = []
+            events = 0
+            digest: dict[str, int] = {}
+            for _ in range(args.repeat):
+                gc.collect()
+                (cpu_s, wall_s), events, digest = await work[row](False)
+                seconds.append(cpu_s)
+                wall.append(wall_s)
+            sse_bytes = len(body) if row in ("model_sse", "sdk_handle", "sse_socket") else None
+            results[row] = {"seconds": seconds, "wall": wall, "events": events,
+                            "digest": digest, "sse_bytes": sse_bytes}
+    finally:
+        for server in servers.values():
+            server.close()
+    return results
 
 
 if __name__ == "__main__":

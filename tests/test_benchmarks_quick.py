@@ -134,9 +134,10 @@ def test_rows_with_targets_and_cpu(quick_run: tuple[Any, dict[str, Any]]) -> Non
     _, results = quick_run
     rows = results["rows"]
     targeted = {row["benchmark"] for row in rows if row["target"]}
-    # The client rows' target is another checkout (--compare-tree): informational without one
-    # (their comparison logic is checked below, without child processes).
-    assert targeted == set(EXPECTED_ROWS) - {"client"}, targeted
+    # Every benchmark has targets; the client rows' Trio target is another checkout
+    # (--compare-tree), so without one only its other loops' rows have a target (checked below,
+    # without child processes).
+    assert targeted == set(EXPECTED_ROWS), targeted
     # Out-of-process rows account the daemon's CPU beside the clients'.
     for benchmark in ("e2e", "resume", "transcript_cost", "repair_cost"):
         assert any(_is_number(row["cpu"]["daemon_ms"]) for row in rows
@@ -170,21 +171,32 @@ def test_table_is_printed(quick_run: tuple[subprocess.CompletedProcess[str], Any
 
 def _client_rows(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                  results: dict[str, dict[str, Any]]) -> list[Any]:
-    """``benchmarks client --compare-tree OTHER`` with each checkout's child results given."""
+    """``benchmarks client --compare-tree OTHER --backends trio,asyncio`` with each child's
+    results given: ``mine``/``theirs`` on Trio, ``asyncio`` for this checkout on asyncio."""
     other = tmp_path / "other"
     (other / "sdk").mkdir(parents=True)
+    runs: list[tuple[Path, str]] = []
 
-    def child(tree: Path, rows: str, sizes: dict[str, int]) -> tuple[dict[str, Any], float]:
+    def child(tree: Path, rows: str, sizes: dict[str, int],
+              backend: str) -> tuple[dict[str, Any], float]:
+        runs.append((tree, backend))
         mine = tree == client_bench.ROOT
-        return {row: {"seconds": [results[row]["mine" if mine else "theirs"]], "events": 10,
-                      "digest": results[row]["digest_mine" if mine else "digest_theirs"]}
+        key = "asyncio" if backend == "asyncio" else "mine" if mine else "theirs"
+        digest = "digest_mine" if mine else "digest_theirs"
+        return {row: {"seconds": [results[row][key]], "events": 10,
+                      "digest": results[row].get(f"{digest}_{backend}", results[row][digest])}
                 for row in rows.split(",")}, 0.5
 
     monkeypatch.setattr(client_bench, "_child", child)
     parser = __import__("argparse").ArgumentParser()
     client_bench.add_arguments(parser)
-    args = parser.parse_args(["--compare-tree", str(other), "--rows", ",".join(results)])
-    return client_bench.run(Context(quick=True, progress=Progress(enabled=False)), args)
+    args = parser.parse_args(["--compare-tree", str(other), "--rows", ",".join(results),
+                              "--backends", "trio,asyncio"])
+    rows = client_bench.run(Context(quick=True, progress=Progress(enabled=False)), args)
+    # The other checkout runs on Trio only: the SDK ran on nothing else before anyio.
+    assert sorted(set(runs)) == sorted({(client_bench.ROOT, "trio"),
+                                        (client_bench.ROOT, "asyncio"), (other, "trio")})
+    return rows
 
 
 def test_client_compare_is_not_slower_and_needs_equal_digests(
@@ -192,18 +204,34 @@ def test_client_compare_is_not_slower_and_needs_equal_digests(
 ) -> None:
     same = {"blocks": 3, "text_chars": 12}
     rows = _client_rows(monkeypatch, tmp_path, {
-        "model_sse": {"mine": 1.0, "theirs": 2.0, "digest_mine": same, "digest_theirs": same},
-        "replay": {"mine": 3.0, "theirs": 2.0, "digest_mine": same, "digest_theirs": same},
-        "load_replay": {"mine": 1.0, "theirs": 1.0, "digest_mine": same,
-                        "digest_theirs": {"blocks": 2, "text_chars": 12}},
+        "model_sse": {"mine": 1.0, "theirs": 2.0, "asyncio": 1.5, "digest_mine": same,
+                      "digest_theirs": same},
+        "replay": {"mine": 3.0, "theirs": 2.0, "asyncio": 4.6, "digest_mine": same,
+                   "digest_theirs": same},
+        "load_replay": {"mine": 1.0, "theirs": 1.0, "asyncio": 1.0, "digest_mine": same,
+                        "digest_theirs": {"blocks": 2, "text_chars": 12},
+                        "digest_mine_asyncio": {"blocks": 1, "text_chars": 12}},
     })
     by_row = {row.name: row for row in rows}
-    faster = by_row[client_bench.ROW_NAMES["model_sse"]]
+
+    def row(name: str, loop: str) -> Any:
+        return by_row[client_bench.row_name(name, loop)]
+
+    assert len(rows) == 6  # each row on each loop
+    faster = row("model_sse", "trio")
     assert (faster.ok, faster.ratio, faster.baseline, faster.error) == (True, 0.5, 2000.0, None)
-    slower = by_row[client_bench.ROW_NAMES["replay"]]
+    slower = row("replay", "trio")
     assert (slower.ok, slower.ratio, slower.error) == (False, 1.5, None)
-    different = by_row[client_bench.ROW_NAMES["load_replay"]]
+    different = row("load_replay", "trio")
     assert different.error is not None and "different results" in different.error
+    # asyncio against this checkout's Trio row of the same run: at most 1.5x.
+    on_asyncio = row("model_sse", "asyncio")
+    assert (on_asyncio.ok, on_asyncio.ratio, on_asyncio.baseline) == (True, 1.5, 1000.0)
+    assert "1.5x" in on_asyncio.target
+    too_slow = row("replay", "asyncio")
+    assert too_slow.ok is False and too_slow.ratio == pytest.approx(4.6 / 3.0)
+    differs = row("load_replay", "asyncio")
+    assert differs.error is not None and "different results" in differs.error
 
 
 # --- the load generator's frame counter ----------------------------------------------------------
