@@ -293,6 +293,40 @@ async def test_backoff_is_capped_at_ten_seconds() -> None:
     assert delays == pytest.approx([0.8, 1.6, 3.2, 6.4, 8.0, 8.0, 8.0])
 
 
+async def test_pausing_inside_the_callback_neither_loses_nor_repeats_buffered_events() -> None:
+    # Ten frames arrive in one read, so after the third the other seven are already parsed and
+    # handed over without any I/O: the pause must still stop them, and the resume (from cursor 3)
+    # bring them back once.
+    script = Script([sse(sse_body(*(update(i) for i in range(1, 11)))),
+                     sse(sse_body(*(update(i) for i in range(4, 11))))])
+    async with DaemonClient("http://daemon.test", transport=httpx.MockTransport(script)) as client:
+        handle = SessionHandle(client, "s1", last_event_id=0, epoch="E1",
+                               sleep=RecordingSleep())
+        delivered: list[int | None] = []
+        paused, last = anyio.Event(), anyio.Event()
+
+        async def on_event(event: DaemonEvent) -> None:
+            delivered.append(event.id)
+            if event.id == 3 and not paused.is_set():
+                handle.pause()
+                paused.set()
+            if event.id == 10:
+                last.set()
+
+        async with anyio.create_task_group() as nursery:
+            handle.subscribe(nursery, on_event)
+            with anyio.fail_after(WAIT_S):
+                await paused.wait()
+            await anyio.wait_all_tasks_blocked()  # the cancelled reader has wound down
+            assert delivered == [1, 2, 3] and handle.last_event_id == 3
+            handle.resume()
+            with anyio.fail_after(WAIT_S):
+                await last.wait()
+            handle.stop()
+    assert delivered == list(range(1, 11))
+    assert script.cursors() == [("0", "E1"), ("3", "E1")]
+
+
 async def test_epoch_reset_restarts_the_cursor() -> None:
     resync = {
         "v": 1,

@@ -1,0 +1,88 @@
+"""docs/sdk.md's programs run as written against the real daemon: the same program with Trio,
+with asyncio and blocking gives the same output, and the asyncio agent tool answers, times out
+and cancels the agent's turn. Each ``<!-- example: NAME -->`` block is run as a script, with
+only the daemon's URL replaced."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.harness import RunningDaemon, running_daemon
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "sdk.md"
+EXAMPLE = re.compile(r"<!-- example: (\w+) -->\n```python\n(.*?)```", re.S)
+DOC_URL = "http://127.0.0.1:4170"
+
+
+def examples() -> dict[str, str]:
+    return dict(EXAMPLE.findall(DOC.read_text()))
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
+    with running_daemon(tmp_path_factory.mktemp("sdk-docs")) as d:
+        yield d
+
+
+def run_example(name: str, daemon: RunningDaemon) -> str:
+    code = examples()[name]
+    assert DOC_URL in code, name
+    done = subprocess.run([sys.executable, "-c", code.replace(DOC_URL, daemon.url)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_doc_opens_with_the_same_program_three_ways() -> None:
+    found = list(examples())
+    assert found[:3] == ["trio", "asyncio", "sync"]
+    text = DOC.read_text()
+    assert text.index("## The same program three ways") < text.index("## `DaemonClient(")
+    trio_code, asyncio_code = examples()["trio"], examples()["asyncio"]
+    # The async program is the same on both loops: only the import and the run line differ.
+    strip = re.compile(r"^(import trio|import asyncio|trio\.run\(main\)|asyncio\.run\(main\(\)\))$",
+                       re.M)
+    assert strip.sub("", trio_code) == strip.sub("", asyncio_code)
+
+
+@pytest.mark.parametrize("name", ["trio", "asyncio", "sync"])
+def test_each_way_prints_the_answer_and_the_stop_reason(daemon: RunningDaemon, name: str) -> None:
+    assert run_example(name, daemon) == "chunk-0chunk-1chunk-2\nstop reason: end_turn\n"
+
+
+def test_the_blocking_for_loop_example_follows_the_turn_and_keeps_the_cursor(
+    daemon: RunningDaemon,
+) -> None:
+    lines = run_example("sync_events", daemon).splitlines()
+    assert lines[-2].endswith(" turn_complete")
+    ids = [int(line.split()[0]) for line in lines[:-1]]
+    assert ids == list(range(ids[0], ids[0] + len(ids)))  # from the 202's cursor on, no gap
+    assert lines[-1].startswith(f"resume from {ids[-1]} ")
+
+
+def test_the_asyncio_agent_tool_answers_and_times_out(daemon: RunningDaemon) -> None:
+    lines = run_example("agent", daemon).splitlines()
+    assert lines == ["['chunk-0chunk-1chunk-2']", "the agent did not finish within 1 s"]
+    assert [p for p in daemon.prompts() if "mock:mode=hang" in p]
+    # The timed-out turn (an agent that waits for a cancel) was cancelled on the daemon, not
+    # left running: soon no session has an active prompt.
+    deadline = time.monotonic() + 10
+    while any(session["hasActivePrompt"] for session in _sessions(daemon)):
+        assert time.monotonic() < deadline, "the hung turn is still running"
+        time.sleep(0.05)
+
+
+def _sessions(daemon: RunningDaemon) -> list[dict[str, object]]:
+    body = httpx.get(f"{daemon.url}/daemon/status", timeout=10).json()
+    sessions: list[dict[str, object]] = body["sessions"]
+    assert sessions
+    return sessions
