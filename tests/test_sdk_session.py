@@ -311,6 +311,7 @@ async def test_pausing_inside_the_callback_neither_loses_nor_repeats_buffered_ev
                 handle.pause()
                 paused.set()
             if event.id == 10:
+                handle.stop()  # before the stream's end would reconnect
                 last.set()
 
         async with anyio.create_task_group() as nursery:
@@ -322,7 +323,6 @@ async def test_pausing_inside_the_callback_neither_loses_nor_repeats_buffered_ev
             handle.resume()
             with anyio.fail_after(WAIT_S):
                 await last.wait()
-            handle.stop()
     assert delivered == list(range(1, 11))
     assert script.cursors() == [("0", "E1"), ("3", "E1")]
 
