@@ -17,7 +17,7 @@ import httpx
 import msgspec
 import pytest
 
-from sdk.client import DaemonClient, PromptAccepted
+from sdk.client import DaemonClient, EventStream, PromptAccepted
 from sdk.errors import (
     AuthError,
     DaemonError,
@@ -27,6 +27,7 @@ from sdk.errors import (
 )
 from sdk.events import DaemonEvent, event_prompt_id
 from sdk.session import ReconnectPolicy, SessionHandle, SubscriptionState
+from sdk.ws import WebSocketEventStream
 from tests.fault_proxy import FaultProxy
 from tests.harness import RunningDaemon, running_daemon
 from tests.sse_client import chunk_kind, is_terminal_for, text_of
@@ -376,6 +377,46 @@ async def test_sse_resume_after_a_severed_connection_has_no_gap_and_no_duplicate
     assert log.texts(accepted.prompt_id) == [f"chunk-{i}" for i in range(1900)]
     assert not [e for e in log.events if e.type == "state_resync_required"]
     assert handle.last_event_id == terminal.id
+
+
+async def test_leaving_the_task_group_closes_every_stream_it_opened(
+    daemon: RunningDaemon,
+) -> None:
+    """Structured on every loop: cancelling the caller's task group (no close() called) ends
+    the SSE and WebSocket readers, a prompt's temporary stream and raw streams, and the daemon
+    sees every one of their connections closed."""
+    async with DaemonClient(daemon.url) as watcher:
+        created = await watcher.create_session(scope="thread")
+        sid = created.session_id
+
+        async def subscribers() -> int:
+            return int((await watcher.session_status(sid)).raw["subscribers"])
+
+        async with DaemonClient(daemon.url) as client:
+            async with anyio.create_task_group() as group:
+                for transport in ("sse", "ws"):
+                    handle = SessionHandle(client.with_client_id(None), sid, last_event_id=0,
+                                           transport=transport)
+                    handle.subscribe(group, EventLog())
+
+                async def read_raw(stream: EventStream | WebSocketEventStream) -> None:
+                    async with stream:
+                        async for _event in stream:
+                            pass
+
+                group.start_soon(read_raw, client.events(sid, 0))
+                group.start_soon(read_raw, WebSocketEventStream(client, sid, 0))
+                group.start_soon(SessionHandle(client.with_client_id(None), sid).prompt,
+                                 "held mock:chunks=1 mock:gate=" + gate_name("structured"))
+                with anyio.fail_after(WAIT_S):
+                    while await subscribers() < 5:  # 4 streams and the prompt's own
+                        await anyio.sleep(0.02)  # polling the daemon's count, bounded
+                group.cancel_scope.cancel()
+            # Left: every task ended; the pool is still open, yet nothing holds a stream.
+            with anyio.fail_after(WAIT_S):
+                while await subscribers() > 0:
+                    await anyio.sleep(0.02)
+        await watcher.cancel(sid)
 
 
 async def test_pause_keeps_cursor_epoch_and_registration(daemon: RunningDaemon) -> None:
