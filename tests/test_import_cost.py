@@ -1,5 +1,6 @@
 """The daemon imports the pure wire protocol (sdk.protocol) but none of the SDK's client side:
-httpx and trio-websocket stay out of the daemon's memory; the SDK's public names still resolve."""
+httpx, httpcore and the SDK's readers stay out of the daemon's memory; the SDK's public names
+still resolve."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 
 def test_the_daemon_does_not_load_the_sdks_client_libraries() -> None:
     code = ("import sys, daemon.server; "
-            "print(sorted(m for m in ('httpx', 'trio_websocket', 'sdk.client', 'sdk.ws') "
+            "print(sorted(m for m in ('httpx', 'httpcore', 'sdk.client', 'sdk.ws', 'sdk.sync') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
