@@ -35,6 +35,7 @@ from daemon.core.acp_client import (
     AgentProtocolError,
     AgentRpcError,
     BadUpdate,
+    HeldUpdatesDropped,
     MalformedLine,
     NotificationIgnored,
     PermissionAsked,
@@ -402,8 +403,20 @@ class AgentChannel:
     def attach(self, acp_session_id: str, sink: SessionSink) -> None:
         """Route the session's updates and permission requests to ``sink``. Raises
         :class:`SessionIdInUse` if another sink holds that id: an agent that hands out one
-        session id twice never gets two daemon sessions' traffic mixed."""
+        session id twice never gets two daemon sessions' traffic mixed. Updates the agent
+        sends for it before :meth:`release_held` are held for then."""
         self._client.attach(acp_session_id, sink)
+
+    def release_held(self, acp_session_id: str, sink: SessionSink) -> None:
+        """The session is ready: hand ``sink`` the updates the agent sent for it since its
+        ``session/new`` or ``session/load`` reply (held meanwhile, in stdout order); later
+        ones go to the attached sink as they are read."""
+        held = self._client.take_held(acp_session_id)
+        if held:
+            log.info("event=agent_updates_held pid=%s acp_session_id=%s count=%d",
+                     self.pid, acp_session_id, len(held))
+            sink.on_updates(held, None)
+            sink.flush()
 
     def is_attached(self, acp_session_id: str) -> bool:
         return self._client.is_attached(acp_session_id)
@@ -679,8 +692,11 @@ class AgentChannel:
                 event.id,
             )
             self._reply(event.reply, by_reader=True)
+        elif isinstance(event, HeldUpdatesDropped):
+            log.warning("event=agent_held_updates_dropped pid=%s acp_session_id=%s reason=%s",
+                        self.pid, event.session_id, event.reason)
         elif isinstance(event, UnroutedUpdate):
-            log.debug(
+            log.info(
                 "event=agent_update_unrouted pid=%s acp_session_id=%s", self.pid, event.session_id
             )
         elif isinstance(event, ReplyUnknown):

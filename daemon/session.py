@@ -216,6 +216,8 @@ class Session:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.agent.attach(self.acp_session_id, self)
+        # What the agent sent between its session/new (or load) reply and now.
+        self.agent.release_held(self.acp_session_id, self)
         task_status.started()
         try:
             while True:

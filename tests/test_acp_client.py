@@ -10,6 +10,9 @@ from typing import Any
 import pytest
 
 from daemon.core.acp_client import (
+    MAX_HELD_BYTES,
+    MAX_HELD_SESSIONS,
+    MAX_HELD_UPDATES,
     MAX_PENDING_PERMISSIONS,
     PROTOCOL_VERSION,
     TOO_MANY_REQUESTS,
@@ -18,6 +21,7 @@ from daemon.core.acp_client import (
     AgentRpcError,
     BadUpdate,
     Batch,
+    HeldUpdatesDropped,
     Initialized,
     MalformedLine,
     NotificationIgnored,
@@ -176,6 +180,85 @@ def test_an_update_for_an_unknown_session_is_dropped_and_reported() -> None:
     assert batch.updates == {} and batch.events == [UnroutedUpdate("a")]
     client.attach("a", "other")
     assert client.receive([update("a", "3")]).updates["a"][0] == "other"
+
+
+def test_updates_after_a_session_new_reply_are_held_until_the_session_is_attached() -> None:
+    # opencode writes its first update in the same read as its session/new reply: the
+    # daemon has not attached the session yet when the rest of that read is routed.
+    client = attached("a")
+    request_id, _ = client.request("session/new", new_session_params("/w"), "w")
+    batch = client.receive([reply(request_id, {"sessionId": "n"}), update("n", "first"),
+                            update("a", "other"), update("ghost", "x")])
+    assert batch.events == [Replied("w", "session/new", {"sessionId": "n"}, None),
+                            UnroutedUpdate("ghost")]
+    assert list(batch.updates) == ["a"] and client.holding("n")
+    assert client.receive([update("n", "second")]).updates == {}  # a later read: held too
+    client.attach("n", "sink-n")
+    # Attached but not ready: still held, so nothing overtakes the held ones (either path).
+    assert client.receive([update("n", "third")]).updates == {}
+    assert client.receive([update("n", "4th"), update("a", "x")]).updates.keys() == {"a"}
+    held = client.take_held("n")
+    assert [json.loads(raw)["content"]["text"] for raw in held] == [
+        "first", "second", "third", "4th"]
+    assert not client.holding("n") and client.take_held("n") == []
+    assert texts(client.receive([update("n", "5th")]), "n") == ["5th"]
+    # A session set up and dropped before it was ready leaves nothing held.
+    request_id, _ = client.request("session/new", {}, "w")
+    client.receive([reply(request_id, {"sessionId": "gone"}), update("gone", "x")])
+    client.attach("gone", "sink-gone")
+    client.detach("gone")
+    assert not client.holding("gone")
+
+
+def test_updates_after_a_session_load_reply_are_held_and_the_replay_still_consumed() -> None:
+    client = attached()
+    request_id, _ = client.request("session/load", load_session_params("l", "/w"), "w",
+                                   loading="l")
+    batch = client.receive([update("l", "replayed"), reply(request_id, None),
+                            update("l", "commands")])
+    assert batch.updates == {} and len(batch.events) == 1
+    client.attach("l", "sink-l")
+    assert [json.loads(raw)["content"]["text"] for raw in client.take_held("l")] == [
+        "commands"]
+
+
+def test_nothing_is_held_after_a_failed_create_or_load_or_for_an_attached_session() -> None:
+    client = attached("a")
+    failed_new, _ = client.request("session/new", {}, "w")
+    failed_load, _ = client.request("session/load", {}, "w", loading="x")
+    error = {"code": -32603, "message": "Internal error"}
+    client.receive([reply(failed_new, error=error), reply(failed_load, error=error)])
+    reload, _ = client.request("session/load", {}, "w", loading="a")
+    prompt, _ = client.request("session/prompt", {}, "w")
+    batch = client.receive([reply(reload, None), update("a", "live"),
+                            reply(prompt, {"sessionId": "p"}), update("p", "x"),
+                            update("x", "y")])
+    assert texts(batch, "a") == ["live"]
+    assert [e for e in batch.events if isinstance(e, UnroutedUpdate)] == [
+        UnroutedUpdate("p"), UnroutedUpdate("x")]
+    assert not client.holding("a") and not client.holding("x") and not client.holding("p")
+
+
+def test_the_hold_is_bounded_in_updates_bytes_and_sessions() -> None:
+    client = attached()
+    request_id, _ = client.request("session/new", {}, "w")
+    client.receive([reply(request_id, {"sessionId": "n"})])
+    batch = client.receive([update("n", str(i)) for i in range(MAX_HELD_UPDATES + 5)])
+    assert batch.events == [HeldUpdatesDropped("n", f"over_{MAX_HELD_UPDATES}_updates")]
+    held = client.take_held("n")
+    assert [json.loads(raw)["content"]["text"] for raw in held] == [
+        str(i) for i in range(MAX_HELD_UPDATES)]
+    request_id, _ = client.request("session/new", {}, "w")
+    client.receive([reply(request_id, {"sessionId": "big"})])
+    big = "x" * (MAX_HELD_BYTES // 3)
+    batch = client.receive([update("big", big) for _ in range(4)])
+    assert batch.events == [HeldUpdatesDropped("big", f"over_{MAX_HELD_BYTES}_bytes")]
+    assert len(client.take_held("big")) == 2
+    for n in range(MAX_HELD_SESSIONS + 1):  # never attached: the oldest is let go
+        request_id, _ = client.request("session/new", {}, "w")
+        client.receive([reply(request_id, {"sessionId": f"s{n}"})])
+    assert not client.holding("s0") and client.holding("s1")
+    assert client.holding(f"s{MAX_HELD_SESSIONS}")
 
 
 def test_spaced_updates_are_handed_on_compact() -> None:

@@ -14,6 +14,12 @@ request it sends. The rules it holds:
   session is outstanding, the updates the agent replays for it are consumed, not routed: the
   daemon already holds that history. Suppression ends when the load's reply is read (updates
   after the reply, even in the same read, are routed) or when its caller stops waiting.
+- Updates for a session whose ``session/new`` or ``session/load`` reply has been read but that
+  nobody has attached yet (the daemon is still setting the session up; opencode writes its
+  first update in the same read as its ``session/new`` reply) are held, up to
+  ``MAX_HELD_UPDATES`` updates and ``MAX_HELD_BYTES`` per session and ``MAX_HELD_SESSIONS``
+  sessions, and handed over when the daemon has the session ready (:meth:`AcpClient.take_held`;
+  until then they are held even once its sink is attached, so that none overtakes them).
 - Replies are matched to requests by id; ids are allocated here and never reused, and a reply
   with an id nobody waits for is reported, not delivered.
 - The agent's ``session/request_permission`` is answered by the session it names (an unknown
@@ -60,6 +66,9 @@ from .splice import ChunkRun, compact, compact_chunks, plain_chunk_lines
 
 __all__ = [
     "DEFAULT_CLIENT_INFO",
+    "MAX_HELD_BYTES",
+    "MAX_HELD_SESSIONS",
+    "MAX_HELD_UPDATES",
     "MAX_PENDING_PERMISSIONS",
     "PROTOCOL_VERSION",
     "TOO_MANY_REQUESTS",
@@ -69,6 +78,7 @@ __all__ = [
     "BadUpdate",
     "Batch",
     "Event",
+    "HeldUpdatesDropped",
     "Initialized",
     "MalformedLine",
     "NotificationIgnored",
@@ -101,6 +111,12 @@ _EXCERPT_BYTES: Final = 200
 MAX_PENDING_PERMISSIONS: Final = 64
 # The JSON-RPC error (implementation-defined server range) refusing a request over a cap.
 TOO_MANY_REQUESTS: Final = -32000
+# Updates held for a session between its session/new or session/load reply and its attach.
+MAX_HELD_UPDATES: Final = 256
+MAX_HELD_BYTES: Final = 1024 * 1024
+MAX_HELD_SESSIONS: Final = 64
+# Requests whose successful reply starts holding updates for the session they name.
+_HOLDING_METHODS: Final = frozenset({"session/new", "session/load"})
 
 S = TypeVar("S")
 W = TypeVar("W")
@@ -272,6 +288,15 @@ class UnroutedUpdate:
 
 
 @dataclass(frozen=True, slots=True)
+class HeldUpdatesDropped:
+    """Updates for a session not attached yet went past the hold's bounds (reported once per
+    session): ``reason`` says which bound."""
+
+    session_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class BadUpdate:
     """A ``session/update`` without a string ``sessionId`` and an object ``update``."""
 
@@ -302,7 +327,8 @@ class UnroutedPermission:
 # Generic in (S, W), in the order they first appear.
 Event = (
     PermissionAsked[S] | Replied[W] | ReplyUnknown | PermissionRefused | UnroutedPermission
-    | UnsupportedRequest | UnroutedUpdate | BadUpdate | NotificationIgnored | MalformedLine
+    | UnsupportedRequest | UnroutedUpdate | HeldUpdatesDropped | BadUpdate
+    | NotificationIgnored | MalformedLine
 )
 
 
@@ -323,6 +349,30 @@ class Batch(Generic[S, W]):
     chunks: dict[str, ChunkRun] = field(default_factory=dict)
 
 
+class _Held:
+    """Updates held for one session until it is attached (bounded)."""
+
+    __slots__ = ("dropped", "nbytes", "updates")
+
+    def __init__(self) -> None:
+        self.updates: list[bytes] = []
+        self.nbytes = 0
+        self.dropped = False
+
+    def add(self, session_id: str, raw: bytes) -> HeldUpdatesDropped | None:
+        """Hold ``raw``; past a bound it is dropped, and the first drop is reported."""
+        if len(self.updates) < MAX_HELD_UPDATES and self.nbytes + len(raw) <= MAX_HELD_BYTES:
+            self.updates.append(raw)
+            self.nbytes += len(raw)
+            return None
+        if self.dropped:
+            return None
+        self.dropped = True
+        reason = (f"over_{MAX_HELD_UPDATES}_updates" if len(self.updates) >= MAX_HELD_UPDATES
+                  else f"over_{MAX_HELD_BYTES}_bytes")
+        return HeldUpdatesDropped(session_id, reason)
+
+
 # --------------------------------------------------------------------------------------------
 # The connection
 
@@ -330,7 +380,8 @@ class Batch(Generic[S, W]):
 class AcpClient(Generic[S, W]):
     """The client side of one agent connection: sessions, outstanding requests, loads."""
 
-    __slots__ = ("_asking", "_load_of", "_loading", "_prefixes", "_sinks", "pending")
+    __slots__ = ("_asking", "_held", "_load_of", "_loading", "_prefixes", "_sinks",
+                 "pending")
 
     def __init__(self) -> None:
         self.pending: PendingRequests[W] = PendingRequests()
@@ -343,6 +394,8 @@ class AcpClient(Generic[S, W]):
         # request loads which session.
         self._loading: dict[str, int] = {}
         self._load_of: dict[int, str] = {}
+        # Sessions created or loaded and not attached yet, oldest first, with their updates.
+        self._held: dict[str, _Held] = {}
 
     # Sessions
 
@@ -358,6 +411,23 @@ class AcpClient(Generic[S, W]):
         self._sinks[acp_session_id] = sink
         self._prefixes[acp_session_id] = update_prefix(acp_session_id)
 
+    def take_held(self, acp_session_id: str) -> list[bytes]:
+        """The updates held for ``acp_session_id`` since its ``session/new`` or
+        ``session/load`` reply, in stdout order, and the end of holding for it: later updates
+        go to the attached sink. Hand them to the sink before anything it reads next."""
+        held = self._held.pop(acp_session_id, None)
+        return [] if held is None else held.updates
+
+    def holding(self, acp_session_id: str) -> bool:
+        return acp_session_id in self._held
+
+    def _hold(self, acp_session_id: str) -> None:
+        if acp_session_id in self._sinks or acp_session_id in self._held:
+            return
+        while len(self._held) >= MAX_HELD_SESSIONS:  # never attached: the oldest goes
+            del self._held[next(iter(self._held))]
+        self._held[acp_session_id] = _Held()
+
     def is_attached(self, acp_session_id: str) -> bool:
         return acp_session_id in self._sinks
 
@@ -368,6 +438,7 @@ class AcpClient(Generic[S, W]):
             return
         self._sinks.pop(acp_session_id, None)
         self._prefixes.pop(acp_session_id, None)
+        self._held.pop(acp_session_id, None)
 
     def attached(self) -> list[S]:
         """The sinks attached now."""
@@ -482,6 +553,11 @@ class AcpClient(Generic[S, W]):
                 continue
             entry = updates.get(session_id)
             if entry is None:
+                held = self._held.get(session_id)
+                if held is not None:
+                    if (dropped := held.add(session_id, raw)) is not None:
+                        events.append(dropped)
+                    continue
                 sink = sinks.get(session_id)
                 if sink is None:
                     events.append(UnroutedUpdate(session_id))
@@ -496,6 +572,10 @@ class AcpClient(Generic[S, W]):
         """A batch of updates all for one attached session (the usual read)."""
         if session_id in self._loading:
             return Batch({}, [])  # session/load replay: the daemon already has this history.
+        held = self._held.get(session_id)
+        if held is not None:  # attached, but the session is not ready yet
+            return Batch({}, [drop for raw in raws
+                              if (drop := held.add(session_id, raw)) is not None])
         return Batch({session_id: (self._sinks[session_id], raws)}, [],
                      {} if run is None else {session_id: run})
 
@@ -503,8 +583,14 @@ class AcpClient(Generic[S, W]):
         pending = self.pending.resolve(response)
         if pending is None:
             return ReplyUnknown(response.id)
-        self._release(pending.id)
         error = response.error  # an error reply's result is None
+        if error is None and pending.method in _HOLDING_METHODS:
+            loaded = self._load_of.get(pending.id)
+            found = view(response.result, NewSessionResultView) if loaded is None else None
+            session_id = loaded if found is None else found.session_id
+            if type(session_id) is str and session_id:
+                self._hold(session_id)
+        self._release(pending.id)
         return Replied(
             pending.waiter,
             pending.method,

@@ -1,0 +1,79 @@
+"""Quirks of popular ACP agents (found by the agent matrix, ``make test-agents``), reproduced by
+a scripted agent (``tests/agents/interop_agent.py``) behind a real daemon:
+
+- an update written in the same read as the ``session/new`` (or ``session/load``) reply, before
+  the daemon attached the session, is kept (opencode, Gemini CLI);
+- an agent whose own ``session/load`` fails is recreated, and the load answer, the status, the
+  CLI and the viewer say so (Gemini CLI);
+- an agent that echoes the prompt as ``user_message_chunk`` does not double it (Mistral Vibe).
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+from sdk.events import DaemonEvent, decode_events
+from tests.agents.interop_agent import COMMANDS
+from tests.harness import RunningDaemon, start_daemon
+from tests.sse_client import chunk_kind
+
+AGENT = Path(__file__).parent / "agents" / "interop_agent.py"
+AGENT_CMD = shlex.join([sys.executable, str(AGENT)])
+TIMEOUT_S = 30.0
+
+
+def interop(base: Path, flags: str, data_dir: Path | None = None) -> RunningDaemon:
+    return start_daemon(base, ["--agent", AGENT_CMD], {"INTEROP_AGENT_FLAGS": flags},
+                        data_dir=data_dir or base / "data")
+
+
+def commands_updates(events: list[DaemonEvent]) -> list[DaemonEvent]:
+    return [e for e in events if chunk_kind(e) == "available_commands_update"]
+
+
+async def wait_durable(client: httpx.AsyncClient, sid: str) -> dict[str, Any]:
+    """The session's status once everything published is committed (under a deadline)."""
+    with trio.fail_after(TIMEOUT_S):
+        while True:
+            status: dict[str, Any] = (await client.get(f"/session/{sid}/status")).json()
+            if status["durableEventId"] == status["lastEventId"]:
+                return status
+            await trio.sleep(0.02)
+
+
+async def transcript(client: httpx.AsyncClient, sid: str) -> list[DaemonEvent]:
+    await wait_durable(client, sid)
+    resp = await client.get(f"/session/{sid}/transcript", params={"limit": 500})
+    assert resp.status_code == 200, resp.text
+    return decode_events(resp.json()["events"])
+
+
+async def test_an_update_read_with_the_session_new_or_load_reply_is_kept(
+        tmp_path: Path) -> None:
+    daemon = interop(tmp_path, "eager-update")
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, timeout=TIMEOUT_S) as client:
+            sid = (await client.post("/session", json={})).json()["sessionId"]
+            first = commands_updates(await transcript(client, sid))
+    finally:
+        daemon.stop()
+    assert len(first) == 1, "the update read with the session/new reply was dropped"
+    assert first[0].data["update"]["availableCommands"] == COMMANDS
+    assert first[0].prompt_id is None
+    assert "agent_updates_held" in daemon.stderr()
+    # After a restart the agent's session/load reply comes with the same update in one write.
+    daemon = interop(tmp_path, "eager-update", tmp_path / "data")
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, timeout=TIMEOUT_S) as client:
+            assert (await client.post(f"/session/{sid}/load", json={})).status_code == 200
+            after = commands_updates(await transcript(client, sid))
+    finally:
+        daemon.stop()
+    assert "via=session/load" in daemon.stderr()
+    assert len(after) == 2, "the update read with the session/load reply was dropped"
