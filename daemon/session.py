@@ -33,6 +33,7 @@ from sdk.protocol.acp import (
     PermissionParamsView,
     PromptResultView,
     TextBlockView,
+    UpdateView,
     view,
 )
 from sdk.protocol.constants import (
@@ -59,6 +60,7 @@ from sdk.protocol.terminals import CHANNEL_CLOSED
 
 from .agent import AgentChannel, AgentRpcError, ChannelClosed
 from .bus import SessionBus, now_ms
+from .core.prompt_echo import USER_CHUNK, PromptEcho
 from .core.prompt_lifecycle import (
     AgentAnswered,
     AgentFailed,
@@ -126,6 +128,9 @@ async def _answered(outcome: dict[str, Any]) -> dict[str, Any]:
     return {"outcome": outcome}
 
 
+_decode_update = msgspec.json.Decoder(UpdateView).decode
+
+
 def prompt_text(blocks: list[Any]) -> str:
     texts = []
     for block in blocks:
@@ -171,6 +176,8 @@ class Session:
         self._wake = trio.Event()
         # Agent updates of the current stdout batch, published at its flush.
         self._updates: list[tuple[list[bytes], ChunkRun | None]] = []
+        # The running prompt as the agent may echo it back (only while a prompt runs).
+        self._echo: PromptEcho | None = None
 
     # -- admission ----------------------------------------------------------------------------
 
@@ -258,7 +265,13 @@ class Session:
                 prompt_id=prompt.prompt_id, originator_client_id=prompt.client_id, flush=False,
             )
         bus.flush()
+        # The agent may echo the prompt too (Mistral Vibe does): that copy is not published.
+        self._echo = PromptEcho(prompt.blocks[:MAX_ECHO_BLOCKS])
         cause = await self._drive(prompt)
+        if self._echo.taken:
+            log.info("event=agent_prompt_echo_dropped session=%s prompt=%s updates=%d",
+                     self.id, prompt.prompt_id, self._echo.taken)
+        self._echo = None
         # The state is read after the call: a cancel or a close may have come meanwhile.
         decision = terminal_for(prompt.state, cause)
         if decision is None:
@@ -467,8 +480,40 @@ class Session:
     # -- SessionSink (the agent channel calls these) -------------------------------------------
 
     def on_updates(self, updates: list[bytes], chunks: ChunkRun | None) -> None:
+        echo = self._echo
+        if echo is not None and echo.open:
+            updates, chunks = self._without_echo(echo, updates, chunks)
+            if not updates:
+                return
         # Gathered for the end of the read batch: the bus publishes them as one batch.
         self._updates.append((updates, chunks))
+
+    @staticmethod
+    def _without_echo(echo: PromptEcho, updates: list[bytes], chunks: ChunkRun | None
+                      ) -> tuple[list[bytes], ChunkRun | None]:
+        """The updates without the agent's own echo of the running prompt (the daemon has
+        published the prompt itself)."""
+        if chunks is not None:  # one kind of text chunks, already read
+            kind, texts = chunks
+            if kind != USER_CHUNK:
+                echo.take(kind, None)
+                return updates, chunks
+            echoed = echo.take_texts(kind, texts)
+            if not any(echoed):
+                return updates, chunks
+            kept = [i for i, dropped in enumerate(echoed) if not dropped]
+            return [updates[i] for i in kept], (kind, [texts[i] for i in kept])
+        out = []
+        for raw in updates:
+            if echo.open:
+                try:
+                    found = _decode_update(raw)
+                except msgspec.DecodeError:
+                    found = None
+                if found is not None and echo.take(found.session_update, found.content):
+                    continue
+            out.append(raw)
+        return out, None
 
     def on_update(self, update: bytes) -> None:
         """One update (:meth:`on_updates` of one), for callers that have them one at a time:

@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
 from sdk.events import DaemonEvent, decode_events
-from tests.agents.interop_agent import COMMANDS
-from tests.harness import RunningDaemon, start_daemon
-from tests.sse_client import chunk_kind
+from tests.agents.interop_agent import COMMANDS, OTHER_USER_TEXT, reply_text
+from tests.harness import RunningDaemon, running_daemon, start_daemon
+from tests.sse_client import Subscriber, chunk_kind, is_terminal_for, text_of
 
 AGENT = Path(__file__).parent / "agents" / "interop_agent.py"
 AGENT_CMD = shlex.join([sys.executable, str(AGENT)])
@@ -77,3 +78,35 @@ async def test_an_update_read_with_the_session_new_or_load_reply_is_kept(
         daemon.stop()
     assert "via=session/load" in daemon.stderr()
     assert len(after) == 2, "the update read with the session/load reply was dropped"
+
+
+@pytest.mark.parametrize("flags", ["echo-prompt,other-user", "other-user"])
+async def test_an_agents_echo_of_the_prompt_is_kept_once_and_its_own_message_kept(
+        tmp_path: Path, flags: str) -> None:
+    """With ``other-user`` alone, the agent's different user message comes while the echo
+    could still come: it is kept all the same."""
+    prompt = "please summarise the design"
+    with running_daemon(tmp_path, ["--agent", AGENT_CMD],
+                        {"INTEROP_AGENT_FLAGS": flags}) as daemon:
+        async with httpx.AsyncClient(base_url=daemon.url, timeout=TIMEOUT_S) as client, \
+                trio.open_nursery() as nursery:
+            sid = (await client.post("/session", json={})).json()["sessionId"]
+            sub = Subscriber(client, f"/session/{sid}/events", {"Last-Event-ID": "0"})
+            await nursery.start(sub.run)
+            resp = await client.post(f"/session/{sid}/prompt", json={"prompt": [
+                {"type": "text", "text": prompt}]})
+            prompt_id = resp.json()["promptId"]
+            await sub.wait_for(is_terminal_for(prompt_id), timeout=TIMEOUT_S)
+            nursery.cancel_scope.cancel()
+        async with httpx.AsyncClient(base_url=daemon.url, timeout=TIMEOUT_S) as client:
+            stored = await transcript(client, sid)
+            replay = decode_events((await client.post(f"/session/{sid}/load", json={})
+                                    ).json()["compactedReplay"])
+    for seen in (sub.events, stored):
+        users = [text_of(e) for e in seen if chunk_kind(e) == "user_message_chunk"]
+        assert users == [prompt, OTHER_USER_TEXT]
+        answer = [text_of(e) for e in seen if chunk_kind(e) == "agent_message_chunk"]
+        assert "".join(answer) == reply_text(prompt)
+    users = [text_of(e) for e in replay if chunk_kind(e) == "user_message_chunk"]
+    assert users == [prompt, OTHER_USER_TEXT]
+    assert ("event=agent_prompt_echo_dropped" in daemon.stderr()) == ("echo-prompt" in flags)
