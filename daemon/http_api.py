@@ -367,6 +367,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
             out["replayDegraded"] = True
         if terminals:
             out["promptTerminals"] = terminals
+        out["agentSessionRestored"] = session.agent_session_restored
         # The frames are spliced in as published (one join); wire.LoadSessionResponse is what
         # this body decodes as.
         return json_response(out)
@@ -521,6 +522,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
             server_time=now_ms(),
             owner_node_id=manager.node_id if manager.node_id is not None else msgspec.UNSET,
             subscribers_by_node=by_node,
+            agent_session_restored=session.agent_session_restored,
         ))
 
     @app.post("/session/<session_id>/detach")

@@ -450,13 +450,15 @@ class SessionManager:
                                 acp_session_id, bus)
         self._claim(agent, acp_session_id, session)
         session.terminals.extend(terminals)
+        session.agent_session_restored = via == "session/load"
         bus.last_write_seq = writer.submit(
             UpsertSession(session_id, cwd, row.created_at_ms, acp_session_id))
         self.sessions[session_id] = session
         await self.nursery.start(session.run)
-        log.info("event=session_restored session=%s via=%s interrupted_prompts=%d "
-                 "seeded_events=%d older_records=%d", session_id, via, len(in_flight),
-                 next_id - 1, older_records)
+        log.info("event=session_restored session=%s via=%s agent_session_restored=%s "
+                 "interrupted_prompts=%d seeded_events=%d older_records=%d", session_id, via,
+                 str(session.agent_session_restored).lower(), len(in_flight), next_id - 1,
+                 older_records)
         return session
 
     def _session(self, session_id: str, cwd: str, created_at: str, agent: AgentChannel,

@@ -172,6 +172,9 @@ class Session:
         self.permissions: dict[str, PermissionWaiter] = {}
         self.closing: str | None = None  # close reason once closing started
         self.agent_exit: tuple[int | None, str | None] | None = None
+        # False when the session was restored on a new agent session (the agent's own
+        # session/load failed, or it has none): the agent lost its context of the earlier turns.
+        self.agent_session_restored = True
         self.ended = trio.Event()
         self._wake = trio.Event()
         # Agent updates of the current stdout batch, published at its flush.

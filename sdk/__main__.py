@@ -39,7 +39,7 @@ from sdk.errors import (
     TurnError,
 )
 from sdk.events import DaemonEvent, event_prompt_id
-from sdk.protocol.constants import PERMISSION_TIMEOUT
+from sdk.protocol.constants import AGENT_CONTEXT_LOST, PERMISSION_TIMEOUT
 from sdk.protocol.events import (
     AgentMessageChunk,
     AgentThoughtChunk,
@@ -692,6 +692,8 @@ async def cmd_watch(client: DaemonClient, args: argparse.Namespace, out: Output)
                 f"-- {len(result.events)} replayed; live after #{result.last_event_id} "
                 f"(epoch {result.event_epoch}) --"
             )
+            if result.agent_session_restored is False:
+                out.line(f"-- warning: {AGENT_CONTEXT_LOST} --")
     else:
         # Fail fast on a wrong URL, token or session id: the reader itself would retry forever
         # on an unreachable daemon, which is right mid-stream but unhelpful as a first answer.
@@ -750,6 +752,7 @@ async def cmd_load(client: DaemonClient, args: argparse.Namespace, out: Output) 
             "bytes": _bytes(result.live_journal),
         },
         "markers": markers,
+        "agentSessionRestored": result.agent_session_restored,
     }
     if out.as_json:
         out.json(summary)
@@ -763,6 +766,8 @@ async def cmd_load(client: DaemonClient, args: argparse.Namespace, out: Output) 
         out.line(f"{name}: {part['entries']} entries, {part['bytes']} bytes")
     if result.replay_degraded:
         out.line("warning: the replay is degraded (compaction failed on the daemon)")
+    if result.agent_session_restored is False:
+        out.line(f"warning: {AGENT_CONTEXT_LOST}")
     for marker_info in markers:
         text = marker_info["text"] or "malformed history_truncated payload"
         out.line(f"{marker_info['in']}: {text}")

@@ -134,6 +134,9 @@ class ResumeResult(_Result):
     history_has_more: bool = False
     history_anchor_record_id: str | None = None
     prompt_terminals: list[PromptTerminal] = msgspec.field(default_factory=list)
+    # False: the agent session had to be recreated, the agent lost its context of the earlier
+    # turns (sdk.protocol.constants.AGENT_CONTEXT_LOST); None: the daemon does not say.
+    agent_session_restored: bool | None = None
 
 
 class LoadResult(ResumeResult):

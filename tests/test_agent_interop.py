@@ -10,6 +10,7 @@ a scripted agent (``tests/agents/interop_agent.py``) behind a real daemon:
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 import trio
 
 from sdk.events import DaemonEvent, decode_events
+from sdk.protocol.constants import AGENT_CONTEXT_LOST
 from tests.agents.interop_agent import COMMANDS, OTHER_USER_TEXT, reply_text
 from tests.harness import RunningDaemon, running_daemon, start_daemon
 from tests.sse_client import Subscriber, chunk_kind, is_terminal_for, text_of
@@ -110,3 +112,61 @@ async def test_an_agents_echo_of_the_prompt_is_kept_once_and_its_own_message_kep
     users = [text_of(e) for e in replay if chunk_kind(e) == "user_message_chunk"]
     assert users == [prompt, OTHER_USER_TEXT]
     assert ("event=agent_prompt_echo_dropped" in daemon.stderr()) == ("echo-prompt" in flags)
+
+
+async def run_turn(client: httpx.AsyncClient, sid: str, text: str) -> None:
+    async with trio.open_nursery() as nursery:
+        status = (await client.get(f"/session/{sid}/status")).json()
+        sub = Subscriber(client, f"/session/{sid}/events",
+                         {"Last-Event-ID": str(status["lastEventId"]),
+                          "X-Qwen-Event-Epoch": status["eventEpoch"]})
+        await nursery.start(sub.run)
+        resp = await client.post(f"/session/{sid}/prompt", json={"prompt": [
+            {"type": "text", "text": text}]})
+        terminal = await sub.wait_for(is_terminal_for(resp.json()["promptId"]),
+                                      timeout=TIMEOUT_S)
+        nursery.cancel_scope.cancel()
+    assert terminal.type == "turn_complete"
+
+
+@pytest.mark.parametrize("flags", ["fail-load", ""])
+async def test_a_failed_agent_side_load_is_reported_on_the_load_status_and_cli(
+        tmp_path: Path, flags: str) -> None:
+    """Gemini CLI's own session/load fails at times: the daemon recreates the agent session
+    (the transcript is whole) and says ``agentSessionRestored: false`` wherever it reports
+    the session; an agent whose load works gets ``true``."""
+    restored = flags != "fail-load"
+    daemon = interop(tmp_path, flags)
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, timeout=TIMEOUT_S) as client:
+            sid = (await client.post("/session", json={})).json()["sessionId"]
+            fresh = (await client.post(f"/session/{sid}/load", json={})).json()
+            fresh_status = (await client.get(f"/session/{sid}/status")).json()
+            await run_turn(client, sid, "before the restart")
+    finally:
+        daemon.stop()
+    assert fresh["agentSessionRestored"] is True and fresh_status["agentSessionRestored"] is True
+    daemon = interop(tmp_path, flags, tmp_path / "data")
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, timeout=TIMEOUT_S) as client:
+            body = (await client.post(f"/session/{sid}/load", json={})).json()
+            status = (await client.get(f"/session/{sid}/status")).json()
+            users = [text_of(e) for e in decode_events(body["compactedReplay"])
+                     if chunk_kind(e) == "user_message_chunk"]
+            await run_turn(client, sid, "after the restart")
+            cli = await trio.run_process(
+                [sys.executable, "-m", "sdk", "--url", daemon.url, "load", sid],
+                capture_stdout=True, capture_stderr=True, check=False)
+            cli_json = await trio.run_process(
+                [sys.executable, "-m", "sdk", "--url", daemon.url, "--json", "load", sid],
+                capture_stdout=True, capture_stderr=True, check=False)
+    finally:
+        daemon.stop()
+    assert users == ["before the restart"]  # the transcript is intact either way
+    assert body["agentSessionRestored"] is restored
+    assert status["agentSessionRestored"] is restored
+    logged = "via=session/load" if restored else "via=session/new"
+    assert f"{logged} agent_session_restored={str(restored).lower()}" in daemon.stderr()
+    assert cli.returncode == 0, cli.stderr
+    assert (f"warning: {AGENT_CONTEXT_LOST}" in cli.stdout.decode()) is not restored
+    assert json.loads(cli_json.stdout)["agentSessionRestored"] is restored

@@ -29,6 +29,7 @@ import httpx
 import pytest
 import trio
 
+from sdk.protocol.constants import AGENT_CONTEXT_LOST
 from sdk.truncation import parse_truncation, status_text
 from tests.fault_proxy import FaultProxy
 from tests.harness import RunningDaemon, start_daemon
@@ -421,3 +422,28 @@ def test_history_pages_load_as_the_user_scrolls_up(page: Any, proxy: ProxyThread
     assert users == ["turn-1", "turn-2", "turn-3", "turn-4"]
     assert proxy.call(proxy.proxy.count, "GET", rf"^/session/{sid}/transcript") >= 2
     assert proxy.loads(sid) == 1
+
+
+def test_a_session_restored_without_the_agents_context_says_so(
+        page: Any, tmp_path: Path) -> None:
+    """After a restart, a session whose agent cannot restore its own session (the bundled mock
+    has no session/load) is restored from the transcript on a new agent session: the load
+    answers agentSessionRestored false, and the page says what that means."""
+    first = start_daemon(tmp_path, ["--token", TOKEN])
+    try:
+        with httpx.Client(base_url=first.url, headers=AUTH, timeout=10) as client:
+            sid = new_session(client)
+            prompt_id = send_prompt(client, sid, "before the restart")
+            wait_status(client, sid, lambda s: not s["hasActivePrompt"]
+                        and s["durableEventId"] == s["lastEventId"], f"turn {prompt_id}")
+    finally:
+        first.stop()
+    second = start_daemon(tmp_path, ["--token", TOKEN], data_dir=first.data_dir, tag="again")
+    try:
+        with ProxyThread(second.url) as proxy:
+            open_viewer(page, proxy, sid)
+            notice = page.wait_for_selector("#notices li[data-notice='daemon.agent_context_lost']")
+            assert notice.inner_text() == AGENT_CONTEXT_LOST
+            assert blocks(page, "user") == ["before the restart"]
+    finally:
+        second.stop()

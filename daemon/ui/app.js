@@ -165,6 +165,10 @@ class SessionView {
     for (const event of [...compacted, ...live]) this.noteTerminal(event);
     this.viewer.commitState(replay.state);
     this.viewer.perform(replay.side_effects);
+    if (result.agentSessionRestored === false) {
+      // Restored from the transcript on a new agent session: the agent forgot the earlier turns.
+      this.viewer.addNotice({ id: AGENT_CONTEXT_LOST_CODE, message: AGENT_CONTEXT_LOST });
+    }
     this.startEpisode(live, result, takeCheckpoint(replay));
     this.subscribe();
   }
@@ -463,6 +467,10 @@ class SessionView {
       { body: { optionId } });
   }
 }
+
+// The load answer's agentSessionRestored: false (sdk.protocol.constants.AGENT_CONTEXT_LOST).
+const AGENT_CONTEXT_LOST_CODE = "daemon.agent_context_lost";
+const AGENT_CONTEXT_LOST = "the agent could not restore its own context; the transcript is intact";
 
 // --- rendering -------------------------------------------------------------------------------------
 

@@ -42,7 +42,13 @@ PERMISSION_RESOLVED_REASONS: Final = frozenset({
     PERMISSION_NO_RUNNING_PROMPT, PERMISSION_APPROVAL_MODE,
 })
 
+#: What a client says when a load answers ``agentSessionRestored: false``: the daemon restored
+#: the session from its transcript, but the agent's own ``session/load`` failed (or the agent
+#: has none) and it runs on a new agent session without the earlier turns.
+AGENT_CONTEXT_LOST: Final = "the agent could not restore its own context; the transcript is intact"
+
 __all__ = [
+    "AGENT_CONTEXT_LOST",
     "BRIDGE_ECHO",
     "ENVELOPE_VERSION",
     "LIVE_JOURNAL_SCOPE",

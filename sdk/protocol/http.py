@@ -391,6 +391,10 @@ class LoadSessionResponse(ResumeSessionResponse, kw_only=True):
     history_has_more: bool | UnsetType = UNSET
     history_anchor_record_id: str | UnsetType = UNSET
     prompt_terminals: list[PromptTerminal] | UnsetType = UNSET
+    # false when the agent session behind it had to be recreated (the agent's own
+    # session/load failed, or it has none): the transcript is whole, the agent's context is
+    # not (constants.AGENT_CONTEXT_LOST). Not sent by every daemon.
+    agent_session_restored: bool | UnsetType = UNSET
 
 
 class PromptAccepted(_Body, kw_only=True):
@@ -444,6 +448,8 @@ class SessionStatusResponse(_Body, kw_only=True):
     # node (the owner's own and those of mirrors on other nodes; ``subscribers`` is their sum).
     owner_node_id: str | UnsetType = UNSET
     subscribers_by_node: dict[str, int] | UnsetType = UNSET
+    # As on the load answer: false when the agent session had to be recreated.
+    agent_session_restored: bool | UnsetType = UNSET
 
 
 class HeartbeatResponse(_Body, kw_only=True):
