@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import signal
 import subprocess
 from collections import deque
@@ -181,6 +182,52 @@ def _widen_pipe(stream: trio.abc.ReceiveStream | None) -> None:
         pass  # over /proc/sys/fs/pipe-max-size: the default pipe still works, in smaller reads
 
 
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Send ``sig`` to a process group; False if no process of it is left."""
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _group_running(pgid: int) -> bool:
+    """Whether a process of the group runs (zombies do not count: an orphaned helper that
+    exited waits for whoever adopted it to reap it). Without /proc, any member counts."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return _signal_group(pgid, 0)
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                raw = stat.read()
+        except OSError:
+            continue
+        fields = raw[raw.rindex(b")") + 2:].split()  # state, ppid, pgrp, ...
+        if fields[0] != b"Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
+async def _end_group(pgid: int) -> None:
+    """End what is left of an agent's process group once the agent itself is gone: helpers it
+    started (Codex's wrapper starts its native binary, which stays behind when the wrapper is
+    killed) get SIGTERM, then SIGKILL after the grace."""
+    if not await trio.to_thread.run_sync(_group_running, pgid):
+        return
+    _signal_group(pgid, signal.SIGTERM)
+    log.info("event=agent_helpers_left pid=%s action=sigterm", pgid)
+    with trio.move_on_after(EXIT_GRACE_SECONDS):
+        while await trio.to_thread.run_sync(_group_running, pgid):
+            await trio.sleep(0.05)  # polling the group: the helpers are not our children
+        return
+    if _signal_group(pgid, signal.SIGKILL):
+        log.warning("event=agent_helpers_kill pid=%s reason=no_exit_after_sigterm", pgid)
+
+
 def _signal_name(returncode: int) -> str:
     try:
         return signal.Signals(-returncode).name
@@ -270,6 +317,8 @@ class AgentChannel:
                 stderr=subprocess.PIPE,
                 cwd=self.cwd,
                 env=self.env,
+                # A process group of its own: helpers it starts end with it (_end_group).
+                start_new_session=True,
             )
         except OSError as exc:
             self.closed = True
@@ -300,6 +349,7 @@ class AgentChannel:
             self._close(f"agent channel for pid {proc.pid} stopped")
             with trio.CancelScope(shield=True):
                 await self._reap(proc, grace=0.0 if start_failure else EXIT_GRACE_SECONDS)
+                await _end_group(proc.pid)
             self._record_exit(proc)
             self._finished.set()
         if start_failure is not None:

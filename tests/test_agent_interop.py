@@ -20,9 +20,10 @@ import httpx
 import pytest
 import trio
 
+from benchmarks.launcher import alive, descendants
 from sdk.events import DaemonEvent, decode_events
 from sdk.protocol.constants import AGENT_CONTEXT_LOST
-from tests.agents.interop_agent import COMMANDS, OTHER_USER_TEXT, reply_text
+from tests.agents.interop_agent import COMMANDS, HELPER_PID_FILE, OTHER_USER_TEXT, reply_text
 from tests.harness import RunningDaemon, running_daemon, start_daemon
 from tests.sse_client import Subscriber, chunk_kind, is_terminal_for, text_of
 
@@ -170,3 +171,23 @@ async def test_a_failed_agent_side_load_is_reported_on_the_load_status_and_cli(
     assert cli.returncode == 0, cli.stderr
     assert (f"warning: {AGENT_CONTEXT_LOST}" in cli.stdout.decode()) is not restored
     assert json.loads(cli_json.stdout)["agentSessionRestored"] is restored
+
+
+async def test_an_agents_helper_processes_end_with_it(tmp_path: Path) -> None:
+    """Codex's npm wrapper ignores stdin EOF and starts the native binary: when the daemon kills
+    the wrapper after the grace, the binary must not stay behind for ever."""
+    daemon = interop(tmp_path, "helper,ignore-eof")
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, timeout=TIMEOUT_S) as client:
+            assert (await client.post("/session", json={})).status_code == 200
+        helper = int((tmp_path / HELPER_PID_FILE).read_text())
+        agents = descendants(daemon.proc.pid)
+        assert helper in agents and alive(helper)
+        assert daemon.stop() == 0
+        with trio.fail_after(TIMEOUT_S):
+            while any(alive(pid) for pid in agents):
+                await trio.sleep(0.05)
+    finally:
+        daemon.stop()
+    assert "event=agent_kill" in daemon.stderr()  # the agent ignored EOF: killed
+    assert "event=agent_helpers_left" in daemon.stderr()

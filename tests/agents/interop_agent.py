@@ -13,6 +13,11 @@ the behaviours:
 ``echo-prompt``   a prompt's text comes back first as ``user_message_chunk`` updates (in two
                   pieces), as Mistral Vibe does, before the agent's answer
 ``other-user``    a ``user_message_chunk`` that is not the prompt comes before the answer
+``helper``        at ``initialize``, starts a helper process that sleeps for 10 minutes and
+                  writes its pid to ``interop-helper.pid`` in the cwd (Codex's npm wrapper
+                  starts its native binary so)
+``ignore-eof``    keeps running after stdin EOF, until killed (the Claude Code adapter and
+                  Codex's wrapper do)
 ================  ===========================================================================
 
 A prompt is answered with the agent text ``interop reply to <prompt text>`` (two chunks) and
@@ -23,10 +28,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import threading
 import uuid
+from pathlib import Path
 from typing import Any
 
+HELPER_PID_FILE = "interop-helper.pid"
 OTHER_USER_TEXT = "a different user message from the agent"
 COMMANDS = [{"name": "init", "description": "create AGENTS.md"}]
 
@@ -74,6 +83,11 @@ class Agent:
         request_id = message.get("id")
         params = message.get("params") or {}
         if method == "initialize":
+            if "helper" in self.flags:
+                helper = subprocess.Popen(
+                    [sys.executable, "-c", "import time; time.sleep(600)"],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                Path(HELPER_PID_FILE).write_text(f"{helper.pid}\n")
             self.write(result(request_id, {
                 "protocolVersion": 1, "agentCapabilities": {"loadSession": True},
                 "agentInfo": {"name": "interop-agent", "version": "1"}, "authMethods": []}))
@@ -121,6 +135,8 @@ def main() -> None:
             continue
         if isinstance(message, dict):
             agent.handle(message)
+    if "ignore-eof" in flags:
+        threading.Event().wait()  # until killed
 
 
 if __name__ == "__main__":
