@@ -39,6 +39,9 @@ class AgentSpec:
     # The agent's own session/load is known to fail at times (then the daemon must say so:
     # agentSessionRestored false, and the agent's context is gone).
     load_may_fail: bool = False
+    # An update the agent sends right after its session/new reply, which must reach the
+    # session (opencode writes it in the same read as the reply).
+    update_after_new: str | None = None
 
     @property
     def install_dir(self) -> Path:
@@ -183,7 +186,7 @@ AGENTS: tuple[AgentSpec, ...] = (
     AgentSpec("codex-acp", "npm", "@zed-industries/codex-acp", "0.16.0", ("codex-acp",),
               _codex_env, _codex_setup, api="responses"),
     AgentSpec("opencode", "npm", "opencode-ai", "1.18.33", ("opencode", "acp"),
-              _opencode_env, _opencode_setup),
+              _opencode_env, _opencode_setup, update_after_new="available_commands_update"),
     AgentSpec("mistral-vibe", "pypi", "mistral-vibe", "2.26.1", ("vibe-acp",),
               _vibe_env, _vibe_setup, api="chat", python=(3, 12)),
 )

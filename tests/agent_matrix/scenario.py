@@ -174,9 +174,13 @@ async def scenario(run: Run, base: Path, fakes: FakeModels) -> None:
             resp = await client.post("/session", json={})
             check(resp.status_code == 200, f"create: {resp.status_code} {resp.text}")
             sid = resp.json()["sessionId"]
-            run.passed(step)
             sub = Subscriber(client, f"/session/{sid}/events", {"Last-Event-ID": "0"})
             await nursery.start(sub.run)
+            if spec.update_after_new is not None:
+                kind = spec.update_after_new
+                await sub.wait_for(lambda e: chunk_kind(e) == kind, timeout=TURN_S)
+                run.notes.append(f"create: {kind} after session/new kept")
+            run.passed(step)
             for n, step in ((0, "turn 1"), (1, "turn 2")):
                 prompt_ids.append(await run_turn(client, sub, sid, PROBES[n]))
                 chunks = check_turn(sub.events, prompt_ids[-1], PROBES[n])
