@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from sdk.protocol.acp import TextBlockView, view
+
 __all__ = ["ANSWER_KINDS", "USER_CHUNK", "PromptEcho"]
 
 USER_CHUNK: Final = "user_message_chunk"
@@ -29,10 +31,9 @@ ANSWER_KINDS: Final = frozenset({"agent_message_chunk", "agent_thought_chunk", "
 
 
 def _text_of(block: Any) -> str | None:
-    if type(block) is dict and block.get("type") == "text":
-        text = block.get("text")
-        if type(text) is str:
-            return text
+    found = view(block, TextBlockView)
+    if found is not None and found.type == "text" and type(found.text) is str:
+        return found.text
     return None
 
 
