@@ -450,14 +450,20 @@ class AgentChannel:
     # ---------------------------------------------------------------------------------------
     # Sessions
 
-    def attach(self, acp_session_id: str, sink: SessionSink) -> None:
+    def attach(self, acp_session_id: str, sink: SessionSink, *, hold: bool = False) -> None:
         """Route the session's updates and permission requests to ``sink``. Raises
         :class:`SessionIdInUse` if another sink holds that id: an agent that hands out one
-        session id twice never gets two daemon sessions' traffic mixed. Updates the agent
-        sends for it before :meth:`release_held` are held for then."""
-        self._client.attach(acp_session_id, sink)
+        session id twice never gets two daemon sessions' traffic mixed.
 
-    def release_held(self, acp_session_id: str, sink: SessionSink) -> None:
+        The updates the agent sent for the session since its ``session/new`` or
+        ``session/load`` reply reach ``sink`` here, first; with ``hold=True`` (the session is
+        not ready for them yet) they, and the ones that follow, are held until the next
+        ``attach`` of the same sink."""
+        self._client.attach(acp_session_id, sink)
+        if not hold:
+            self._release_held(acp_session_id, sink)
+
+    def _release_held(self, acp_session_id: str, sink: SessionSink) -> None:
         """The session is ready: hand ``sink`` the updates the agent sent for it since its
         ``session/new`` or ``session/load`` reply (held meanwhile, in stdout order); later
         ones go to the attached sink as they are read."""

@@ -319,7 +319,8 @@ class SessionManager:
         """Attach ``session`` under the id the agent gave it, before anything can await;
         :class:`AgentSessionConflict` if another live session of the agent holds that id."""
         try:
-            agent.attach(acp_session_id, session)
+            # Held until session.run attaches again: the session is not set up yet.
+            agent.attach(acp_session_id, session, hold=True)
         except SessionIdInUse as exc:
             log.warning("event=agent_session_id_reused pid=%s acp_session_id=%r session=%s "
                         "action=refuse_create", agent.pid, acp_session_id[:200], session.id)

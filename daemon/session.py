@@ -225,9 +225,8 @@ class Session:
     # -- the runner ---------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        # Also hands over what the agent sent since its session/new (or load) reply.
         self.agent.attach(self.acp_session_id, self)
-        # What the agent sent between its session/new (or load) reply and now.
-        self.agent.release_held(self.acp_session_id, self)
         task_status.started()
         try:
             while True:
