@@ -16,6 +16,7 @@ from .core.guards import Guard, is_ui_asset
 from .core.throttle import LogThrottle
 from .http_api import MAX_BODY_BYTES
 from .manager import SessionManager
+from .sockets import is_reserve
 from .streams import (
     Receive,
     Scope,
@@ -111,6 +112,17 @@ class DaemonASGI:
         headers = _headers(scope)
         method = scope.get("method", "GET")
         path: str = scope["path"]
+        if is_reserve(scope.get("server"), scope.get("client")):
+            # A loopback health probe let in over --max-connections: that, once, and no more.
+            if kind != "http" or method != "GET" or path != "/health":
+                body = {"error": "Too many connections", "code": "connection_limit"}
+                if kind == "http":
+                    await _send_json(send, 503, body, close=True,
+                                     extra=((b"retry-after", b"1"),))
+                else:
+                    await deny_ws(send, 503, body, {"Retry-After": "1"})
+                return
+            send = _with_headers(send, [(b"connection", b"close")])
         denial = self.guard.check(method, path, headers)
         if kind == "http":
             if denial is None and method == "OPTIONS":

@@ -37,6 +37,8 @@ DEFAULT_AGENT_WRITE_TIMEOUT_MS = 30_000
 DEFAULT_BODY_TIMEOUT_MS = 10_000
 DEFAULT_STALLED_WRITE_MS = 30_000  # two heartbeat intervals
 DEFAULT_LEASE_MS = 10_000
+DEFAULT_MAX_SESSIONS = 1000
+DEFAULT_MAX_CONNECTIONS = 1024
 NODE_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 APPROVAL_MODES = ("default", "plan", "auto-edit", "auto", "yolo")
 TOKEN_ENV = "QWEN_SERVER_TOKEN"
@@ -97,6 +99,9 @@ class DaemonConfig:
     http2: bool = False
     # The key of the HMAC that proves a request was forwarded by a node (cluster mode).
     cluster_secret: str | None = None
+    # Admission caps (0 = off): live sessions, and open connections (refused as accepted).
+    max_sessions: int = DEFAULT_MAX_SESSIONS
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
     @property
     def is_loopback(self) -> bool:
@@ -319,6 +324,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                         "its headers (408)")
     p.add_argument("--stalled-write-ms", default=str(DEFAULT_STALLED_WRITE_MS),
                    help="cut an event stream whose write has made no progress this long")
+    p.add_argument("--max-sessions", default=str(DEFAULT_MAX_SESSIONS),
+                   help="live sessions at most: past it, creating or restoring one answers 503 "
+                        "session_limit (0: no cap)")
+    p.add_argument("--max-connections", default=str(DEFAULT_MAX_CONNECTIONS),
+                   help="open connections at most: past it, new ones are refused as they are "
+                        "accepted; one more is kept for GET /health from loopback (0: no cap)")
     p.add_argument("--http2", action="store_true",
                    help="also serve HTTP/2 (h2c upgrade and prior knowledge); HTTP/1.1 only "
                         "without it")
@@ -463,4 +474,6 @@ def _validate(ns: argparse.Namespace, env: Mapping[str, str]) -> DaemonConfig:
         lease_ms=_positive_int("--lease-ms", ns.lease_ms),
         http2=bool(ns.http2),
         cluster_secret=ns.cluster_secret or None,
+        max_sessions=_non_negative_int("--max-sessions", ns.max_sessions),
+        max_connections=_non_negative_int("--max-connections", ns.max_connections),
     )

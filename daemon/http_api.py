@@ -24,18 +24,25 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from sdk.protocol import http as wire
 
-from . import server_patches
+from . import connection_limit, server_patches
 from .bus import now_ms
 from .config import DaemonConfig
 from .core.envelope import RawList, decode_json, encode_json, encode_object_parts, write_groups
 from .core.openapi import build_openapi
-from .manager import AgentSessionConflict, AgentUnavailable, InvalidWorkspace, SessionManager
+from .manager import (
+    AgentSessionConflict,
+    AgentUnavailable,
+    InvalidWorkspace,
+    SessionLimit,
+    SessionManager,
+)
 from .session import MAX_PENDING_PROMPTS, PromptQueueFull, Session, VoteResult
 from .transcript_store import InvalidCursor
 
 log = logging.getLogger("daemon.http")
 
 MAX_BODY_BYTES = 10 * 1024 * 1024
+SESSION_LIMIT_RETRY_AFTER_S = 5
 CLIENT_ID_RE = re.compile(wire.CLIENT_ID_PATTERN)
 FEATURES = [
     "session_create", "session_load", "session_resume", "session_prompt", "session_cancel",
@@ -222,6 +229,12 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         return json_response(error_body(exc.status, exc.code, exc.error, **exc.details),
                              exc.status, exc.headers)
 
+    @app.errorhandler(SessionLimit)
+    async def on_session_limit(exc: SessionLimit) -> Response:
+        # Attaching to a loaded session still works; a new or restored one waits for a slot.
+        return json_response(error_body(503, "session_limit", str(exc), limit=exc.limit), 503,
+                             {"Retry-After": str(SESSION_LIMIT_RETRY_AFTER_S)})
+
     @app.errorhandler(HTTPException)
     async def on_http_error(exc: HTTPException) -> Response:
         status = exc.code or 500
@@ -255,6 +268,8 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         max_pending_prompts=MAX_PENDING_PROMPTS,
         max_subscribers_per_session=64,
         max_request_body_bytes=MAX_BODY_BYTES,
+        max_sessions=config.max_sessions,
+        max_connections=config.max_connections,
     )
     health_body = encode_json(wire.HealthResponse(status="ok"))
 
@@ -295,6 +310,10 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
                                       ws_limits=patches.ws_limits,
                                       http2_flow_control=patches.http2_flow_control,
                                       hypercorn_version=patches.hypercorn_version),
+            live_sessions=manager.live_count,
+            connections=wire.ConnectionCounts(open=connection_limit.gate.served,
+                                              reserve=connection_limit.gate.reserved,
+                                              refused=connection_limit.gate.refused),
             sessions=manager.status(),
         ))
 

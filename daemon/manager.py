@@ -13,6 +13,10 @@ workspace's agent while it is starting share that one start attempt and its outc
 An agent cannot merge sessions: the ACP session id it answers ``session/new`` with is attached
 to the new daemon session before anything else can run, and an id already attached to another
 live session of that agent fails the create (502 ``agent_session_id_reused``).
+
+``--max-sessions`` bounds the live (loaded) sessions: past it, creating or restoring one raises
+:class:`SessionLimit` (503), while attaching to a loaded session, its prompts and its streams go
+on as ever. A session that ends (or, later, is unloaded when idle) frees its slot.
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
 from functools import partial
 
@@ -35,6 +39,7 @@ from .bus import BusLimits, SessionBus, now_ms
 from .config import DaemonConfig
 from .core.clients import ClientRegistry
 from .core.restore import close_interrupted, seed_segments
+from .core.throttle import LogThrottle
 from .session import Session
 from .transcript_store import MarkClosed, SessionRow, UpsertSession
 from .transcript_writer import TranscriptWriter
@@ -84,6 +89,18 @@ class _StartAttempt:
             assert self.error is not None
             raise AgentUnavailable(str(self.error))
         return self.agent
+
+
+class SessionLimit(Exception):
+    """``--max-sessions`` live sessions are loaded: a new or restored one is refused (HTTP 503
+    ``session_limit``)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"{limit} sessions are live, the most this daemon holds")
+        self.limit = limit
+
+
+SESSION_LIMIT_LOG_INTERVAL_S = 60.0
 
 
 class InvalidWorkspace(ValueError):
@@ -150,6 +167,11 @@ class SessionManager:
         self.nursery = nursery
         self.agent_env = dict(os.environ if agent_env is None else agent_env)
         self.sessions: dict[str, Session] = {}
+        # Sessions being created or restored, by id: they hold a --max-sessions slot until
+        # they are in ``sessions`` (or failed).
+        self._starting: set[str] = set()
+        self.sessions_refused = 0
+        self._limit_log = LogThrottle(SESSION_LIMIT_LOG_INTERVAL_S)
         self.agents: dict[str, AgentChannel] = {}
         self.clients = ClientRegistry()
         self._agent_locks = _KeyedLocks()
@@ -330,6 +352,29 @@ class SessionManager:
 
     # -- sessions -----------------------------------------------------------------------------
 
+    @property
+    def live_count(self) -> int:
+        """Sessions holding a ``--max-sessions`` slot: the loaded ones and those being loaded."""
+        return len(self.sessions) + len(self._starting - self.sessions.keys())
+
+    @contextmanager
+    def _session_slot(self, session_id: str) -> Iterator[None]:
+        """Hold a ``--max-sessions`` slot for ``session_id`` while it is created or restored;
+        raises :class:`SessionLimit` when none is free."""
+        cap = self.config.max_sessions
+        if cap and self.live_count >= cap:
+            self.sessions_refused += 1
+            count = self._limit_log.note(trio.current_time())
+            if count is not None:
+                log.warning("event=session_limit count=%d total=%d live=%d limit=%d", count,
+                            self.sessions_refused, self.live_count, cap)
+            raise SessionLimit(cap)
+        self._starting.add(session_id)
+        try:
+            yield
+        finally:
+            self._starting.discard(session_id)
+
     def get(self, session_id: str) -> Session | None:
         session = self.sessions.get(session_id)
         return session if session is not None and session.live else None
@@ -358,8 +403,9 @@ class SessionManager:
         return session, False, self.register_client(session, client_hint)
 
     async def _start_session(self, cwd: str, session_id: str) -> Session:
-        async with self._using_agent(cwd):
-            return await self._start_session_on_agent(cwd, session_id)
+        with self._session_slot(session_id):
+            async with self._using_agent(cwd):
+                return await self._start_session_on_agent(cwd, session_id)
 
     async def _start_session_on_agent(self, cwd: str, session_id: str) -> Session:
         agent = await self.agent_for(cwd)
@@ -401,8 +447,9 @@ class SessionManager:
             cwd = canonical_workspace(row.workspace_cwd)
         except InvalidWorkspace:
             cwd = row.workspace_cwd  # gone: the agent start below reports it
-        async with self._using_agent(cwd):
-            return await self._restore_row(session_id, writer, row, cwd)
+        with self._session_slot(session_id):
+            async with self._using_agent(cwd):
+                return await self._restore_row(session_id, writer, row, cwd)
 
     async def _restore_row(
         self, session_id: str, writer: TranscriptWriter, row: SessionRow, cwd: str,

@@ -94,7 +94,9 @@ H2_PROTOCOL_SHAPE: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
 }
 TCP_SERVER_SHAPE: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
     "__init__": (("self", "app", "config", "context", "state", "stream"), frozenset({"stream"})),
-    "run": (("self",), frozenset({"stream"})),
+    "run": (("self",), frozenset({"stream", "_read_data", "_close"})),
+    "_read_data": (("self",), frozenset({"stream", "receive_some", "protocol", "handle"})),
+    "_idle_timeout": (("self",), frozenset({"keep_alive_timeout"})),
 }
 
 

@@ -12,7 +12,9 @@ address pair (the ASGI scope's ``server`` and ``client``), and remove it when th
 ends. The registry holds exactly the open connections; finding one is a dict lookup, and no
 descriptor other than that connection's own is ever touched. It also notes which connections
 are plain TCP (no TLS layer between the server and the socket): only those may have a response
-body written straight to their socket (:mod:`daemon.direct_body`).
+body written straight to their socket (:mod:`daemon.direct_body`); and which one is a reserve
+connection over ``--max-connections`` (:mod:`daemon.connection_limit` decides, before Hypercorn
+reads a byte of a connection, whether it is served at all).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import trio
+
+from . import connection_limit
 
 log = logging.getLogger("daemon.sockets")
 
@@ -44,16 +48,19 @@ class ConnectionRegistry:
     __slots__ = ("_open",)
 
     def __init__(self) -> None:
-        # key -> (socket, plain: the server writes to it as it is, with no TLS layer)
-        self._open: dict[Key, tuple[_Shutdownable, bool]] = {}
+        # key -> (socket, plain: the server writes to it as it is, with no TLS layer,
+        #         reserve: a loopback health probe served over --max-connections)
+        self._open: dict[Key, tuple[_Shutdownable, bool, bool]] = {}
 
     def __len__(self) -> int:
         return len(self._open)
 
-    def add(self, key: Key, sock: _Shutdownable, *, plain: bool = False) -> None:
+    def add(self, key: Key, sock: _Shutdownable, *, plain: bool = False,
+            reserve: bool = False) -> None:
         """Register ``sock`` under ``key``; ``plain``: the server writes to it as it is (no
-        TLS layer), so bytes written to it are what the peer reads."""
-        self._open[key] = (sock, plain)
+        TLS layer), so bytes written to it are what the peer reads; ``reserve``: it is served
+        over ``--max-connections`` for one health probe."""
+        self._open[key] = (sock, plain, reserve)
 
     def remove(self, key: Key, sock: _Shutdownable) -> None:
         """Forget ``key`` if it still names ``sock`` (a newer connection may reuse the pair)."""
@@ -70,6 +77,11 @@ class ConnectionRegistry:
         entry = self._open.get(key)
         return entry[0] if entry is not None and entry[1] else None
 
+    def reserve(self, key: Key) -> bool:
+        """Whether ``key`` is open in a reserve slot (``GET /health`` only, then closed)."""
+        entry = self._open.get(key)
+        return entry is not None and entry[2]
+
 
 registry = ConnectionRegistry()
 _installed = False
@@ -83,6 +95,13 @@ def addr(value: Sequence[object] | None) -> Addr | None:
     if not isinstance(host, str) or not isinstance(port, int):
         return None
     return host, port
+
+
+def is_reserve(server: Sequence[object] | None, client: Sequence[object] | None) -> bool:
+    """Whether the connection an ASGI scope names (``server``, ``client``) is served in a
+    reserve slot over ``--max-connections``."""
+    local, peer = addr(server), addr(client)
+    return local is not None and peer is not None and registry.reserve((local, peer))
 
 
 def shutdown_connection(server: Sequence[object] | None, client: Sequence[object] | None) -> bool:
@@ -154,19 +173,42 @@ def install() -> bool:
         return False
 
     class TrackedTCPServer(base):  # type: ignore[valid-type,misc]
-        """Hypercorn's TCPServer, with its socket in :data:`registry` while it runs."""
+        """Hypercorn's TCPServer, with its socket in :data:`registry` while it runs, run only
+        if ``--max-connections`` admits the connection."""
 
         async def run(self) -> None:
             stream = getattr(self, "stream", None)
             sock = _transport_socket(stream)
+            reserve = await connection_limit.admit(stream, sock)
+            if reserve is None:
+                return  # refused: answered and closed
             key = _key_of(sock) if sock is not None else None
             if key is not None:
-                registry.add(key, sock, plain=_is_plain(stream))
+                registry.add(key, sock, plain=_is_plain(stream), reserve=reserve)
             try:
-                await super().run()
+                if reserve:
+                    await connection_limit.serve_reserved(super().run, sock)
+                else:
+                    await super().run()
             finally:
                 if key is not None:
                     registry.remove(key, sock)
+                connection_limit.leave(reserve)
+
+        async def _read_data(self) -> None:
+            try:
+                await super()._read_data()
+            finally:
+                # The peer closed (or the read failed): the connection is over. Hypercorn would
+                # still wait out the keep-alive timer (30 s) of a connection gone idle, now or
+                # when its last stream ends, before closing the socket and ending; its
+                # descriptor and its --max-connections slot go now.
+                self._tk_read_over = True
+                await self.idle_task.stop()
+
+        async def _idle_timeout(self) -> None:
+            if not getattr(self, "_tk_read_over", False):
+                await super()._idle_timeout()
 
     setattr(hyper_run, "TCPServer", TrackedTCPServer)  # noqa: B010 - patching a library module
     _installed = True

@@ -115,6 +115,7 @@ async def test_zero_window_streams_are_evicted_and_cut_like_http11(
             await run_turn(client, sid)
         baseline = rss_kib(pid)
         reset_peak_rss(pid)
+        open_before = (await client.get("/daemon/status")).json()["connections"]["open"]
         attacker = ZeroWindowClient(with_h2.url)
         try:
             for _ in range(STREAMS):
@@ -139,6 +140,14 @@ async def test_zero_window_streams_are_evicted_and_cut_like_http11(
         finally:
             attacker.close()
         assert (await status(client, sid))["subscribers"] == 0
+
+        # The cut connection is over in the daemon too: no stream of it is left waiting for a
+        # window that will never come.
+        async def connections_back() -> bool:
+            body = (await client.get("/daemon/status")).json()
+            return bool(body["connections"]["open"] == open_before)
+
+        await poll(connections_back, 10, "the cut connection to be gone from the daemon")
         async with client.stream("GET", f"/session/{sid}/events") as resp:
             assert resp.status_code == 200  # the slots are free again
     assert peak - baseline < MARGIN_KIB, f"peak RSS +{(peak - baseline) // 1024} MiB"

@@ -32,6 +32,15 @@ class LogThrottle:
         count, self._pending, self._last = self._pending, 0, now
         return count
 
+    def flush(self, now: float) -> int | None:
+        """The occurrences not logged yet, if a line is due at time ``now`` (none was written
+        for an interval); ``None`` otherwise. Called periodically, so that the last ones of a
+        burst are reported too."""
+        if self._pending == 0 or (self._last is not None and now - self._last < self.interval_s):
+            return None
+        count, self._pending, self._last = self._pending, 0, now
+        return count
+
 
 class LineBudget:
     """A token bucket of lines and bytes: how much of a stream (an agent's stderr) may be

@@ -41,6 +41,7 @@ __all__ = [
     "UUID_PATTERN",
     "AgentInfo",
     "CapabilitiesResponse",
+    "ConnectionCounts",
     "ContentBlock",
     "CreateSessionRequest",
     "CreateSessionResponse",
@@ -279,6 +280,8 @@ class Limits(_Body, kw_only=True):
     max_pending_prompts: int
     max_subscribers_per_session: int
     max_request_body_bytes: int
+    max_sessions: int  # live sessions (0: no cap)
+    max_connections: int  # open connections (0: no cap)
 
 
 class CapabilitiesResponse(_Body, kw_only=True):
@@ -333,6 +336,14 @@ class ServerPatches(_Body, kw_only=True):
     hypercorn_version: str
 
 
+class ConnectionCounts(_Body, kw_only=True):
+    """The daemon's connections (``--max-connections``)."""
+
+    open: int  # served now, under the cap
+    reserve: int  # loopback health probes served over the cap now
+    refused: int  # refused as they were accepted, since the daemon started
+
+
 class DaemonStatusResponse(_Body, kw_only=True):
     v: Literal[1]
     limits: Limits
@@ -343,6 +354,8 @@ class DaemonStatusResponse(_Body, kw_only=True):
     restore_locks: int
     known_clients: int
     server: ServerPatches
+    live_sessions: int  # loaded sessions, counted against limits.maxSessions
+    connections: ConnectionCounts
     sessions: list[SessionCounts]
 
 
