@@ -20,8 +20,10 @@ import h2.events
 import httpx
 import pytest
 import trio
+import trio.testing
 
 from benchmarks.attack_clients import ZeroWindowClient, reset_peak_rss, rss_kib
+from daemon.http2 import SendBuffer, SendBufferComplete
 from tests.harness import RunningDaemon, running_daemon
 from tests.stalls import host_port, poll, run_turn, status
 
@@ -197,3 +199,61 @@ async def test_data_for_a_finished_stream_does_not_stop_the_daemon(
     assert any(isinstance(e, h2.events.DataReceived) and e.data == b'{"status":"ok"}'
                for e in events), events
     assert with_h2.proc.poll() is None, with_h2.stderr()[-3000:]
+
+
+class _Event:
+    """Hypercorn's Trio event wrapper, as ``context.event_class``."""
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+
+    async def set(self) -> None:
+        self._event.set()
+
+    async def clear(self) -> None:
+        if self._event.is_set():
+            self._event = trio.Event()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+
+async def test_send_buffer_releases_a_writer_only_below_the_low_water_mark() -> None:
+    buffer = SendBuffer(_Event, high_water=100, low_water=50)
+    pushed: list[int] = []
+
+    async def writer() -> None:
+        for size in (60, 60, 60):
+            await buffer.push(b"x" * size)
+            pushed.append(size)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer)
+        await trio.testing.wait_all_tasks_blocked()
+        assert pushed == [60] and len(buffer) == 120  # the second write waits above the mark
+        for _ in range(5):  # a zero window: the sender takes nothing, the writer stays put
+            assert await buffer.pop(0) == b""
+            await trio.testing.wait_all_tasks_blocked()
+        assert pushed == [60]
+        assert await buffer.pop(40) == b"x" * 40  # 80 left: still above the low mark
+        await trio.testing.wait_all_tasks_blocked()
+        assert pushed == [60]
+        assert await buffer.pop(40) == b"x" * 40  # 40 left: released
+        await trio.testing.wait_all_tasks_blocked()
+        assert pushed == [60, 60] and len(buffer) == 100
+        await buffer.close()  # the stream is over: a waiting writer is let go
+    assert pushed == [60, 60, 60] and buffer.complete
+
+
+async def test_send_buffer_keeps_the_written_chunks_in_order_without_copying() -> None:
+    buffer = SendBuffer(_Event, high_water=1 << 20, low_water=1 << 19)
+    first, second = b"a" * 10, b"b" * 5
+    await buffer.push(first)
+    await buffer.push(second)
+    assert buffer._chunks[0].obj is first  # the application's bytes, not a copy
+    assert await buffer.pop(4) == b"aaaa"
+    assert await buffer.pop(100) == b"aaaaaabbbbb"
+    buffer.set_complete()
+    assert buffer.complete
+    with pytest.raises(SendBufferComplete):
+        await buffer.push(b"late")
