@@ -33,6 +33,7 @@ from types import FrameType
 from typing import Any
 
 from benchmarks import (
+    attacks,
     client,
     cluster,
     crash_loss,
@@ -147,6 +148,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark(crash_loss.NAME, crash_loss.TITLE, crash_loss.add_arguments, crash_loss.run),
     Benchmark(stall_cut.NAME, stall_cut.TITLE, stall_cut.add_arguments, stall_cut.run),
     Benchmark(client.NAME, client.TITLE, client.add_arguments, client.run),
+    # Builds a 1 GiB deflate bomb and floods a daemon from many threads: only when named.
+    Benchmark(attacks.NAME, attacks.TITLE, attacks.add_arguments, attacks.run,
+              in_default_run=False),
     # Needs redis-server and starts three nodes: only when named.
     Benchmark(cluster.NAME, cluster.TITLE, cluster.add_arguments, cluster.run,
               in_default_run=False),

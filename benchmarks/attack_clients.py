@@ -10,13 +10,49 @@ import base64
 import os
 import socket
 import struct
+import sys
 import threading
+import time
 import zlib
 
 import h2.config
 import h2.connection
 import h2.events
 import h2.settings
+
+
+def health_latency_ms(url: str) -> float:
+    """One ``GET /health`` on a fresh connection (``Connection: close``): milliseconds."""
+    start = time.perf_counter()
+    with socket.create_connection(host_port(url), timeout=30) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    if not data.startswith(b"HTTP/1.1 200"):
+        raise RuntimeError(f"/health answered {data[:80]!r}")
+    return (time.perf_counter() - start) * 1000
+
+
+def probe_health_until_stdin_closes(url: str) -> None:
+    """Probe ``/health`` one after another until stdin closes, printing the latencies (ms), one
+    per line: the first at once (the caller waits for it: the prober is up), the rest at the
+    end. Run as its own process (``python -m benchmarks.attack_clients probe URL``)
+    so that an attack's client threads do not delay the probe in this process instead of in
+    the daemon."""
+    seen: list[float] = []
+    closed = threading.Event()
+
+    def watch_stdin() -> None:
+        sys.stdin.read()
+        closed.set()
+
+    threading.Thread(target=watch_stdin, daemon=True).start()
+    print(f"{health_latency_ms(url):.3f}", flush=True)
+    while not closed.is_set():
+        seen.append(health_latency_ms(url))
+        closed.wait(0.01)
+    print("\n".join(f"{ms:.3f}" for ms in seen), flush=True)
 
 
 def host_port(url: str) -> tuple[str, int]:
@@ -189,3 +225,7 @@ class ZeroWindowClient:
     def close(self) -> None:
         self.sock.close()
         self._reader.join(10)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["probe"]:
+    probe_health_until_stdin_closes(sys.argv[2])
