@@ -37,6 +37,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("daemon/streams.py", "type"): "ASGI message type",
     ("daemon/direct_body.py", "type"): "ASGI scope key",
     ("daemon/direct_body.py", "server"): "ASGI scope key",
+    ("daemon/asgi.py", "server"): "ASGI scope key",
     ("daemon/streams.py", "server"): "ASGI scope key",
     ("daemon/cluster.py", "type"): "ASGI message type",
     ("daemon/cluster.py", "status"): "ASGI response-start status",
