@@ -49,6 +49,7 @@ from .core.cluster import (
     CLOSED_RETENTION_MS,
     COMPACT_SCRIPT,
     IDLE_RETENTION_MS,
+    LOOKUP_SCRIPT,
     READERS_FRESH_MS,
     READERS_GET_SCRIPT,
     READERS_REFRESH_MS,
@@ -123,8 +124,9 @@ PROBE_HEADER = "x-turnkeeper-probe"
 MIRROR_BLOCK_MS = 500
 READERS_LOOKUP_S = 0.2
 TERMINAL_SESSION_EVENTS = frozenset({b"session_closed", b"session_died"})
-# DEADLINES. Every Redis call gets call_timeout_s (a third of the lease, 0.2 to 2 s): past it
-# Redis counts as unavailable for that call. Reads of a whole op log or stream get
+# DEADLINES. Every Redis call gets call_timeout_s (half the lease, 0.5 to 5 s): past it
+# Redis counts as unavailable for that call (a third of the lease was too tight for a loaded
+# 2-core machine: a starved node missed it while Redis was fine). Reads of a whole op log or stream get
 # BULK_TIMEOUT_S at least. A forward gets the lease: an owner that does not answer within its
 # own lease cannot be relied on to still hold it.
 BULK_TIMEOUT_S = 10.0
@@ -238,7 +240,7 @@ class ClusterNode:
         self.events_cap = events_cap
         self.secret = secret.encode()
         self.instance = secrets.token_hex(8)  # this process (see cluster_identity)
-        self.call_timeout_s = min(2.0, max(0.2, self.lease_s / 3))
+        self.call_timeout_s = min(5.0, max(0.5, self.lease_s / 2))
         self.lease = LeaseClock(self.lease_s)
         self.link = RedisLink(self.lease_s)
         self.client: coredis.Redis[bytes] | coredis.RedisCluster[bytes] | None = None
@@ -291,8 +293,8 @@ class ClusterNode:
 
     @property
     def retry_after_s(self) -> int:
-        """The ``Retry-After`` of a 503 for Redis trouble: a third of a lease, at least 1 s."""
-        return max(1, round(self.lease_s / 3))
+        """The ``Retry-After`` of a 503 for Redis trouble: half a lease, at least 1 s."""
+        return max(1, round(self.lease_s / 2))
 
     # -- start-up ---------------------------------------------------------------------------
 
@@ -329,6 +331,7 @@ class ClusterNode:
             self._compact = client.register_script(COMPACT_SCRIPT)
             self._readers_set = client.register_script(READERS_SET_SCRIPT)
             self._readers_get = client.register_script(READERS_GET_SCRIPT)
+            self._lookup = client.register_script(LOOKUP_SCRIPT)
             self._join = client.register_script(JOIN_SCRIPT)
             self._refresh = client.register_script(REFRESH_SCRIPT)
             try:
@@ -447,7 +450,7 @@ class ClusterNode:
             for session_id in list(self.owned):
                 try:
                     if not self._runs(session_id) and session_id not in self.busy \
-                            and self._ship_idle(session_id):
+                            and self.ship_idle(session_id):
                         await self.release(session_id, closed=False)
                         continue
                     await self.renew(session_id)
@@ -529,7 +532,7 @@ class ClusterNode:
     def _runs(self, session_id: str) -> bool:
         return self.manager is not None and session_id in self.manager.sessions
 
-    def _ship_idle(self, session_id: str) -> bool:
+    def ship_idle(self, session_id: str) -> bool:
         return not any(p.op.session_id == session_id for p in self._pending)
 
     async def release(self, session_id: str, *, closed: bool) -> None:
@@ -773,7 +776,8 @@ class ClusterNode:
         kept = [ops[i] for i in keep]
         if len(keep) < len(ops) and not await self.compact(
                 session_id, owned, Compaction(0, len(ops), tuple(keep))):
-            raise RuntimeError(f"the op log of {session_id} changed during its takeover")
+            # Another writer moved the log meanwhile: a 503, and the client asks again.
+            raise ClusterUnavailable(f"the op log of {session_id} changed during its takeover")
         tail = LogTail.of(kept)
         owned.tail = tail
         owned.log_len = tail.start + tail.length
@@ -783,11 +787,10 @@ class ClusterNode:
 
     async def lookup(self, session_id: str) -> tuple[DirectoryEntry | None, int, dict[str, str]]:
         """The directory entry, the lease's remaining ms (negative: none) and the raw hash."""
-        client = self.client
-        assert client is not None
         keys = session_keys(session_id)
-        fields = _decode_hash(await self.call(lambda: client.hgetall(keys.directory)))
-        pttl = int(await self.call(lambda: client.pttl(keys.lease)))
+        got: Any = await self.call(lambda: self._lookup(keys=[keys.directory, keys.lease]))
+        flat, pttl = list(got[0]), int(got[1])
+        fields = _decode_hash(dict(zip(flat[::2], flat[1::2], strict=True)))
         return DirectoryEntry.from_hash(fields), pttl, fields
 
     async def readers(self, session_id: str, own: int) -> dict[str, int]:
@@ -948,6 +951,11 @@ class ClusterRouter:
         async with self._takeover_locks.hold(session_id):
             if self.manager.get(session_id) is not None:
                 return True
+            if not self.node.ship_idle(session_id):
+                # It just ended here (closed, its agent died): what it wrote last (a close,
+                # a release) decides what the directory says. Let it land first.
+                with trio.move_on_after(self.node.lease_s):
+                    await self.node.wait_acked(self.node.last_seq)
             entry, pttl, _ = await self.node.lookup(session_id)
             decision = route(entry, pttl, self.node.node_id, live_here=False,
                              grace_left_ms=self._grace_left_ms())

@@ -262,3 +262,21 @@ async def test_node_identity_scripts_on_a_real_redis(tmp_path: Path) -> None:
             await client.delete([key])  # expired (a long outage): recreated by a refresh
             assert await refresh(keys=[key], args=["i2", "http://b", 5000]) == 1
             assert await client.hget(key, "inst") == b"i2"
+
+
+async def test_one_lookup_reads_the_directory_and_the_lease(tmp_path: Path) -> None:
+    """LOOKUP_SCRIPT: a request's routing decision costs one Redis call."""
+    from daemon.core.cluster import CLAIM_SCRIPT, LOOKUP_SCRIPT, session_keys
+
+    keys = session_keys("s4")
+    with redis_server(tmp_path / "r") as server:
+        client = coredis.Redis(host="127.0.0.1", port=server.port)
+        async with client:
+            lookup = client.register_script(LOOKUP_SCRIPT)
+            claim = client.register_script(CLAIM_SCRIPT)
+            assert await lookup(keys=[keys.directory, keys.lease]) == [[], -2]
+            await claim(keys=keys.all(), args=["A", "http://a", "/w", "e1", 60_000, DAY])
+            flat, pttl = await lookup(keys=[keys.directory, keys.lease])
+            fields = dict(zip(flat[::2], flat[1::2], strict=True))
+            assert fields[b"owner"] == b"A" and fields[b"gen"] == b"1"
+            assert 0 < pttl <= 60_000

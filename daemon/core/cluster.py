@@ -330,6 +330,12 @@ end
 return 1
 """
 
+# KEYS: directory, lease. The directory entry (HGETALL's flat list) and the lease's PTTL in
+# one round trip: a request's routing decision costs one Redis call.
+LOOKUP_SCRIPT: Final = """
+return {redis.call('HGETALL', KEYS[1]), redis.call('PTTL', KEYS[2])}
+"""
+
 # KEYS: directory, lease. ARGV: node id, generation, epoch, first event id.
 # The owner's new bus (a new session, or a restore): its event epoch and the id its events
 # start at, fenced like an append.
