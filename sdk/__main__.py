@@ -688,12 +688,12 @@ async def cmd_watch(client: DaemonClient, args: argparse.Namespace, out: Output)
         for event in result.events:
             await on_event(event)
         if not out.as_json:
+            if result.agent_session_restored is False:
+                out.line(f"-- warning: {AGENT_CONTEXT_LOST} --")
             out.line(
                 f"-- {len(result.events)} replayed; live after #{result.last_event_id} "
                 f"(epoch {result.event_epoch}) --"
             )
-            if result.agent_session_restored is False:
-                out.line(f"-- warning: {AGENT_CONTEXT_LOST} --")
     else:
         # Fail fast on a wrong URL, token or session id: the reader itself would retry forever
         # on an unreachable daemon, which is right mid-stream but unhelpful as a first answer.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,25 @@ async def run_turn(client: httpx.AsyncClient, sid: str, text: str) -> None:
     assert terminal.type == "turn_complete"
 
 
+async def watch_until_live(url: str, sid: str) -> str:
+    """``turnkeeper watch``'s output up to its ``-- N replayed ...`` line (everything about
+    the replay is printed before it), then the command is stopped."""
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "sdk", "--url", url, "watch", sid], stdout=subprocess.PIPE)
+    out = b""
+    try:
+        assert proc.stdout is not None
+        with trio.fail_after(TIMEOUT_S):
+            while b"\n" not in out.partition(b" replayed; live after #")[2]:
+                chunk = await proc.stdout.receive_some(65536)
+                assert chunk, f"watch ended early: {out!r}"
+                out += chunk
+    finally:
+        proc.kill()
+        await proc.wait()
+    return out.decode()
+
+
 @pytest.mark.parametrize("flags", ["fail-load", ""])
 async def test_a_failed_agent_side_load_is_reported_on_the_load_status_and_cli(
         tmp_path: Path, flags: str) -> None:
@@ -161,6 +181,7 @@ async def test_a_failed_agent_side_load_is_reported_on_the_load_status_and_cli(
             cli_json = await trio.run_process(
                 [sys.executable, "-m", "sdk", "--url", daemon.url, "--json", "load", sid],
                 capture_stdout=True, capture_stderr=True, check=False)
+            watched = await watch_until_live(daemon.url, sid)
     finally:
         daemon.stop()
     assert users == ["before the restart"]  # the transcript is intact either way
@@ -171,6 +192,7 @@ async def test_a_failed_agent_side_load_is_reported_on_the_load_status_and_cli(
     assert cli.returncode == 0, cli.stderr
     assert (f"warning: {AGENT_CONTEXT_LOST}" in cli.stdout.decode()) is not restored
     assert json.loads(cli_json.stdout)["agentSessionRestored"] is restored
+    assert (f"-- warning: {AGENT_CONTEXT_LOST} --" in watched) is not restored
 
 
 async def test_an_agents_helper_processes_end_with_it(tmp_path: Path) -> None:
