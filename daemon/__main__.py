@@ -30,6 +30,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"daemon: {exc}", file=sys.stderr)
         return 2
     configure_logging(config.log_level, config.log_format)
+    if config.recover:
+        from .recover import run_recovery
+
+        return run_recovery(config.data_dir, sys.stdout)
     if config.token_source == "--token":
         logging.getLogger("daemon").warning(
             "event=token_on_command_line hint=%s",

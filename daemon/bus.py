@@ -201,8 +201,14 @@ class SessionBus:
         return self.writer is not None and self.writer.is_degraded(self.session_id)
 
     @property
+    def transcript_damaged(self) -> bool:
+        """Damage was found in this session's stored history (or in the file)."""
+        return self.writer is not None and self.writer.is_damaged(self.session_id)
+
+    @property
     def full_transcript_available(self) -> bool:
-        return self.writer is not None and self.session_id not in self.writer.failed_sessions
+        return self.writer is not None and self.session_id not in self.writer.failed_sessions \
+            and not self.writer.is_damaged(self.session_id)
 
     def durable_event_id(self) -> int:
         return self.writer.durable_event_id(self.session_id) if self.writer is not None else 0
@@ -592,7 +598,8 @@ class SessionBus:
             for turn in spilled:
                 ids = turn.record_ids
                 try:
-                    got = await writer.read(partial(_records_by_id, self.session_id, ids))
+                    got = await writer.read(partial(_records_by_id, self.session_id, ids),
+                                            session_id=self.session_id)
                 except Exception as exc:
                     log.warning("event=spilled_turn_unreadable session=%s error=%r",
                                 self.session_id, exc)

@@ -39,6 +39,7 @@ DEFAULT_STALLED_WRITE_MS = 30_000  # two heartbeat intervals
 DEFAULT_LEASE_MS = 10_000
 DEFAULT_MAX_SESSIONS = 1000
 DEFAULT_MAX_CONNECTIONS = 1024
+DEFAULT_TRANSCRIPT_CHECK_MS = 5_000
 NODE_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 APPROVAL_MODES = ("default", "plan", "auto-edit", "auto", "yolo")
 TOKEN_ENV = "QWEN_SERVER_TOKEN"
@@ -102,6 +103,10 @@ class DaemonConfig:
     # Admission caps (0 = off): live sessions, and open connections (refused as accepted).
     max_sessions: int = DEFAULT_MAX_SESSIONS
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    # The start-up quick_check of the transcript stops after this long (the full check then
+    # runs in the background); --recover salvages a damaged transcript instead of serving.
+    transcript_check_ms: int = DEFAULT_TRANSCRIPT_CHECK_MS
+    recover: bool = False
 
     @property
     def is_loopback(self) -> bool:
@@ -202,8 +207,13 @@ Agents: --agent is split like a shell command line, e.g. --agent "qwen --acp" or
 --agent "gemini --experimental-acp"; a relative program path (./my_agent.py) resolves against
 the directory the daemon was started in. Without --agent the bundled mock agent runs.
 
+A damaged transcript (empty, not SQLite, failing SQLite's quick_check) stops the start with
+one line; --recover then copies what is readable and checksum-intact into a new transcript
+and keeps the damaged file beside it.
+
 SIGTERM, SIGINT and SIGHUP stop the daemon gracefully. Exit status: 0 after a graceful stop,
-1 when it cannot start (port in use, data directory locked or unusable), 2 for a bad flag.
+1 when it cannot start (port in use, data directory locked or unusable, damaged transcript),
+2 for a bad flag.
 Version {__version__}.
 """
 
@@ -346,6 +356,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                    help="shared by every node of the cluster: the key that signs forwarded "
                         "requests (required with --cluster-redis, at least "
                         f"{MIN_CLUSTER_SECRET_CHARS} characters; prefer the environment)")
+    p.add_argument("--transcript-check-ms", default=str(DEFAULT_TRANSCRIPT_CHECK_MS),
+                   help="how long the start-up check of the transcript may take; past it the "
+                        "daemon starts and the full check finishes in the background")
+    p.add_argument("--recover", action="store_true",
+                   help="do not serve: salvage a damaged transcript in --data-dir into a new "
+                        "one (the damaged file is kept beside it), print what was kept, exit")
     _document(p)
     return p
 
@@ -476,4 +492,6 @@ def _validate(ns: argparse.Namespace, env: Mapping[str, str]) -> DaemonConfig:
         cluster_secret=ns.cluster_secret or None,
         max_sessions=_non_negative_int("--max-sessions", ns.max_sessions),
         max_connections=_non_negative_int("--max-connections", ns.max_connections),
+        transcript_check_ms=_positive_int("--transcript-check-ms", ns.transcript_check_ms),
+        recover=bool(ns.recover),
     )

@@ -37,7 +37,8 @@ from .manager import (
     SessionManager,
 )
 from .session import MAX_PENDING_PROMPTS, PromptQueueFull, Session, VoteResult
-from .transcript_store import InvalidCursor
+from .transcript_store import InvalidCursor, TranscriptDamaged
+from .transcript_writer import TranscriptWriter
 
 log = logging.getLogger("daemon.http")
 
@@ -195,6 +196,24 @@ def header_client_id() -> str | None:
     return value
 
 
+def transcript_health(writer: TranscriptWriter | None) -> wire.TranscriptHealth:
+    """The ``transcript`` member of ``GET /daemon/status``."""
+    if writer is None:
+        return wire.TranscriptHealth(enabled=False, degraded=False, failed_sessions=[],
+                                     last_error=None, damaged_sessions=[], damage=[],
+                                     check=wire.TranscriptCheck(quick="off", full="off"))
+    damaged = writer.store_damaged or bool(writer.damaged_sessions)
+    return wire.TranscriptHealth(
+        enabled=True,
+        degraded=writer.degraded or damaged,
+        failed_sessions=sorted(writer.failed_sessions),
+        last_error=writer.last_error,
+        damaged_sessions=sorted(writer.damaged_sessions),
+        damage=list(writer.damage),
+        check=wire.TranscriptCheck(quick=writer.quick_check, full=writer.full_check),
+    )
+
+
 def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
     # No static folder: the daemon serves no files, and Quart's default /static/<path> rule
     # would be an undocumented file-serving route.
@@ -250,6 +269,19 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         return json_response(error_body(status, "http_error", exc.description or "HTTP error"),
                              status)
 
+    @app.errorhandler(TranscriptDamaged)
+    async def on_damaged(exc: TranscriptDamaged) -> Response:
+        # Found, not served: the one answer a read of damaged history gets (what the daemon
+        # found is logged once and listed by GET /daemon/status).
+        details: dict[str, Any] = {}
+        if exc.session_id is not None:
+            details["sessionId"] = exc.session_id
+        return json_response(error_body(
+            500, "transcript_damaged",
+            "The transcript is damaged where this request reads it; nothing of it is served. "
+            "GET /daemon/status lists the damage; stop the daemon and run it with --recover "
+            "to keep what is intact", **details), 500)
+
     @app.errorhandler(Exception)
     async def on_internal(exc: Exception) -> Response:
         log.exception("event=internal_error path=%s", request.path)
@@ -294,12 +326,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
             v=1,
             limits=limits,
             persistence=writer is not None,
-            transcript=wire.TranscriptHealth(
-                enabled=writer is not None,
-                degraded=bool(writer is not None and writer.degraded),
-                failed_sessions=sorted(writer.failed_sessions) if writer is not None else [],
-                last_error=writer.last_error if writer is not None else None,
-            ),
+            transcript=transcript_health(writer),
             agents=[wire.AgentInfo(workspace_cwd=cwd, pid=agent.pid)
                     for cwd, agent in manager.agents.items()],
             agents_reaped=manager.agents_reaped,
@@ -360,10 +387,11 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         out = base_body(session, client_id)
         writer = manager.writer
         if page_size is not None and session.active is None and writer is not None \
-                and not bus.transcript_degraded:
+                and not bus.transcript_degraded and not bus.transcript_damaged:
             last_event_id, epoch = bus.ring.last_id, bus.epoch
             size = page_size
-            page = await writer.read(lambda store: store.page(session_id, limit=size))
+            page = await writer.read(lambda store: store.page(session_id, limit=size),
+                                     session_id=session_id)
             out["compactedReplay"] = RawList(page.events)
             out["liveJournal"] = []
             out["historyHasMore"] = page.has_more
@@ -499,7 +527,8 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
                                                      has_more=False))
         try:
             page = await writer.read(lambda store: store.page(
-                session.id, limit=limit, cursor=cursor, before_record_id=before))
+                session.id, limit=limit, cursor=cursor, before_record_id=before),
+                session_id=session.id)
         except InvalidCursor:
             raise ApiError(400, "invalid_transcript_cursor",
                            "Unknown transcript cursor or record id") from None
@@ -529,7 +558,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
             last_event_id=bus.ring.last_id,
             durable_event_id=bus.durable_event_id(),
             event_epoch=bus.epoch,
-            transcript_degraded=bus.transcript_degraded,
+            transcript_degraded=bus.transcript_degraded or bus.transcript_damaged,
             full_transcript_available=bus.full_transcript_available,
             replay_degraded=bus.degraded,
             subscribers=subscribers,

@@ -440,7 +440,8 @@ class SessionManager:
             return await self._restore(session_id, self.writer)
 
     async def _restore(self, session_id: str, writer: TranscriptWriter) -> Session | None:
-        row = await writer.read(lambda store: store.get_session(session_id))
+        row = await writer.read(lambda store: store.get_session(session_id),
+                                session_id=session_id)
         if row is None or row.closed:
             return None
         try:
@@ -455,15 +456,17 @@ class SessionManager:
         self, session_id: str, writer: TranscriptWriter, row: SessionRow, cwd: str,
     ) -> Session:
         raw, in_flight = await writer.read(
-            lambda store: (store.raw_events(session_id), store.in_flight_prompts(session_id)))
+            lambda store: (store.raw_events(session_id), store.in_flight_prompts(session_id)),
+            session_id=session_id)
         ops = close_interrupted(session_id, raw, in_flight, now_ms=now_ms(),
                                 new_record_id=lambda: str(uuid.uuid4()))
         for op in ops:
             writer.submit(op)
         cap = self.config.compacted_replay_max_bytes
         turns, older_records, older_turns = await writer.read(
-            lambda store: store.newest_turns(session_id, cap))
-        terminals = await writer.read(lambda store: store.prompt_terminals(session_id, 64))
+            lambda store: store.newest_turns(session_id, cap), session_id=session_id)
+        terminals = await writer.read(lambda store: store.prompt_terminals(session_id, 64),
+                                      session_id=session_id)
         segments, next_id = seed_segments(turns, 1)
         agent = await self.agent_for(cwd)
         acp_session_id, via = None, "session/new"
@@ -566,6 +569,6 @@ class SessionManager:
                 slow_client_warnings=bus.slow_client_warnings,
                 clients_evicted=bus.clients_evicted,
                 last_event_id=bus.ring.last_id,
-                transcript_degraded=bus.transcript_degraded,
+                transcript_degraded=bus.transcript_degraded or bus.transcript_damaged,
             ))
         return out

@@ -7,6 +7,7 @@ import fcntl
 import logging
 import os
 import resource
+import shlex
 import signal
 import sys
 import uuid
@@ -20,13 +21,14 @@ from hypercorn.trio import serve
 
 from . import connection_limit, malloc, server_patches, ws_limits
 from .asgi import DaemonASGI
-from .config import DaemonConfig
+from .config import DaemonConfig, program_name
 from .core.guards import Guard
 from .http_api import create_app
 from .logs import ACCESS_LOG_FORMAT
 from .manager import SessionManager
 from .reclaimer import Reclaimer
-from .transcript_store import TranscriptSchemaError, TranscriptStore
+from .transcript_check import check_transcript
+from .transcript_store import TranscriptDamagedError, TranscriptSchemaError, TranscriptStore
 from .transcript_writer import TranscriptWriter
 
 log = logging.getLogger("daemon.server")
@@ -82,13 +84,28 @@ def acquire_lock(data_dir: Path) -> IO[str]:
     return handle
 
 
+def recovery_hint(config: DaemonConfig) -> str:
+    """The command that salvages a damaged transcript of ``config``'s data directory."""
+    return f"{program_name()} --recover --data-dir {shlex.quote(str(config.data_dir))}"
+
+
 def open_store(config: DaemonConfig) -> TranscriptStore | None:
+    """The transcript, checked (bounded by ``--transcript-check-ms``) before it is served; a
+    damaged one stops the start with one line that names the command to recover it."""
     if not config.persistence:
         return None
     try:
-        return TranscriptStore(config.data_dir / TRANSCRIPT_FILE)
+        store = TranscriptStore(config.data_dir / TRANSCRIPT_FILE,
+                                quick_check_s=config.transcript_check_ms / 1000)
+    except TranscriptDamagedError as exc:
+        raise DaemonStartError(f"{exc}. Stop here and recover what is readable with: "
+                               f"{recovery_hint(config)}") from None
     except TranscriptSchemaError as exc:
         raise DaemonStartError(str(exc)) from None
+    if store.quick_check == "incomplete":
+        log.warning("event=transcript_quick_check_incomplete budget_ms=%d hint=%s",
+                    config.transcript_check_ms, "the full check continues in the background")
+    return store
 
 
 def ensure_descriptors(max_connections: int) -> None:
@@ -216,6 +233,8 @@ async def run_daemon(
                 raise DaemonStartError(
                     f"cannot listen on {config.hostname}:{config.port}: "
                     f"{bind_error.strerror or bind_error}") from None
+            if writer is not None:  # once serving is sure: a refusal stays one line
+                root.start_soon(check_transcript, writer)
             url = binds[0] if binds else f"http://{config.hostname}:{config.port}"
             if cluster is not None:
                 if config.node_url is None:

@@ -18,7 +18,13 @@ What is stored, per session:
 - ``records``: the compacted, record-stamped events of completed turns, each with its
   ``record_id`` and its per-session ``turn`` number (so seeding can keep whole turns and count the
   turns it leaves out).
-- ``prompts``: the prompt ledger, ``in_flight`` from admission until its terminal.
+- ``prompts``: the prompt ledger, ``in_flight`` from admission until its terminal; a prompt sent
+  with an ``Idempotency-Key`` also holds the key, its request's digest and its 202 body.
+
+Every row carries ``crc``, the checksum of its values (:func:`daemon.core.checksum.row_crc`),
+written with it and checked whenever it is read: a row whose bytes changed on disk raises
+:class:`DamagedRow` instead of being served. Opening the file refuses one that is empty, not
+SQLite, or fails SQLite's ``quick_check`` (:class:`TranscriptDamagedError`).
 
 Writes arrive as a batch of :data:`Op` values applied in one transaction (:meth:`apply`); that is
 what makes group commit atomic.
@@ -28,13 +34,16 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 import sqlite3
+import threading
 from collections.abc import Iterator, Sequence
 from os import PathLike
 from typing import Any, Final, Literal
 
 import msgspec
 
+from daemon.core.checksum import row_crc
 from daemon.core.splice import run_envelopes
 from daemon.core.transcript_ops import (
     TERMINAL_STATES,
@@ -42,6 +51,7 @@ from daemon.core.transcript_ops import (
     AppendEvent,
     DeleteSession,
     FinishTurn,
+    KeyedPromptRow,
     MarkClosed,
     Op,
     PromptRow,
@@ -58,24 +68,33 @@ __all__ = [
     "TERMINAL_STATES",
     "AdmitPrompt",
     "AppendEvent",
+    "DamagedRow",
     "DeleteSession",
     "FinishTurn",
     "InvalidCursor",
+    "KeyedPromptRow",
     "MarkClosed",
     "Op",
     "PromptRow",
     "RunTemplate",
     "SessionRow",
     "TerminalState",
+    "TranscriptDamaged",
+    "TranscriptDamagedError",
     "TranscriptPage",
     "TranscriptSchemaError",
     "TranscriptStore",
     "UpsertSession",
+    "events_are_json",
+    "is_corruption",
 ]
 
 # 2: raw_events rows may hold segments (see the module docstring). A version-1 file is
 # upgraded in place when opened (its rows are all of the first form, which stays readable).
-SCHEMA_VERSION: Final = 2
+# 3: every row has its checksum (``crc``), and a prompt its idempotency key, request digest and
+# 202 body. A version-1 or -2 file is upgraded in place when opened: the columns are added and
+# every row's checksum computed, after its events were checked to be JSON (see ``_upgrade``).
+SCHEMA_VERSION: Final = 3
 
 # A short wait rides out a brief lock taken by another opener before this connection holds
 # its exclusive lock (see ``locking_mode`` in ``__init__``) instead of failing at once. It stays
@@ -110,7 +129,8 @@ CREATE TABLE sessions (
     workspace_cwd    TEXT NOT NULL,
     created_at       INTEGER NOT NULL,
     agent_session_id TEXT,
-    closed           INTEGER NOT NULL DEFAULT 0
+    closed           INTEGER NOT NULL DEFAULT 0,
+    crc              INTEGER
 );
 -- seq is the rowid: rows of a session are read back in seq order. It is not AUTOINCREMENT
 -- because only the order among rows that exist matters, and plain rowids keep that order.
@@ -119,7 +139,8 @@ CREATE TABLE raw_events (
     session_id TEXT NOT NULL,
     event_id   INTEGER NOT NULL,
     prompt_id  TEXT,
-    raw        BLOB NOT NULL
+    raw        BLOB NOT NULL,
+    crc        INTEGER
 );
 CREATE INDEX raw_events_by_session ON raw_events (session_id, seq);
 CREATE TABLE records (
@@ -128,7 +149,8 @@ CREATE TABLE records (
     record_id  TEXT NOT NULL UNIQUE,
     turn       INTEGER NOT NULL,
     prompt_id  TEXT,
-    raw        BLOB NOT NULL
+    raw        BLOB NOT NULL,
+    crc        INTEGER
 );
 CREATE INDEX records_by_session ON records (session_id, seq);
 CREATE INDEX records_by_turn ON records (session_id, turn);
@@ -141,21 +163,120 @@ CREATE TABLE prompts (
     admitted_at  INTEGER,
     ended_at     INTEGER,
     terminal_seq INTEGER,
+    idempotency_key   TEXT,
+    request_digest    TEXT,
+    accepted_event_id INTEGER,
+    accepted_epoch    TEXT,
+    crc          INTEGER,
     PRIMARY KEY (session_id, prompt_id)
 );
 CREATE INDEX prompts_by_terminal ON prompts (session_id, terminal_seq);
+CREATE INDEX prompts_by_key ON prompts (session_id, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
 """
+# What version 3 adds to a version-1 or -2 file (the columns above, in this order, at the end
+# of their tables: the checksums read the values by name, never by position).
+_UPGRADE_TO_3: Final = """
+ALTER TABLE sessions ADD COLUMN crc INTEGER;
+ALTER TABLE raw_events ADD COLUMN crc INTEGER;
+ALTER TABLE records ADD COLUMN crc INTEGER;
+ALTER TABLE prompts ADD COLUMN idempotency_key TEXT;
+ALTER TABLE prompts ADD COLUMN request_digest TEXT;
+ALTER TABLE prompts ADD COLUMN accepted_event_id INTEGER;
+ALTER TABLE prompts ADD COLUMN accepted_epoch TEXT;
+ALTER TABLE prompts ADD COLUMN crc INTEGER;
+CREATE INDEX prompts_by_key ON prompts (session_id, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+"""
+
+# Each table's columns in the order its checksum reads them.
+_SESSION_COLUMNS: Final = "session_id, workspace_cwd, created_at, agent_session_id, closed"
+_RAW_COLUMNS: Final = "session_id, event_id, prompt_id, raw"
+_RECORD_COLUMNS: Final = "session_id, record_id, turn, prompt_id, raw"
+_PROMPT_COLUMNS: Final = ("session_id, prompt_id, state, stop_reason, admitted_at, ended_at, "
+                          "terminal_seq, idempotency_key, request_digest, accepted_event_id, "
+                          "accepted_epoch")
+#: The checksummed tables and their columns (the key is ``seq`` or the rowid).
+CHECKED_TABLES: Final = {"sessions": _SESSION_COLUMNS, "prompts": _PROMPT_COLUMNS,
+                         "records": _RECORD_COLUMNS, "raw_events": _RAW_COLUMNS}
+# SQLite's primary result codes for a damaged file and for an interrupted statement.
+_SQLITE_CORRUPT: Final = 11
+_SQLITE_NOTADB: Final = 26
+_SQLITE_INTERRUPT: Final = 9
+# Most problems a check lists (SQLite stops looking after this many).
+MAX_PROBLEMS: Final = 100
+# The table each index of the schema belongs to (to place a problem integrity_check names).
+INDEX_TABLES: Final = {
+    "raw_events_by_session": "raw_events", "records_by_session": "records",
+    "records_by_turn": "records", "sqlite_autoindex_records_1": "records",
+    "prompts_by_terminal": "prompts", "prompts_by_key": "prompts",
+    "sqlite_autoindex_prompts_1": "prompts", "sqlite_autoindex_sessions_1": "sessions",
+}
 
 _SESSION_EXISTS: Final = "EXISTS (SELECT 1 FROM sessions WHERE session_id = ?)"
 # Most raw_events rows one INSERT statement writes (4 bound values each; see _append_only).
 _ONE_STATEMENT_ROWS: Final = 16
 _INSERT_RAW: Final = (
-    "INSERT INTO raw_events (session_id, event_id, prompt_id, raw) VALUES (?, ?, ?, ?)"
+    "INSERT INTO raw_events (session_id, event_id, prompt_id, raw, crc) VALUES (?, ?, ?, ?, ?)"
 )
+_RAW_VALUES: Final = ", (?, ?, ?, ?, ?)"
 
 
 class TranscriptSchemaError(Exception):
     """The file is not a transcript database this daemon can use. It is left untouched."""
+
+
+class TranscriptDamagedError(TranscriptSchemaError):
+    """The file was a transcript and is damaged (empty, truncated, not SQLite any more, or
+    failing ``quick_check``): what is readable can be recovered from it. Left untouched."""
+
+
+class TranscriptDamaged(Exception):
+    """What a read would return is damaged, so it is not returned. ``session_id`` names the
+    session it belongs to, ``None`` when the damage is the file's (or its owner unknown)."""
+
+    def __init__(self, session_id: str | None, message: str) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+
+
+class DamagedRow(TranscriptDamaged):
+    """A row read back is not what was written: its checksum does not match its values (or it
+    has none). Raised instead of serving it."""
+
+    def __init__(self, session_id: str | None, table: str, key: int, detail: str = "") -> None:
+        where = f"session {session_id}" if session_id else "an unknown session"
+        super().__init__(session_id, f"damaged {table} row {key} of {where}"
+                         + (f": {detail}" if detail else ""))
+        self.table = table
+        self.key = key
+
+
+def is_corruption(exc: BaseException) -> bool:
+    """Is ``exc`` SQLite saying the file is damaged (``SQLITE_CORRUPT``, ``SQLITE_NOTADB``)?"""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(exc, sqlite3.DatabaseError) and isinstance(code, int):
+        return code & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
+    return False
+
+
+def _problems(rows: Sequence[Sequence[Any]]) -> list[str]:
+    """What an ``integrity_check`` or ``quick_check`` answered, one problem per line (none
+    when it says ``ok``), without the ``*** in database main ***`` headings."""
+    lines = [line.strip() for row in rows for line in str(row[0]).splitlines()]
+    return [line for line in lines if line and line != "ok" and not line.startswith("*** ")]
+
+
+def _checked(row: Sequence[Any], table: str, session_id: str | None = None) -> Sequence[Any]:
+    """``row`` (key first, checksum last, the table's checksummed columns between) if its
+    checksum matches, else :class:`DamagedRow`."""
+    values = row[1:-1]
+    crc = row[-1]
+    if crc is None or crc != row_crc(*values):
+        sid = values[0] if isinstance(values[0], str) and session_id is None else session_id
+        raise DamagedRow(sid, table, int(row[0]) if isinstance(row[0], int) else -1,
+                         "no checksum" if crc is None else "checksum mismatch")
+    return row
 
 
 class InvalidCursor(ValueError):
@@ -181,8 +302,49 @@ def _decode_cursor(cursor: str) -> str:
 class TranscriptStore:
     """One SQLite transcript database. Not thread-safe: one caller at a time (any thread)."""
 
-    def __init__(self, path: str | PathLike[str]) -> None:
+    def __init__(self, path: str | PathLike[str], *, quick_check_s: float | None = None) -> None:
+        """Open (or create) the transcript at ``path``.
+
+        An existing file is checked before anything is written to it: one that is empty or
+        whose ``-wal`` is there without it, that is not SQLite, or (with ``quick_check_s``)
+        that fails SQLite's ``quick_check`` raises :class:`TranscriptDamagedError`; one with a
+        newer schema or someone else's tables :class:`TranscriptSchemaError`. The check is
+        bounded: past ``quick_check_s`` seconds it is cut and :attr:`quick_check` says
+        ``incomplete`` (the full check then belongs to the caller, see
+        :meth:`integrity_problems`). A new file is made under another name and renamed into
+        place once its schema is committed, so a transcript file is never legitimately empty.
+        """
         self.path = str(path)
+        self.quick_check: Literal["ok", "incomplete", "off"] = "off"
+        if self.path != ":memory:":
+            self._refuse_emptied()
+            if not os.path.exists(self.path):
+                self._create_file()
+        conn = self._connect(self.path)
+        try:
+            self._check_schema(conn)
+            if quick_check_s is not None:
+                self.quick_check = self._quick_check(conn, quick_check_s)
+            self._configure(conn)
+            self._create_schema(conn)
+            # The sessions stored, as committed: lets a batch of nothing but events (the usual
+            # one) skip the existence checks in SQL. Only ``apply`` changes it, after a commit.
+            self._stored: set[str] = {
+                row[0] for row in conn.execute("SELECT session_id FROM sessions")
+            }
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            if is_corruption(exc):
+                raise TranscriptDamagedError(
+                    f"transcript database {self.path!r} is damaged ({exc})") from exc
+            raise
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+
+    @staticmethod
+    def _connect(path: str) -> sqlite3.Connection:
         # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT), so one
         # batch is exactly one transaction whatever the Python version's implicit-BEGIN rules.
         # cached_statements=0: every statement is prepared for its call and finalized when its
@@ -191,7 +353,7 @@ class TranscriptStore:
         # blobs: up to 16 rows of up to ROW_MAX_BYTES for each multi-row INSERT shape, over
         # 100 MB of RSS after a turn of large chunks. Preparing costs about 10 us a statement,
         # and a batch of events is one statement.
-        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
+        conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
                                cached_statements=0)
         try:
             # Before anything touches the file: with EXCLUSIVE locking set before the first
@@ -202,20 +364,50 @@ class TranscriptStore:
             # on. The cost is that no other process can read the database while the daemon
             # has it open, which the daemon's own data-directory lock already implies.
             conn.execute("PRAGMA locking_mode=EXCLUSIVE")
-            self._check_schema(conn)
-            self._configure(conn)
-            self._create_schema(conn)
         except BaseException:
             conn.close()
             raise
-        self._conn = conn
-        # The sessions stored, as committed: lets a batch of nothing but events (the usual
-        # one) skip the existence checks in SQL. Only ``apply`` changes it, after a commit.
-        self._stored: set[str] = {
-            row[0] for row in conn.execute("SELECT session_id FROM sessions")
-        }
+        return conn
 
     # --- opening ---
+
+    def _refuse_emptied(self) -> None:
+        """An empty file, or a WAL without its database, is what is left of a transcript
+        (truncated, or deleted under a running daemon), never a new one: SQLite would open
+        either as an empty database and every session would be gone without a word."""
+        wal = self.path + "-wal"
+        try:
+            size = os.path.getsize(self.path)
+        except FileNotFoundError:
+            if os.path.exists(wal):
+                raise TranscriptDamagedError(
+                    f"transcript database {self.path!r} is missing but its write-ahead log "
+                    f"{wal!r} is there (the database was deleted or moved); refusing to start "
+                    "a new one over it") from None
+            return
+        if size == 0:
+            raise TranscriptDamagedError(
+                f"transcript database {self.path!r} is empty (0 bytes): a transcript file is "
+                "never empty, so it was truncated or replaced; refusing to treat it as a new "
+                "store (the file was not modified)")
+
+    def _create_file(self) -> None:
+        """Make a new transcript under a temporary name and move it into place once its schema
+        is committed (a crash in between leaves only the temporary file, made again next
+        time)."""
+        temp = self.path + ".new"
+        for leftover in (temp, temp + "-wal", temp + "-shm"):
+            try:
+                os.unlink(leftover)
+            except FileNotFoundError:
+                pass
+        conn = self._connect(temp)
+        try:
+            self._configure(conn)
+            self._create_schema(conn)
+        finally:
+            conn.close()  # checkpoints the WAL into the file and removes it
+        os.rename(temp, self.path)
 
     def _check_schema(self, conn: sqlite3.Connection) -> None:
         """Refuse, before anything is written, a file that is not ours or is too new."""
@@ -223,7 +415,7 @@ class TranscriptStore:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
         except sqlite3.DatabaseError as exc:
-            raise TranscriptSchemaError(
+            raise TranscriptDamagedError(
                 f"transcript database {self.path!r} is unreadable or corrupt ({exc}); "
                 "refusing to open it (the file was not modified)"
             ) from exc
@@ -237,6 +429,34 @@ class TranscriptStore:
                 f"{self.path!r} is an SQLite database but not a turnkeeper transcript "
                 "(schema_version 0 with existing tables); refusing to open it"
             )
+
+    def _quick_check(self, conn: sqlite3.Connection, budget_s: float) -> Literal["ok",
+                                                                               "incomplete"]:
+        """SQLite's ``quick_check`` (every page and b-tree, not the indexes' content against
+        their tables), cut after ``budget_s`` seconds. ``sqlite3_interrupt`` is what stops
+        it: the check is one step of SQLite's program, which a progress handler cannot cut."""
+        timer = threading.Timer(budget_s, conn.interrupt)
+        timer.daemon = True
+        timer.start()
+        try:
+            rows = conn.execute(f"PRAGMA quick_check({MAX_PROBLEMS})").fetchall()
+        except sqlite3.DatabaseError as exc:
+            if getattr(exc, "sqlite_errorcode", 0) & 0xFF == _SQLITE_INTERRUPT:
+                return "incomplete"
+            if not is_corruption(exc):
+                raise
+            raise TranscriptDamagedError(
+                f"transcript database {self.path!r} is damaged: quick_check stopped at it "
+                f"({exc}); refusing to open it (the file was not modified)") from exc
+        finally:
+            timer.cancel()
+        problems = _problems(rows)
+        if problems:
+            raise TranscriptDamagedError(
+                f"transcript database {self.path!r} is damaged: quick_check found "
+                f"{len(problems)}{'+' if len(problems) >= MAX_PROBLEMS else ''} problem(s), "
+                f"the first: {problems[0]}; refusing to open it (the file was not modified)")
+        return "ok"
 
     @staticmethod
     def _configure(conn: sqlite3.Connection) -> None:
@@ -284,8 +504,7 @@ class TranscriptStore:
         # pages included (``_delete_session``): the one delete whose bytes nothing else keeps.
         conn.execute("PRAGMA secure_delete=FAST")
 
-    @staticmethod
-    def _create_schema(conn: sqlite3.Connection) -> None:
+    def _create_schema(self, conn: sqlite3.Connection) -> None:
         conn.execute("BEGIN IMMEDIATE")
         try:
             # Re-read under the write lock: another opener may have created it meanwhile.
@@ -294,6 +513,8 @@ class TranscriptStore:
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         conn.execute(statement)
+            elif version < 3:
+                self._upgrade_to_3(conn)
             if version < SCHEMA_VERSION:
                 # Version 1 differs only in what a raw_events row may hold: from now on a
                 # daemon that cannot read segments refuses the file instead of misreading it.
@@ -303,6 +524,38 @@ class TranscriptStore:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+
+    def _upgrade_to_3(self, conn: sqlite3.Connection) -> None:
+        """Add the version-3 columns and give every existing row its checksum, in the caller's
+        transaction. A row's checksum vouches for the bytes it is computed over, so the events
+        are checked first: a raw_events row or record that is not JSON events is damage found
+        now, and the whole upgrade is rolled back (the file stays as it was)."""
+        for statement in _UPGRADE_TO_3.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        bad: list[str] = []
+        for table, columns in CHECKED_TABLES.items():
+            last = -1
+            while True:
+                rows = conn.execute(
+                    f"SELECT rowid, {columns} FROM {table} WHERE rowid > ? ORDER BY rowid "
+                    "LIMIT 256", (last,)).fetchall()
+                if not rows:
+                    break
+                last = rows[-1][0]
+                sums = []
+                for row in rows:
+                    if table in ("raw_events", "records") and not events_are_json(
+                            bytes(row[-1]), whole_row=table == "raw_events"):
+                        bad.append(f"{table} row {row[0]} of session {row[1]} is not JSON")
+                        continue
+                    sums.append((row_crc(*row[1:]), row[0]))
+                conn.executemany(f"UPDATE {table} SET crc = ? WHERE rowid = ?", sums)
+        if bad:
+            raise TranscriptDamagedError(
+                f"transcript database {self.path!r} is damaged: {len(bad)} row(s) hold bytes "
+                f"that are not events, the first: {bad[0]}; refusing to upgrade it to schema "
+                f"version {SCHEMA_VERSION} (the file was not modified)")
 
     def close(self) -> None:
         self._conn.close()
@@ -357,7 +610,7 @@ class TranscriptStore:
             self._conn.execute(_INSERT_RAW, rows[0])
             return
         if len(rows) <= _ONE_STATEMENT_ROWS:
-            self._conn.execute(_INSERT_RAW + ", (?, ?, ?, ?)" * (len(rows) - 1),
+            self._conn.execute(_INSERT_RAW + _RAW_VALUES * (len(rows) - 1),
                                [value for row in rows for value in row])
             return
         conn = self._conn
@@ -378,8 +631,7 @@ class TranscriptStore:
             except sqlite3.Error:
                 pass  # the original error is the one worth reporting
 
-    def _insert_events(self, rows: list[tuple[str, int, str | None, bytes]], *,
-                       checked: bool) -> None:
+    def _insert_events(self, rows: list[_RawRow], *, checked: bool) -> None:
         # A plain one-row INSERT, the session's existence checked first (in SQL, in this
         # transaction, unless the caller already checked: an earlier op of the batch that
         # deleted it counts): the INSERT ... SELECT ... WHERE EXISTS it replaces is a
@@ -395,29 +647,51 @@ class TranscriptStore:
     def _apply_one(self, op: Op) -> None:
         conn = self._conn
         if isinstance(op, UpsertSession):
-            conn.execute(
-                "INSERT INTO sessions (session_id, workspace_cwd, created_at, agent_session_id) "
-                "VALUES (?, ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET "
-                "workspace_cwd = excluded.workspace_cwd, "
-                "agent_session_id = coalesce(excluded.agent_session_id, agent_session_id), "
-                "closed = 0",
-                (op.session_id, op.workspace_cwd, op.created_at_ms, op.agent_session_id),
-            )
+            self._upsert_session(op)
         elif isinstance(op, AdmitPrompt):
+            values = (op.session_id, op.prompt_id, "in_flight", None, op.at_ms, None, None,
+                      op.idempotency_key, op.request_digest, op.accepted_event_id,
+                      op.accepted_epoch)
             conn.execute(
-                "INSERT INTO prompts (session_id, prompt_id, state, admitted_at) "
-                f"SELECT ?, ?, 'in_flight', ? WHERE {_SESSION_EXISTS} "
+                f"INSERT INTO prompts ({_PROMPT_COLUMNS}, crc) "
+                f"SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? WHERE {_SESSION_EXISTS} "
                 "ON CONFLICT (session_id, prompt_id) DO NOTHING",
-                (op.session_id, op.prompt_id, op.at_ms, op.session_id),
+                (*values, row_crc(*values), op.session_id),
             )
         elif isinstance(op, FinishTurn):
             self._finish_turn(op)
         elif isinstance(op, DeleteSession):
             self._delete_session(op.session_id)
         elif isinstance(op, MarkClosed):
-            conn.execute("UPDATE sessions SET closed = 1 WHERE session_id = ?", (op.session_id,))
+            row = self._session_values(op.session_id)
+            if row is not None:
+                values = (*row[1:5], 1)
+                conn.execute("UPDATE sessions SET closed = 1, crc = ? WHERE rowid = ?",
+                             (row_crc(*values), row[0]))
         else:
             raise TypeError(f"not a transcript op: {op!r}")
+
+    def _session_values(self, session_id: str) -> Sequence[Any] | None:
+        """The session's row (rowid, the checksummed columns, crc), its checksum checked: a
+        change to a damaged row must fail, not vouch for the damage with a new checksum."""
+        row = self._conn.execute(
+            f"SELECT rowid, {_SESSION_COLUMNS}, crc FROM sessions WHERE session_id = ?",
+            (session_id,)).fetchone()
+        return None if row is None else _checked(row, "sessions", session_id)
+
+    def _upsert_session(self, op: UpsertSession) -> None:
+        row = self._session_values(op.session_id)
+        if row is None:
+            values = (op.session_id, op.workspace_cwd, op.created_at_ms, op.agent_session_id, 0)
+            self._conn.execute(
+                f"INSERT INTO sessions ({_SESSION_COLUMNS}, crc) VALUES (?, ?, ?, ?, ?, ?)",
+                (*values, row_crc(*values)))
+            return
+        agent_session_id = op.agent_session_id if op.agent_session_id is not None else row[4]
+        values = (op.session_id, op.workspace_cwd, row[3], agent_session_id, 0)
+        self._conn.execute(
+            "UPDATE sessions SET workspace_cwd = ?, agent_session_id = ?, closed = 0, crc = ? "
+            "WHERE rowid = ?", (op.workspace_cwd, agent_session_id, row_crc(*values), row[0]))
 
     def _delete_session(self, session_id: str) -> None:
         """Remove every row of the session and leave none of its bytes in the file. Deleted
@@ -460,75 +734,173 @@ class TranscriptStore:
         ).fetchone()
         turn = (last[0] if last else 0) + 1
         conn.executemany(
-            "INSERT INTO records (session_id, record_id, turn, prompt_id, raw) "
-            "VALUES (?, ?, ?, ?, ?)",
-            [(sid, record_id, turn, op.prompt_id, raw) for record_id, raw in op.records],
+            f"INSERT INTO records ({_RECORD_COLUMNS}, crc) VALUES (?, ?, ?, ?, ?, ?)",
+            [(sid, record_id, turn, op.prompt_id, raw,
+              row_crc(sid, record_id, turn, op.prompt_id, raw)) for record_id, raw in op.records],
         )
-        if op.prompt_id is None:
+        if op.prompt_id is not None:
+            self._latch_terminal(op)
+
+    def _latch_terminal(self, op: FinishTurn) -> None:
+        """The ledger terminal of ``op.prompt_id``. The first terminal wins, like the runner's
+        per-prompt latch: a second FinishTurn for the same prompt cannot rewrite how it ended.
+        The admission's row is checked before it is rewritten with a new checksum."""
+        conn = self._conn
+        sid = op.session_id
+        row = conn.execute(
+            f"SELECT rowid, {_PROMPT_COLUMNS}, crc FROM prompts "
+            "WHERE session_id = ? AND prompt_id = ?", (sid, op.prompt_id)).fetchone()
+        if row is not None and _checked(row, "prompts", sid)[3] != "in_flight":
             return
-        # The first terminal wins, like the runner's per-prompt latch: a second FinishTurn for
-        # the same prompt cannot rewrite how it ended.
-        conn.execute(
-            "INSERT INTO prompts (session_id, prompt_id, state, stop_reason, ended_at, "
-            "terminal_seq) VALUES (?, ?, ?, ?, ?, (SELECT coalesce(max(terminal_seq), 0) + 1 "
-            "FROM prompts WHERE session_id = ?)) "
-            "ON CONFLICT (session_id, prompt_id) DO UPDATE SET state = excluded.state, "
-            "stop_reason = excluded.stop_reason, ended_at = excluded.ended_at, "
-            "terminal_seq = excluded.terminal_seq WHERE state = 'in_flight'",
-            (sid, op.prompt_id, op.terminal, op.stop_reason, op.at_ms, sid),
-        )
+        terminal_seq = conn.execute(
+            "SELECT coalesce(max(terminal_seq), 0) + 1 FROM prompts WHERE session_id = ?",
+            (sid,)).fetchone()[0]
+        if row is None:
+            values = (sid, op.prompt_id, op.terminal, op.stop_reason, None, op.at_ms,
+                      terminal_seq, None, None, None, None)
+            conn.execute(f"INSERT INTO prompts ({_PROMPT_COLUMNS}, crc) "
+                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                         (*values, row_crc(*values)))
+            return
+        values = (sid, op.prompt_id, op.terminal, op.stop_reason, row[5], op.at_ms,
+                  terminal_seq, *row[8:12])
+        conn.execute("UPDATE prompts SET state = ?, stop_reason = ?, ended_at = ?, "
+                     "terminal_seq = ?, crc = ? WHERE rowid = ?",
+                     (op.terminal, op.stop_reason, op.at_ms, terminal_seq, row_crc(*values),
+                      row[0]))
+
+    def insert_salvaged(self, table: str, rows: Sequence[tuple[int, Sequence[Any]]]) -> int:
+        """Recovery: insert rows read from a damaged transcript, each ``(rowid, values)`` with
+        the values of ``table``'s checksummed columns, under their old rowids and with their
+        checksums, in one transaction. A row whose rowid or unique key is taken already is
+        left out; returns how many were inserted."""
+        columns = CHECKED_TABLES[table]
+        marks = ", ".join("?" * (len(columns.split(",")) + 2))
+        key = "seq" if table in ("raw_events", "records") else "rowid"
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            before = conn.total_changes
+            conn.executemany(
+                f"INSERT OR IGNORE INTO {table} ({key}, {columns}, crc) VALUES ({marks})",
+                [(rowid, *values, row_crc(*values)) for rowid, values in rows])
+            inserted = conn.total_changes - before
+            conn.execute("COMMIT")
+        except BaseException:
+            self._rollback()
+            raise
+        if table == "sessions":
+            self._stored.update(str(values[0]) for _, values in rows)
+        return inserted
+
+    # --- checking ---
+
+    def interrupt(self) -> None:
+        """Cut the statement running now (from any thread): it raises ``interrupted``."""
+        self._conn.interrupt()
+
+    def integrity_problems(self) -> list[str] | None:
+        """SQLite's full ``integrity_check`` (pages, b-trees, and every index against its
+        table): the problems it lists (at most ``MAX_PROBLEMS``; none when the file is whole),
+        or ``None`` if it was cut by :meth:`interrupt`."""
+        try:
+            rows = self._conn.execute(f"PRAGMA integrity_check({MAX_PROBLEMS})").fetchall()
+        except sqlite3.OperationalError as exc:
+            if getattr(exc, "sqlite_errorcode", 0) & 0xFF == _SQLITE_INTERRUPT:
+                return None
+            raise
+        return _problems(rows)
+
+    def damaged_rows(self, table: str, after: int, limit: int) -> tuple[list[DamagedRow], int]:
+        """Check the checksums of ``table``'s next ``limit`` rows after rowid ``after``: the
+        damaged ones and the last rowid read (``after`` itself when there were none: the
+        table is done)."""
+        columns = CHECKED_TABLES[table]
+        rows = self._conn.execute(
+            f"SELECT rowid, {columns}, crc FROM {table} WHERE rowid > ? ORDER BY rowid LIMIT ?",
+            (after, limit)).fetchall()
+        damaged = []
+        for row in rows:
+            try:
+                _checked(row, table, None)
+            except DamagedRow as exc:
+                damaged.append(exc)
+        return damaged, (rows[-1][0] if rows else after)
+
+    def has_session(self, session_id: str) -> bool:
+        """Is ``session_id`` a stored session (as committed)?"""
+        return session_id in self._stored
+
+    def row_session(self, table: str, rowid: int) -> str | None:
+        """The session a row belongs to, as the row says (to place a problem ``integrity_check``
+        names by rowid)."""
+        if table not in CHECKED_TABLES:
+            return None
+        row = self._conn.execute(f"SELECT session_id FROM {table} WHERE rowid = ?",
+                                 (rowid,)).fetchone()
+        return row[0] if row is not None and isinstance(row[0], str) else None
 
     # --- reading: sessions and ledger ---
 
     def get_session(self, session_id: str) -> SessionRow | None:
         row = self._conn.execute(
-            "SELECT session_id, workspace_cwd, created_at, agent_session_id, closed "
-            "FROM sessions WHERE session_id = ?",
+            f"SELECT rowid, {_SESSION_COLUMNS}, crc FROM sessions WHERE session_id = ?",
             (session_id,),
         ).fetchone()
-        return _session_row(row) if row else None
+        return _session_row(_checked(row, "sessions", session_id)) if row else None
 
     def list_sessions(self) -> list[SessionRow]:
         rows = self._conn.execute(
-            "SELECT session_id, workspace_cwd, created_at, agent_session_id, closed "
-            "FROM sessions ORDER BY created_at, session_id"
+            f"SELECT rowid, {_SESSION_COLUMNS}, crc FROM sessions "
+            "ORDER BY created_at, session_id"
         ).fetchall()
-        return [_session_row(row) for row in rows]
+        return [_session_row(_checked(row, "sessions")) for row in rows]
+
+    def _prompt_rows(self, session_id: str, where: str, args: Sequence[Any],
+                     order: str = "rowid", limit: int = -1) -> list[Sequence[Any]]:
+        """The session's ledger rows matching ``where`` (rowid, the checksummed columns,
+        crc), each checked."""
+        rows = self._conn.execute(
+            f"SELECT rowid, {_PROMPT_COLUMNS}, crc FROM prompts WHERE session_id = ? "
+            f"AND {where} ORDER BY {order} LIMIT ?", (session_id, *args, limit)).fetchall()
+        return [_checked(row, "prompts", session_id) for row in rows]
 
     def get_prompt(self, session_id: str, prompt_id: str) -> PromptRow | None:
-        row = self._conn.execute(
-            "SELECT session_id, prompt_id, state, stop_reason, admitted_at, ended_at "
-            "FROM prompts WHERE session_id = ? AND prompt_id = ?",
-            (session_id, prompt_id),
-        ).fetchone()
-        return PromptRow(*row) if row else None
+        for row in self._prompt_rows(session_id, "prompt_id = ?", (prompt_id,)):
+            return PromptRow(row[1], row[2], row[3], row[4], row[5], row[6])
+        return None
+
+    def find_keyed_prompt(self, session_id: str, key: str) -> KeyedPromptRow | None:
+        """The prompt of the session admitted with idempotency key ``key`` (the first, should
+        there be two), or ``None``."""
+        for row in self._prompt_rows(session_id, "idempotency_key = ?", (key,), limit=1):
+            if row[9] is None or row[10] is None or row[11] is None:
+                raise DamagedRow(session_id, "prompts", row[0], "keyed admission incomplete")
+            return KeyedPromptRow(
+                prompt_id=row[2], idempotency_key=row[8], request_digest=row[9],
+                accepted_event_id=row[10], accepted_epoch=row[11], state=row[3],
+                stop_reason=row[4], admitted_at_ms=row[5], ended_at_ms=row[6])
+        return None
 
     def in_flight_prompts(self, session_id: str) -> list[str]:
-        """Prompts admitted and never ended, in admission order."""
-        rows = self._conn.execute(
-            "SELECT prompt_id FROM prompts WHERE session_id = ? AND state = 'in_flight' "
-            "ORDER BY admitted_at, rowid",
-            (session_id,),
-        ).fetchall()
-        return [row[0] for row in rows]
+        """Prompts admitted and never ended, in admission order. Every ledger row of the
+        session is read (and checked) for it: a restore, which asks this, thereby finds a
+        damaged row before a request with an idempotency key could miss it (a damaged key
+        is looked up in vain)."""
+        rows = self._prompt_rows(session_id, "1", (), order="admitted_at, rowid")
+        return [row[2] for row in rows if row[3] == "in_flight"]
 
     def prompt_terminals(self, session_id: str, limit: int = 64) -> list[dict[str, Any]]:
         """The last ``limit`` ledger terminals, oldest first, in the load body's shape
         ``{v:1, promptId, terminal, stopReason?, at}``."""
-        rows = self._conn.execute(
-            "SELECT prompt_id, state, stop_reason, ended_at FROM ("
-            "  SELECT prompt_id, state, stop_reason, ended_at, terminal_seq FROM prompts"
-            "  WHERE session_id = ? AND terminal_seq IS NOT NULL"
-            "  ORDER BY terminal_seq DESC LIMIT ?"
-            ") ORDER BY terminal_seq",
-            (session_id, limit),
-        ).fetchall()
+        rows = self._prompt_rows(session_id, "terminal_seq IS NOT NULL", (),
+                                 order="terminal_seq DESC", limit=limit)
         out: list[dict[str, Any]] = []
-        for prompt_id, state, stop_reason, ended_at in rows:
-            item: dict[str, Any] = {"v": 1, "promptId": prompt_id, "terminal": state}
-            if stop_reason is not None:
-                item["stopReason"] = stop_reason
-            item["at"] = ended_at
+        for row in reversed(rows):
+            item: dict[str, Any] = {"v": 1, "promptId": row[2], "terminal": row[3]}
+            if row[4] is not None:
+                item["stopReason"] = row[4]
+            item["at"] = row[6]
             out.append(item)
         return out
 
@@ -537,11 +909,16 @@ class TranscriptStore:
     def raw_events(self, session_id: str) -> list[bytes]:
         """The unfinished turn's durable events, in publish order."""
         rows = self._conn.execute(
-            "SELECT raw FROM raw_events WHERE session_id = ? ORDER BY seq", (session_id,)
+            f"SELECT seq, {_RAW_COLUMNS}, crc FROM raw_events WHERE session_id = ? ORDER BY seq",
+            (session_id,)
         ).fetchall()
         events: list[bytes] = []
-        for (raw,) in rows:
-            events.extend(_row_events(bytes(raw)))
+        for row in rows:
+            _checked(row, "raw_events", session_id)
+            try:
+                events.extend(_row_events(bytes(row[4])))
+            except ValueError as exc:  # its checksum matched: what was written was not events
+                raise DamagedRow(session_id, "raw_events", row[0], str(exc)) from None
         return events
 
     def max_raw_event_id(self, session_id: str) -> int:
@@ -579,12 +956,13 @@ class TranscriptStore:
         for start in range(0, len(ids), 500):  # well under SQLite's bound-parameter limit
             chunk = ids[start:start + 500]
             marks = ",".join("?" * len(chunk))
-            for record_id, raw in self._conn.execute(
-                f"SELECT record_id, raw FROM records WHERE session_id = ? "
+            for row in self._conn.execute(
+                f"SELECT seq, {_RECORD_COLUMNS}, crc FROM records WHERE session_id = ? "
                 f"AND record_id IN ({marks})",
                 (session_id, *chunk),
             ):
-                found[record_id] = bytes(raw)
+                _checked(row, "records", session_id)
+                found[row[2]] = bytes(row[5])
         if len(found) < len(set(ids)):
             return None
         return [found[record_id] for record_id in ids]
@@ -613,7 +991,7 @@ class TranscriptStore:
         conn = self._conn
         if anchor is None:
             rows = conn.execute(
-                "SELECT seq, record_id, raw FROM records WHERE session_id = ? "
+                f"SELECT seq, {_RECORD_COLUMNS}, crc FROM records WHERE session_id = ? "
                 "ORDER BY seq DESC LIMIT ?",
                 (session_id, limit + 1),
             ).fetchall()
@@ -629,17 +1007,17 @@ class TranscriptStore:
                     f"names no record of session {session_id}"
                 )
             rows = conn.execute(
-                "SELECT seq, record_id, raw FROM records WHERE session_id = ? AND seq < ? "
-                "ORDER BY seq DESC LIMIT ?",
+                f"SELECT seq, {_RECORD_COLUMNS}, crc FROM records WHERE session_id = ? "
+                "AND seq < ? ORDER BY seq DESC LIMIT ?",
                 (session_id, found[0], limit + 1),
             ).fetchall()
         has_more = len(rows) > limit
         rows = rows[:limit]
         rows.reverse()
-        events = [bytes(row[2]) for row in rows]
+        events = [bytes(_checked(row, "records", session_id)[5]) for row in rows]
         if anchor is None:
             events.extend(self.raw_events(session_id))
-        next_cursor = _encode_cursor(rows[0][1]) if has_more else None
+        next_cursor = _encode_cursor(rows[0][2]) if has_more else None
         return TranscriptPage(events=events, next_cursor=next_cursor, has_more=has_more)
 
     def newest_turns(
@@ -677,15 +1055,17 @@ class TranscriptStore:
             return [], 0, 0
         turns: list[list[tuple[str, bytes]]] = []
         last_turn: int | None = None
-        for turn, record_id, raw in conn.execute(
-            "SELECT turn, record_id, raw FROM records WHERE session_id = ? AND turn >= ? "
-            "ORDER BY seq",
+        for row in conn.execute(
+            f"SELECT seq, {_RECORD_COLUMNS}, crc FROM records WHERE session_id = ? "
+            "AND turn >= ? ORDER BY seq",
             (session_id, keep_from),
         ):
+            _checked(row, "records", session_id)
+            turn = row[3]
             if turn != last_turn:
                 turns.append([])
                 last_turn = turn
-            turns[-1].append((record_id, bytes(raw)))
+            turns[-1].append((row[2], bytes(row[5])))
         older = conn.execute(
             "SELECT count(*), count(DISTINCT turn) FROM records WHERE session_id = ? AND turn < ?",
             (session_id, keep_from),
@@ -701,13 +1081,14 @@ class TranscriptStore:
         return [record for turn in turns for record in turn], older_records, older_turns
 
 
-def _session_row(row: tuple[Any, ...]) -> SessionRow:
+def _session_row(row: Sequence[Any]) -> SessionRow:
+    """A ``sessions`` row as read (rowid, its checksummed columns, crc)."""
     return SessionRow(
-        session_id=row[0],
-        workspace_cwd=row[1],
-        created_at_ms=row[2],
-        agent_session_id=row[3],
-        closed=bool(row[4]),
+        session_id=row[1],
+        workspace_cwd=row[2],
+        created_at_ms=row[3],
+        agent_session_id=row[4],
+        closed=bool(row[5]),
     )
 
 
@@ -730,15 +1111,19 @@ def _op_size(op: AppendEvent) -> int:
     return len(op.raw) + (0 if run is None else len(run.head) + len(run.tail) + _SEGMENT_OVERHEAD)
 
 
-def _event_rows(ops: Sequence[AppendEvent]) -> list[tuple[str, int, str | None, bytes]]:
+# A raw_events row as written: session_id, event_id, prompt_id, raw, crc.
+_RawRow = tuple[str, int, str | None, bytes, int]
+
+
+def _event_rows(ops: Sequence[AppendEvent]) -> list[_RawRow]:
     """One ``raw_events`` row per run of a session's events among ``ops``, split where it would
     pass ``ROW_MAX_BYTES``, with the row's last id and prompt. A 100,000-chunk turn costs a few
     hundred rows, not 100,000, which keeps the transcript off the daemon's throughput budget.
 
     A row of ops none of which is a run of spliced chunks is their JSON joined with newlines
     (compact JSON never contains one); any other row is their segments (see the module
-    docstring)."""
-    rows: list[tuple[str, int, str | None, bytes]] = []
+    docstring). Each row carries its checksum."""
+    rows: list[_RawRow] = []
     start = 0
     count = len(ops)
     while start < count:
@@ -759,21 +1144,22 @@ def _event_rows(ops: Sequence[AppendEvent]) -> list[tuple[str, int, str | None, 
             raw = ops[start].raw
         else:
             raw = b"\n".join([op.raw for op in ops[start:end]])
-        rows.append((session_id, last.event_id, last.prompt_id, raw))
+        rows.append((session_id, last.event_id, last.prompt_id, raw,
+                     row_crc(session_id, last.event_id, last.prompt_id, raw)))
         start = end
     return rows
 
 
 def _row_events(raw: bytes) -> list[bytes]:
-    """The envelopes a ``raw_events`` row holds, in order (see :func:`_event_rows`). A row that
-    is neither form (a damaged file) holds none: a reader must not be handed bytes that are
-    not an event, and the rest of the turn still reads."""
+    """The envelopes a ``raw_events`` row holds, in order (see :func:`_event_rows`). Raises
+    ``ValueError`` for a row that is neither form: a reader must not be handed bytes that are
+    not an event."""
     if raw[:1] == b"{":
         return raw.split(b"\n")
     try:
         segments = _decode_segments(raw)
-    except msgspec.DecodeError:
-        return []
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"a raw_events row that is neither form ({exc})") from None
     events: list[bytes] = []
     for first_id, head, tail, joined in segments:
         if first_id == 0:
@@ -781,6 +1167,20 @@ def _row_events(raw: bytes) -> list[bytes]:
         else:
             events.extend(run_envelopes(RunTemplate(first_id, head, tail), joined.split(b"\n")))
     return events
+
+
+_decode_object: Final = msgspec.json.Decoder(dict[str, Any]).decode
+
+
+def events_are_json(raw: bytes, *, whole_row: bool) -> bool:
+    """Does ``raw`` (a raw_events row when ``whole_row``, else one record) hold nothing but
+    JSON objects?"""
+    try:
+        for event in (_row_events(raw) if whole_row else [raw]):
+            _decode_object(event)
+    except (ValueError, msgspec.DecodeError):
+        return False
+    return True
 
 
 def _runs(ops: Sequence[Op]) -> Iterator[Sequence[Op]]:

@@ -32,7 +32,7 @@ import sqlite3
 from collections import deque
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 import trio
 
@@ -45,14 +45,18 @@ from daemon.transcript_store import (
     DeleteSession,
     FinishTurn,
     Op,
+    TranscriptDamaged,
     TranscriptStore,
+    is_corruption,
 )
 
-__all__ = ["DEFAULT_MAX_BATCH", "TranscriptWriter"]
+__all__ = ["DEFAULT_MAX_BATCH", "MAX_DAMAGE_LINES", "TranscriptWriter"]
 
 DEFAULT_MAX_BATCH = 5000
 # Ops gather for at most this long after a commit starts (well inside the 100 ms window).
 DEFAULT_COALESCE_S = 0.01
+# Lines of damage kept for the status route (the first ones found; later ones are counted).
+MAX_DAMAGE_LINES = 100
 
 logger = logging.getLogger("daemon.transcript")
 
@@ -61,7 +65,7 @@ T = TypeVar("T")
 FailureCallback = Callable[[set[str], BaseException], None]
 
 
-async def in_worker_thread(fn: Callable[[], T]) -> T:
+async def in_worker_thread(fn: Callable[[], T], on_abort: Callable[[], None] | None = None) -> T:
     """Run ``fn()`` in one of Trio's cached worker threads; return its result or raise its error.
 
     What one ``trio.to_thread.run_sync`` call does, minus what the writer has no use for. That
@@ -74,7 +78,8 @@ async def in_worker_thread(fn: Callable[[], T]) -> T:
 
     Not cancellable, like a shielded ``to_thread`` call: a job handed to the thread cannot be
     stopped, so its result is always awaited and accounted for; a cancellation of the caller
-    is raised at its next checkpoint instead. ``fn`` runs outside Trio: it must not call
+    is raised at its next checkpoint instead (``on_abort``, if given, is called at that moment:
+    to make ``fn`` end sooner). ``fn`` runs outside Trio: it must not call
     ``trio.from_thread`` without a ``trio_token``.
     """
     task = trio.lowlevel.current_task()
@@ -83,9 +88,13 @@ async def in_worker_thread(fn: Callable[[], T]) -> T:
     def deliver(result: outcome.Outcome[T]) -> None:
         token.run_sync_soon(trio.lowlevel.reschedule, task, result)
 
+    def abort(_: object) -> trio.lowlevel.Abort:
+        if on_abort is not None:
+            on_abort()
+        return trio.lowlevel.Abort.FAILED
+
     trio.lowlevel.start_thread_soon(fn, deliver)
-    got: T = await trio.lowlevel.wait_task_rescheduled(
-        lambda _: trio.lowlevel.Abort.FAILED)
+    got: T = await trio.lowlevel.wait_task_rescheduled(abort)
     return got
 
 
@@ -125,6 +134,17 @@ class TranscriptWriter:
         self.failed_sessions: set[str] = set()
         self.degraded = False
         self.last_error: str | None = None
+        # Damage found in the file (by a read, a write, or the check): the sessions it is in, and
+        # whether some of it could not be placed in a session (then every read is refused).
+        self.damaged_sessions: set[str] = set()
+        self.store_damaged = False
+        self.damage: list[str] = []
+        self.damage_found = 0
+        # The file's checks (GET /daemon/status): the bounded quick_check at start, and the
+        # full check (see daemon.transcript_check).
+        self.quick_check: Literal["ok", "incomplete", "off"] = store.quick_check
+        self.full_check: Literal["running", "ok", "damaged", "off"] = "off"
+        self._maintaining = False  # an interruptible maintenance job holds the connection
         self.batches_committed = 0
         self.batches_failed = 0
         self.ops_refused = 0  # ops of latched sessions never sent to SQLite (durable prefix rule)
@@ -187,12 +207,75 @@ class TranscriptWriter:
         committed (the prompt runner's "everything published is durable" wait)."""
         return await self.wait_committed(self._last_seq)
 
-    async def read(self, fn: Callable[[TranscriptStore], T]) -> T:
+    async def read(self, fn: Callable[[TranscriptStore], T], *,
+                   session_id: str | None = None) -> T:
         """Run ``fn(store)`` in a worker thread once every op submitted before this call is
-        committed (or failed); serialized with the writes on the one connection."""
+        committed (or failed); serialized with the writes on the one connection.
+
+        With ``session_id``, a read of a session whose transcript is known to be damaged is
+        refused at once (:class:`TranscriptDamaged`): with a damaged index, what it would return
+        could silently lack rows. Damage the read itself finds (a row whose checksum does not
+        match, or SQLite reporting a corrupt page) is recorded and raised as
+        :class:`TranscriptDamaged`, never returned."""
+        if session_id is not None and self.is_damaged(session_id):
+            raise TranscriptDamaged(session_id, f"the transcript of session {session_id} is "
+                                    "damaged")
         await self._wait_resolved(self._last_seq)
+        self._yield_maintenance()
         async with self._db_lock:
-            return await in_worker_thread(partial(fn, self.store))
+            try:
+                return await in_worker_thread(partial(fn, self.store))
+            except TranscriptDamaged as exc:
+                self.note_damage(exc.session_id, str(exc))
+                raise
+            except sqlite3.DatabaseError as exc:
+                if not is_corruption(exc):
+                    raise
+                self.note_damage(None, f"SQLite: {exc}")
+                raise TranscriptDamaged(session_id, f"the transcript file is damaged: {exc}"
+                                        ) from exc
+
+    async def maintain(self, fn: Callable[[TranscriptStore], T], *,
+                       interruptible: bool = False) -> T:
+        """Run ``fn(store)`` in a worker thread on the connection, without waiting for the
+        commits queued before it. ``interruptible``: a commit or a read that needs the
+        connection meanwhile cuts it (:meth:`TranscriptStore.interrupt`; ``fn`` must expect
+        that), so a long check never holds back the daemon's work. A cancellation cuts it too."""
+        async with self._db_lock:
+            self._maintaining = interruptible
+            try:
+                return await in_worker_thread(partial(fn, self.store),
+                                              on_abort=self.store.interrupt)
+            finally:
+                self._maintaining = False
+
+    def _yield_maintenance(self) -> None:
+        if self._maintaining:
+            self._maintaining = False
+            self.store.interrupt()
+
+    # --- damage ---
+
+    def is_damaged(self, session_id: str) -> bool:
+        """Is damage known in ``session_id``'s transcript (or in the file, unplaced)?"""
+        return self.store_damaged or session_id in self.damaged_sessions
+
+    def note_damage(self, session_id: str | None, problem: str) -> None:
+        """Record damage found in the file: in ``session_id``'s rows, or (``None``) not
+        placed in any session, which makes every session's reads refused."""
+        if session_id is None:
+            new = not self.store_damaged
+            self.store_damaged = True
+        else:
+            new = session_id not in self.damaged_sessions
+            self.damaged_sessions.add(session_id)
+        self.damage_found += 1
+        if problem not in self.damage and len(self.damage) < MAX_DAMAGE_LINES:
+            self.damage.append(problem)
+        if new:
+            logger.error("event=transcript_damaged session=%s problem=%s hint=%s",
+                         session_id or "-", problem,
+                         "stop the daemon and recover the transcript (--recover)")
 
     async def _wait_resolved(self, seq: int) -> None:
         if self._resolved >= seq:
@@ -332,6 +415,7 @@ class TranscriptWriter:
         self._advance(self._resolved)
 
     async def _commit_next(self) -> None:
+        self._yield_maintenance()
         async with self._db_lock:
             # Taken under the lock so that a cancellation while waiting for it loses nothing.
             count = min(len(self._pending), self.max_batch)
@@ -416,6 +500,10 @@ class TranscriptWriter:
         else:  # refused ops were taken out of the middle: only the ones tried failed
             for seq, _ in batch:
                 self._record_failed(seq, seq)
+        if isinstance(exc, TranscriptDamaged):
+            self.note_damage(exc.session_id, str(exc))
+        elif is_corruption(exc):
+            self.note_damage(None, f"SQLite: {exc}")
         self.batches_failed += 1
         self.failed_sessions |= sessions
         self.degraded = True

@@ -83,6 +83,7 @@ TESTS: dict[str, tuple[str, ...]] = {
     "daemon/core/guards.py": ("test_guards_subscriber_restore.py",),
     "daemon/core/restore.py": ("test_guards_subscriber_restore.py", "test_restore_terminals.py"),
     "daemon/transcript_store.py": ("test_transcript_store.py",),
+    "daemon/core/checksum.py": ("test_transcript_checks.py",),
 }
 
 # Tests too slow to run once per mutant (they measure scale, not logic; the same logic is

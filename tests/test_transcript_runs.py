@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,10 +18,12 @@ from daemon.transcript_store import (
     SCHEMA_VERSION,
     AdmitPrompt,
     AppendEvent,
+    DamagedRow,
     FinishTurn,
     TranscriptStore,
     UpsertSession,
 )
+from tests.transcript_v2 import OldTranscript
 
 S1 = "11111111-1111-4111-8111-111111111111"
 S2 = "22222222-2222-4222-8222-222222222222"
@@ -146,18 +149,16 @@ def test_a_run_is_stored_as_its_updates_not_its_envelopes(tmp_path: Path) -> Non
 def test_a_version_1_file_is_upgraded_and_its_rows_still_read(tmp_path: Path) -> None:
     path = tmp_path / "t.db"
     turn = Turn(S1)
-    store = new_store(path)
+    old = OldTranscript(path, version=1)
+    old.session(S1, "/w")
     # What a version-1 daemon wrote: envelope rows only (runs without a template).
-    store.apply([turn.plain(["a", "b"]), turn.plain(["c"])])
-    store.close()
-    conn = sqlite3.connect(path)
-    conn.execute("PRAGMA user_version=1")
-    conn.commit()
-    conn.close()
+    for op in (turn.plain(["a", "b"]), turn.plain(["c"])):
+        old.raw(S1, op.raw.split(b"\n"), None, op.event_id)
+    old.close()
 
     store = TranscriptStore(path)
     try:
-        assert store.schema_version == SCHEMA_VERSION == 2
+        assert store.schema_version == SCHEMA_VERSION == 3
         assert store.raw_events(S1) == turn.envelopes
         store.apply([turn.run(["d", "e"], PROMPT, CLIENT, 7), turn.plain(["f"])])
         assert store.raw_events(S1) == turn.envelopes
@@ -167,21 +168,27 @@ def test_a_version_1_file_is_upgraded_and_its_rows_still_read(tmp_path: Path) ->
         store.close()
 
 
-def test_a_damaged_row_is_skipped_and_the_rest_of_the_turn_reads(tmp_path: Path) -> None:
+@pytest.mark.parametrize("damaged", [b"\x94\x01garbage", b"\x00", b"[1,2]"])
+def test_a_row_without_a_valid_checksum_is_refused_not_skipped(tmp_path: Path,
+                                                               damaged: bytes) -> None:
+    """A row someone else wrote (no checksum) or whose checksum does not match is damage: the
+    read raises instead of serving it or quietly leaving it out of the turn."""
     path = tmp_path / "t.db"
     turn = Turn(S1)
     store = new_store(path)
     store.apply([turn.run(["a", "b"], PROMPT, CLIENT, 7)])
     store.close()
     conn = sqlite3.connect(path)
-    for damaged in (b"\x94\x01garbage", b"\x00", b"[1,2]"):
-        conn.execute("INSERT INTO raw_events (session_id, event_id, prompt_id, raw) "
-                     "VALUES (?, 2, NULL, ?)", (S1, damaged))
+    conn.execute("INSERT INTO raw_events (session_id, event_id, prompt_id, raw) "
+                 "VALUES (?, 2, NULL, ?)", (S1, damaged))
     conn.commit()
     conn.close()
     store = TranscriptStore(path)
     try:
-        store.apply([turn.run(["c"], PROMPT, CLIENT, 8)])
-        assert store.raw_events(S1) == turn.envelopes
+        with pytest.raises(DamagedRow, match="no checksum"):
+            store.raw_events(S1)
+        store._conn.execute("UPDATE raw_events SET crc = 12345 WHERE raw = ?", (damaged,))
+        with pytest.raises(DamagedRow, match="checksum mismatch"):
+            store.raw_events(S1)
     finally:
         store.close()

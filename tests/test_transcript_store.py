@@ -85,13 +85,13 @@ def store(tmp_path: Path) -> TranscriptStore:
 def test_new_database_has_schema_version_and_wal(tmp_path: Path) -> None:
     path = tmp_path / "t.db"
     store = TranscriptStore(path)
-    assert store.schema_version == SCHEMA_VERSION == 2
+    assert store.schema_version == SCHEMA_VERSION == 3
     store.close()
     conn = sqlite3.connect(path)
     names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"sessions", "raw_events", "records", "prompts"} <= names
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
     conn.close()
 
 

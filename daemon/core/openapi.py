@@ -210,6 +210,8 @@ _BUFFERED_BODY_ERRORS: Final[tuple[ErrorSpec, ...]] = (
     (408, ("body_timeout",)), (413, ("body_too_large",)),
 )
 _CLIENT_ID_ERRORS: Final[tuple[ErrorSpec, ...]] = ((400, ("invalid_client_id",)),)
+# Any route: a bug, or damaged history a request would read (the default response).
+_INTERNAL_ERRORS: Final = ("internal_error", "transcript_damaged")
 # Not per-route: an unknown path or method never reaches an operation (a 405 carries Allow).
 _ROUTING_ERRORS: Final[tuple[ErrorSpec, ...]] = (
     (404, ("route_not_found",)), (405, ("method_not_allowed",)),
@@ -259,7 +261,7 @@ def _route_errors(route: Route) -> dict[int, list[str]]:
 def documented_error_codes() -> frozenset[str]:
     """Every machine ``code`` the document names."""
     codes = {code for _, group in _ROUTING_ERRORS for code in group}
-    codes.add("internal_error")
+    codes.update(_INTERNAL_ERRORS)
     for route in ROUTES:
         for group in _route_errors(route).values():
             codes.update(group)
@@ -343,9 +345,11 @@ def build_openapi(server_url: str | None = None) -> dict[str, Any]:
             "schemas": _schemas(),
             "responses": {
                 "InternalError": {
-                    "description": "Unexpected failure (logged); code internal_error",
+                    "description": "Unexpected failure (logged; code internal_error), or the "
+                                   "transcript is damaged where the request reads it (code "
+                                   "transcript_damaged: nothing of it is served)",
                     "content": {"application/json": {"schema": _ref(wire.ErrorBody)}},
-                    "x-error-codes": ["internal_error"],
+                    "x-error-codes": list(_INTERNAL_ERRORS),
                 },
             },
         },

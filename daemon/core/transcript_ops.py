@@ -19,6 +19,7 @@ __all__ = [
     "AppendEvent",
     "DeleteSession",
     "FinishTurn",
+    "KeyedPromptRow",
     "MarkClosed",
     "Op",
     "PromptRow",
@@ -75,12 +76,21 @@ class AppendEvent(msgspec.Struct, frozen=True, omit_defaults=True):
     run: RunTemplate | None = None
 
 
-class AdmitPrompt(msgspec.Struct, frozen=True):
-    """Ledger: the prompt is ``in_flight`` from now on (a second admit is a no-op)."""
+class AdmitPrompt(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Ledger: the prompt is ``in_flight`` from now on (a second admit is a no-op).
+
+    A prompt sent with an ``Idempotency-Key`` also stores the key, the digest of its request
+    body and the 202 body it is answered with (``accepted_event_id``, ``accepted_epoch``; the
+    prompt id is the row's): a later request with the key is answered from them, after a
+    restart or on another node too (the op log carries these fields)."""
 
     session_id: str
     prompt_id: str
     at_ms: int
+    idempotency_key: str | None = None
+    request_digest: str | None = None
+    accepted_event_id: int | None = None
+    accepted_epoch: str | None = None
 
 
 class FinishTurn(msgspec.Struct, frozen=True):
@@ -125,6 +135,20 @@ class SessionRow(msgspec.Struct, frozen=True):
 class PromptRow(msgspec.Struct, frozen=True):
     session_id: str
     prompt_id: str
+    state: str
+    stop_reason: str | None
+    admitted_at_ms: int | None
+    ended_at_ms: int | None
+
+
+class KeyedPromptRow(msgspec.Struct, frozen=True):
+    """The ledger row of a prompt admitted with an idempotency key."""
+
+    prompt_id: str
+    idempotency_key: str
+    request_digest: str
+    accepted_event_id: int
+    accepted_epoch: str
     state: str
     stop_reason: str | None
     admitted_at_ms: int | None

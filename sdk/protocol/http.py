@@ -65,6 +65,7 @@ __all__ = [
     "ServerPatches",
     "SessionCounts",
     "SessionStatusResponse",
+    "TranscriptCheck",
     "TranscriptHealth",
     "TranscriptPage",
     "TranscriptQuery",
@@ -291,11 +292,27 @@ class CapabilitiesResponse(_Body, kw_only=True):
     limits: Limits
 
 
+class TranscriptCheck(_Body, kw_only=True):
+    """The transcript file's check: ``quick`` the bounded ``quick_check`` at start (``ok``, or
+    ``incomplete`` when it ran out of time), ``full`` the background ``integrity_check`` and
+    row checksum scan (``running``, then ``ok`` or ``damaged``); ``off`` without a
+    transcript."""
+
+    quick: Literal["ok", "incomplete", "off"]
+    full: Literal["running", "ok", "damaged", "off"]
+
+
 class TranscriptHealth(_Body, kw_only=True):
+    """``degraded``: a write failed (``failedSessions``) or damage was found in the file
+    (``damagedSessions`` and ``damage``, what was found, at most 100 lines)."""
+
     enabled: bool
     degraded: bool
     failed_sessions: list[str]
     last_error: str | None
+    damaged_sessions: list[str]
+    damage: list[str]
+    check: TranscriptCheck
 
 
 class AgentInfo(_Body, kw_only=True):
