@@ -28,6 +28,7 @@ from . import connection_limit, server_patches
 from .bus import now_ms
 from .config import DaemonConfig
 from .core.envelope import RawList, decode_json, encode_json, encode_object_parts, write_groups
+from .core.idempotency import Conflict, KeyedAdmission, Replay, decide, request_digest
 from .core.openapi import build_openapi
 from .manager import (
     AgentSessionConflict,
@@ -49,7 +50,7 @@ FEATURES = [
     "session_create", "session_load", "session_resume", "session_prompt", "session_cancel",
     "session_events_sse", "session_events_ws", "session_transcript_pagination",
     "live_journal_truncation_marker", "live_journal_prompt_id", "permission_vote",
-    "prompt_queue", "session_status",
+    "prompt_queue", "session_status", "prompt_idempotency_key",
 ]
 
 
@@ -174,6 +175,7 @@ REQUEST_ERROR_TEXT = {
     "invalid_prompt": "prompt must be a non-empty array of content blocks",
     "invalid_deadline_ms": "deadlineMs must be an integer between 1 and 86400000",
     "invalid_permission_vote": 'Body must be {"optionId": string} or {"outcome": "cancelled"}',
+    "invalid_idempotency_key": "Idempotency-Key must be 1-128 of letters, digits and _ . : ~ -",
 }
 BodyT = TypeVar("BodyT", bound=msgspec.Struct)
 
@@ -212,6 +214,36 @@ def transcript_health(writer: TranscriptWriter | None) -> wire.TranscriptHealth:
         damage=list(writer.damage),
         check=wire.TranscriptCheck(quick=writer.quick_check, full=writer.full_check),
     )
+
+
+_PROGRESS: dict[str, wire.PromptProgress] = {
+    "completed": "completed", "cancelled": "cancelled", "error": "error",
+    "interrupted": "interrupted", "running": "running", "queued": "queued"}
+
+
+def prompt_by_key_body(session_id: str, key: str, admission: KeyedAdmission, state: str, *,
+                       stop_reason: str | None = None, admitted_at: int | None = None,
+                       ended_at: int | None = None) -> wire.PromptByKeyResponse:
+    accepted = admission.accepted
+    admitted = admitted_at if admitted_at is not None else admission.admitted_at
+    return wire.PromptByKeyResponse(
+        v=1, session_id=session_id, idempotency_key=key, prompt_id=accepted.prompt_id,
+        last_event_id=accepted.last_event_id, event_epoch=accepted.event_epoch,
+        state=_PROGRESS[state],
+        stop_reason=stop_reason if stop_reason is not None else msgspec.UNSET,
+        admitted_at=admitted if admitted is not None else msgspec.UNSET,
+        ended_at=ended_at if ended_at is not None else msgspec.UNSET)
+
+
+def header_idempotency_key() -> str | None:
+    value = request.headers.get(wire.IDEMPOTENCY_KEY_HEADER)
+    if value is None:
+        return None
+    key = wire.parse_idempotency_key(value)
+    if key is None:
+        raise ApiError(400, "invalid_idempotency_key",
+                       REQUEST_ERROR_TEXT["invalid_idempotency_key"])
+    return key
 
 
 def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
@@ -442,6 +474,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
 
     @app.post("/session/<session_id>/prompt")
     async def prompt(session_id: str) -> Response:
+        key = header_idempotency_key()
         body = await read_json_object()
         session = live_session(session_id)
         client_id = registered_client(session)
@@ -449,8 +482,28 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         # Checked by the type; forwarded to the agent as sent (every field of every block).
         sent = wire.view_prompt_blocks(body)
         blocks: list[dict[str, Any]] = sent if sent is not None else []
+        digest = None
+        if key is not None:
+            digest = request_digest(body)
+            earlier = decide(await session.find_keyed(key), digest)
+            if isinstance(earlier, Conflict):
+                raise ApiError(409, "idempotency_key_reused",
+                               "This Idempotency-Key was used for a different prompt request "
+                               "on this session", idempotencyKey=key,
+                               promptId=earlier.prompt_id)
+            if isinstance(earlier, Replay):
+                # The admission it repeats is acknowledged as that 202 was: once it is durable
+                # (in cluster mode: in Redis, else 503 as for the first request).
+                await acknowledge_admission(session)
+                return json_response(earlier.accepted, 202,
+                                     {wire.IDEMPOTENT_REPLAYED_HEADER: "true"})
+            if not session.live:  # it ended while its ledger was read
+                raise session_not_found(session_id)
+        # No checkpoint from the key's lookup to here: a request with the same key that comes
+        # meanwhile finds this admission (Session.find_keyed).
         try:
-            accepted = session.admit(blocks, client_id, req.deadline_ms)
+            accepted = session.admit(blocks, client_id, req.deadline_ms, key=key,
+                                     digest=digest)
         except PromptQueueFull as exc:
             raise ApiError(503, "prompt_queue_full", "Prompt queue is full",
                            {"Retry-After": "5"}, limit=MAX_PENDING_PROMPTS,
@@ -460,16 +513,76 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         # committed, so a restart ends this prompt with a terminal, at worst "interrupted".
         # The prompt is already queued and running meanwhile: this costs the reply one commit
         # (the writer stops gathering while someone waits), never the turn's first token.
-        # In cluster mode an admission Redis did not take in time (this node lost the
-        # session, or Redis is away) is not acknowledged: 503, and the client asks again.
+        await acknowledge_admission(session)
+        return json_response(accepted, 202)
+
+    async def acknowledge_admission(session: Session) -> None:
+        """Wait until the admission just made (or repeated) may be acknowledged. In cluster
+        mode an admission Redis did not take in time (this node lost the session, or Redis is
+        away) is not acknowledged: 503, and the client asks again."""
         if not await session.wait_admitted():
             retry_s = max(1, round(manager.config.lease_ms / 1000))
             raise ApiError(503, "session_owner_unavailable",
                            "The prompt's admission did not reach the cluster's Redis in time "
                            "(this node may have lost the session); retry",
-                           {"Retry-After": str(retry_s)}, sessionId=session_id,
+                           {"Retry-After": str(retry_s)}, sessionId=session.id,
                            retryable=True, retryAfterMs=retry_s * 1000)
-        return json_response(accepted, 202)
+
+    @app.get("/session/<session_id>/prompts/<key>")
+    async def prompt_by_key(session_id: str, key: str) -> Response:
+        if wire.parse_idempotency_key(key) != key:
+            raise ApiError(400, "invalid_idempotency_key",
+                           REQUEST_ERROR_TEXT["invalid_idempotency_key"])
+        found = await find_prompt(session_id, key)
+        if found is None:
+            raise ApiError(404, "prompt_not_found",
+                           f'No prompt of session "{session_id}" was admitted with '
+                           f'Idempotency-Key "{key}"', sessionId=session_id,
+                           idempotencyKey=key)
+        return json_response(found)
+
+    async def find_prompt(session_id: str, key: str) -> wire.PromptByKeyResponse | None:
+        """The prompt admitted with ``key``, from the live session when there is one, else
+        from the ledger (a session not restored since the daemon stopped: a prompt still in
+        flight there was interrupted)."""
+        writer = manager.writer
+        session = manager.get(session_id)
+        admission: KeyedAdmission | None = None
+        if session is not None:
+            admission = await session.find_keyed(key)
+            if admission is None:
+                return None
+            accepted = admission.accepted
+            state = session.prompt_state(accepted.prompt_id)
+            if state is not None:
+                return prompt_by_key_body(session_id, key, admission, state)
+            ended = session.keyed_ends.get(accepted.prompt_id)
+            if ended is not None or writer is None:
+                if ended is None:
+                    return None
+                return prompt_by_key_body(session_id, key, admission, ended[0],
+                                          stop_reason=ended[1], ended_at=ended[2])
+        if writer is None:
+            raise session_not_found(session_id)
+        row_session, row = await writer.read(lambda store: (
+            store.get_session(session_id), store.find_keyed_prompt(session_id, key)),
+            session_id=session_id)
+        if row_session is None or row_session.closed:
+            raise session_not_found(session_id)
+        if row is None:
+            return None
+        if admission is None:
+            admission = KeyedAdmission(key, row.request_digest, wire.PromptAccepted(
+                prompt_id=row.prompt_id, last_event_id=row.accepted_event_id,
+                event_epoch=row.accepted_epoch))
+        state = row.state
+        if state == "in_flight":
+            # Live: between its end on the bus and the ledger's terminal; else the daemon
+            # stopped while it was in flight.
+            state = "running" if session is not None else "interrupted"
+        return prompt_by_key_body(session_id, key, admission, state,
+                                  stop_reason=row.stop_reason, admitted_at=row.admitted_at_ms,
+                                  ended_at=row.ended_at_ms)
 
     @app.post("/session/<session_id>/cancel")
     async def cancel(session_id: str) -> Response:

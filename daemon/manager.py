@@ -399,20 +399,25 @@ class SessionManager:
             existing = self.live_for_workspace(cwd)
             if existing is not None:
                 return existing, True, self.register_client(existing, client_hint)
-        session = await self._start_session(cwd, session_id or str(uuid.uuid4()))
+        # A client-chosen id may name a session closed earlier, whose ledger still holds its
+        # keyed prompts: only a fresh id starts with every keyed admission in memory.
+        session = await self._start_session(cwd, session_id or str(uuid.uuid4()),
+                                            fresh_id=session_id is None)
         return session, False, self.register_client(session, client_hint)
 
-    async def _start_session(self, cwd: str, session_id: str) -> Session:
+    async def _start_session(self, cwd: str, session_id: str, *, fresh_id: bool) -> Session:
         with self._session_slot(session_id):
             async with self._using_agent(cwd):
-                return await self._start_session_on_agent(cwd, session_id)
+                return await self._start_session_on_agent(cwd, session_id, fresh_id)
 
-    async def _start_session_on_agent(self, cwd: str, session_id: str) -> Session:
+    async def _start_session_on_agent(self, cwd: str, session_id: str,
+                                      fresh_id: bool) -> Session:
         agent = await self.agent_for(cwd)
         acp_session_id = await self._new_acp_session(agent, cwd)
         bus = SessionBus(session_id, self.limits, self.writer, spawn=self._spawn,
                          on_published=self.on_published)
-        session = self._session(session_id, cwd, iso_now(), agent, acp_session_id, bus)
+        session = self._session(session_id, cwd, iso_now(), agent, acp_session_id, bus,
+                                keys_complete=fresh_id)
         self._claim(agent, acp_session_id, session)
         if self.writer is not None:
             bus.last_write_seq = self.writer.submit(UpsertSession(
@@ -498,7 +503,8 @@ class SessionManager:
                 bus.window.spill(newest)  # read from the transcript: it can be read again
             del segments, turns
         session = self._session(session_id, cwd, iso_from_ms(row.created_at_ms), agent,
-                                acp_session_id, bus)
+                                acp_session_id, bus,
+                                keys_complete=False)  # its keyed prompts are in the ledger
         self._claim(agent, acp_session_id, session)
         session.terminals.extend(terminals)
         session.agent_session_restored = via == "session/load"
@@ -513,7 +519,7 @@ class SessionManager:
         return session
 
     def _session(self, session_id: str, cwd: str, created_at: str, agent: AgentChannel,
-                 acp_session_id: str, bus: SessionBus) -> Session:
+                 acp_session_id: str, bus: SessionBus, *, keys_complete: bool) -> Session:
         timeout_ms = self.config.permission_response_timeout_ms
         return Session(
             session_id, cwd, created_at, agent, acp_session_id, bus,
@@ -521,6 +527,7 @@ class SessionManager:
             cancel_grace_s=self.config.cancel_grace_ms / 1000,
             permission_timeout_s=timeout_ms / 1000 if timeout_ms else None,
             on_ended=self._session_ended,
+            keys_complete=keys_complete,
         )
 
     def _session_ended(self, session: Session) -> None:

@@ -20,7 +20,7 @@ import enum
 import logging
 import math
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +60,7 @@ from sdk.protocol.terminals import CHANNEL_CLOSED
 
 from .agent import AgentChannel, AgentRpcError, ChannelClosed
 from .bus import SessionBus, now_ms
+from .core.idempotency import AdmissionKeys, KeyedAdmission
 from .core.prompt_echo import USER_CHUNK, PromptEcho
 from .core.prompt_lifecycle import (
     AgentAnswered,
@@ -100,6 +101,7 @@ class PendingPrompt:
     deadline_ms: int | None
     queued: bool
     text: str
+    keyed: bool = False
     state: PromptState = PromptState.QUEUED
     scope: trio.CancelScope | None = None
     done: trio.Event = field(default_factory=trio.Event)
@@ -154,6 +156,7 @@ class Session:
         cancel_grace_s: float = 10.0,
         permission_timeout_s: float | None = None,
         on_ended: Callable[[Session], None] | None = None,
+        keys_complete: bool = True,
     ) -> None:
         self.id = session_id
         self.workspace_cwd = workspace_cwd
@@ -168,6 +171,12 @@ class Session:
         # The ledger's newest terminals, served by load without a database read.
         self.terminals: deque[dict[str, Any]] = deque(maxlen=MAX_LEDGER_TERMINALS)
         self.queue: deque[PendingPrompt] = deque()
+        # Prompts admitted with an idempotency key: the newest ones in memory (all of them for
+        # a session made on this bus, until the first is forgotten), the rest in the ledger.
+        self.keys = AdmissionKeys(complete=keys_complete)
+        # How the keyed prompts of this bus ended (for a daemon without a transcript, whose
+        # ledger is this): prompt id -> (ledger terminal, stop reason, ended at).
+        self.keyed_ends: OrderedDict[str, tuple[str, str | None, int]] = OrderedDict()
         self.active: PendingPrompt | None = None
         self.permissions: dict[str, PermissionWaiter] = {}
         self.closing: str | None = None  # close reason once closing started
@@ -193,9 +202,13 @@ class Session:
         return len(self.queue) + (1 if self.active is not None else 0)
 
     def admit(self, blocks: list[Any], client_id: str | None,
-              deadline_ms: int | None) -> PromptAccepted:
+              deadline_ms: int | None, *, key: str | None = None,
+              digest: str | None = None) -> PromptAccepted:
         """Queue a prompt; returns the 202 body. Cursor and epoch are read before admission so a
-        subscriber starting from them sees every frame of the turn."""
+        subscriber starting from them sees every frame of the turn. With an idempotency
+        ``key`` (and the ``digest`` of its request), the key, digest and 202 body are stored
+        with the admission and remembered (see :meth:`find_keyed`); the caller has made sure
+        no prompt of the session was admitted with it."""
         pending = self.pending_count()
         if pending >= MAX_PENDING_PROMPTS:
             raise PromptQueueFull(pending)
@@ -203,10 +216,18 @@ class Session:
         prompt = PendingPrompt(
             prompt_id=str(uuid.uuid4()), blocks=blocks, client_id=client_id,
             deadline_ms=deadline_ms, queued=pending > 0, text=prompt_text(blocks),
+            keyed=key is not None,
         )
+        accepted = PromptAccepted(prompt_id=prompt.prompt_id, last_event_id=last_event_id,
+                                  event_epoch=epoch)
+        at = now_ms()
+        if key is not None:
+            self.keys.remember(KeyedAdmission(key, digest or "", accepted, at))
         if self.bus.writer is not None:
             self.bus.last_write_seq = self.bus.writer.submit(
-                AdmitPrompt(self.id, prompt.prompt_id, now_ms())
+                AdmitPrompt(self.id, prompt.prompt_id, at)
+                if key is None else
+                AdmitPrompt(self.id, prompt.prompt_id, at, key, digest, last_event_id, epoch)
             )
         if prompt.queued:
             self.bus.publish(
@@ -216,8 +237,38 @@ class Session:
             )
         self.queue.append(prompt)
         self._notify()
-        return PromptAccepted(prompt_id=prompt.prompt_id, last_event_id=last_event_id,
-                              event_epoch=epoch)
+        return accepted
+
+    async def find_keyed(self, key: str) -> KeyedAdmission | None:
+        """The prompt of this session admitted with idempotency ``key``, or ``None``: from
+        memory, else (a restored session, or one that forgot it) from the ledger, which may
+        raise :class:`~daemon.transcript_store.TranscriptDamaged`. Whatever was found is
+        remembered, and memory is looked at again after the read: a request with the same key
+        admitted meanwhile is found, so that an admission that follows this call without a
+        checkpoint cannot make a second one."""
+        found = self.keys.get(key)
+        writer = self.bus.writer
+        if found is not None or self.keys.complete or writer is None:
+            return found
+        row = await writer.read(lambda store: store.find_keyed_prompt(self.id, key),
+                                session_id=self.id)
+        found = self.keys.get(key)
+        if found is None and row is not None:
+            found = KeyedAdmission(
+                key, row.request_digest,
+                PromptAccepted(prompt_id=row.prompt_id, last_event_id=row.accepted_event_id,
+                               event_epoch=row.accepted_epoch),
+                row.admitted_at_ms)
+            self.keys.remember(found)
+        return found
+
+    def prompt_state(self, prompt_id: str) -> str | None:
+        """``running`` or ``queued`` for a prompt of this bus still in flight; else None."""
+        if self.active is not None and self.active.prompt_id == prompt_id:
+            return "running"
+        if any(prompt.prompt_id == prompt_id for prompt in self.queue):
+            return "queued"
+        return None
 
     def _notify(self) -> None:
         self._wake.set()
@@ -328,8 +379,13 @@ class Session:
         terminal: dict[str, Any] = {"v": 1, "promptId": prompt.prompt_id, "terminal": ledger}
         if stop_reason is not None:
             terminal["stopReason"] = stop_reason
-        terminal["at"] = now_ms()
+        ended_at = now_ms()
+        terminal["at"] = ended_at
         self.terminals.append(terminal)
+        if prompt.keyed:
+            self.keyed_ends[prompt.prompt_id] = (ledger, stop_reason, ended_at)
+            if len(self.keyed_ends) > self.keys.capacity:
+                self.keyed_ends.popitem(last=False)
         self.active = None
         bus.active_prompt_id = None
         if prompt.queued:

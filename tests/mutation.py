@@ -83,6 +83,7 @@ TESTS: dict[str, tuple[str, ...]] = {
     "daemon/core/guards.py": ("test_guards_subscriber_restore.py",),
     "daemon/core/restore.py": ("test_guards_subscriber_restore.py", "test_restore_terminals.py"),
     "daemon/transcript_store.py": ("test_transcript_store.py",),
+    "daemon/core/idempotency.py": ("test_idempotency_core.py",),
     "daemon/core/checksum.py": ("test_transcript_checks.py",),
 }
 

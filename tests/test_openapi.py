@@ -179,7 +179,8 @@ def _ws_upgrade_status(url: str, path: str) -> int:
 
 
 def _call(client: httpx.Client, url: str, route: Route, sid: str) -> tuple[int, Any]:
-    path = route.path.replace("{sessionId}", sid).replace("{requestId}", "no-such-request")
+    path = route.path.replace("{sessionId}", sid).replace("{requestId}", "no-such-request") \
+        .replace("{idempotencyKey}", "openapi-key")  # the prompt's, sent before this
     if route.operation_id == "eventsWebSocket":
         return _ws_upgrade_status(url, path), None
     if route.operation_id == "events":
@@ -192,7 +193,8 @@ def _call(client: httpx.Client, url: str, route: Route, sid: str) -> tuple[int, 
         body = {"optionId": "allow"}
     elif route.body is not None:
         body = {}
-    resp = client.request(route.method, path, json=body)
+    headers = {"Idempotency-Key": "openapi-key"} if route.operation_id == "prompt" else {}
+    resp = client.request(route.method, path, json=body, headers=headers)
     return resp.status_code, resp.json() if resp.content else None
 
 

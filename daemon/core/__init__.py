@@ -11,6 +11,7 @@ the processes, sockets, threads, files and time, and call into these modules:
 - ``ring``, ``subscriber``: the event ring, the resume decision, the slow-client rules.
 - ``acp_codec``: the ACP JSON-RPC line codec and request/response matching.
 - ``prompt_lifecycle``: one prompt's state and the one terminal each way of ending gets.
+- ``idempotency``: a prompt request with an ``Idempotency-Key``: replay, conflict or admit.
 - ``transcript_ops``, ``restore``, ``checksum``: the transcript's records as data, the
   cold-restore rules, each stored row's checksum.
 - ``guards``, ``openapi``, ``throttle``: request guards, the OpenAPI document, log rate limits.

@@ -16,9 +16,10 @@ LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
 
 CORS_ALLOW_METHODS = "GET, POST, DELETE, OPTIONS"
 # Request headers a browser client sends beyond the CORS-safelisted ones.
-CORS_ALLOW_HEADERS = "Authorization, Content-Type, Last-Event-ID, X-Qwen-Client-Id, X-Qwen-Event-Epoch"
+CORS_ALLOW_HEADERS = ("Authorization, Content-Type, Idempotency-Key, Last-Event-ID, "
+                      "X-Qwen-Client-Id, X-Qwen-Event-Epoch")
 # Response headers a browser client reads (the SSE stream's epoch and id, a 429/503's wait).
-CORS_EXPOSE_HEADERS = "X-Qwen-Event-Epoch, X-Qwen-SSE-Stream-Id, Retry-After"
+CORS_EXPOSE_HEADERS = "X-Qwen-Event-Epoch, X-Qwen-SSE-Stream-Id, Retry-After, Idempotent-Replayed"
 CORS_MAX_AGE_S = 600
 
 Headers = list[tuple[bytes, bytes]]

@@ -99,6 +99,11 @@ class Route:
 _STR: Final[JsonSchema] = {"type": "string"}
 _SESSION_ID: Final = Param("sessionId", "path", _STR, "the daemon's session id")
 _SESSION_GONE: Final[ErrorSpec] = (404, ("session_not_found",))
+_IDEMPOTENCY_KEY: Final = Param(
+    wire.IDEMPOTENCY_KEY_HEADER, "header",
+    {"type": "string", "pattern": wire.IDEMPOTENCY_KEY_PATTERN},
+    "one value per logical prompt, the same on every retry of it (also accepted as a quoted "
+    "string)")
 _STREAM_PARAMS: Final = (
     Param("maxQueued", "query", {"type": "integer", "minimum": 16, "maximum": 2048},
           "live queue cap in frames (default 256)"),
@@ -145,12 +150,24 @@ ROUTES: Final[tuple[Route, ...]] = (
                   (502, ("agent_start_failed", "agent_session_id_reused"))),
           uses_client_id=True),
     Route("POST", "/session/{sessionId}/prompt", "prompt",
-          "Admit a prompt (it runs FIFO; the outcome is a terminal event)", 202,
-          wire.PromptAccepted, params=(_SESSION_ID,), body_type=wire.PromptRequest,
-          body_required=True,
-          errors=((400, ("invalid_prompt", "invalid_deadline_ms")), _SESSION_GONE,
+          "Admit a prompt (it runs FIFO; the outcome is a terminal event). With an "
+          "Idempotency-Key, a repeated request is answered the first one's 202 body and "
+          "admits nothing", 202,
+          wire.PromptAccepted, params=(_SESSION_ID, _IDEMPOTENCY_KEY),
+          body_type=wire.PromptRequest, body_required=True,
+          errors=((400, ("invalid_prompt", "invalid_deadline_ms", "invalid_idempotency_key")),
+                  _SESSION_GONE, (409, ("idempotency_key_reused",)),
                   (503, ("prompt_queue_full",))),
           uses_client_id=True),
+    Route("GET", "/session/{sessionId}/prompts/{idempotencyKey}", "promptByKey",
+          "Whether a prompt was admitted with this Idempotency-Key, its 202 body and how far "
+          "it got", 200, wire.PromptByKeyResponse,
+          params=(_SESSION_ID, Param("idempotencyKey", "path",
+                                     {"type": "string",
+                                      "pattern": wire.IDEMPOTENCY_KEY_PATTERN},
+                                     "the Idempotency-Key the prompt was sent with")),
+          errors=((400, ("invalid_idempotency_key",)),
+                  (404, ("session_not_found", "prompt_not_found")))),
     Route("POST", "/session/{sessionId}/cancel", "cancel", "Cancel the running prompt", 204,
           None, params=(_SESSION_ID,), errors=(_SESSION_GONE,), uses_client_id=True),
     Route("POST", "/session/{sessionId}/permission/{requestId}", "votePermission",
@@ -221,6 +238,7 @@ _STATUS_TEXT: Final = {
     400: "Bad request", 401: "Missing or wrong bearer token",
     403: "Host or Origin refused", 404: "Not found", 405: "Method not allowed",
     408: "Request body not received within --body-timeout-ms (the connection closes)",
+    409: "Idempotency-Key already used for a different request",
     413: "Body over 10 MB", 426: "Not a WebSocket upgrade (Upgrade: websocket)",
     429: "Too many subscribers (Retry-After: 5)",
     502: "The workspace's agent could not be started",

@@ -31,6 +31,9 @@ __all__ = [
     "ABSOLUTE_PATH_PATTERN",
     "CLIENT_ID_PATTERN",
     "DEFAULT_TRANSCRIPT_LIMIT",
+    "IDEMPOTENCY_KEY_HEADER",
+    "IDEMPOTENCY_KEY_PATTERN",
+    "IDEMPOTENT_REPLAYED_HEADER",
     "MAX_DEADLINE_MS",
     "MAX_PAGE_SIZE",
     "PERMISSION_VOTE_RULE",
@@ -58,6 +61,8 @@ __all__ = [
     "PermissionVoteRequest",
     "PermissionVoteResponse",
     "PromptAccepted",
+    "PromptByKeyResponse",
+    "PromptProgress",
     "PromptRequest",
     "PromptTerminal",
     "ResumeSessionRequest",
@@ -70,6 +75,7 @@ __all__ = [
     "TranscriptPage",
     "TranscriptQuery",
     "convert_request",
+    "parse_idempotency_key",
     "request_error_code",
     "view_error_body",
     "view_prompt_blocks",
@@ -86,6 +92,15 @@ DEFAULT_TRANSCRIPT_LIMIT: Final = 100
 MAX_DEADLINE_MS: Final = 86_400_000
 #: ``X-Qwen-Client-Id``.
 CLIENT_ID_PATTERN: Final = "^[A-Za-z0-9._:-]{1,128}$"
+#: The request header that makes a prompt's submission idempotent (the name and meaning of the
+#: IETF httpapi draft and of the payment APIs that made it common): one value per logical
+#: prompt, any number of sends. The value is 1-128 of letters, digits and ``_ . : ~ -`` (a UUID,
+#: a ULID, base64url all fit, and it goes into a URL path as it is), sent bare or as a quoted
+#: structured-field string (``"..."``).
+IDEMPOTENCY_KEY_HEADER: Final = "Idempotency-Key"
+IDEMPOTENCY_KEY_PATTERN: Final = "^[A-Za-z0-9_.:~-]{1,128}$"
+#: Set to ``true`` on a prompt answer that repeats an earlier admission instead of making one.
+IDEMPOTENT_REPLAYED_HEADER: Final = "Idempotent-Replayed"
 #: An absolute path without NUL (``""`` and relative paths are refused: ``invalid_cwd``).
 ABSOLUTE_PATH_PATTERN: Final = "^/[^\\x00]*$"
 #: A session id a client may choose: a hyphenated UUID (any case; the daemon lower-cases it).
@@ -101,6 +116,16 @@ DeadlineMs = Annotated[int, Meta(ge=1, le=MAX_DEADLINE_MS)]
 SessionIdChoice = Annotated[str, Meta(pattern=UUID_PATTERN, extra_json_schema={"format": "uuid"})]
 OptionId = Annotated[str, Meta(min_length=1)]
 EventId = Annotated[int, Meta(ge=0)]
+IdempotencyKey = Annotated[str, Meta(pattern=IDEMPOTENCY_KEY_PATTERN)]
+_IDEMPOTENCY_KEY_RE: Final = re.compile(IDEMPOTENCY_KEY_PATTERN)
+
+
+def parse_idempotency_key(value: str) -> str | None:
+    """The key an ``Idempotency-Key`` header value names (a quoted form unquoted), or ``None``
+    when it is not a valid key (400 ``invalid_idempotency_key``)."""
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        value = value[1:-1]
+    return value if _IDEMPOTENCY_KEY_RE.fullmatch(value) else None
 
 
 class _Body(Struct, rename="camel", kw_only=True):
@@ -435,6 +460,29 @@ class PromptAccepted(_Body, kw_only=True):
     event_epoch: str
 
 
+#: How far a prompt got (``GET /session/{id}/prompts/{idempotencyKey}``).
+PromptProgress = Literal["queued", "running", "completed", "cancelled", "error", "interrupted"]
+
+
+class PromptByKeyResponse(_Body, kw_only=True):
+    """``GET /session/{id}/prompts/{idempotencyKey}``: the prompt admitted with that key, the
+    202 body it was answered with (``promptId``, ``lastEventId``, ``eventEpoch``), and how far
+    it got. ``state`` is ``queued`` or ``running`` while it is in flight, else its ledger
+    terminal: ``completed``, ``cancelled``, ``error``, or ``interrupted`` (the daemon stopped
+    while it was in flight; also while such a session is not yet restored)."""
+
+    v: Literal[1]
+    session_id: str
+    idempotency_key: str
+    prompt_id: str
+    last_event_id: EventId
+    event_epoch: str
+    state: PromptProgress
+    stop_reason: str | UnsetType = UNSET
+    admitted_at: int | UnsetType = UNSET
+    ended_at: int | UnsetType = UNSET
+
+
 class PermissionVoteResponse(_Body, kw_only=True):
     request_id: str
     outcome: PermissionOutcome
@@ -498,14 +546,16 @@ class ErrorBody(_Body, kw_only=True):
     cwd: str | UnsetType = UNSET
     limit: int | UnsetType = UNSET
     pending_count: int | UnsetType = UNSET
+    idempotency_key: str | UnsetType = UNSET
+    prompt_id: str | UnsetType = UNSET
 
 
 REQUEST_TYPES: Final = (CreateSessionRequest, LoadSessionRequest, ResumeSessionRequest,
                         PromptRequest, PermissionVoteRequest, TranscriptQuery)
 RESPONSE_TYPES: Final = (HealthResponse, CapabilitiesResponse, DaemonStatusResponse,
                          CreateSessionResponse, LoadSessionResponse, ResumeSessionResponse,
-                         PromptAccepted, PermissionVoteResponse, TranscriptPage,
-                         SessionStatusResponse, HeartbeatResponse, ErrorBody)
+                         PromptAccepted, PromptByKeyResponse, PermissionVoteResponse,
+                         TranscriptPage, SessionStatusResponse, HeartbeatResponse, ErrorBody)
 
 
 # --- views of a body as sent --------------------------------------------------------------------
