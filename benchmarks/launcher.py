@@ -321,8 +321,6 @@ def start_daemon(
     data, gates, workspace = base / "data", base / "gates", base / "workspace"
     for path in (data, gates, workspace):
         path.mkdir()
-    # Ungated prompts wait for the gate "open": make it exist so they run straight through.
-    (gates / "open").touch()
     prompt_log = base / "prompts.log"
     stderr_path = base / "daemon-stderr.log"
     mock_env = {

@@ -12,7 +12,7 @@ import daemon
 
 from . import malloc
 from .clash import clash_message
-from .config import TOKEN_ENV, ConfigError, parse_config
+from .config import TOKEN_ENV, ConfigError, parse_config, program_name
 from .logs import configure_logging
 from .server import DaemonStartError, run_daemon
 
@@ -21,13 +21,15 @@ SWITCH_INTERVAL_S = 0.001  # GIL switch interval (see main)
 
 def main(argv: Sequence[str] | None = None) -> int:
     malloc.tune()  # before the heap fills: the arena limit only binds threads started later
+    # Errors name the program as the user typed it (turnkeeper-daemon, python -m daemon).
+    prog = program_name()
     clash = clash_message(daemon)
     if clash is not None:
-        print(f"daemon: {clash}", file=sys.stderr)
+        print(f"{prog}: {clash}", file=sys.stderr)
     try:
         config = parse_config(sys.argv[1:] if argv is None else argv)
     except ConfigError as exc:
-        print(f"daemon: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     configure_logging(config.log_level, config.log_format)
     if config.recover:
@@ -46,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         trio.run(run_daemon, config)
     except DaemonStartError as exc:
-        print(f"daemon: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

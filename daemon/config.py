@@ -43,6 +43,9 @@ DEFAULT_TRANSCRIPT_CHECK_MS = 5_000
 NODE_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 APPROVAL_MODES = ("default", "plan", "auto-edit", "auto", "yolo")
 TOKEN_ENV = "QWEN_SERVER_TOKEN"
+# The bundled mock agent's gate directory (daemon.mock_agent) and its default in the data dir.
+MOCK_GATE_ENV = "MOCK_ACP_GATE_DIR"
+MOCK_GATES = "gates"
 ENV_PREFIX = "TURNKEEPER_"
 MIN_CLUSTER_SECRET_CHARS = 16
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -114,6 +117,14 @@ class DaemonConfig:
 
     def effective_agent_argv(self) -> tuple[str, ...]:
         return self.agent_argv or (sys.executable, "-m", "daemon.mock_agent")
+
+    def mock_gate_dir(self, env: Mapping[str, str]) -> Path | None:
+        """Where the bundled mock agent's ``mock:gate=NAME`` waits for ``NAME`` (``None`` with
+        ``--agent``): ``$MOCK_ACP_GATE_DIR`` if set, else ``gates`` in the data directory."""
+        if self.agent_argv:
+            return None
+        given = env.get(MOCK_GATE_ENV)
+        return Path(given) if given else self.data_dir / MOCK_GATES
 
 
 def default_data_dir() -> Path:

@@ -80,8 +80,9 @@ def _convert(value: Any, conv: str) -> Any:
 def record_fields(record: logging.LogRecord) -> dict[str, Any]:
     """The record's message as key/value pairs (``{"msg": text}`` when it is not in that form).
 
-    Values keep their type when they are ``None``, a bool or a number; everything else is its
-    ``str()`` (``repr()`` for ``%r``).
+    Values keep their type when they are a bool or a number; everything else is its ``str()``
+    (``repr()`` for ``%r``). A field whose value is ``None`` is left out (``signal=None`` on an
+    agent that exited by itself says nothing a reader needs).
     """
     template = record.msg if isinstance(record.msg, str) else None
     pairs = _pairs(template) if template is not None else None
@@ -102,7 +103,7 @@ def record_fields(record: logging.LogRecord) -> dict[str, Any]:
                     fields[key] = _convert(positional[index], conv or "s")
                     index += 1
             if index == len(positional):
-                return fields
+                return {key: value for key, value in fields.items() if value is not None}
         except (IndexError, KeyError, TypeError):
             pass
     return {"msg": record.getMessage()}
@@ -126,8 +127,8 @@ class LogfmtFormatter(logging.Formatter):
 
 
 def _logfmt(value: Any) -> str:
-    # None and bools print as Python writes them (``None``, ``True``), as ``%s`` always did.
-    if value is None or isinstance(value, bool | int | float):
+    # Bools print as Python writes them (``True``), as ``%s`` always did.
+    if isinstance(value, bool | int | float):
         return str(value)
     return logfmt_value(str(value))
 

@@ -36,7 +36,7 @@ from sdk.protocol.http import SessionCounts
 from ._version import __version__
 from .agent import AgentChannel, AgentStartError, SessionIdInUse
 from .bus import BusLimits, SessionBus, now_ms
-from .config import DaemonConfig
+from .config import MOCK_GATE_ENV, DaemonConfig
 from .core.clients import ClientRegistry
 from .core.restore import close_interrupted, seed_segments
 from .core.throttle import LogThrottle
@@ -166,6 +166,9 @@ class SessionManager:
         self.writer = writer
         self.nursery = nursery
         self.agent_env = dict(os.environ if agent_env is None else agent_env)
+        gates = config.mock_gate_dir(self.agent_env)
+        if gates is not None:  # the bundled mock: mock:gate=NAME works (docs/viewer.md)
+            self.agent_env[MOCK_GATE_ENV] = str(gates)
         self.sessions: dict[str, Session] = {}
         # Sessions being created or restored, by id: they hold a --max-sessions slot until
         # they are in ``sessions`` (or failed).

@@ -167,6 +167,36 @@ def startup_hint(config: DaemonConfig) -> str:
     return f"{token}\n{data}"
 
 
+def prepare_gate_dir(config: DaemonConfig) -> Path | None:
+    """The bundled mock agent's gate directory, created (``None`` with ``--agent``)."""
+    gates = config.mock_gate_dir(os.environ)
+    if gates is None:
+        return None
+    try:
+        gates.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DaemonStartError(
+            f"cannot create the mock agent's gate directory {gates}: {exc.strerror or exc}"
+        ) from None
+    return gates
+
+
+def banner(config: DaemonConfig, url: str, gates: Path | None) -> str:
+    """The start-up lines after the address: the viewer, a first request, the mock's gates."""
+    auth = ' -H "Authorization: Bearer $QWEN_SERVER_TOKEN"' if config.token else ""
+    lines = [
+        f"viewer: {url}/ui/",
+        # The same rule as `turnkeeper create`, the SDK and the viewer: a new session each time
+        # (without sessionScope "thread", POST /session joins the workspace's live session).
+        f"try: curl -s{auth} -X POST {url}/session -H 'Content-Type: application/json'"
+        """ -d '{"sessionScope":"thread"}'""",
+    ]
+    if gates is not None:
+        lines.append(f"mock agent: a prompt with mock:gate=NAME holds its turn open until "
+                     f"`turnkeeper release NAME` (gates in {gates})")
+    return "\n".join(lines)
+
+
 async def run_daemon(
     config: DaemonConfig,
     *,
@@ -175,6 +205,7 @@ async def run_daemon(
     out: Any = None,
 ) -> None:
     prepare_data_dir(config.data_dir)
+    gates = prepare_gate_dir(config)
     lock = acquire_lock(config.data_dir)
     store = open_store(config)
     # Hypercorn gets the daemon's keepalive and connection registry before it serves anything
@@ -247,12 +278,9 @@ async def run_daemon(
             # Start-up (imports, the schema, the app and its OpenAPI document) left freed heap
             # pages behind, below live objects where glibc never returns them on its own.
             malloc.trim()
-            auth = ' -H "Authorization: Bearer $QWEN_SERVER_TOKEN"' if config.token else ""
             print(f"turnkeeper daemon listening on {url}", file=stream, flush=True)
             print(startup_hint(config), file=stream, flush=True)
-            print(f"viewer: {url}/ui/", file=stream, flush=True)
-            print(f"try: curl -s{auth} -X POST {url}/session -H 'Content-Type: application/json'"
-                  " -d '{}'", file=stream, flush=True)
+            print(banner(config, url, gates), file=stream, flush=True)
             log.info("event=listening url=%s data_dir=%s persistence=%s", url, config.data_dir,
                      store is not None)
             task_status.started(binds)

@@ -3,8 +3,9 @@
 The files are read once when the daemon starts, from the package directory; only names found
 there are served (no path is ever joined from a request), each with its content type,
 ``Cache-Control: no-cache`` and a Content-Security-Policy that lets the page load nothing but
-its own files and talk to nothing but its own daemon. ``/ui`` redirects to ``/ui/``; anything
-else under ``/ui/`` is a 404 ``route_not_found``.
+its own files and talk to nothing but its own daemon. ``/ui`` redirects to ``/ui/``, the root
+``/`` to the viewer and ``/favicon.ico`` to its icon; anything else under ``/ui/`` is a 404
+``route_not_found``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from typing import Final
 
 UI_DIR: Final = Path(__file__).with_name("ui")
 INDEX: Final = "index.html"
+FAVICON: Final = "favicon.svg"
+# Where a browser pointed at the daemon itself lands (302: the root may serve more one day).
+REDIRECTS: Final = {"/": (302, b"/ui/"), "/ui": (308, b"/ui/"),
+                    "/favicon.ico": (308, f"/ui/{FAVICON}".encode())}
 CONTENT_TYPES: Final = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
@@ -55,8 +60,11 @@ class UiFiles:
 
     def answer(self, method: str, path: str) -> UiAnswer | None:
         """The answer to a GET/HEAD under ``/ui``; ``None`` when the file does not exist."""
-        if path == "/ui":
-            return UiAnswer(308, [(b"location", b"/ui/"), (b"content-length", b"0")], b"")
+        redirect = REDIRECTS.get(path)
+        if redirect is not None:
+            status, location = redirect
+            return UiAnswer(status, [(b"location", location), (b"content-length", b"0"),
+                                     (b"cache-control", b"no-cache")], b"")
         name = path[len("/ui/"):] or INDEX
         found = self.files.get(name)
         if found is None:

@@ -446,8 +446,9 @@ class Exited:
 
     @property
     def daemon_lines(self) -> list[str]:
-        """The ``daemon: ...`` lines a refusal prints (one, for a clean refusal)."""
-        return [line for line in self.stderr.splitlines() if line.startswith("daemon:")]
+        """The ``python -m daemon: ...`` lines a refusal prints (one, for a clean refusal)."""
+        return [line for line in self.stderr.splitlines()
+                if line.startswith("python -m daemon:")]
 
 
 def run_until_exit(base: Path, redis_url: str, name: str, *extra: str,

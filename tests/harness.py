@@ -29,7 +29,7 @@ class RunningDaemon:
     stderr_path: Path
     args: list[str] = field(default_factory=list)
 
-    def open_gate(self, name: str = "open") -> None:
+    def open_gate(self, name: str) -> None:
         (self.gate_dir / name).touch()
 
     def prompts(self) -> list[str]:
@@ -67,12 +67,12 @@ def start_daemon(
     data = data_dir or base / f"{tag}-data"
     gate = base / "gates"
     gate.mkdir(exist_ok=True)
-    # The mock waits for <gate>/<name> when a prompt says mock:gate=<name>, else for "open":
-    # ungated prompts run straight through.
-    (gate / "open").touch()
     log = base / "prompts.log"
     stderr_path = base / f"{tag}-stderr-{time.monotonic_ns()}.log"
-    mock_env = {"MOCK_ACP_GATE_DIR": str(gate), "MOCK_ACP_PROMPT_LOG": str(log)}
+    # The mock waits for <gate>/<name> when a prompt says mock:gate=<name>; ungated prompts
+    # run straight through (no delay after the chunks unless a prompt asks for one).
+    mock_env = {"MOCK_ACP_GATE_DIR": str(gate), "MOCK_ACP_PROMPT_LOG": str(log),
+                "MOCK_ACP_PROMPT_DELAY_MS": "0"}
     # A daemon that does not start raises LaunchError (a RuntimeError) with its stderr's tail.
     proc, url = spawn_daemon(["--data-dir", str(data), "--workspace", str(base), *args],
                              {**mock_env, **(env or {})}, base, stderr_path)

@@ -349,7 +349,7 @@ async def test_a_node_id_is_one_live_process(tmp_path: Path) -> None:
                 code = await trio.to_thread.run_sync(again.proc.wait, 30)
                 assert code == 1
                 lines = [line for line in again.stderr().splitlines()
-                         if line.startswith("daemon:")]
+                         if line.startswith("python -m daemon:")]
                 assert len(lines) == 1 and "taken over by another process" in lines[0], lines
                 async with httpx.AsyncClient(base_url=third.url, timeout=TIMEOUT) as cthird:
                     assert await owner_of(cthird, sid) == "A"

@@ -112,7 +112,8 @@ def test_node_refuses_redis_without_aof(tmp_path: Path) -> None:
             env={**os.environ, "TURNKEEPER_CLUSTER_SECRET": SECRET})
     assert done.returncode == 1
     assert b"listening" not in done.stdout  # nothing was served
-    lines = [line for line in done.stderr.decode().splitlines() if line.startswith("daemon:")]
+    lines = [line for line in done.stderr.decode().splitlines()
+             if line.startswith("python -m daemon:")]
     assert len(lines) == 1, done.stderr.decode()
     assert "AOF persistence off" in lines[0] and f"127.0.0.1:{server.port}" in lines[0]
 

@@ -77,5 +77,13 @@ def test_cli_refuses_to_start_with_one_line_reason(tmp_path: Path) -> None:
          "--data-dir", str(tmp_path)], capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
-    assert lines == ["daemon: --max-journal-events must be a positive integer, got 'abc'"]
+    assert lines == [
+        "python -m daemon: --max-journal-events must be a positive integer, got 'abc'"]
     assert not (tmp_path / "transcript.sqlite3").exists()
+    # The console script names itself the way the user typed it.
+    script = Path(sys.executable).with_name("turnkeeper-daemon")
+    if script.exists():
+        result = subprocess.run([str(script), "--max-journal-events", "abc", "--data-dir",
+                                 str(tmp_path)], capture_output=True, text=True, timeout=30)
+        assert result.stderr.strip().splitlines() == [
+            "turnkeeper-daemon: --max-journal-events must be a positive integer, got 'abc'"]

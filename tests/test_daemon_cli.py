@@ -10,6 +10,7 @@ with a bounded deadline.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import logging
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import time
 import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -28,6 +30,7 @@ import daemon
 from daemon import __version__
 from daemon.clash import clash_message
 from daemon.config import (
+    MOCK_GATE_ENV,
     ConfigError,
     DaemonConfig,
     _apply_env,
@@ -214,6 +217,24 @@ def test_json_log_lines_keep_numbers_and_strings() -> None:
     assert obj["level"] == "info" and "time" in obj
 
 
+def test_log_lines_leave_out_fields_that_have_no_value() -> None:
+    line = LogfmtFormatter().format(record(
+        "event=agent_exited pid=%s exit_code=%s signal=%s", 12, 0, None))
+    assert line.endswith(" event=agent_exited pid=12 exit_code=0") and "None" not in line
+    obj = json.loads(JsonFormatter().format(record("event=x signal=%s n=%s", None, 0)))
+    assert "signal" not in obj and obj["n"] == 0
+
+
+def test_an_agent_that_exits_by_itself_is_logged_without_empty_fields(tmp_path: Path) -> None:
+    with running_daemon(tmp_path) as d, httpx.Client(base_url=d.url, timeout=WAIT_S) as client:
+        sid = client.post("/session", json={"sessionScope": "thread"}).json()["sessionId"]
+        crash = {"prompt": [{"type": "text", "text": "mock:mode=crash-on-prompt"}]}
+        assert client.post(f"/session/{sid}/prompt", json=crash).status_code == 202
+        text = wait_for_stderr(d, r"event=agent_exited .*exit_code=3")
+    exited = [line for line in text.splitlines() if "event=agent_exited" in line]
+    assert exited and not any("=None" in line for line in exited), exited
+
+
 def test_json_format_and_access_log_on_a_running_daemon(tmp_path: Path) -> None:
     with running_daemon(tmp_path, ["--log-format", "json", "--access-log"]) as d:
         assert httpx.get(f"{d.url}/health", timeout=WAIT_S).status_code == 200
@@ -296,23 +317,67 @@ def test_config_defaults_record_logging_choices() -> None:
     assert (config.log_level, config.log_format, config.access_log) == ("info", "logfmt", False)
 
 
-def test_startup_prints_the_viewer_url_and_it_serves_the_page(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def bare_daemon(tmp_path: Path) -> Iterator[tuple[str, list[str]]]:
+    """``python -m daemon`` as a user starts it (no token, no MOCK_ACP_GATE_DIR): its URL and
+    its start-up lines."""
     argv = [sys.executable, "-m", "daemon", "--port", "0", "--data-dir", str(tmp_path / "data")]
-    env = {k: v for k, v in os.environ.items() if k != "QWEN_SERVER_TOKEN"}
+    env = {k: v for k, v in os.environ.items() if k not in ("QWEN_SERVER_TOKEN", MOCK_GATE_ENV)}
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             cwd=str(tmp_path), env=env)
     try:
         assert proc.stdout is not None
         lines: list[str] = []
-        while not any(line.startswith("try:") for line in lines):
+        while not any(line.startswith("mock agent:") for line in lines):
             line = proc.stdout.readline()
             assert line, f"daemon stopped before its startup hint: {lines}"
             lines.append(line.rstrip("\n"))
         url = re.search(r"listening on (\S+)", lines[0])
         assert url is not None
-        assert f"viewer: {url.group(1)}/ui/" in lines
-        page = httpx.get(f"{url.group(1)}/ui/", timeout=WAIT_S)
-        assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+        yield url.group(1), lines
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_startup_prints_the_viewer_url_and_it_serves_the_page(tmp_path: Path) -> None:
+    with bare_daemon(tmp_path) as (base, lines):
+        assert f"viewer: {base}/ui/" in lines
+        page = httpx.get(f"{base}/ui/", timeout=WAIT_S)
+        assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+        # A browser pointed at the daemon lands on the viewer; the icon is never a 404.
+        root = httpx.get(f"{base}/", timeout=WAIT_S, follow_redirects=True)
+        assert root.status_code == 200 and str(root.url) == f"{base}/ui/"
+        assert root.history[0].status_code == 302
+        icon = httpx.get(f"{base}/favicon.ico", timeout=WAIT_S, follow_redirects=True)
+        assert icon.status_code == 200 and icon.headers["content-type"] == "image/svg+xml"
+        assert icon.content.startswith(b"<svg") and '<link rel="icon"' in page.text
+        # The banner's curl makes a new session each time, as `turnkeeper create` does.
+        (curl,) = [line for line in lines if line.startswith("try: curl")]
+        found = re.search(r"-d '(.*)'$", curl)
+        assert found is not None
+        first, second = (httpx.post(f"{base}/session", json=json.loads(found.group(1)),
+                                    timeout=WAIT_S).json() for _ in range(2))
+        assert first["sessionId"] != second["sessionId"] and not second["attached"]
+        # The bundled mock's gates live in the data directory, named in the banner.
+        gates = tmp_path / "data" / "gates"
+        assert gates.is_dir() and lines[-1].endswith(f"(gates in {gates})")
+
+
+def test_a_gated_turn_on_a_plain_daemon_waits_for_its_gate_file(tmp_path: Path) -> None:
+    """Without MOCK_ACP_GATE_DIR the daemon still gives the bundled mock its gate directory
+    (<data dir>/gates), so `mock:gate=NAME` holds the turn until the file NAME exists."""
+    with bare_daemon(tmp_path) as (base, _lines), \
+            httpx.Client(base_url=base, timeout=WAIT_S) as client:
+        sid = client.post("/session", json={"sessionScope": "thread"}).json()["sessionId"]
+        held = {"prompt": [{"type": "text", "text": "held mock:chunks=1 mock:gate=by-hand"}]}
+        assert client.post(f"/session/{sid}/prompt", json=held).status_code == 202
+        deadline = time.monotonic() + WAIT_S
+        while client.get(f"/session/{sid}/status").json()["lastEventId"] < 2:
+            assert time.monotonic() < deadline, "the chunk never arrived"
+            time.sleep(0.02)  # a bounded status poll
+        assert client.get(f"/session/{sid}/status").json()["hasActivePrompt"]
+        (tmp_path / "data" / "gates" / "by-hand").touch()
+        while client.get(f"/session/{sid}/status").json()["hasActivePrompt"]:
+            assert time.monotonic() < deadline, "the gate did not release the turn"
+            time.sleep(0.02)  # a bounded status poll

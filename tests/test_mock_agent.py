@@ -319,24 +319,34 @@ async def test_gate_holds_the_turn_until_its_file_exists(tmp_path: Path) -> None
         sid = await agent.new_session()
         named = await agent.prompt(sid, "mock:gate=turn-1 mock:chunks=2")
         assert texts([await agent.recv(), await agent.recv()]) == ["chunk-0", "chunk-1"]
-        # Held at the gate (delay 0 is ignored while gated): a later request overtakes it.
+        # Held at the gate: a later request overtakes it.
         probe = await agent.request("session/new", {"cwd": "/", "mcpServers": []})
         assert (await agent.recv())["id"] == probe
         (tmp_path / "turn-1").touch()
         notes, reply = await agent.until_reply(named)
         assert notes == [] and reply["result"] == {"stopReason": "end_turn"}
 
-        # Without a token the gate is named "open".
-        default = await agent.prompt(sid, "mock:chunks=0")
-        probe = await agent.request("session/new", {"cwd": "/", "mcpServers": []})
-        assert (await agent.recv())["id"] == probe
-        (tmp_path / "open").touch()
-        _, reply = await agent.until_reply(default)
+        # Without a gate token there is no gate: the turn ends after the delay.
+        _, reply = await agent.until_reply(await agent.prompt(sid, "mock:chunks=0"))
         assert reply["result"] == {"stopReason": "end_turn"}
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["turn-1"]
+
+
+async def test_the_delay_and_the_gate_both_hold_a_turn(tmp_path: Path) -> None:
+    """mock:delay_ms waits after the chunks whether or not a gate directory is set, and a
+    gate is waited for after it (a gate directory used to switch the delay off)."""
+    async with mock_agent(MOCK_ACP_GATE_DIR=str(tmp_path)) as agent:
+        sid = await agent.new_session()
+        delayed = await agent.prompt(sid, "mock:chunks=1 mock:delay_ms=600000")
+        assert texts([await agent.recv()]) == ["chunk-0"]
+        probe = await agent.request("session/new", {"cwd": "/", "mcpServers": []})
+        assert (await agent.recv())["id"] == probe  # still inside the delay
+        await agent.send({"method": "session/cancel", "params": {"sessionId": sid}})
+        _, reply = await agent.until_reply(delayed)
+        assert reply["result"] == {"stopReason": "cancelled"}
 
 
 async def test_start_gate_holds_the_chunks_until_its_file_exists(tmp_path: Path) -> None:
-    (tmp_path / "open").touch()  # the gate after the chunks stays open
     async with mock_agent(MOCK_ACP_GATE_DIR=str(tmp_path)) as agent:
         sid = await agent.new_session()
         held = await agent.prompt(sid, "mock:start_gate=go mock:chunks=2")
@@ -355,12 +365,19 @@ async def test_start_gate_holds_the_chunks_until_its_file_exists(tmp_path: Path)
         assert notes == [] and reply["result"] == {"stopReason": "cancelled"}
 
 
-async def test_start_gate_without_a_gate_dir_is_an_error() -> None:
+@pytest.mark.parametrize("token", ["mock:start_gate=go", "mock:gate=go"])
+async def test_a_gate_without_a_gate_dir_is_an_error_that_says_what_to_set(token: str) -> None:
+    """Both gate tokens fail the same way without a gate directory (mock:gate used to be
+    ignored silently and the turn ran ungated): the error names the variable to set and how
+    to open the gate."""
     async with mock_agent() as agent:
         sid = await agent.new_session()
-        _, reply = await agent.until_reply(await agent.prompt(sid, "mock:start_gate=go"))
+        notes, reply = await agent.until_reply(await agent.prompt(sid, f"hello {token}"))
         assert reply["error"]["code"] == -32602
-        assert "MOCK_ACP_GATE_DIR" in reply["error"]["message"]
+        message = reply["error"]["message"]
+        assert message.startswith(f"{token} needs a gate directory: set MOCK_ACP_GATE_DIR")
+        assert "turnkeeper release NAME" in message
+        assert notes == []  # refused before any chunk
 
 
 async def test_cancel_at_the_gate_ends_cancelled(tmp_path: Path) -> None:

@@ -166,7 +166,8 @@ def test_idle_agent_ends_on_eof_and_restarts_on_demand(
         wait_for("the idle agent to be stopped", lambda: _agent_pid(client, idle) is None)
         # It ended by itself on stdin EOF (exit code 0, so no signal), and was reaped.
         wait_for("the agent's exit to be logged",
-                 lambda: f"event=agent_exited pid={first_pid} exit_code=0 " in daemon.stderr())
+                 lambda: re.search(rf"event=agent_exited pid={first_pid} exit_code=0$",
+                                   daemon.stderr(), re.M))
         assert "event=agent_kill" not in daemon.stderr()
         assert first_pid not in children(daemon.proc.pid)
         assert f"event=agent_idle_stop cwd={idle} pid={first_pid}" in daemon.stderr()

@@ -114,9 +114,14 @@ class Guard:
 UI_PREFIX = "/ui"
 
 
+UI_REDIRECTS = frozenset({"/", "/favicon.ico"})
+
+
 def is_ui_asset(method: str, path: str) -> bool:
-    """A GET/HEAD for the web viewer's static files (``/ui``, ``/ui/``, ``/ui/<file>``)."""
-    return method in ("GET", "HEAD") and (path == UI_PREFIX or path.startswith(UI_PREFIX + "/"))
+    """A GET/HEAD for the web viewer's static files (``/ui``, ``/ui/``, ``/ui/<file>``) or
+    one of the redirects to them (``/`` to the viewer, ``/favicon.ico`` to its icon)."""
+    return method in ("GET", "HEAD") and (path == UI_PREFIX or path.startswith(UI_PREFIX + "/")
+                                          or path in UI_REDIRECTS)
 
 
 def is_same_origin(origin: str, host_header: str | None) -> bool:

@@ -7,23 +7,26 @@ by ``mock:<key>=<value>`` tokens in a prompt's text:
 =========================  ==================================================================
 ``MOCK_ACP_MODE``          ``echo`` (default) | ``reject`` | ``crash-on-prompt`` | ``hang``
 ``MOCK_ACP_EMIT_CHUNKS``   agent_message_chunk updates per prompt, ``chunk-0`` ... (default 3)
-``MOCK_ACP_PROMPT_DELAY_MS``  wait before answering ``end_turn`` (default 100)
+``MOCK_ACP_PROMPT_DELAY_MS``  after the chunks, wait this long before answering (default 100)
 ``MOCK_ACP_PROMPT_LOG``    append ``{"sessionId", "text"}`` as one JSON line per prompt
 ``MOCK_ACP_END_LOG``       append ``{"sessionId", "text", "stopReason"}`` once a prompt's
                            answer is written (a test knows the agent has said all of it)
 ``MOCK_ACP_LOAD_SESSION``  ``1``: advertise ``loadSession`` and answer ``session/load``
-``MOCK_ACP_GATE_DIR``      after the chunks, wait for ``<dir>/<gate>`` instead of the delay
+``MOCK_ACP_GATE_DIR``      where ``mock:gate=`` / ``mock:start_gate=`` wait for their files
+                           (``make serve`` sets it to ``<data dir>/gates``)
 =========================  ==================================================================
 
 Prompt tokens (override the variables for that prompt): ``mock:mode=<m>``,
 ``mock:chunks=<n>``, ``mock:delay_ms=<n>``, ``mock:bytes=<n>`` (pad each chunk's text to n bytes
-with ``.``), ``mock:gate=<name>`` (default ``open``), ``mock:start_gate=<name>`` (before the
-first chunk, wait for ``<dir>/<name>``; needs ``MOCK_ACP_GATE_DIR``), ``mock:permission=ask``
+with ``.``), ``mock:gate=<name>`` (after the chunks and the delay, wait until ``<dir>/<name>``
+exists), ``mock:start_gate=<name>`` (before the first chunk, wait for ``<dir>/<name>``),
+``mock:permission=ask``
 (after the chunks, ask the client with ``session/request_permission`` — options
 ``allow-once`` / ``reject-once`` — wait for the answer, and report it as one more chunk
-``permission:<optionId>`` or ``permission:cancelled``).
+``permission:<optionId>`` or ``permission:cancelled``). A prompt naming a gate when no gate
+directory is set fails with an error that says so (JSON-RPC -32602), never runs ungated.
 
-Every mode first streams its chunks, then: ``echo`` waits (delay or gate) and answers
+Every mode first streams its chunks, then: ``echo`` waits (the delay, then the gate) and answers
 ``{stopReason: "end_turn"}``; ``reject`` answers JSON-RPC error -32603 ``injected error``;
 ``crash-on-prompt`` exits with status 3; ``hang`` waits for ``session/cancel``. A
 ``session/cancel`` during the chunks, the delay, the gate or a hang answers
@@ -65,7 +68,7 @@ class PromptPlan:
     chunks: int = 3
     delay_ms: int = 100
     pad_bytes: int = 0
-    gate: str = "open"
+    gate: str | None = None
     start_gate: str | None = None
     ask_permission: bool = False
 
@@ -118,6 +121,21 @@ def plan_for_prompt(base: PromptPlan, text: str) -> PromptPlan:
                 raise ConfigError(f"{token} must be a plain file name, got {value!r}")
             fields[key] = value
     return PromptPlan(**{**base.__dict__, **fields})
+
+
+def named_gate(text: str) -> str | None:
+    """The first ``mock:gate=`` / ``mock:start_gate=`` token of ``text`` (as written), else None."""
+    for key, value in _TOKEN.findall(text):
+        if key in ("gate", "start_gate"):
+            return f"mock:{key}={value}"
+    return None
+
+
+def gate_dir_missing(token: str) -> ConfigError:
+    return ConfigError(
+        f"{token} needs a gate directory: set MOCK_ACP_GATE_DIR in the agent's environment "
+        "(make serve sets it to <data dir>/gates); then `turnkeeper release NAME` (or "
+        "`touch $MOCK_ACP_GATE_DIR/NAME`) opens the gate")
 
 
 def prompt_text(prompt: Any) -> str:
@@ -297,8 +315,9 @@ class MockAgent:
             return
         text = prompt_text(params.get("prompt"))
         plan = plan_for_prompt(self.base_plan, text)
-        if plan.start_gate is not None and self.gate_dir is None:
-            raise ConfigError("mock:start_gate needs MOCK_ACP_GATE_DIR")
+        gate = named_gate(text) if self.gate_dir is None else None
+        if gate is not None:
+            raise gate_dir_missing(gate)
         if self.prompt_log:
             with (
                 self._state_lock,
@@ -337,10 +356,8 @@ class MockAgent:
             if finished:
                 if plan.mode == "hang":
                     cancelled.wait()
-                elif self.gate_dir is not None:
+                elif not cancelled.wait(plan.delay_ms / 1000) and plan.gate is not None:
                     self.wait_gate(plan.gate, cancelled)
-                else:
-                    cancelled.wait(plan.delay_ms / 1000)
             stop_reason = "cancelled" if cancelled.is_set() else "end_turn"
             with self._state_lock:
                 session.history.append((text, plan))
