@@ -179,6 +179,9 @@ class SessionBus:
         self.frames = SharedFrames()
         self.slow_client_warnings = 0
         self.clients_evicted = 0
+        # When the last event was published (ms; None before the first): GET /daemon/status's
+        # lastActivityAt. Read off the clock once per flush, not per event.
+        self.last_activity_ms: int | None = None
         self._lot = trio.lowlevel.ParkingLot()
         self._dirty = False
         # Subscribers the last flush found behind (see FLOW_FRACTION).
@@ -435,6 +438,7 @@ class SessionBus:
         if not self._dirty:
             return
         self._dirty = False
+        self.last_activity_ms = self.clock_ms()
         ring = self.ring
         if self._on_published is not None:
             published = ring.appended_bytes

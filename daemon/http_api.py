@@ -40,6 +40,7 @@ from .manager import (
 from .session import MAX_PENDING_PROMPTS, PromptQueueFull, Session, VoteResult
 from .transcript_store import InvalidCursor, TranscriptDamaged
 from .transcript_writer import TranscriptWriter
+from .workspace_git import branches
 
 log = logging.getLogger("daemon.http")
 
@@ -370,10 +371,12 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
                                       http2_flow_control=patches.http2_flow_control,
                                       hypercorn_version=patches.hypercorn_version),
             live_sessions=manager.live_count,
+            approval_mode=config.approval_mode,
             connections=wire.ConnectionCounts(open=connection_limit.gate.served,
                                               reserve=connection_limit.gate.reserved,
                                               refused=connection_limit.gate.refused),
-            sessions=manager.status(),
+            sessions=manager.status(await branches(
+                session.workspace_cwd for session in manager.sessions.values())),
         ))
 
     @app.post("/session")

@@ -558,10 +558,12 @@ class SessionManager:
             with trio.move_on_after(2):
                 await agent.aclose()
 
-    def status(self) -> list[SessionCounts]:
+    def status(self, branches: Mapping[str, str | None] | None = None) -> list[SessionCounts]:
+        """One entry per live session; ``branches`` maps workspaces to their git branch."""
         out = []
         for session in self.sessions.values():
             bus = session.bus
+            activity = bus.last_activity_ms
             out.append(SessionCounts(
                 session_id=session.id,
                 workspace_cwd=session.workspace_cwd,
@@ -580,5 +582,9 @@ class SessionManager:
                 clients_evicted=bus.clients_evicted,
                 last_event_id=bus.ring.last_id,
                 transcript_degraded=bus.transcript_degraded or bus.transcript_damaged,
+                created_at=session.created_at,
+                last_activity_at=iso_from_ms(activity) if activity is not None
+                else session.created_at,
+                git_branch=(branches or {}).get(session.workspace_cwd),
             ))
         return out

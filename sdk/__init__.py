@@ -75,6 +75,7 @@ from sdk.truncation import (
     normalize_status_item,
     parse_truncation,
     status_text,
+    truncation_marker,
 )
 
 if TYPE_CHECKING:
@@ -91,6 +92,7 @@ if TYPE_CHECKING:
         ResumeResult,
         SessionCreated,
         SessionStatus,
+        SessionSummary,
         TranscriptPage,
     )
     from sdk.repair_driver import (
@@ -112,12 +114,18 @@ if TYPE_CHECKING:
 # The async/HTTP parts load on first use, so that importing the pure protocol (the daemon does,
 # for sdk.protocol) does not pull in httpx, anyio and wsproto.
 _LAZY: dict[str, str] = {
-    **dict.fromkeys(('Capabilities', 'DaemonClient', 'DaemonStatus', 'EventStream', 'Health', 'LoadResult', 'PermissionVote', 'PromptAccepted', 'PromptTerminal', 'ResumeResult', 'SessionCreated', 'SessionStatus', 'TranscriptPage'), "sdk.client"),
+    **dict.fromkeys(('Capabilities', 'DaemonClient', 'DaemonStatus', 'EventStream', 'Health', 'LoadResult', 'PermissionVote', 'PromptAccepted', 'PromptTerminal', 'ResumeResult', 'SessionCreated', 'SessionStatus', 'SessionSummary', 'TranscriptPage'), "sdk.client"),
     **dict.fromkeys(('RepairCandidate', 'RepairDriver', 'RepairOutcome', 'RepairOutcomeKind'), "sdk.repair_driver"),
     **dict.fromkeys(('DEFAULT_MAX_QUEUED', 'HandleClosedError', 'ReconnectPolicy', 'SessionHandle', 'SubscriptionState'), "sdk.session"),
     **dict.fromkeys(('WebSocketEventStream',), "sdk.ws"),
     **dict.fromkeys(('SyncDaemonClient', 'SyncEventStream', 'SyncSessionHandle'), "sdk.sync"),
 }
+
+
+def __dir__() -> list[str]:
+    # Completion (IPython, editors, dir()) shows the public names, the lazy ones included,
+    # and none of this module's own imports (TYPE_CHECKING, importlib, ...).
+    return sorted(__all__)
 
 
 def __getattr__(name: str) -> object:
@@ -182,6 +190,7 @@ __all__ = [
     "SessionNotFoundError",
     "SessionSnapshotData",
     "SessionStatus",
+    "SessionSummary",
     "SessionUpdateData",
     "SlowClientWarningData",
     "StateResyncRequiredData",
@@ -216,6 +225,7 @@ __all__ = [
     "repair_failure_notice",
     "repair_signature",
     "status_text",
+    "truncation_marker",
     "typed_data",
     "validate_fresh_snapshot",
 ]

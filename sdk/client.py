@@ -100,6 +100,28 @@ class DaemonStatus(_Result):
     raw: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
+class SessionSummary(_Result):
+    """One session of :meth:`DaemonClient.list_sessions`: where it runs, whether a turn is
+    running or queued, and when something last happened in it."""
+
+    session_id: str
+    workspace_cwd: str
+    has_active_prompt: bool = False
+    pending_prompts: int = 0
+    last_event_id: int = 0
+    created_at: str | None = None
+    last_activity_at: str | None = None
+    git_branch: str | None = None
+
+    @property
+    def state(self) -> str:
+        """``running`` (a turn runs), ``queued`` (prompts wait behind none running) or
+        ``idle``."""
+        if self.has_active_prompt:
+            return "running"
+        return "queued" if self.pending_prompts else "idle"
+
+
 class SessionCreated(_Result):
     session_id: str
     workspace_cwd: str | None = None
@@ -514,6 +536,14 @@ class DaemonClient:
         result = _convert(body, DaemonStatus, "GET /daemon/status")
         result.raw = body
         return result
+
+    async def list_sessions(self) -> list[SessionSummary]:
+        """The daemon's live sessions (read from ``GET /daemon/status`` for now)."""
+        status = await self.daemon_status()
+        try:
+            return msgspec.convert(status.sessions or [], list[SessionSummary])
+        except msgspec.ValidationError as exc:
+            raise TransportError(f"GET /daemon/status: malformed sessions: {exc}") from exc
 
     # -- session routes --------------------------------------------------------------------
 

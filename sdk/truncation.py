@@ -32,11 +32,30 @@ __all__ = [
     "normalize_status_item",
     "parse_truncation",
     "status_text",
+    "truncation_marker",
 ]
 
 HISTORY_TRUNCATED: Final = "history_truncated"
 MALFORMED_REASON: Final = "malformed_payload"
 MALFORMED_TEXT: Final = "history_truncated: malformed history_truncated payload"
+
+
+def truncation_marker(event: DaemonEvent) -> DaemonHistoryTruncatedData | None:
+    """The event's truncation marker, typed: for a ``history_truncated`` event with a valid
+    payload, else ``None`` (any other event, or a malformed marker). Never raises.
+
+    The precise type a UI needs for :func:`status_text`::
+
+        marker = truncation_marker(event)
+        if marker is not None:
+            print(status_text(marker))
+    """
+    if event.type != HISTORY_TRUNCATED:
+        return None
+    payload = event.payload
+    if isinstance(payload, DaemonHistoryTruncatedData):
+        return payload
+    return parse_truncation(event.data)
 
 
 def status_text(marker: DaemonHistoryTruncatedData) -> str:

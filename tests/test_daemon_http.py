@@ -4,7 +4,9 @@ the API defines, with its code, capabilities and status."""
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -220,3 +222,40 @@ def test_unread_request_bodies_never_stall_keep_alive(daemon: RunningDaemon) -> 
             for method, path in [("POST", "cancel"), ("GET", "status"), ("GET", "transcript")]:
                 resp = client.request(method, f"/session/{ghost}/{path}", json={"x": 1})
                 assert resp.status_code == 404
+
+
+def test_daemon_status_says_when_each_session_was_active_and_on_which_branch(
+        daemon: RunningDaemon, tmp_path: Path) -> None:
+    """What a session list shows (the viewer's sidebar, `turnkeeper list`): when a session was
+    created and last active, the workspace's git branch, and how permissions are answered."""
+    repo, plain = tmp_path / "repo", tmp_path / "plain"
+    (repo / ".git").mkdir(parents=True)
+    (repo / ".git" / "HEAD").write_text("ref: refs/heads/feature/chips\n")
+    plain.mkdir()
+    with httpx.Client(base_url=daemon.url, timeout=30) as client:
+        in_repo = client.post("/session", json={"sessionScope": "thread", "cwd": str(repo)}).json()
+        elsewhere = client.post("/session", json={"sessionScope": "thread",
+                                                  "cwd": str(plain)}).json()
+        status = client.get("/daemon/status").json()
+        assert status["approvalMode"] == "default"
+        rows = {s["sessionId"]: s for s in status["sessions"]}
+        row = rows[in_repo["sessionId"]]
+        assert row["createdAt"] == in_repo["createdAt"]
+        assert row["gitBranch"] == "feature/chips"
+        assert rows[elsewhere["sessionId"]]["gitBranch"] is None
+        before = row["lastActivityAt"]
+        assert before >= row["createdAt"]  # ISO 8601 UTC strings order as times do
+        assert client.post(f"/session/{in_repo['sessionId']}/prompt", json={"prompt": [
+            {"type": "text", "text": "activity mock:chunks=1"}]}).status_code == 202
+        deadline = time.monotonic() + 20
+        while True:
+            row = {s["sessionId"]: s for s in client.get("/daemon/status").json()["sessions"]}[
+                in_repo["sessionId"]]
+            if not row["hasActivePrompt"] and row["lastEventId"] >= 3:
+                break
+            assert time.monotonic() < deadline, row
+            time.sleep(0.02)  # a bounded status poll
+        assert row["lastActivityAt"] > before
+        (repo / ".git" / "HEAD").write_text("0123456789abcdef0123456789abcdef01234567\n")
+        detached = {s["sessionId"]: s for s in client.get("/daemon/status").json()["sessions"]}
+        assert detached[in_repo["sessionId"]]["gitBranch"] is None  # read afresh, detached

@@ -27,7 +27,8 @@ SDK = [
     "RepairState", "RepairTarget", "RepairValidationError", "ReplayCompleteData", "ResumeResult",
     "SSEBufferOverflow", "SSEParser", "ServerError", "SessionClosedData", "SessionCreated",
     "SessionDiedData", "SessionHandle", "SessionNotFoundError", "SessionSnapshotData",
-    "SessionStatus", "SessionUpdateData", "SlowClientWarningData", "StateResyncRequiredData",
+    "SessionStatus", "SessionSummary", "SessionUpdateData", "SlowClientWarningData",
+    "StateResyncRequiredData",
     "StreamErrorData", "SubscriptionState", "SuffixResult", "SyncDaemonClient", "SyncEventStream",
     "SyncSessionHandle", "TERMINAL_TYPES", "TranscriptPage",
     "TransportError", "TruncationDebugItem", "TruncationStatusItem", "TurnCompleteData",
@@ -35,7 +36,7 @@ SDK = [
     "decode_events", "error_for_status", "event_from_mapping", "event_prompt_id",
     "find_repair_target", "find_suffix_start", "is_new_event", "is_retriable",
     "normalize_page_event", "normalize_status_item", "parse_sse", "parse_truncation",
-    "repair_failure_notice", "repair_signature", "status_text", "typed_data",
+    "repair_failure_notice", "repair_signature", "status_text", "truncation_marker", "typed_data",
     "validate_fresh_snapshot",
 ]
 
@@ -121,3 +122,12 @@ def test_the_protocol_package_is_the_one_definition() -> None:
     assert sdk.events.TurnErrorData is events.TurnErrorData
     assert sdk.truncation.DaemonHistoryTruncatedData is events.DaemonHistoryTruncatedData
     assert sdk.sse.SSEParser is sse.SSEParser
+
+
+def test_dir_of_sdk_lists_the_public_names_for_completion() -> None:
+    """Completion (IPython, editors) reads dir(): the public names, the lazily loaded ones
+    (DaemonClient, SessionHandle, RepairDriver) included, and no import machinery."""
+    names = dir(sdk)
+    assert names == sorted(sdk.__all__)
+    assert {"DaemonClient", "SessionHandle", "RepairDriver", "SyncDaemonClient"} <= set(names)
+    assert not {"TYPE_CHECKING", "annotations", "importlib"} & set(names)

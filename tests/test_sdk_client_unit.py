@@ -342,6 +342,22 @@ async def test_status_and_capabilities() -> None:
     assert ds.limits == {"eventRingSize": 8000} and ds.raw["sessions"] == []
 
 
+async def test_list_sessions_reads_the_daemon_status_session_list() -> None:
+    row = {"sessionId": SID, "workspaceCwd": "/w", "hasActivePrompt": False,
+           "pendingPrompts": 2, "lastEventId": 9, "createdAt": "2025-01-01T00:00:00.000Z",
+           "lastActivityAt": "2025-01-01T00:01:00.000Z", "gitBranch": "main",
+           "journalEntries": 0}
+    rec = Recorder({("GET", "/daemon/status"): reply(200, {"sessions": [row]})})
+    async with rec.client() as client:
+        (summary,) = await client.list_sessions()
+    assert (summary.session_id, summary.workspace_cwd, summary.state) == (SID, "/w", "queued")
+    assert summary.last_activity_at == "2025-01-01T00:01:00.000Z" and summary.git_branch == "main"
+    bad = Recorder({("GET", "/daemon/status"): reply(200, {"sessions": [{"sessionId": 3}]})})
+    async with bad.client() as client:
+        with pytest.raises(TransportError, match="malformed sessions"):
+            await client.list_sessions()
+
+
 # --- error mapping --------------------------------------------------------------------------------
 
 

@@ -14,6 +14,7 @@ from sdk.truncation import (
     normalize_status_item,
     parse_truncation,
     status_text,
+    truncation_marker,
 )
 
 _DROP = object()
@@ -323,3 +324,17 @@ def test_malformed_payload_becomes_debug_item(data: Any) -> None:
     assert item.text == "history_truncated: malformed history_truncated payload"
     assert item.data == data
     assert item.prompt_id == "p-2" and item.event_id == 3
+
+
+# --- truncation_marker(event): the typed path the docs show --------------------------------------------
+
+
+def test_truncation_of_an_event_is_its_typed_marker_or_none() -> None:
+    marker = truncation_marker(DaemonEvent(type="history_truncated", id=3, data=payload()))
+    assert isinstance(marker, DaemonHistoryTruncatedData)
+    assert status_text(marker).startswith("History truncated for live turn replay: kept the "
+                                          "latest 2 source events and dropped 4")
+    assert truncation_marker(DaemonEvent(type="history_truncated", data=payload(maxBytes=-1))) is None
+    assert truncation_marker(DaemonEvent(type="turn_complete", data={"stopReason": "end_turn"})) is None
+    # A payload that looks like a marker on another event type is not one.
+    assert truncation_marker(DaemonEvent(type="session_closed", data=payload())) is None

@@ -365,6 +365,9 @@ class SessionCounts(_Body, kw_only=True):
     clients_evicted: int
     last_event_id: int
     transcript_degraded: bool
+    created_at: str  # ISO 8601 UTC, as the create answer's createdAt
+    last_activity_at: str  # the last event published (else when it was created or restored)
+    git_branch: str | None  # the branch checked out in the workspace, if it is a git checkout
 
 
 class ServerPatches(_Body, kw_only=True):
@@ -397,6 +400,7 @@ class DaemonStatusResponse(_Body, kw_only=True):
     known_clients: int
     server: ServerPatches
     live_sessions: int  # loaded sessions, counted against limits.maxSessions
+    approval_mode: str  # --approval-mode: how permission requests are answered by default
     connections: ConnectionCounts
     sessions: list[SessionCounts]
 
