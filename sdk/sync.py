@@ -55,6 +55,7 @@ from sdk.client import (
     ResumeResult,
     SessionCreated,
     SessionStatus,
+    SessionSummary,
     TranscriptPage,
 )
 from sdk.protocol.cursor import FollowsCursor, ResumeCursor
@@ -252,6 +253,9 @@ class SyncDaemonClient:
 
     def daemon_status(self) -> DaemonStatus:
         return self._call(self.client.daemon_status)
+
+    def list_sessions(self) -> list[SessionSummary]:
+        return self._call(self.client.list_sessions)
 
     # -- session routes --------------------------------------------------------------------
 

@@ -150,7 +150,8 @@ def altered_sessions(clean: dict[RowKey, tuple[Any, ...]],
 
 
 def assert_refused(daemon_stderr: str) -> None:
-    lines = [line for line in daemon_stderr.strip().splitlines() if line.startswith("daemon:")]
+    lines = [line for line in daemon_stderr.strip().splitlines()
+             if line.startswith("python -m daemon:")]
     assert len(lines) == 1, daemon_stderr
     assert "--recover --data-dir" in lines[0], lines[0]
     assert "Traceback" not in daemon_stderr
