@@ -454,3 +454,23 @@ def test_plan_tokens_override_and_last_one_wins() -> None:
         plan_for_prompt(base, "mock:gate=../escape")
     with pytest.raises(ValueError, match="mock:start_gate"):
         plan_for_prompt(base, "mock:start_gate=a/b")
+
+
+async def test_rich_and_echo_show_what_a_viewer_renders() -> None:
+    """mock:rich=1 streams one of each update kind before the chunks; mock:echo=1 answers with
+    the prompt's text (its mock: words removed) after them."""
+    async with mock_agent(MOCK_ACP_PROMPT_DELAY_MS="0") as agent:
+        sid = await agent.new_session()
+        text = "Tell me **more**\n- a list mock:rich=1 mock:chunks=1 mock:echo=1"
+        notes, reply = await agent.until_reply(await agent.prompt(sid, text))
+        kinds = [n["params"]["update"]["sessionUpdate"] for n in notes]
+        assert kinds[:6] == ["agent_thought_chunk", "plan", "tool_call", "tool_call_update",
+                             "tool_call_update", "plan"]
+        statuses = [n["params"]["update"].get("status") for n in notes[2:5]]
+        assert statuses == ["pending", "in_progress", "completed"]
+        answer = "".join(n["params"]["update"]["content"]["text"] for n in notes[6:-2])
+        assert answer.startswith("Here is what I found") and "```sh\nmake serve\n```" in answer
+        assert texts(notes[-2:]) == ["chunk-0", "Tell me **more**\n- a list"]
+        assert reply["result"] == {"stopReason": "end_turn"}
+        _, bad = await agent.until_reply(await agent.prompt(sid, "mock:rich=yes"))
+        assert bad["error"]["code"] == -32602 and "mock:rich must be '1'" in bad["error"]["message"]

@@ -23,7 +23,10 @@ exists), ``mock:start_gate=<name>`` (before the first chunk, wait for ``<dir>/<n
 ``mock:permission=ask``
 (after the chunks, ask the client with ``session/request_permission`` — options
 ``allow-once`` / ``reject-once`` — wait for the answer, and report it as one more chunk
-``permission:<optionId>`` or ``permission:cancelled``). A prompt naming a gate when no gate
+``permission:<optionId>`` or ``permission:cancelled``), ``mock:rich=1`` (before the chunks, a
+sample of what agents send: a thought, a plan, a tool call that runs to completion and a
+Markdown answer), ``mock:echo=1`` (after the chunks, one more chunk: the prompt's text without
+its ``mock:`` words). A prompt naming a gate when no gate
 directory is set fails with an error that says so (JSON-RPC -32602), never runs ungated.
 
 Every mode first streams its chunks, then: ``echo`` waits (the delay, then the gate) and answers
@@ -53,7 +56,7 @@ GATE_POLL_SECONDS: Final = 0.01
 BATCH_BYTES: Final = 1 << 20
 AGENT_NAME: Final = "turnkeeper-mock-agent"
 
-_TOKEN = re.compile(r"mock:(mode|chunks|delay_ms|bytes|gate|start_gate|permission)=(\S+)")
+_TOKEN = re.compile(r"mock:(mode|chunks|delay_ms|bytes|gate|start_gate|permission|rich|echo)=(\S+)")
 
 
 class ConfigError(ValueError):
@@ -71,6 +74,8 @@ class PromptPlan:
     gate: str | None = None
     start_gate: str | None = None
     ask_permission: bool = False
+    rich: bool = False
+    echo: bool = False
 
 
 def _non_negative(name: str, raw: str) -> int:
@@ -112,6 +117,10 @@ def plan_for_prompt(base: PromptPlan, text: str) -> PromptPlan:
             fields["delay_ms"] = _non_negative(token, value)
         elif key == "bytes":
             fields["pad_bytes"] = _non_negative(token, value)
+        elif key in ("rich", "echo"):
+            if value != "1":
+                raise ConfigError(f"{token} must be '1', got {value!r}")
+            fields[key] = True
         elif key == "permission":
             if value != "ask":
                 raise ConfigError(f"{token} must be 'ask', got {value!r}")
@@ -136,6 +145,50 @@ def gate_dir_missing(token: str) -> ConfigError:
         f"{token} needs a gate directory: set MOCK_ACP_GATE_DIR in the agent's environment "
         "(make serve sets it to <data dir>/gates); then `turnkeeper release NAME` (or "
         "`touch $MOCK_ACP_GATE_DIR/NAME`) opens the gate")
+
+
+def echo_text(text: str) -> str:
+    """The prompt's text without its mock: words (mock:echo=1 answers with it)."""
+    return re.sub(r"[ \t]*" + _TOKEN.pattern, "", text).strip()
+
+
+RICH_ANSWER: Final = (
+    "Here is what I found in **README.md**:\n\n"
+    "## Layout\n\n"
+    "- `daemon/`: the server (sessions, agents, journals, transcript)\n"
+    "- `sdk/`: the client library and the `turnkeeper` command\n"
+    "- `webui_model/`: the headless WebUI state\n\n"
+    "Start it with:\n\n"
+    "```sh\nmake serve\n```\n\n"
+    "| command | what it does |\n|---|---|\n"
+    "| `make serve` | run the daemon |\n| `make test` | lint, types and every test |\n\n"
+    "More in the [Agent Client Protocol](https://agentclientprotocol.com) docs."
+)
+
+
+def rich_updates() -> list[dict[str, Any]]:
+    plan = [{"content": "Read the README", "priority": "high", "status": "in_progress"},
+            {"content": "Summarize the layout", "priority": "medium", "status": "pending"}]
+    done = [{**entry, "status": "completed"} for entry in plan]
+    read = {"toolCallId": "mock-read-1", "title": "Read README.md", "kind": "read"}
+    words = RICH_ANSWER.split(" ")
+    answer = [" ".join(words[i:i + 12]) + (" " if i + 12 < len(words) else "")
+              for i in range(0, len(words), 12)]
+    return [
+        {"sessionUpdate": "agent_thought_chunk",
+         "content": {"type": "text", "text": "The user wants an overview; the README has one."}},
+        {"sessionUpdate": "plan", "entries": plan},
+        {"sessionUpdate": "tool_call", **read, "status": "pending",
+         "rawInput": {"path": "README.md"}, "locations": [{"path": "README.md"}]},
+        {"sessionUpdate": "tool_call_update", "toolCallId": read["toolCallId"],
+         "status": "in_progress"},
+        {"sessionUpdate": "tool_call_update", "toolCallId": read["toolCallId"],
+         "status": "completed", "content": [{"type": "content", "content": {
+             "type": "text", "text": "# turnkeeper\n\nA Trio daemon that hosts ACP agents."}}]},
+        {"sessionUpdate": "plan", "entries": done},
+        *({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": part}}
+          for part in answer),
+    ]
 
 
 def prompt_text(prompt: Any) -> str:
@@ -206,6 +259,16 @@ class MockAgent:
 
     def reply_error(self, request_id: Any, code: int, message: str) -> None:
         self.send({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}})
+
+    def update(self, session_id: str, update: dict[str, Any]) -> None:
+        self.send({"jsonrpc": "2.0", "method": "session/update",
+                   "params": {"sessionId": session_id, "update": update}})
+
+    def stream_rich(self, session_id: str) -> None:
+        """A sample turn of what agents send: a thought, a plan, a tool call that runs, and a
+        Markdown answer (mock:rich=1), so a viewer shows each kind of block."""
+        for update in rich_updates():
+            self.update(session_id, update)
 
     def stream_chunks(self, session_id: str, plan: PromptPlan, cancelled: threading.Event) -> bool:
         """Write the plan's chunks in large batches; False if cancelled part-way."""
@@ -345,7 +408,12 @@ class MockAgent:
     ) -> None:
         try:
             finished = plan.start_gate is None or self.wait_gate(plan.start_gate, cancelled)
+            if finished and plan.rich:
+                self.stream_rich(session_id)
             finished = finished and self.stream_chunks(session_id, plan, cancelled)
+            if finished and plan.echo:
+                self.update(session_id, {"sessionUpdate": "agent_message_chunk",
+                                         "content": {"type": "text", "text": echo_text(text)}})
             if finished and plan.ask_permission:
                 self.ask_permission(session_id, cancelled)
             if plan.mode == "crash-on-prompt":
