@@ -353,6 +353,8 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
 
     @app.get("/daemon/status")
     async def daemon_status() -> Response:
+        git = await branches([config.workspace, *(
+            session.workspace_cwd for session in manager.sessions.values())])
         writer = manager.writer
         patches = server_patches.status()
         return json_response(wire.DaemonStatusResponse(
@@ -372,11 +374,12 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
                                       hypercorn_version=patches.hypercorn_version),
             live_sessions=manager.live_count,
             approval_mode=config.approval_mode,
+            default_workspace=wire.WorkspaceInfo(workspace_cwd=config.workspace,
+                                                 git_branch=git[config.workspace]),
             connections=wire.ConnectionCounts(open=connection_limit.gate.served,
                                               reserve=connection_limit.gate.reserved,
                                               refused=connection_limit.gate.refused),
-            sessions=manager.status(await branches(
-                session.workspace_cwd for session in manager.sessions.values())),
+            sessions=manager.status(git),
         ))
 
     @app.post("/session")

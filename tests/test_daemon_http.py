@@ -238,6 +238,8 @@ def test_daemon_status_says_when_each_session_was_active_and_on_which_branch(
                                                   "cwd": str(plain)}).json()
         status = client.get("/daemon/status").json()
         assert status["approvalMode"] == "default"
+        assert status["defaultWorkspace"]["workspaceCwd"] == str(daemon.data_dir.parent)
+        assert status["defaultWorkspace"]["gitBranch"] is None
         rows = {s["sessionId"]: s for s in status["sessions"]}
         row = rows[in_repo["sessionId"]]
         assert row["createdAt"] == in_repo["createdAt"]

@@ -74,6 +74,7 @@ __all__ = [
     "TranscriptHealth",
     "TranscriptPage",
     "TranscriptQuery",
+    "WorkspaceInfo",
     "convert_request",
     "parse_idempotency_key",
     "request_error_code",
@@ -345,6 +346,13 @@ class AgentInfo(_Body, kw_only=True):
     pid: int | None
 
 
+class WorkspaceInfo(_Body, kw_only=True):
+    """A workspace directory and the git branch checked out in it (``null``: not a checkout)."""
+
+    workspace_cwd: str
+    git_branch: str | None
+
+
 class SessionCounts(_Body, kw_only=True):
     """One live session in ``/daemon/status``."""
 
@@ -401,6 +409,7 @@ class DaemonStatusResponse(_Body, kw_only=True):
     server: ServerPatches
     live_sessions: int  # loaded sessions, counted against limits.maxSessions
     approval_mode: str  # --approval-mode: how permission requests are answered by default
+    default_workspace: WorkspaceInfo  # --workspace: where a session without a cwd runs
     connections: ConnectionCounts
     sessions: list[SessionCounts]
 
