@@ -5,9 +5,9 @@ overflows) and one browser serve every scenario; each scenario makes its own ses
 browser talks to the daemon through the fault proxy (``tests/fault_proxy.py``, run in its own
 thread): it counts every request that reaches the daemon (loads per session) and can cut the
 event streams. Model prompts are counted in the mock's prompt log. Waits are on DOM conditions
-and the daemon's status, never sleeps. A screenshot of each scenario goes to
-``tests/artifacts/`` (git-ignored); ``TURNKEEPER_UPDATE_SCREENSHOT=1`` also refreshes
-``docs/viewer-repaired.png``.
+and the daemon's status, never sleeps. Pages are 1280x900 (desktop) or 400x800 (phone); a
+screenshot of each scenario goes to ``tests/artifacts/`` (git-ignored);
+``TURNKEEPER_UPDATE_SCREENSHOT=1`` also refreshes the images docs/viewer.md shows.
 
 Chromium: Debian's ``chromium`` (``make test`` installs it when run as root), driven by
 Playwright's bundled driver; no browser download.
@@ -15,12 +15,14 @@ Playwright's bundled driver; no browser download.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-component-update", "--disable-sync"]
 WAIT_MS = 20_000
 WAIT_S = 20.0
+DESKTOP = {"width": 1280, "height": 900}
+PHONE = {"width": 400, "height": 800}
 
 
 # --- the proxy in its own thread (Playwright's sync API owns the test thread) -------------------
@@ -135,20 +139,37 @@ def api(daemon: RunningDaemon) -> Iterator[httpx.Client]:
         yield client
 
 
-@pytest.fixture
-def page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1000, "height": 640})
+@contextlib.contextmanager
+def new_page(browser: Any, name: str, viewport: dict[str, int] = DESKTOP) -> Iterator[Any]:
+    """A page in a fresh context (its own storage); no uncaught error or rejection allowed."""
+    context = browser.new_context(viewport=viewport)
     p = context.new_page()
     p.set_default_timeout(WAIT_MS)
     errors: list[str] = []
     p.on("pageerror", lambda exc: errors.append(str(exc)))
+    # The page turns an unhandled rejection into a notice; one showing is a failure too.
     try:
         yield p
+        unexpected = p.locator("#notices li[data-notice='viewer.unexpected']")
+        if unexpected.count():
+            errors.append(str(unexpected.first.get_attribute("title")))
     finally:
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        p.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"))
+        p.screenshot(path=str(ARTIFACTS / f"{name}-{viewport['width']}.png"))
         context.close()
     assert not errors, f"uncaught errors in the page: {errors}"
+
+
+@pytest.fixture
+def page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
+    with new_page(browser, request.node.name) as p:
+        yield p
+
+
+@pytest.fixture
+def phone(browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
+    with new_page(browser, request.node.name, PHONE) as p:
+        yield p
 
 
 # --- helpers ----------------------------------------------------------------------------------
@@ -181,7 +202,8 @@ def wait_status(api: httpx.Client, session_id: str, pred: Callable[[dict[str, An
 
 
 def open_viewer(page: Any, proxy: ProxyThread, session_id: str | None = None) -> None:
-    """Load /ui/ through the proxy, give the token once, wait until the viewer is ready."""
+    """Load /ui/ through the proxy, give the token once, wait until the viewer is ready (and,
+    with a session, until its event stream is connected)."""
     url = f"{proxy.url}/ui/" + (f"#session={session_id}" if session_id else "")
     page.goto(url)
     page.wait_for_selector("#token-dialog[open]")
@@ -189,10 +211,38 @@ def open_viewer(page: Any, proxy: ProxyThread, session_id: str | None = None) ->
     page.click("#token-submit")
     page.wait_for_selector("body[data-ready='true']")
     assert TOKEN not in page.url
+    if session_id is not None and "&" not in session_id:
+        page.wait_for_selector("#connection[data-state='connected'], "
+                               "#connection[data-state='repairing'], "
+                               "#connection[data-state='missing']")
+
+
+def pill(page: Any) -> tuple[str, str]:
+    """The connection pill's state and what it says."""
+    node = page.locator("#connection")
+    return str(node.get_attribute("data-state")), node.inner_text().strip()
+
+
+def record_pill_states(page: Any) -> None:
+    """From now on, remember every state and text the pill shows (window.__pill)."""
+    page.evaluate("""() => {
+        window.__pill = [];
+        const node = document.getElementById('connection');
+        const note = () => window.__pill.push([node.dataset.state, node.innerText.trim()]);
+        note();
+        new MutationObserver(note).observe(node, {attributes: true, childList: true,
+                                                  subtree: true, characterData: true});
+    }""")
+
+
+def session_row(page: Any, sid: str) -> Any:
+    return page.locator(f"#session-groups li[data-session='{sid}']")
 
 
 def blocks(page: Any, kind: str) -> list[str]:
-    return list(page.locator(f"#blocks > li[data-kind='{kind}'] .text").all_inner_texts())
+    # textContent: innerText is empty for blocks the browser skips while off screen
+    # (content-visibility: auto).
+    return list(page.locator(f"#blocks > li[data-kind='{kind}'] .text").all_text_contents())
 
 
 def stats(page: Any) -> dict[str, int]:
@@ -229,7 +279,7 @@ def test_live_turn_streams_into_the_page(page: Any, proxy: ProxyThread, api: htt
                                          daemon: RunningDaemon) -> None:
     sid = new_session(api)
     open_viewer(page, proxy, sid)
-    page.wait_for_selector(f"#sessions li[data-session='{sid}']")
+    session_row(page, sid).wait_for()
     page.fill("#prompt-input", "hello mock:chunks=5 mock:gate=live1")
     page.click("#send")
     page.wait_for_function(
@@ -288,7 +338,7 @@ def test_mid_turn_truncation_then_one_repair(page: Any, proxy: ProxyThread, api:
     assert len(live) == 1 and live[0]["scope"] == "live_journal"
     parsed = parse_truncation(live[0])
     assert parsed is not None
-    assert marker.locator(".text").inner_text() == status_text(parsed)
+    assert marker.locator(".text").text_content() == status_text(parsed)
     assert status_text(parsed).startswith("History truncated for live turn replay: kept the latest")
     partial = blocks(page, "assistant")[-1]
     assert "chunk-0" not in partial and "chunk-19" in partial  # only the retained tail
@@ -343,7 +393,7 @@ def test_permission_request_answered_from_the_page(page: Any, proxy: ProxyThread
         "() => [...document.querySelectorAll('#blocks li.assistant')].some("
         "li => li.textContent.includes('permission:allow-once'))")
     page.wait_for_selector("#blocks li.assistant:not(.streaming)")
-    assert "allow-once" in page.locator("#blocks li.permission .outcome").inner_text()
+    assert "allow-once" in page.locator("#blocks li.permission .outcome").text_content()
     transcript = api.get(f"/session/{sid}/transcript").json()["events"]
     resolved = [e for e in transcript if e["type"] == "permission_resolved"]
     assert [e["data"]["outcome"] for e in resolved] == [
@@ -361,7 +411,7 @@ def test_a_permission_request_the_daemon_answered_shows_why(
     page.wait_for_selector("#blocks li.permission button[data-option='allow-once']")
     assert api.post(f"/session/{sid}/cancel").status_code == 204
     page.wait_for_selector("#blocks li.permission[data-resolved='true']")
-    assert page.locator("#blocks li.permission .outcome").inner_text() == (
+    assert page.locator("#blocks li.permission .outcome").text_content() == (
         "Answered: cancelled (the prompt was cancelled)")
 
 
@@ -424,26 +474,428 @@ def test_history_pages_load_as_the_user_scrolls_up(page: Any, proxy: ProxyThread
     assert proxy.loads(sid) == 1
 
 
-def test_a_session_restored_without_the_agents_context_says_so(
+def test_after_a_restart_the_open_session_comes_back_and_others_wait_in_archived(
         page: Any, tmp_path: Path) -> None:
-    """After a restart, a session whose agent cannot restore its own session (the bundled mock
-    has no session/load) is restored from the transcript on a new agent session: the load
-    answers agentSessionRestored false, and the page says what that means."""
+    """A restarted daemon holds no session in memory until one is loaded. The open session's
+    stream gets "no session": the page restores it with one load, by itself (not "session
+    missing"), and says what the restore means (the bundled mock has no session/load, so the
+    agent's own context is gone). A session the page had only listed waits under Archived;
+    opening it restores it too."""
     first = start_daemon(tmp_path, ["--token", TOKEN])
-    try:
-        with httpx.Client(base_url=first.url, headers=AUTH, timeout=10) as client:
-            sid = new_session(client)
-            prompt_id = send_prompt(client, sid, "before the restart")
-            wait_status(client, sid, lambda s: not s["hasActivePrompt"]
-                        and s["durableEventId"] == s["lastEventId"], f"turn {prompt_id}")
-    finally:
-        first.stop()
-    second = start_daemon(tmp_path, ["--token", TOKEN], data_dir=first.data_dir, tag="again")
-    try:
-        with ProxyThread(second.url) as proxy:
-            open_viewer(page, proxy, sid)
+    with ProxyThread(first.url) as proxy:
+        try:
+            open_viewer(page, proxy)
+            page.fill("#prompt-input", "before the restart mock:chunks=1")
+            page.press("#prompt-input", "Enter")
+            page.wait_for_selector("#blocks li.assistant:not(.streaming)")
+            sid = page.evaluate("() => window.turnkeeperViewer.view.id")
+            with httpx.Client(base_url=first.url, headers=AUTH, timeout=10) as client:
+                other = new_session(client)
+                send_prompt(client, other, "the other session mock:chunks=1")
+                for each in (sid, other):
+                    wait_status(client, each, lambda s: not s["hasActivePrompt"]
+                                and s["durableEventId"] == s["lastEventId"], f"{each} durable")
+            session_row(page, other).wait_for()
+        finally:
+            first.stop()
+        page.wait_for_selector("#connection[data-state='reconnecting']")
+        second = start_daemon(tmp_path, ["--token", TOKEN], data_dir=first.data_dir, tag="again")
+        try:
+            proxy.proxy.upstream_port = int(second.url.rsplit(":", 1)[1])
             notice = page.wait_for_selector("#notices li[data-notice='daemon.agent_context_lost']")
             assert notice.inner_text() == AGENT_CONTEXT_LOST
-            assert blocks(page, "user") == ["before the restart"]
+            page.wait_for_selector("#connection[data-state='connected']")
+            assert blocks(page, "user") == ["before the restart mock:chunks=1"]
+            assert stats(page)["restores"] == 1
+            # The other session is not live on the new daemon: Archived lists it.
+            archived = page.locator(f"#archived li[data-session='{other}']")
+            page.click("#archived-toggle")
+            archived.wait_for()
+            # Never opened here, so it has no title yet: its short id.
+            assert archived.locator(".title").text_content() == f"Session {other[:8]}"
+            archived.click()
+            page.wait_for_function(f"() => window.turnkeeperViewer.view.id === '{other}'")
+            page.wait_for_selector("#connection[data-state='connected']")
+            assert blocks(page, "user") == ["the other session mock:chunks=1"]
+            page.wait_for_selector(f"#session-groups section.group:not(.archived) "
+                                   f"li[data-session='{other}']")
+        finally:
+            second.stop()
+
+
+# --- state, controls, errors (issue: a viewer that feels finished) -------------------------------
+
+
+def test_the_connection_pill_tells_the_truth_from_token_to_reconnect(
+        page: Any, proxy: ProxyThread, api: httpx.Client) -> None:
+    """Before anything is typed it asks for the token (not "auth failed"); a wrong token says so
+    and keeps asking; the right one leaves "auth needed" behind; an open session is connected;
+    a cut stream shows "reconnecting" with the countdown to the next attempt, then connected."""
+    sid = new_session(api)
+    page.goto(f"{proxy.url}/ui/")
+    page.wait_for_selector("#token-dialog[open]")
+    assert pill(page) == ("auth_needed", "auth needed")
+    assert page.locator("#token-error").is_hidden()
+    page.fill("#token-input", "not-the-token")
+    page.click("#token-submit")
+    page.wait_for_selector("#token-dialog[open] #token-error:not([hidden])")
+    assert pill(page) == ("auth_needed", "auth needed")
+    assert page.locator("#send").is_disabled()
+    page.fill("#token-input", TOKEN)
+    page.click("#token-submit")
+    page.wait_for_selector("body[data-ready='true']")
+    assert pill(page) == ("idle", "idle")
+    session_row(page, sid).click()
+    page.wait_for_selector("#connection[data-state='connected']")
+    assert pill(page) == ("connected", "connected")
+    record_pill_states(page)
+    assert proxy.sever() >= 1
+    page.wait_for_function("() => window.__pill.some(([s]) => s === 'reconnecting')"
+                           " && document.getElementById('connection').dataset.state"
+                           " === 'connected'")
+    seen = page.evaluate("() => window.__pill")
+    texts = [text for state, text in seen if state == "reconnecting"]
+    assert texts and all(re.fullmatch(r"reconnecting (in \d+ s|now)", t) for t in texts), seen
+    assert seen[-1] == ["connected", "connected"]
+
+
+def test_a_missing_session_says_so_and_what_to_do(page: Any, proxy: ProxyThread) -> None:
+    ghost = str(uuid.uuid4())
+    open_viewer(page, proxy, ghost)
+    page.wait_for_selector("#missing:not([hidden])")
+    assert pill(page) == ("missing", "session missing")
+    assert page.locator("#missing-id").inner_text() == ghost
+    assert "Session not found" in page.locator("#missing").inner_text()
+    # Nothing can be sent into it, and the reason is on the button.
+    page.fill("#prompt-input", "hello?")
+    send = page.locator("#send")
+    assert send.is_disabled() and "does not exist" in str(send.get_attribute("title"))
+    page.click("#missing-back")
+    page.wait_for_selector("#welcome:not([hidden])")
+    assert page.input_value("#prompt-input") == ""  # the draft of the missing session stays there
+    assert pill(page) == ("idle", "idle") and "#session=" not in page.url
+
+
+def test_a_running_turn_shows_who_works_for_how_long_and_stop_ends_it(
+        page: Any, proxy: ProxyThread, api: httpx.Client, daemon: RunningDaemon) -> None:
+    sid = new_session(api)
+    open_viewer(page, proxy, sid)
+    assert page.locator("#working").is_hidden()
+    page.fill("#prompt-input", "work a while mock:chunks=2 mock:gate=never-opened")
+    page.press("#prompt-input", "Enter")
+    page.wait_for_selector("#working:not([hidden])")
+    first = page.locator("#working-time").inner_text()
+    assert re.fullmatch(r"\d+ s", first), first
+    page.wait_for_function(f"() => document.getElementById('working-time').innerText !== {first!r}")
+    # The list says so too, by itself (nobody pressed refresh).
+    page.wait_for_selector(f"#session-groups li[data-session='{sid}'][data-state='running']")
+    page.click("#stop")
+    page.wait_for_selector("#working", state="hidden")
+    wait_status(api, sid, lambda s: not s["hasActivePrompt"], "the stopped turn to end")
+    page.wait_for_selector(f"#session-groups li[data-session='{sid}'][data-state='idle']")
+    terminal = [e for e in api.get(f"/session/{sid}/transcript").json()["events"]
+                if e["type"] in ("turn_complete", "turn_error")]
+    assert terminal[-1]["type"] == "turn_complete"
+    assert terminal[-1]["data"]["stopReason"] == "cancelled"
+
+
+def test_the_session_list_updates_itself(page: Any, proxy: ProxyThread, api: httpx.Client,
+                                         daemon: RunningDaemon) -> None:
+    open_viewer(page, proxy)
+    refreshes = []
+    page.on("request", lambda r: refreshes.append(r.url) if r.url.endswith("/daemon/status")
+            else None)
+    sid = new_session(api)  # another client makes a session
+    session_row(page, sid).wait_for()
+    send_prompt(api, sid, "elsewhere mock:chunks=1 mock:gate=list1")
+    page.wait_for_selector(f"#session-groups li[data-session='{sid}'][data-state='running']")
+    assert session_row(page, sid).locator(".meta").inner_text() == "running"
+    daemon.open_gate("list1")
+    page.wait_for_selector(f"#session-groups li[data-session='{sid}'][data-state='idle']")
+    assert refreshes  # polled by the page, never by a click on refresh
+
+
+def test_controls_follow_state_and_input_is_never_dropped(
+        page: Any, proxy: ProxyThread, api: httpx.Client, daemon: RunningDaemon) -> None:
+    open_viewer(page, proxy)
+    send = page.locator("#send")
+    # Nothing typed: Send cannot act, and says why; no turn runs: no Stop.
+    assert send.is_disabled() and send.get_attribute("title") == "Type a prompt first."
+    assert page.locator("#stop").is_hidden()
+    # With no session open, Send starts one and sends.
+    page.fill("#prompt-input", "first prompt mock:chunks=1 mock:gate=ctl1")
+    assert send.is_enabled() and "Start a new session" in str(send.get_attribute("title"))
+    page.click("#send")
+    page.wait_for_selector("#blocks li.user")
+    sid = page.evaluate("() => window.turnkeeperViewer.view.id")
+    assert f"#session={sid}" in page.url and page.input_value("#prompt-input") == ""
+    page.wait_for_selector("#working:not([hidden])")
+    # A prompt sent while a turn runs is shown as queued until it starts.
+    page.fill("#prompt-input", "second prompt mock:chunks=1")
+    assert "Queue this prompt" in str(send.get_attribute("title"))
+    page.click("#send")
+    queued = page.locator("#queue li")
+    queued.wait_for()
+    assert queued.locator(".text").inner_text() == "second prompt mock:chunks=1"
+    assert queued.locator(".tag").inner_text().lower() == "queued"
+    daemon.open_gate("ctl1")
+    page.wait_for_selector("#queue", state="hidden")
+    page.wait_for_function("() => document.querySelectorAll('#blocks li.user').length === 2")
+    page.wait_for_selector("#working", state="hidden")
+    # A prompt the daemon refuses stays in the box, with a notice saying why.
+    page.route(re.compile(r".*/session/[^/]+/prompt$"), lambda route: route.fulfill(
+        status=503, content_type="application/json",
+        body=json.dumps({"error": "Prompt queue is full", "code": "prompt_queue_full"})))
+    page.fill("#prompt-input", "this one must survive")
+    page.press("#prompt-input", "Enter")
+    notice = page.locator("#notices li[data-notice='viewer.prompt.failed']")
+    notice.wait_for()
+    assert "prompt_queue_full" in notice.inner_text()
+    assert page.input_value("#prompt-input") == "this one must survive"
+    assert sid
+
+
+def test_a_turn_error_shows_its_code(page: Any, proxy: ProxyThread, api: httpx.Client) -> None:
+    sid = new_session(api)
+    open_viewer(page, proxy, sid)
+    page.fill("#prompt-input", "fail please mock:mode=reject mock:chunks=0")
+    page.click("#send")
+    error = page.locator("#blocks li.error")
+    error.wait_for()
+    errors = [e["data"] for e in api.get(f"/session/{sid}/transcript").json()["events"]
+              if e["type"] == "turn_error"]
+    assert len(errors) == 1 and errors[0]["code"]
+    assert error.locator(".code").text_content() == str(errors[0]["code"])
+    assert error.locator(".text").text_content() == errors[0]["message"]
+
+
+# --- phone width ---------------------------------------------------------------------------------
+
+
+def test_at_phone_width_the_list_folds_behind_a_button(
+        phone: Any, proxy: ProxyThread, api: httpx.Client) -> None:
+    sid = new_session(api)
+    send_prompt(api, sid, "on a phone mock:chunks=3")
+    wait_status(api, sid, lambda s: not s["hasActivePrompt"], "the turn to end")
+    open_viewer(phone, proxy, sid)
+    phone.wait_for_selector("#blocks li.assistant:not(.streaming)")
+    width = phone.evaluate("() => document.documentElement.clientWidth")
+    assert width == PHONE["width"]
+    assert not phone.locator("#sidebar").is_visible()
+    assert phone.locator("#menu").is_visible()
+    transcript = phone.locator("#transcript").bounding_box()
+    box = phone.locator("#prompt-input").bounding_box()
+    assert transcript is not None and box is not None
+    assert transcript["x"] == 0 and transcript["width"] == width
+    assert box["width"] >= width - 80, box  # the prompt box takes the width
+    assert phone.locator("#prompt-input").get_attribute("placeholder") == "Ask the agent…"
+    phone.click("#menu")
+    phone.wait_for_selector("#sidebar", state="visible")
+    phone.wait_for_function("() => document.getElementById('sidebar')"
+                            ".getBoundingClientRect().left === 0")  # slid all the way in
+    assert phone.locator("#menu").get_attribute("aria-expanded") == "true"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    phone.screenshot(path=str(ARTIFACTS / "phone-menu-open-400.png"))
+    other = new_session(api)
+    session_row(phone, other).click()
+    phone.wait_for_selector("#sidebar", state="hidden")
+    phone.wait_for_function(f"() => window.turnkeeperViewer.view.id === '{other}'")
+
+
+# --- what the agent writes ------------------------------------------------------------------------
+
+
+HOSTILE = "\n".join([
+    "Plain **bold** and `code`.",
+    "",
+    "```python",
+    "print('<b>not markup</b>')",
+    "```",
+    "",
+    "- [ok link](https://example.com/docs)",
+    "- [bad link](javascript:window.__pwned=1)",
+    "- [encoded](java&#115;cript:window.__pwned=2)",
+    "- <img src=x onerror=\"window.__pwned=3\">",
+    "- <script>window.__pwned=4</script>",
+    "- ![pic](https://example.com/pic.png)",
+    "- [data](data:text/html,<script>window.__pwned=5</script>)",
+    "- <a href=\"javascript:window.__pwned=6\">raw anchor</a>",
+])
+
+
+def test_agent_markdown_renders_safely(page: Any, proxy: ProxyThread, api: httpx.Client) -> None:
+    """The mock echoes the prompt as its answer (mock:echo=1): Markdown with hostile parts comes
+    back from the agent through the daemon and is rendered by the page."""
+    sid = new_session(api)
+    send_prompt(api, sid, f"{HOSTILE}\nmock:chunks=0 mock:echo=1")
+    wait_status(api, sid, lambda s: not s["hasActivePrompt"], "the echo turn to end")
+    open_viewer(page, proxy, sid)
+    answer = page.locator("#blocks li.assistant").last
+    answer.wait_for()
+    body = answer.locator(".md")
+    assert body.locator("strong").text_content() == "bold"
+    code = body.locator("figure.md-codeblock")
+    assert code.locator("pre").text_content() == "print('<b>not markup</b>')"
+    assert code.get_attribute("data-lang") == "python"
+    assert code.locator("button.copy").count() == 1
+    links = body.locator("a")
+    hrefs = [links.nth(i).get_attribute("href") for i in range(links.count())]
+    assert hrefs == ["https://example.com/docs", "https://example.com/pic.png"], hrefs
+    for i in range(links.count()):
+        assert set(str(links.nth(i).get_attribute("rel")).split()) >= {"noopener", "noreferrer"}
+        assert links.nth(i).get_attribute("target") == "_blank"
+    # Hostile parts are shown as text; nothing of them became an element or ran.
+    assert page.locator("#blocks img, #blocks script, #blocks iframe, #blocks object").count() == 0
+    assert page.locator("#blocks [onerror], #blocks [onclick]").count() == 0
+    assert page.evaluate("() => window.__pwned") is None
+    text = body.text_content()
+    assert '<img src=x onerror="window.__pwned=3">' in text and "bad link" in text
+    assert "<script>window.__pwned=4</script>" in text
+    assert body.locator("li").count() == 8
+
+
+def test_tool_calls_fold_with_their_status(page: Any, proxy: ProxyThread,
+                                           api: httpx.Client) -> None:
+    """mock:rich=1: a thought, a plan, a tool call that runs to completion and a Markdown
+    answer. Tool calls and thoughts fold; the status shows in the header."""
+    sid = new_session(api)
+    send_prompt(api, sid, "Give me an overview of this repository mock:rich=1 mock:chunks=0")
+    wait_status(api, sid, lambda s: not s["hasActivePrompt"], "the rich turn to end")
+    open_viewer(page, proxy, sid)
+    tool = page.locator("#blocks li.tool[data-status='completed']").filter(has_text="Read README.md")
+    tool.wait_for()
+    assert tool.locator(".status").text_content() == "done"
+    details = tool.locator("details")
+    assert details.get_attribute("open") is None  # folded
+    assert not tool.locator(".tool-body").is_visible()
+    tool.locator("summary").click()
+    assert tool.locator(".tool-body").is_visible()
+    assert '"path": "README.md"' in tool.locator(".tool-body").text_content()
+    thought = page.locator("#blocks li.thought details")
+    assert thought.get_attribute("open") is None
+    plan = page.locator("#blocks li.tool").filter(has_text="Plan")
+    assert plan.locator(".plan li[data-status='completed']").count() == 2
+    assert page.locator("#blocks li.assistant .md h2").text_content() == "Layout"
+    assert page.locator("#blocks li.assistant .md table tr").count() == 3
+
+
+# --- the list: workspaces, search, archive, theme ----------------------------------------------------
+
+
+def test_sessions_group_by_workspace_with_search_and_close(
+        page: Any, proxy: ProxyThread, api: httpx.Client, tmp_path: Path) -> None:
+    alpha, beta = tmp_path / "alpha-ws", tmp_path / "beta-ws"
+    (alpha / ".git").mkdir(parents=True)
+    (alpha / ".git" / "HEAD").write_text("ref: refs/heads/feature-x\n")
+    beta.mkdir()
+    in_alpha = api.post("/session", json={"sessionScope": "thread", "cwd": str(alpha)}).json()
+    in_beta = api.post("/session", json={"sessionScope": "thread", "cwd": str(beta)}).json()
+    send_prompt(api, in_beta["sessionId"], "refactor the parser mock:chunks=1")
+    wait_status(api, in_beta["sessionId"], lambda s: not s["hasActivePrompt"], "beta's turn")
+    open_viewer(page, proxy, in_beta["sessionId"])
+    group_a = page.locator(f"#session-groups section[data-workspace='{in_alpha['workspaceCwd']}']")
+    group_b = page.locator(f"#session-groups section[data-workspace='{in_beta['workspaceCwd']}']")
+    group_a.wait_for()
+    assert group_a.locator(".group-name").text_content() == "alpha-ws"
+    assert group_a.locator(".group-branch").text_content() == "feature-x"
+    # The open session is named by its first prompt.
+    row_b = session_row(page, in_beta["sessionId"])
+    page.wait_for_function(f"""() => document.querySelector(
+        "#session-groups li[data-session='{in_beta['sessionId']}'] .title").textContent
+        .startsWith('refactor the parser')""")
+    assert page.locator("#chip-workspace").text_content() == "beta-ws"
+    assert page.locator("#chip-branch").count() == 0  # beta is not a git checkout
+    # Search narrows the list (by title, id or workspace).
+    page.fill("#session-search", "refactor")
+    assert row_b.is_visible() and group_a.count() == 0
+    page.fill("#session-search", "alpha-ws")
+    assert session_row(page, in_alpha["sessionId"]).is_visible() and group_b.count() == 0
+    page.fill("#session-search", "")
+    # Closing asks once more (a closed session cannot be reopened), then ends it.
+    page.click("#close-session")
+    assert page.locator("#close-session[data-confirm='armed']").is_visible()
+    assert api.get(f"/session/{in_beta['sessionId']}/status").status_code == 200
+    page.click("#close-session")
+    page.wait_for_selector("#welcome:not([hidden])")
+    row_b.wait_for(state="detached")
+    assert api.get(f"/session/{in_beta['sessionId']}/status").status_code == 404
+    assert page.locator(f"#archived li[data-session='{in_beta['sessionId']}']").count() == 0
+
+
+def test_the_theme_switches_and_is_remembered(page: Any, proxy: ProxyThread) -> None:
+    open_viewer(page, proxy)
+    html = page.locator("html")
+    assert html.get_attribute("data-theme") == "dark"
+    background = page.evaluate("() => getComputedStyle(document.body).backgroundColor")
+    page.click("#theme")
+    assert html.get_attribute("data-theme") == "light"
+    assert page.evaluate("() => getComputedStyle(document.body).backgroundColor") != background
+    page.reload()
+    page.wait_for_selector("body[data-ready='true']")
+    assert html.get_attribute("data-theme") == "light"
+
+
+def test_the_root_leads_to_the_viewer_and_nothing_is_missing(page: Any, proxy: ProxyThread) -> None:
+    failed: list[str] = []
+    # Every request of the page load (the API calls answer 401 until the token is given).
+    page.on("response", lambda r: failed.append(f"{r.status} {r.url}")
+            if r.status >= 400 and r.status != 401 else None)
+    page.goto(f"{proxy.url}/")
+    page.wait_for_selector("#token-dialog[open]")
+    assert page.url == f"{proxy.url}/ui/"
+    icon = page.evaluate("() => document.querySelector('link[rel=icon]').href")
+    assert icon.endswith("/ui/favicon.svg")
+    assert page.request.get(icon).status == 200
+    assert not failed, failed
+
+
+# --- the screenshots docs/viewer.md shows ---------------------------------------------------------------
+
+
+def test_screenshots_at_desktop_and_phone_width(browser: Any, tmp_path: Path) -> None:
+    """A tidy daemon of its own (a workspace called my-project on branch main, three sessions:
+    a rich answer, a permission question, a turn still running), shown at 1280 and 400 px.
+    The images land in tests/artifacts/ (viewer-1280.png, viewer-400.png) and, with
+    TURNKEEPER_UPDATE_SCREENSHOT=1, in docs/."""
+    project = tmp_path / "my-project"
+    (project / ".git").mkdir(parents=True)
+    (project / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    d = start_daemon(tmp_path, ["--workspace", str(project)])
+    try:
+        with httpx.Client(base_url=d.url, timeout=10) as client:
+            running = new_session(client)
+            send_prompt(client, running, "Run the test suite and fix what fails "
+                                         "mock:chunks=2 mock:gate=shot")
+            asks = new_session(client)
+            send_prompt(client, asks, "Update the changelog for the release "
+                                      "mock:chunks=1 mock:permission=ask")
+            rich = new_session(client)
+            send_prompt(client, rich, "Give me an overview of this repository "
+                                      "mock:rich=1 mock:chunks=0")
+            wait_status(client, rich, lambda s: not s["hasActivePrompt"], "the rich turn")
+        shots: dict[str, Path] = {}
+        for name, viewport in (("viewer-1280.png", DESKTOP), ("viewer-400.png", PHONE)):
+            with new_page(browser, f"screenshot-{name[:-4]}", viewport) as p:
+                for sid in (running, asks, rich):  # each opened once: the list learns its title
+                    p.goto(f"{d.url}/ui/#session={sid}")
+                    p.wait_for_selector("body[data-ready='true']")
+                    p.wait_for_selector("#blocks li.user")
+                    p.wait_for_selector("#connection[data-state='connected']")
+                p.reload()
+                p.wait_for_selector("#blocks li.assistant:not(.streaming) figure.md-codeblock")
+                p.wait_for_function(f"""() => document.querySelectorAll(
+                    "#session-groups li[data-session] .title").length === 3 &&
+                    document.querySelector("#session-groups li[data-session='{running}']")
+                    .dataset.state === 'running'""")
+                p.evaluate("() => document.getElementById('transcript').scrollTop = 1e9")
+                p.mouse.move(0, viewport["height"] - 1)  # no hover effects in the picture
+                shots[name] = ARTIFACTS / name
+                ARTIFACTS.mkdir(parents=True, exist_ok=True)
+                p.screenshot(path=str(shots[name]))
+                assert "/tmp" not in p.locator("body").inner_text()  # no path of this machine
+        if os.environ.get("TURNKEEPER_UPDATE_SCREENSHOT") == "1":
+            for name, path in shots.items():
+                shutil.copyfile(path, ROOT / "docs" / name)
     finally:
-        second.stop()
+        d.open_gate("shot")
+        d.stop()

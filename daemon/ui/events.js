@@ -2,8 +2,9 @@
 // string type, an optional integer id in 1..2^53-1) and the prompt an event belongs to.
 // Pure: no DOM, no network.
 
-export const MAX_EVENT_ID = 2 ** 53 - 1;
-export const TERMINAL_TYPES = new Set(["turn_complete", "turn_error"]);
+import { ENVELOPE_VERSION, MAX_EVENT_ID, TERMINAL_TYPES } from "./protocol.js";
+
+export { MAX_EVENT_ID, TERMINAL_TYPES };
 
 export function isObject(value) {
   return value !== null && typeof value === "object" && !Array.isArray(value);
@@ -18,7 +19,7 @@ function validId(value) {
 // meta}, or null when the frame must be skipped. Wrongly typed optional fields are absent.
 export function eventFromMapping(obj) {
   if (!isObject(obj)) return null;
-  if (typeof obj.v !== "number" || obj.v !== 1) return null;
+  if (typeof obj.v !== "number" || obj.v !== ENVELOPE_VERSION) return null;
   if (typeof obj.type !== "string") return null;
   let id = null;
   if ("id" in obj) {
@@ -48,7 +49,7 @@ export function decodeEvents(items) {
 // The envelope as a plain frame again (absent fields omitted), e.g. the raw frame a debug
 // block keeps.
 export function rawFrame(event) {
-  const raw = { type: event.type, v: 1 };
+  const raw = { type: event.type, v: ENVELOPE_VERSION };
   if (event.id !== null) raw.id = event.id;
   if (event.data !== null) raw.data = event.data;
   if (event.prompt_id !== null) raw.promptId = event.prompt_id;

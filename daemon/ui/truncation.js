@@ -2,10 +2,9 @@
 // Python SDK's sdk/truncation.py; the conformance vectors hold both to it). Pure.
 
 import { isObject } from "./events.js";
+import { HISTORY_TRUNCATED, LIVE_JOURNAL_SCOPE, REPLAY_WINDOW_EXCEEDED } from "./protocol.js";
 
-export const REPLAY_WINDOW_EXCEEDED = "replay_window_exceeded";
-export const LIVE_JOURNAL_SCOPE = "live_journal";
-export const HISTORY_TRUNCATED = "history_truncated";
+export { HISTORY_TRUNCATED, LIVE_JOURNAL_SCOPE, REPLAY_WINDOW_EXCEEDED };
 export const MALFORMED_REASON = "malformed_payload";
 export const MALFORMED_TEXT = "history_truncated: malformed history_truncated payload";
 

@@ -5,12 +5,12 @@ import { readFileSync } from "node:fs";
 import { test } from "node:test";
 
 import { decodeEvents, normalizePageEvent } from "../../daemon/ui/events.js";
-import { applyHistoryPage, replaySnapshot, visibleBlocks } from "../../daemon/ui/history.js";
 import {
-  RepairEpisode, buildRepair, findRepairTarget, mirrorPage, repairNotice, takeCheckpoint,
-  validateFreshSnapshot,
+  RepairEpisode, findRepairTarget, repairNotice, validateFreshSnapshot,
 } from "../../daemon/ui/repair.js";
-import { TranscriptStore } from "../../daemon/ui/transcript.js";
+import { buildRepair, mirrorPage, takeCheckpoint } from "../../daemon/ui/repair_commit.js";
+import { applyHistoryPage, replaySnapshot, visibleBlocks } from "../../daemon/ui/replay.js";
+import { TranscriptStore } from "../../daemon/ui/store.js";
 import { parseTruncation, statusText } from "../../daemon/ui/truncation.js";
 
 const vectors = JSON.parse(readFileSync(new URL("./vectors.json", import.meta.url), "utf8"));
