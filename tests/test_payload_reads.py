@@ -49,10 +49,10 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("daemon/streams.py", "error"): "StreamRequestError's own body, for its message",
     # A regular expression's named group.
     ("daemon/logs.py", "name"): "re.Match group",
-    # The CLI's own summary dict (built by sdk/__main__.py from a typed LoadResult).
-    ("sdk/__main__.py", "entries"): "the CLI's own summary dict",
-    ("sdk/__main__.py", "bytes"): "the CLI's own summary dict",
-    ("sdk/__main__.py", "text"): "the CLI's own marker summary dict",
+    # The CLI's own summary dict (built by sdk/cli/commands.py from a typed LoadResult).
+    ("sdk/cli/commands.py", "entries"): "the CLI's own summary dict",
+    ("sdk/cli/commands.py", "bytes"): "the CLI's own summary dict",
+    ("sdk/cli/commands.py", "text"): "the CLI's own marker summary dict",
     # The demo reads the agents' pids off /daemon/status's raw body to kill them in its
     # crash scenario; the status Struct deliberately does not type the agent list.
     ("sdk/demo.py", "agents"): "demo: raw /daemon/status agent list",

@@ -205,8 +205,10 @@ def test_unreachable_daemon_and_bad_url_give_one_line_errors() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     unreachable = cli(url, "create")
     assert unreachable.returncode == 3 and unreachable.stdout == ""
-    assert unreachable.stderr.startswith(f"turnkeeper: cannot reach daemon at {url}: ")
-    assert unreachable.stderr.count("\n") == 1
+    # One line: the URL tried, why, and what to do; no exception reprs.
+    assert unreachable.stderr == (
+        f"turnkeeper: cannot reach the daemon at {url} (connection refused): is "
+        "turnkeeper-daemon running? start it with make serve (or turnkeeper-daemon)\n")
 
     bad = cli("not-a-url", "load", "x")
     assert bad.returncode == 2
@@ -230,7 +232,7 @@ def test_missing_session_and_token_handling(tmp_path: Path) -> None:
 
 
 def test_every_option_has_help_with_its_default() -> None:
-    from sdk.__main__ import build_parser
+    from sdk.cli import build_parser
 
     parser = build_parser()
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -248,7 +250,7 @@ def test_every_option_has_help_with_its_default() -> None:
 
 
 def test_version_and_url_from_the_environment(daemon: RunningDaemon) -> None:
-    from sdk.__main__ import version
+    from sdk.cli import version
 
     shown = subprocess.run(
         [sys.executable, "-m", "sdk", "--version"], cwd=ROOT, env=cli_env(),
@@ -273,7 +275,7 @@ def test_version_and_url_from_the_environment(daemon: RunningDaemon) -> None:
 
 
 def test_help_names_the_url_the_environment_gives(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sdk.__main__ import build_parser
+    from sdk.cli import build_parser
 
     monkeypatch.setenv("TURNKEEPER_URL", "http://127.0.0.1:9999")
     helped = " ".join(build_parser().format_help().split())
@@ -480,3 +482,164 @@ def status_of(url: str, session_id: str) -> dict[str, object]:
     body: dict[str, object] = httpx.get(f"{url}/session/{session_id}/status",
                                         timeout=WAIT_S).json()
     return body
+
+
+# --- issue 35: a complete command line ---------------------------------------------------------------
+
+
+def test_a_usage_error_shows_the_commands_own_usage() -> None:
+    done = subprocess.run(argv("http://127.0.0.1:9", "create", "--bogus"), cwd=ROOT,
+                          env=cli_env(), capture_output=True, text=True, timeout=WAIT_S)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("usage: turnkeeper create ")
+    assert done.stderr.rstrip().endswith("turnkeeper create: error: unrecognized arguments: --bogus")
+    missing = subprocess.run(argv("http://127.0.0.1:9", "status"), cwd=ROOT, env=cli_env(),
+                             capture_output=True, text=True, timeout=WAIT_S)
+    assert missing.returncode == 2 and missing.stderr.startswith("usage: turnkeeper status ")
+
+
+def test_a_relative_cwd_is_the_directory_the_command_runs_in(
+        daemon: RunningDaemon, tmp_path: Path) -> None:
+    (tmp_path / "project").mkdir()
+    done = subprocess.run([*argv(daemon.url, "--json", "create", "--cwd", "project")],
+                          cwd=tmp_path, env={**cli_env(), "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=WAIT_S)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["workspaceCwd"] == os.path.realpath(tmp_path / "project")
+
+
+def test_list_status_cancel_and_close(daemon: RunningDaemon) -> None:
+    sid = cli(daemon.url, "create").stdout.strip()
+    idle = cli(daemon.url, "create").stdout.strip()
+    held = subprocess.Popen(argv(daemon.url, "prompt", sid, "held mock:chunks=1 mock:gate=cli-list"),
+                            cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        read_until(held, b"chunk-0")
+        listed = cli(daemon.url, "list")
+        assert listed.returncode == 0, listed.stderr
+        header, *rows = listed.stdout.splitlines()
+        assert header.split() == ["SESSION", "STATE", "LAST", "ACTIVITY", "WORKSPACE"]
+        mine = {row.split()[0]: row for row in rows}
+        assert re.match(rf"^{sid}  running\s+\d+ s ago\s+/", mine[sid]), mine[sid]
+        assert re.match(rf"^{idle}  idle\s+\d+ s ago\s+/", mine[idle]), mine[idle]
+        # --json before or after the command: one object per session.
+        for args in (("--json", "list"), ("list", "--json")):
+            objects = [json.loads(line) for line in cli(daemon.url, *args).stdout.splitlines()]
+            by_id = {o["sessionId"]: o for o in objects}
+            assert by_id[sid]["state"] == "running" and by_id[idle]["state"] == "idle"
+            assert by_id[sid]["lastActivityAt"] >= by_id[sid]["createdAt"]
+        status = cli(daemon.url, "status", sid)
+        assert status.returncode == 0
+        lines = status.stdout.splitlines()
+        assert lines[0] == f"session {sid}"
+        assert re.fullmatch(r"state: running prompt [0-9a-f-]{36}", lines[2]), lines
+        raw = httpx.get(f"{daemon.url}/session/{sid}/status", timeout=WAIT_S).json()
+        as_json = json.loads(cli(daemon.url, "status", sid, "--json").stdout)
+        assert as_json["activePromptId"] == raw["activePromptId"]
+        assert set(as_json) - {"serverTime"} == set(raw) - {"serverTime"}
+        cancelled = cli(daemon.url, "cancel", sid)
+        assert cancelled.returncode == 0
+        assert cancelled.stdout.startswith(f"asked the agent to cancel prompt {raw['activePromptId']}")
+        out, _ = held.communicate(timeout=WAIT_S)
+        assert b"[turn_complete stopReason=cancelled" in out
+    finally:
+        if held.poll() is None:
+            held.kill()
+            held.wait()
+    nothing = cli(daemon.url, "--json", "cancel", idle)
+    assert json.loads(nothing.stdout) == {"sessionId": idle, "promptId": None,
+                                          "cancelRequested": False}
+    closed = cli(daemon.url, "close", idle)
+    assert closed.returncode == 0 and closed.stdout == f"closed session {idle}\n"
+    gone = cli(daemon.url, "status", idle)
+    assert gone.returncode == 5 and gone.stderr.startswith(f"turnkeeper: no session '{idle}'")
+    assert idle not in cli(daemon.url, "list").stdout
+
+
+def test_release_opens_a_mock_gate(daemon: RunningDaemon) -> None:
+    sid = cli(daemon.url, "create").stdout.strip()
+    held = subprocess.Popen(argv(daemon.url, "prompt", sid, "gated mock:chunks=1 mock:gate=by-cli"),
+                            cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        read_until(held, b"chunk-0")
+        # The daemon's gate directory comes from the same variable the daemon read.
+        released = cli(daemon.url, "--json", "release", "by-cli",
+                       env={"MOCK_ACP_GATE_DIR": str(daemon.gate_dir)})
+        assert released.returncode == 0, released.stderr
+        assert json.loads(released.stdout) == {"gate": "by-cli", "released": True,
+                                               "path": str(daemon.gate_dir / "by-cli"),
+                                               "wasOpen": False}
+        out, _ = held.communicate(timeout=WAIT_S)
+        assert held.returncode == 0 and b"[turn_complete stopReason=end_turn" in out
+    finally:
+        if held.poll() is None:
+            held.kill()
+            held.wait()
+    text = cli(daemon.url, "release", "by-cli", "--gate-dir", str(daemon.gate_dir))
+    assert text.stdout == f"released gate by-cli (it was already open): {daemon.gate_dir}/by-cli\n"
+    bad = cli(daemon.url, "release", "../escape", "--gate-dir", str(daemon.gate_dir))
+    assert bad.returncode == 2 and "plain file name" in bad.stderr
+    nowhere = cli(daemon.url, "release", "x", "--gate-dir", str(daemon.gate_dir / "nope"))
+    assert nowhere.returncode == 2 and "no gate directory at" in nowhere.stderr
+
+
+def test_release_finds_the_gates_where_the_daemon_puts_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from daemon.config import parse_config
+    from sdk.cli.gates import gate_dir
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.delenv("MOCK_ACP_GATE_DIR", raising=False)
+    monkeypatch.delenv("TURNKEEPER_DATA_DIR", raising=False)
+    for extra in ({}, {"TURNKEEPER_DATA_DIR": str(tmp_path / "data")},
+                  {"MOCK_ACP_GATE_DIR": str(tmp_path / "gates")}):
+        env = {**os.environ, **extra}
+        assert gate_dir(None, env) == parse_config([], environ=env).mock_gate_dir(env), extra
+
+
+def test_watch_shows_no_protocol_internals_and_json_is_the_wire(daemon: RunningDaemon) -> None:
+    sid = cli(daemon.url, "create").stdout.strip()
+    assert cli(daemon.url, "prompt", sid, "wire mock:chunks=2").returncode == 0
+    text = cli(daemon.url, "watch", sid, "--from", "0", "--until-idle")
+    assert text.returncode == 0, text.stderr
+    assert "replay_complete" not in text.stdout and "#-" not in text.stdout
+    assert text.stdout.splitlines()[-1].startswith("#") and "turn_complete" in text.stdout
+    as_json = cli(daemon.url, "--json", "watch", sid, "--from", "0", "--until-idle")
+    assert as_json.returncode == 0, as_json.stderr
+    printed = as_json.stdout.splitlines()
+    # The same frames, byte for byte, as a raw SSE stream of the ring carries them.
+    wire: list[str] = []
+    with httpx.stream("GET", f"{daemon.url}/session/{sid}/events",
+                      headers={"Last-Event-ID": "0"}, timeout=WAIT_S) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("data: "):
+                wire.append(line[len("data: "):])
+                if '"turn_complete"' in line:
+                    break
+    assert printed[:len(wire)] == wire
+    assert all(json.loads(line)["v"] == 1 for line in printed)
+
+
+def test_watch_until_idle_returns_when_the_last_turn_ends(daemon: RunningDaemon) -> None:
+    sid = cli(daemon.url, "create").stdout.strip()
+    assert cli(daemon.url, "watch", sid, "--until-idle").returncode == 0  # idle: at once
+    held = subprocess.Popen(argv(daemon.url, "prompt", sid, "wait mock:chunks=1 mock:gate=idle1"),
+                            cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    read_until(held, b"chunk-0")  # the turn runs
+    watcher = subprocess.Popen(argv(daemon.url, "watch", sid, "--until-idle"), cwd=ROOT,
+                               env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        read_until(watcher, b" --\n")
+        assert watcher.poll() is None  # still watching: a turn runs
+        daemon.open_gate("idle1")
+        out, err = watcher.communicate(timeout=WAIT_S)
+        assert watcher.returncode == 0, err
+        assert b"turn_complete" in out
+    finally:
+        for proc in (held, watcher):
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
