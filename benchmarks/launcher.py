@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-LISTEN_RE = re.compile(rb"listening on (http://\S+)")
+LISTEN_RE = re.compile(rb"listening on (https?://\S+)")
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 

@@ -110,6 +110,13 @@ class DaemonConfig:
     # runs in the background); --recover salvages a damaged transcript instead of serving.
     transcript_check_ms: int = DEFAULT_TRANSCRIPT_CHECK_MS
     recover: bool = False
+    # TLS (Hypercorn's own): HTTPS and WSS served directly when both are set.
+    certfile: str | None = None
+    keyfile: str | None = None
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.certfile is not None else "http"
 
     @property
     def is_loopback(self) -> bool:
@@ -239,6 +246,8 @@ _DEFAULT_TEXT = {
     "node_url": "http://<--hostname>:<bound port>",
     "node_id": "random, printed at start",
     "cluster_secret": "none (required with --cluster-redis)",
+    "certfile": "none (plain HTTP)",
+    "keyfile": "none",
 }
 
 
@@ -370,6 +379,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--transcript-check-ms", default=str(DEFAULT_TRANSCRIPT_CHECK_MS),
                    help="how long the start-up check of the transcript may take; past it the "
                         "daemon starts and the full check finishes in the background")
+    p.add_argument("--certfile", default=None, metavar="PATH",
+                   help="serve HTTPS and WSS with this PEM certificate (chain); needs --keyfile")
+    p.add_argument("--keyfile", default=None, metavar="PATH",
+                   help="the PEM private key of --certfile")
     p.add_argument("--recover", action="store_true",
                    help="do not serve: salvage a damaged transcript in --data-dir into a new "
                         "one (the damaged file is kept beside it), print what was kept, exit")
@@ -461,6 +474,11 @@ def _validate(ns: argparse.Namespace, env: Mapping[str, str]) -> DaemonConfig:
     if node_id is not None and (len(node_id) > 64 or not set(node_id) <= NODE_ID_CHARS):
         raise ConfigError(f"--node-id must be 1-64 letters, digits, '-', '_' or '.', "
                           f"got {node_id!r}")
+    certfile: str | None = ns.certfile or None
+    keyfile: str | None = ns.keyfile or None
+    if (certfile is None) != (keyfile is None):
+        raise ConfigError("--certfile and --keyfile go together: give both to serve HTTPS, "
+                          "or neither")
     return DaemonConfig(
         hostname=hostname,
         port=port,
@@ -505,4 +523,6 @@ def _validate(ns: argparse.Namespace, env: Mapping[str, str]) -> DaemonConfig:
         max_connections=_non_negative_int("--max-connections", ns.max_connections),
         transcript_check_ms=_positive_int("--transcript-check-ms", ns.transcript_check_ms),
         recover=bool(ns.recover),
+        certfile=certfile,
+        keyfile=keyfile,
     )

@@ -9,6 +9,7 @@ import os
 import resource
 import shlex
 import signal
+import ssl
 import sys
 import uuid
 from functools import partial
@@ -150,7 +151,23 @@ def hypercorn_config(config: DaemonConfig) -> HyperConfig:
     # HTTP/2 (h2c and prior knowledge as well as TLS's ALPN) only when asked for
     # (daemon.http2 reads this list).
     hconf.alpn_protocols = ["h2", "http/1.1"] if config.http2 else ["http/1.1"]
+    # TLS is Hypercorn's own (its default context: TLS 1.2 and later, strong ciphers only).
+    hconf.certfile = config.certfile
+    hconf.keyfile = config.keyfile
     return hconf
+
+
+def check_tls(hconf: HyperConfig) -> None:
+    """Load the certificate and key once before serving, so a bad pair stops the start with one
+    line that names it (Hypercorn would fail later, inside its worker)."""
+    if not hconf.ssl_enabled:
+        return
+    try:
+        hconf.create_ssl_context()
+    except (OSError, ssl.SSLError) as exc:
+        raise DaemonStartError(f"cannot serve TLS with --certfile {hconf.certfile} --keyfile "
+                               f"{hconf.keyfile}: {getattr(exc, 'strerror', None) or exc}"
+                               ) from None
 
 
 def startup_hint(config: DaemonConfig) -> str:
@@ -224,7 +241,7 @@ async def run_daemon(
                 from .cluster import ClusterNode, ClusterStartError, ClusterWriter
                 cluster = ClusterNode(
                     config.cluster_redis, config.node_id or f"node-{uuid.uuid4().hex[:12]}",
-                    config.node_url or f"http://{config.hostname}:{config.port}",
+                    config.node_url or f"{config.scheme}://{config.hostname}:{config.port}",
                     config.lease_ms, config.event_ring_size, config.cluster_secret or "")
                 writer = cluster_writer = ClusterWriter(store, cluster)
                 await root.start(writer.run)
@@ -253,9 +270,11 @@ async def run_daemon(
                 asgi.cluster = ClusterRouter(cluster, manager, cluster_writer,
                                              token=config.token)
             stop_http = trio.Event()
+            hconf = hypercorn_config(config)
+            check_tls(hconf)
             try:
                 binds: list[str] = await root.start(partial(
-                    serve, asgi, hypercorn_config(config),  # type: ignore[arg-type]
+                    serve, asgi, hconf,  # type: ignore[arg-type]
                     shutdown_trigger=stop_http.wait))
             except (OSError, BaseExceptionGroup) as exc:
                 bind_error = sole_leaf(exc)  # Hypercorn's nurseries wrap the bind error
@@ -266,7 +285,7 @@ async def run_daemon(
                     f"{bind_error.strerror or bind_error}") from None
             if writer is not None:  # once serving is sure: a refusal stays one line
                 root.start_soon(check_transcript, writer)
-            url = binds[0] if binds else f"http://{config.hostname}:{config.port}"
+            url = binds[0] if binds else f"{config.scheme}://{config.hostname}:{config.port}"
             if cluster is not None:
                 if config.node_url is None:
                     cluster.node_url = url  # the bound port (--port 0 picks one)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -347,6 +348,9 @@ class DaemonClient:
     session's node died and its lease still runs) is sent again after the answer's
     ``Retry-After``, for at most ``owner_wait_s`` seconds of waiting in all; then the error is
     raised. ``sleep`` replaces ``anyio.sleep`` (tests).
+
+    An ``https://`` daemon's certificate is checked against the system's CAs, or, with
+    ``ca_file`` (a PEM file), against that file's only (a self-signed daemon's certificate).
     """
 
     def __init__(
@@ -359,6 +363,7 @@ class DaemonClient:
         transport: httpx.AsyncBaseTransport | None = None,
         owner_wait_s: float = 30.0,
         sleep: Callable[[float], Awaitable[None]] | None = None,
+        ca_file: str | os.PathLike[str] | None = None,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
@@ -379,8 +384,13 @@ class DaemonClient:
         self._sleep: Callable[[float], Awaitable[None]] = sleep or anyio.sleep
         if transport is None:
             load_httpcore()  # before httpx does: without Trio unless the program runs it
+        # An https:// daemon is verified against the system's CAs, or only against ca_file's
+        # (a self-signed daemon's certificate, or its private CA).
+        verify: ssl.SSLContext | bool = (
+            ssl.create_default_context(cafile=os.fspath(ca_file)) if ca_file is not None else True)
         self._http = httpx.AsyncClient(
-            base_url=self.base_url, timeout=timeout, transport=transport, follow_redirects=False
+            base_url=self.base_url, timeout=timeout, transport=transport, follow_redirects=False,
+            verify=verify,
         )
         self._owns_pool = True
         self._counters = _Counters()

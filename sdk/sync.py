@@ -25,6 +25,7 @@ closes its client still exits.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections import deque
@@ -170,10 +171,11 @@ class SyncDaemonClient:
         owner_wait_s: float = 30.0,
         backend: Literal["asyncio", "trio"] = "asyncio",
         backend_options: Mapping[str, Any] | None = None,
+        ca_file: str | os.PathLike[str] | None = None,
     ) -> None:
         # Checked here first: bad arguments fail before a thread is started.
         probe = DaemonClient(base_url, token, client_id, timeout=timeout, transport=transport,
-                             owner_wait_s=owner_wait_s)
+                             owner_wait_s=owner_wait_s, ca_file=ca_file)
         self._loop = _Loop(backend, backend_options)
         self._owner = True
         self._closed = False
