@@ -8,6 +8,7 @@ peer unencrypted and break the stream).
 
 from __future__ import annotations
 
+import os
 import ssl
 import subprocess
 import sys
@@ -135,3 +136,24 @@ def test_an_unreadable_key_stops_the_start_with_one_line(
     assert done.returncode == 1
     assert "cannot serve TLS with --certfile" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sdk", *args], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "TURNKEEPER_CA_FILE": ""})
+
+
+def test_the_cli_speaks_https_with_a_ca_file(tls_daemon: RunningDaemon,
+                                             ca_and_cert: tuple[Path, Path, Path]) -> None:
+    ca_pem, _, _ = ca_and_cert
+    created = _cli("--url", tls_daemon.url, "--ca-file", str(ca_pem), "create")
+    assert created.returncode == 0, created.stderr
+    sid = created.stdout.strip()
+    prompted = _cli("--url", tls_daemon.url, "--ca-file", str(ca_pem), "prompt", sid,
+                    "hi mock:chunks=3")
+    assert prompted.returncode == 0, prompted.stderr
+    assert "chunk-2" in prompted.stdout
+    untrusted = _cli("--url", tls_daemon.url, "create")
+    assert untrusted.returncode == 3
+    assert "certificate is not trusted" in untrusted.stderr
+    assert "--ca-file" in untrusted.stderr

@@ -7,6 +7,7 @@ import argparse
 import errno
 import os
 import socket
+import ssl
 import sys
 from collections.abc import Sequence
 
@@ -40,9 +41,11 @@ START_HINT = "is turnkeeper-daemon running? start it with make serve (or turnkee
 
 async def run(args: argparse.Namespace, out: Output) -> int:
     try:
-        client = DaemonClient(args.url, token=args.token)
+        client = DaemonClient(args.url, token=args.token, ca_file=args.ca_file)
     except InvalidTokenError as exc:
         raise UsageError(str(exc)) from exc
+    except OSError as exc:  # missing, unreadable, or not PEM (ssl.SSLError)
+        raise UsageError(f"cannot use --ca-file {args.ca_file}: {exc.strerror or exc}") from exc
     except ValueError as exc:
         raise UsageError(f"invalid --url: {exc}") from exc
     async with client:
@@ -59,6 +62,8 @@ def why_unreachable(exc: BaseException) -> str:
             return "no answer in time"
         if isinstance(cause, socket.gaierror):
             return "unknown host"
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return f"its certificate is not trusted: {cause.verify_message}; see --ca-file"
         if isinstance(cause, ConnectionRefusedError) or (
                 isinstance(cause, OSError) and cause.errno == errno.ECONNREFUSED):
             return "connection refused"

@@ -17,6 +17,7 @@ from sdk.client import TOKEN_ENV
 
 DEFAULT_URL: Final = "http://127.0.0.1:4170"
 URL_ENV: Final = "TURNKEEPER_URL"
+CA_FILE_ENV: Final = "TURNKEEPER_CA_FILE"
 
 EXIT_OK: Final = 0
 EXIT_TURN_ERROR: Final = 1
@@ -45,6 +46,7 @@ EPILOG: Final = f"""\
 environment:
   {URL_ENV}         default for --url
   {TOKEN_ENV}      default for --token (the daemon reads the same variable)
+  {CA_FILE_ENV}     default for --ca-file
   MOCK_ACP_GATE_DIR      default gate directory for release
 
 A session the daemon no longer holds in memory (after a restart) is restored automatically:
@@ -104,6 +106,11 @@ def build_parser() -> _Parser:
     )
     parser.add_argument(
         "--token", default=None, help=f"bearer token (default: ${TOKEN_ENV}; none when unset)",
+    )
+    parser.add_argument(
+        "--ca-file", default=os.environ.get(CA_FILE_ENV) or None, metavar="PEM",
+        help=f"trust an https:// daemon's certificate through this PEM file only, e.g. a "
+             f"self-signed one (default: ${CA_FILE_ENV}; else the system's CAs)",
     )
     parser.add_argument(
         "--json", action="store_true",
