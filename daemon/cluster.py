@@ -39,6 +39,8 @@ import coredis
 import httpx
 import trio
 
+from sdk.protocol.constants import RESYNC_EPOCH_MISMATCH, RESYNC_EPOCH_RESET
+from sdk.protocol.events import StateResyncRequiredData
 from sdk.protocol.http import view_session_id
 
 from .bus import SessionBus, Subscription, now_ms
@@ -87,7 +89,7 @@ from .core.cluster_identity import (
     refusal,
 )
 from .core.cluster_lease import LeaseClock, RedisLink
-from .core.envelope import Event, decode_json, encode_json, synthetic
+from .core.envelope import Event, decode_json, encode_json, typed_synthetic
 from .core.ring import EventRing
 from .core.transcript_ops import (
     AppendEvent,
@@ -188,10 +190,10 @@ class MirrorBus(SessionBus):
         stamp = now_ms()
         for sub in self.subscribers:
             state = sub.state
-            self._resyncs[sub] = synthetic("state_resync_required", {
-                "reason": "epoch_reset", "detail": "epoch_mismatch",
-                "lastDeliveredId": state.cursor, "earliestAvailableId": self.ring.next_id,
-            }, now_ms=stamp)
+            self._resyncs[sub] = typed_synthetic(StateResyncRequiredData(
+                reason=RESYNC_EPOCH_RESET, detail=RESYNC_EPOCH_MISMATCH,
+                last_delivered_id=state.cursor, earliest_available_id=self.ring.next_id,
+            ), now_ms=stamp)
             state.cursor = self.ring.next_id - 1
         self._dirty = True
         self.flush()

@@ -11,22 +11,38 @@
     ├── SSEBufferOverflow                        an SSE frame over the 16 MiB buffer cap
     └── TurnError(code, message, prompt_id)      a ``turn_error`` terminal
 
+``DaemonError``, ``SSEBufferOverflow`` and ``TurnError`` are the protocol's own
+(:mod:`sdk.protocol.errors`: its SSE parser and terminal reader raise them); the HTTP and
+transport errors are the SDK's.
+
 Pure: no I/O.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
-if TYPE_CHECKING:
-    from sdk.protocol.http import ErrorBodyView
+from sdk.protocol.errors import DaemonError, SSEBufferOverflow, TurnError
+from sdk.protocol.http import view_error_body
 
-
-class DaemonError(Exception):
-    """Base of every error the SDK raises on purpose."""
+__all__ = [
+    "AuthError",
+    "DaemonError",
+    "DaemonHTTPError",
+    "InvalidTokenError",
+    "PromptQueueFullError",
+    "SSEBufferOverflow",
+    "ServerError",
+    "SessionNotFoundError",
+    "TransportError",
+    "TurnError",
+    "error_for_status",
+    "is_retriable",
+    "parse_error_body",
+]
 
 
 class DaemonHTTPError(DaemonError):
@@ -123,21 +139,6 @@ class InvalidTokenError(DaemonError, ValueError):
     """
 
 
-class SSEBufferOverflow(DaemonError):
-    """An SSE frame grew past the parser's buffer cap without a terminating blank line."""
-
-
-class TurnError(DaemonError):
-    """A prompt ended with a ``turn_error`` terminal."""
-
-    def __init__(self, code: str | None, message: str, prompt_id: str | None) -> None:
-        self.code = code
-        self.message = message
-        self.prompt_id = prompt_id
-        tag = f" ({code})" if code else ""
-        super().__init__(f"turn {prompt_id or '?'} failed{tag}: {message}")
-
-
 _RETRIABLE_CLIENT_STATUSES = frozenset({408, 429})
 
 
@@ -152,7 +153,7 @@ def is_retriable(exc: BaseException) -> bool:
     """
     if isinstance(exc, AuthError | SessionNotFoundError | TurnError | SSEBufferOverflow):
         return False
-    found = _error_view(getattr(exc, "body", None))
+    found = view_error_body(getattr(exc, "body", None))
     if found is not None:
         flag = found.retryable
         if isinstance(flag, bool):
@@ -167,16 +168,8 @@ def is_retriable(exc: BaseException) -> bool:
     return isinstance(exc, OSError | TimeoutError)
 
 
-def _error_view(body: object) -> ErrorBodyView | None:
-    """:func:`sdk.protocol.http.view_error_body`, imported on first use: the protocol package
-    imports this module (its SSE parser raises :class:`SSEBufferOverflow`)."""
-    from sdk.protocol.http import view_error_body as view
-
-    return view(body)
-
-
 def _body_message(body: Any) -> str | None:
-    found = _error_view(body)
+    found = view_error_body(body)
     if found is not None:
         text = found.error
         if isinstance(text, str):
@@ -226,7 +219,7 @@ def error_for_status(
 ) -> DaemonHTTPError:
     """Map a non-2xx answer to the hierarchy. ``headers`` may be any case-insensitive mapping."""
     body = parse_error_body(content)
-    found = _error_view(body)
+    found = view_error_body(body)
     code = None if found is None else found.code
     if not isinstance(code, str):
         code = None

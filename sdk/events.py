@@ -16,6 +16,7 @@ from __future__ import annotations
 from sdk.protocol.constants import MAX_EVENT_ID, TERMINAL_TYPES
 from sdk.protocol.envelope import (
     DaemonEvent,
+    UnknownEventCounter,
     decode_event,
     decode_events,
     event_from_mapping,
@@ -44,7 +45,6 @@ from sdk.protocol.events import (
     StreamErrorData,
     TurnCompleteData,
     TurnErrorData,
-    UnknownEventCounter,
 )
 
 __all__ = [

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from sdk.protocol.envelope import DaemonEvent, decode_event, read_payload
+from sdk.protocol.envelope import DaemonEvent, decode_event, read_payload, server_timestamp
 from sdk.protocol.events import (
     AgentMessageChunk,
     RawUpdate,
@@ -22,7 +22,6 @@ from sdk.protocol.events import (
     ToolCall,
     ToolCallUpdate,
     payload_from_data,
-    server_timestamp,
 )
 from webui_model import DEFAULT_MAX_BLOCKS, TextBlock, ToolBlock, TranscriptStore
 from webui_model.blocks import MessageBlock, PermissionBlock

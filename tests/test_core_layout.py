@@ -168,8 +168,7 @@ def test_a_core_may_import_its_siblings_and_the_protocol() -> None:
 def test_the_pure_packages_ban_the_same_io() -> None:
     io = {name for name in _banned(CORE) if not name.startswith("daemon.")}
     assert {"trio", "httpx", "socket", "os", "time", "logging"} <= io
-    # The protocol looks its payload codec up lazily (importlib), the only difference.
-    assert io - _banned(PROTOCOL) == {"importlib"}
+    assert io - _banned(PROTOCOL) == set()
     assert io - _banned(MODEL) == set()
     assert _banned(SDK) == _banned(PROTOCOL)
 

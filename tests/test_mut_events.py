@@ -10,7 +10,14 @@ from typing import Any
 import msgspec
 import pytest
 
-from sdk.protocol.envelope import DaemonEvent, decode_event, encode_envelope
+from sdk.protocol.envelope import (
+    DaemonEvent,
+    UnknownEventCounter,
+    decode_event,
+    encode_envelope,
+    record_ids_of,
+    server_timestamp,
+)
 from sdk.protocol.events import (
     AgentMessageChunk,
     ContentChunk,
@@ -24,14 +31,11 @@ from sdk.protocol.events import (
     SessionUpdateData,
     ToolCall,
     TurnCompleteData,
-    UnknownEventCounter,
     UpdateMeta,
     decode_payload,
     finite_number,
     parse_truncation,
     payload_from_data,
-    record_ids_of,
-    server_timestamp,
 )
 
 # --- numbers and timestamps -------------------------------------------------------------------------

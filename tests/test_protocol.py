@@ -16,7 +16,7 @@ from sdk.errors import TurnError
 from sdk.protocol import cursor as cursor_mod
 from sdk.protocol.constants import MAX_EVENT_ID
 from sdk.protocol.cursor import ResumeCursor, check_cursor
-from sdk.protocol.envelope import DaemonEvent, decode_event, encode_envelope
+from sdk.protocol.envelope import DaemonEvent, UnknownEventCounter, decode_event, encode_envelope
 from sdk.protocol.events import (
     AgentMessageChunk,
     AgentThoughtChunk,
@@ -31,7 +31,6 @@ from sdk.protocol.events import (
     ToolCallUpdate,
     TurnCompleteData,
     TurnErrorData,
-    UnknownEventCounter,
     UserMessageChunk,
     parse_truncation,
 )

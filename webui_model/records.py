@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sdk.protocol.envelope import DaemonEvent
-from sdk.protocol.events import DaemonHistoryTruncatedData, record_ids_of
+from sdk.protocol.envelope import DaemonEvent, record_ids_of
+from sdk.protocol.events import DaemonHistoryTruncatedData
 
 __all__ = [
     "first_record_id",

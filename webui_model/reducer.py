@@ -87,7 +87,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 import msgspec
 
 from sdk.protocol.constants import BRIDGE_ECHO, RECORD_ID_META_KEY, TERMINAL_TYPES
-from sdk.protocol.envelope import DaemonEvent, event_prompt_id
+from sdk.protocol.envelope import DaemonEvent, event_prompt_id, server_timestamp
 from sdk.protocol.events import (
     PAYLOAD_TYPES,
     AgentMessageChunk,
@@ -119,7 +119,6 @@ from sdk.protocol.events import (
     TurnErrorData,
     UpdateMeta,
     UserMessageChunk,
-    server_timestamp,
 )
 from sdk.protocol.terminals import terminal_fields
 from sdk.truncation import MALFORMED_REASON, TruncationStatusItem, normalize_status_item
@@ -332,9 +331,7 @@ def _message(
 
 
 def _raw_frame(event: DaemonEvent) -> dict[str, Any]:
-    # The envelope omits defaults when encoded; a kept raw frame should still say v=1.
-    raw: dict[str, Any] = msgspec.to_builtins(event)
-    raw.setdefault("v", event.v)
+    raw: dict[str, Any] = msgspec.to_builtins(event)  # the envelope's members, as on the wire
     return raw
 
 

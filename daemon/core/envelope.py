@@ -34,7 +34,7 @@ from sdk.protocol.acp import (
 from sdk.protocol.constants import ENVELOPE_VERSION
 from sdk.protocol.envelope import envelope_fields
 from sdk.protocol.events import EventPayload, SessionUpdateData, event_type_of
-from sdk.protocol.sse import sse_head
+from sdk.protocol.sse import SSE_FRAME_END, sse_head
 
 SCHEMA_VERSION: Final = ENVELOPE_VERSION
 
@@ -120,7 +120,7 @@ class Event(msgspec.Struct, gc=False, eq=False):
     @property
     def sse_head(self) -> bytes:
         """``id:``/``event:`` lines and the ``data: `` prefix of this event's SSE frame; the
-        frame is ``sse_head + raw + b"\n\n"`` (written without copying ``raw`` twice)."""
+        frame is ``sse_head + raw + SSE_FRAME_END`` (written without copying ``raw`` twice)."""
         head = self._sse_head
         if head is None:
             head = self._sse_head = sse_head(self.type, self.id)
@@ -129,7 +129,7 @@ class Event(msgspec.Struct, gc=False, eq=False):
     @property
     def sse_frame(self) -> bytes:
         """The whole SSE frame (for single frames; batches use :func:`sse_chunks`)."""
-        return self.sse_head + self.raw + b"\n\n"
+        return self.sse_head + self.raw + SSE_FRAME_END
 
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
         return f"Event(id={self.id}, type={self.type!r}, size={self.size})"
@@ -150,7 +150,7 @@ def sse_chunks(events: Iterable[Event], max_chunk: int = 1024 * 1024) -> list[by
     parts: list[bytes] = []
     size = 0
     for event in events:
-        parts += (event.sse_head, event.raw, b"\n\n")
+        parts += (event.sse_head, event.raw, SSE_FRAME_END)
         size += event.size + 64
         if size >= max_chunk:
             out.append(b"".join(parts))

@@ -24,6 +24,7 @@ from typing import Final
 
 from daemon.core.envelope import Event, typed_synthetic
 from sdk.protocol.constants import (
+    RESYNC_EPOCH_MISMATCH,
     RESYNC_EPOCH_RESET,
     RESYNC_REPLAY_BUDGET_EXCEEDED,
     RESYNC_RING_EVICTED,
@@ -267,7 +268,7 @@ def decide_resume(
     epoch_mismatch = client_epoch is not None and client_epoch != bus_epoch
     if epoch_mismatch or cursor >= ring.next_id:
         before.append(_resync(RESYNC_EPOCH_RESET, cursor, earliest, now_ms,
-                              detail="epoch_mismatch" if epoch_mismatch else None))
+                              detail=RESYNC_EPOCH_MISMATCH if epoch_mismatch else None))
         after_id = 0  # the client's ids mean nothing on this bus: the whole ring
     else:
         if first is None:

@@ -21,8 +21,9 @@ from typing import Final, Literal
 
 import msgspec
 
-from daemon.core.envelope import SCHEMA_VERSION, encode_json
 from daemon.core.transcript_ops import RunTemplate
+from sdk.protocol.envelope import HOLE, envelope_template
+from sdk.protocol.events import SessionUpdateData
 
 __all__ = ["TEXT_CHUNK_KINDS", "ChunkRun", "EnvelopeSplicer", "compact", "compact_chunks",
            "plain_chunk", "plain_chunk_lines", "plain_chunk_run", "run_envelopes"]
@@ -198,7 +199,9 @@ class EnvelopeSplicer:
     The result is exactly what :func:`daemon.core.envelope.make_event` encodes for
     ``data = {sessionId, update}`` with the given prompt and originator ids and
     ``_meta.serverTimestamp = now_ms`` when ``update`` is in msgspec's compact form, and the
-    same envelope with the agent's spelling of ``update`` otherwise.
+    same envelope with the agent's spelling of ``update`` otherwise. The bytes around the id
+    and the update are the protocol's envelope encoded once with holes there
+    (:func:`sdk.protocol.envelope.envelope_template`), never written by hand.
     """
 
     __slots__ = ("_format", "_head", "_tail")
@@ -207,18 +210,16 @@ class EnvelopeSplicer:
         self, session_id: str, prompt_id: str | None, originator_client_id: str | None,
         now_ms: int,
     ) -> None:
-        self._head = (b',"v":%d,"type":"session_update","data":{"sessionId":%b,"update":'
-                      % (SCHEMA_VERSION, encode_json(session_id)))
-        tail = b"}"
-        if prompt_id is not None:
-            tail += b',"promptId":' + encode_json(prompt_id)
-        if originator_client_id is not None:
-            tail += b',"originatorClientId":' + encode_json(originator_client_id)
-        self._tail = tail + b',"_meta":{"serverTimestamp":%d}}' % now_ms
+        # The id leads every envelope, so the piece before it is always _ID_START (a run's
+        # RunTemplate keeps only the two pieces after it).
+        _, self._head, self._tail = envelope_template(
+            "session_update", SessionUpdateData(session_id=session_id, update=HOLE),
+            prompt_id=prompt_id, originator_client_id=originator_client_id,
+            meta={"serverTimestamp": now_ms})
         self._format = _envelope_format(self._head, self._tail)
 
     def envelope(self, event_id: int, update: bytes) -> bytes:
-        return b'{"id":%d%b%b%b' % (event_id, self._head, update, self._tail)
+        return b"%b%d%b%b%b" % (_ID_START, event_id, self._head, update, self._tail)
 
     def envelopes(self, first_id: int, updates: list[bytes]) -> list[bytes]:
         """:meth:`envelope` of each update, the ids counting up from ``first_id``."""
@@ -230,9 +231,13 @@ class EnvelopeSplicer:
         return RunTemplate(first_id, self._head, self._tail)
 
 
+#: What an envelope with an id starts with, before the id's digits (``{"id":``).
+_ID_START: Final = envelope_template("", None)[0]
+
+
 def _envelope_format(head: bytes, tail: bytes) -> bytes:
     """The ``%``-format of one envelope: its id (``%d``) and its update (``%b``) go in."""
-    return b'{"id":%d' + head.replace(b"%", b"%%") + b"%b" + tail.replace(b"%", b"%%")
+    return _ID_START + b"%d" + head.replace(b"%", b"%%") + b"%b" + tail.replace(b"%", b"%%")
 
 
 def run_envelopes(run: RunTemplate, updates: list[bytes]) -> list[bytes]:

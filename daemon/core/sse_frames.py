@@ -1,5 +1,8 @@
 """SSE frames of a bus's newest events, built once and shared by every SSE subscriber. Pure.
 
+The frames are the protocol's (:data:`sdk.protocol.sse.SSE_FRAME`, the one definition of their
+layout), formatted many at a time.
+
 Subscribers that keep up are woken together and all want the same events: the frames of one
 wake-up's events (``id:``/``event:`` lines, ``data:`` and the envelope, joined into one bytes
 object) are built by the first subscriber that asks and reused by the others, so the per-event
@@ -18,6 +21,7 @@ from operator import attrgetter
 from typing import Final, Protocol
 
 from daemon.core.envelope import Event
+from sdk.protocol.sse import SSE_FRAME, frame_format
 
 __all__ = ["DEFAULT_MAX_BYTES", "SharedFrames"]
 
@@ -50,14 +54,14 @@ def frames_of(events: list[Event]) -> bytes:
         # the id formatting and the copy all happen in one C call, which measured ~40% less
         # time per event than formatting each head and joining heads, envelopes and
         # separators (tests/test_sse_frames.py holds it to sse_chunks' bytes).
-        template = b"id: %d\nevent: " + kind.encode().replace(b"%", b"%%") + b"\ndata: %b\n\n"
+        template = frame_format(kind)
         values: list[object] = [None] * (2 * count)
         values[0::2] = range(first, last + 1)
         values[1::2] = map(_raw, events)
         return (template * count) % tuple(values)
     types: dict[str, bytes] = {}
     return b"".join([
-        b"id: %d\nevent: %b\ndata: %b\n\n" % (
+        SSE_FRAME % (
             event.id or 0,
             types.get(event.type) or types.setdefault(event.type, event.type.encode()),
             event.raw)

@@ -23,6 +23,7 @@ from sdk.protocol.constants import ENVELOPE_VERSION, MAX_EVENT_ID, TERMINAL_TYPE
 from sdk.protocol.cursor import ResumeCursor, check_cursor, is_epoch_reset
 from sdk.protocol.envelope import (
     DaemonEvent,
+    UnknownEventCounter,
     decode_event,
     decode_events,
     encode_envelope,
@@ -38,7 +39,6 @@ from sdk.protocol.events import (
     SessionUpdateData,
     TurnCompleteData,
     TurnErrorData,
-    UnknownEventCounter,
     parse_truncation,
 )
 from sdk.protocol.sse import SSEParser, encode_sse_frame, parse_sse, sse_head

@@ -18,6 +18,8 @@ RESYNC_EPOCH_RESET: Final = "epoch_reset"
 RESYNC_RING_EVICTED: Final = "ring_evicted"
 RESYNC_SEEDED_REPLAY_NOT_IN_RING: Final = "seeded_replay_not_in_ring"
 RESYNC_REPLAY_BUDGET_EXCEEDED: Final = "replay_budget_exceeded"
+#: ``state_resync_required.detail`` of an ``epoch_reset`` asked for by a cursor of another epoch.
+RESYNC_EPOCH_MISMATCH: Final = "epoch_mismatch"
 
 #: ``history_truncated``: its one ``reason`` and the scope of the live-turn marker.
 REPLAY_WINDOW_EXCEEDED: Final = "replay_window_exceeded"
@@ -61,6 +63,7 @@ __all__ = [
     "PERMISSION_TURN_ENDED",
     "RECORD_ID_META_KEY",
     "REPLAY_WINDOW_EXCEEDED",
+    "RESYNC_EPOCH_MISMATCH",
     "RESYNC_EPOCH_RESET",
     "RESYNC_REPLAY_BUDGET_EXCEEDED",
     "RESYNC_RING_EVICTED",

@@ -5,6 +5,14 @@ Every frame — SSE, WebSocket, load answers, transcript pages — is one JSON o
     {"id": 3, "v": 1, "type": "session_update", "data": {...}, "promptId": "...",
      "originatorClientId": "...", "_meta": {"serverTimestamp": 1796204622728}}
 
+:class:`DaemonEvent` is the one definition of that object: its fields are in wire order, and
+encoding one gives the daemon's bytes (``id``, ``promptId``, ``originatorClientId`` and
+``_meta`` left out when absent; ``v``, ``type`` and ``data`` always there, ``data`` as
+``null`` when there is none). Everything else that writes an envelope derives from it:
+:func:`envelope_fields` (the daemon's envelope as a dict, for its journals),
+:func:`envelope_template` (the bytes around the holes a writer fills in later: the daemon
+splices agent updates into these without encoding them again).
+
 Decoding: one :class:`msgspec.json.Decoder` reads the frame's envelope fields typed and ``data``
 as plain values (the payload as sent, unknown keys included, because a client must keep frames
 it does not understand whole); a frame whose envelope fields have other JSON types is read into
@@ -25,44 +33,64 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-import importlib
+from collections import deque
 from collections.abc import Iterable
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import msgspec
 
 from sdk.protocol.constants import ENVELOPE_VERSION, MAX_EVENT_ID
-
-if TYPE_CHECKING:
-    from sdk.protocol.events import EventPayload
+from sdk.protocol.events import (
+    EventPayload,
+    SessionUpdateData,
+    decode_payload,
+    finite_number,
+    payload_from_data,
+)
 
 __all__ = [
+    "HOLE",
     "DaemonEvent",
+    "UnknownEventCounter",
     "decode_event",
     "decode_events",
     "encode_envelope",
     "envelope_fields",
+    "envelope_template",
     "event_from_mapping",
     "event_prompt_id",
     "names_prompt",
     "normalize_page_event",
     "read_payload",
+    "record_ids_of",
+    "server_timestamp",
     "valid_event_id",
 ]
 
 
-class DaemonEvent(msgspec.Struct, omit_defaults=True, dict=True):
+def _version() -> int:
+    return ENVELOPE_VERSION
+
+
+def _no_data() -> Any:
+    return None
+
+
+class DaemonEvent(msgspec.Struct, kw_only=True, omit_defaults=True, dict=True):
     """One frame from the daemon: SSE, WebSocket, load snapshot or transcript page.
 
     ``data`` is the payload as plain JSON values (the complete daemon payload, unknown keys
     included); :attr:`payload` is the same payload as its typed Struct.
+
+    The fields are the envelope's, in wire order. ``v`` and ``data`` default through a
+    ``default_factory``, which ``omit_defaults`` never drops: they are always encoded, while
+    the fields that default to ``None`` are left out when absent.
     """
 
-    type: str
-    v: int = ENVELOPE_VERSION
     id: int | None = None
-    data: Any = None
+    v: int = msgspec.field(default_factory=_version)
+    type: str
+    data: Any = msgspec.field(default_factory=_no_data)
     prompt_id: str | None = msgspec.field(default=None, name="promptId")
     originator_client_id: str | None = msgspec.field(default=None, name="originatorClientId")
     meta: dict[str, Any] | None = msgspec.field(default=None, name="_meta")
@@ -80,12 +108,11 @@ class DaemonEvent(msgspec.Struct, omit_defaults=True, dict=True):
         if "_payload" in cache:
             payload: EventPayload | None = cache["_payload"]
             return payload
-        codec = _CODEC or _load_codec()
         raw = cache.pop("_raw_frame", None)
         if raw is not None:
-            payload = codec.decode_payload(self.type, raw, self.data)
+            payload = decode_payload(self.type, raw, self.data)
         else:
-            payload = codec.payload_from_data(self.type, self.data)
+            payload = payload_from_data(self.type, self.data)
         cache["_payload"] = payload
         return payload
 
@@ -102,12 +129,11 @@ def read_payload(event: DaemonEvent) -> EventPayload | None:
     if kept is not _MISSING:
         payload: EventPayload | None = kept
         return payload
-    codec = _CODEC or _load_codec()
     raw = getattr(event, "_raw_frame", None)
     if raw is not None:
-        payload = codec.decode_payload(event.type, raw, event.data)
+        payload = decode_payload(event.type, raw, event.data)
     else:
-        payload = codec.payload_from_data(event.type, event.data)
+        payload = payload_from_data(event.type, event.data)
     return payload
 
 
@@ -116,17 +142,6 @@ class _Missing:
 
 
 _MISSING: Final = _Missing()
-
-
-# sdk.protocol.events imports this module, so it is looked up on first use (and kept here, so
-# the hot paths pay one global read, not a call).
-_CODEC: ModuleType | None = None
-
-
-def _load_codec() -> ModuleType:
-    global _CODEC
-    _CODEC = importlib.import_module("sdk.protocol.events")
-    return _CODEC
 
 
 def event_prompt_id(event: DaemonEvent) -> str | None:
@@ -182,9 +197,10 @@ def _validated(
         if event_id is None:
             return None
     return DaemonEvent(
-        type=kind,
-        v=ENVELOPE_VERSION,
         id=event_id,
+        v=ENVELOPE_VERSION,
+        type=kind,
+        data=None,
         prompt_id=prompt_id if isinstance(prompt_id, str) else None,
         originator_client_id=originator if isinstance(originator, str) else None,
         meta=meta if isinstance(meta, dict) else None,
@@ -246,8 +262,9 @@ def decode_event(
         if event_id is None:
             return None
     event = DaemonEvent(
-        frame.type, ENVELOPE_VERSION, event_id, frame.data, frame.prompt_id,
-        frame.originator_client_id, frame.meta,
+        id=event_id, v=ENVELOPE_VERSION, type=frame.type, data=frame.data,
+        prompt_id=frame.prompt_id, originator_client_id=frame.originator_client_id,
+        meta=frame.meta,
     )
     event.__dict__["_raw_frame"] = raw
     return event
@@ -282,25 +299,28 @@ def decode_events(items: Iterable[Any]) -> list[DaemonEvent]:
 
 _encode: Final = msgspec.json.Encoder().encode
 
+# The envelope's wire names, in wire order, as the Struct defines them.
+_ID, _V, _TYPE, _DATA, _PROMPT_ID, _ORIGINATOR, _META = DaemonEvent.__struct_encode_fields__
+
 
 def envelope_fields(event_type: str, data: Any, *, event_id: int | None = None,
                     prompt_id: str | None = None, originator_client_id: str | None = None,
                     meta: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One envelope as a dict, keys in the daemon's order (``id``, ``v``, ``type``, ``data``,
-    ``promptId``, ``originatorClientId``, ``_meta``), absent ones left out: the one definition
-    of the envelope's layout, which :func:`encode_envelope` encodes."""
+    """One envelope as a dict: the members :class:`DaemonEvent` encodes, in its order, absent
+    ones left out (the daemon keeps its envelopes as dicts for its journals). Encoded, it is
+    :func:`encode_envelope`'s bytes (``tests/test_wire_contract.py`` holds the two together)."""
     env: dict[str, Any] = {}
     if event_id is not None:
-        env["id"] = event_id
-    env["v"] = ENVELOPE_VERSION
-    env["type"] = event_type
-    env["data"] = data
+        env[_ID] = event_id
+    env[_V] = ENVELOPE_VERSION
+    env[_TYPE] = event_type
+    env[_DATA] = data
     if prompt_id is not None:
-        env["promptId"] = prompt_id
+        env[_PROMPT_ID] = prompt_id
     if originator_client_id is not None:
-        env["originatorClientId"] = originator_client_id
+        env[_ORIGINATOR] = originator_client_id
     if meta is not None:
-        env["_meta"] = meta
+        env[_META] = meta
     return env
 
 
@@ -313,15 +333,34 @@ def encode_envelope(
     originator_client_id: str | None = None,
     meta: dict[str, Any] | None = None,
 ) -> bytes:
-    """The compact JSON of one envelope (:func:`envelope_fields`).
+    """The compact JSON of one envelope: a :class:`DaemonEvent` encoded.
 
     ``data`` may be a payload Struct (encoded with its wire names, fields in definition order)
     or plain JSON values. The result is what the daemon publishes and what its size limits
     count.
     """
-    return _encode(envelope_fields(
-        event_type, data, event_id=event_id, prompt_id=prompt_id,
+    return _encode(DaemonEvent(
+        id=event_id, v=ENVELOPE_VERSION, type=event_type, data=data, prompt_id=prompt_id,
         originator_client_id=originator_client_id, meta=meta))
+
+
+#: A hole in an envelope template (:func:`envelope_template`): put it where a value is filled
+#: in later. Its byte, a raw NUL, never appears in msgspec's JSON otherwise (strings escape it).
+HOLE: Final[Any] = msgspec.Raw(b"\x00")
+_HOLE_BYTE: Final = b"\x00"
+
+
+def envelope_template(event_type: str, data: Any, *, prompt_id: str | None = None,
+                      originator_client_id: str | None = None,
+                      meta: dict[str, Any] | None = None) -> list[bytes]:
+    """The bytes of an envelope with an id, cut at its holes: the id's place, then each
+    :data:`HOLE` in ``data`` (or ``meta``) in encoding order. Joining the pieces with the
+    values' JSON in between gives :func:`encode_envelope`'s bytes for those values, so a
+    writer that fills the holes (the daemon's splicer: an event id and an agent's update)
+    never encodes the rest again."""
+    return _encode(DaemonEvent(
+        id=HOLE, v=ENVELOPE_VERSION, type=event_type, data=data, prompt_id=prompt_id,
+        originator_client_id=originator_client_id, meta=meta)).split(_HOLE_BYTE)
 
 
 def normalize_page_event(obj: Any, session_id: str | None = None) -> DaemonEvent | None:
@@ -341,3 +380,63 @@ def normalize_page_event(obj: Any, session_id: str | None = None) -> DaemonEvent
     if isinstance(sid, str):
         wrapped = {"sessionId": sid, "update": data}
     return msgspec.structs.replace(event, data=wrapped)
+
+
+def record_ids_of(event: DaemonEvent) -> tuple[str, ...]:
+    """The transcript record ids of a ``session_update`` (``payload.acp.record_ids``), else ().
+
+    The same answer as reading the typed payload, but an update without a ``_meta`` object —
+    which can carry no record id — answers ``()`` without typing the payload, so a scan for
+    the first stamped event over a long replay does not type every event twice.
+    """
+    if event.type != "session_update":
+        return ()
+    data = event.data
+    if isinstance(data, dict) and getattr(event, "_payload", None) is None:
+        update = data.get("update")
+        if not isinstance(update, dict):
+            if "update" in data or not isinstance(data.get("sessionUpdate"), str):
+                return ()
+            update = data  # the page shape: data is the update itself
+        if not isinstance(update.get("_meta"), dict):
+            return ()
+    payload = read_payload(event)
+    return payload.acp.record_ids if isinstance(payload, SessionUpdateData) else ()
+
+
+def server_timestamp(event: DaemonEvent) -> float | None:
+    """The envelope's ``_meta.serverTimestamp`` when it is a finite number."""
+    meta = event.meta
+    if meta is None:
+        return None
+    value = meta.get("serverTimestamp")
+    if type(value) is int:  # the daemon's own stamps: epoch milliseconds
+        return float(value)
+    return finite_number(value)
+
+
+class UnknownEventCounter:
+    """Counts frames the client cannot interpret (unknown type or malformed payload).
+
+    A new event type must never crash a client, so such frames are counted per type and the
+    most recent ``keep`` of them are kept whole for diagnostics.
+    """
+
+    def __init__(self, keep: int = 64) -> None:
+        if keep < 0:
+            raise ValueError(f"keep must be >= 0, got {keep}")
+        self.total = 0
+        self.by_type: dict[str, int] = {}
+        self.recent: deque[DaemonEvent] = deque(maxlen=keep)
+
+    def observe(self, event: DaemonEvent) -> EventPayload | None:
+        """Return the typed payload, or count and keep the frame when there is none."""
+        typed = event.payload
+        if typed is None:
+            self.record(event)
+        return typed
+
+    def record(self, event: DaemonEvent) -> None:
+        self.total += 1
+        self.by_type[event.type] = self.by_type.get(event.type, 0) + 1
+        self.recent.append(event)

@@ -21,17 +21,12 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypeVar
 
 import msgspec
 
 from sdk.protocol.constants import LIVE_JOURNAL_SCOPE, RECORD_ID_META_KEY, REPLAY_WINDOW_EXCEEDED
-from sdk.protocol.envelope import read_payload
-
-if TYPE_CHECKING:
-    from sdk.protocol.envelope import DaemonEvent
 
 __all__ = [
     "KNOWN_EVENT_TYPES",
@@ -69,14 +64,12 @@ __all__ = [
     "ToolCallUpdate",
     "TurnCompleteData",
     "TurnErrorData",
-    "UnknownEventCounter",
     "UpdateMeta",
     "UserMessageChunk",
     "decode_payload",
     "event_type_of",
+    "finite_number",
     "payload_from_data",
-    "record_ids_of",
-    "server_timestamp",
 ]
 
 
@@ -765,63 +758,3 @@ def payload_from_data(event_type: str, data: Any) -> EventPayload | None:
     except msgspec.ValidationError:
         return None
     return payload
-
-
-def record_ids_of(event: DaemonEvent) -> tuple[str, ...]:
-    """The transcript record ids of a ``session_update`` (``payload.acp.record_ids``), else ().
-
-    The same answer as reading the typed payload, but an update without a ``_meta`` object —
-    which can carry no record id — answers ``()`` without typing the payload, so a scan for
-    the first stamped event over a long replay does not type every event twice.
-    """
-    if event.type != "session_update":
-        return ()
-    data = event.data
-    if isinstance(data, dict) and getattr(event, "_payload", None) is None:
-        update = data.get("update")
-        if not isinstance(update, dict):
-            if "update" in data or not isinstance(data.get("sessionUpdate"), str):
-                return ()
-            update = data  # the page shape: data is the update itself
-        if not isinstance(update.get("_meta"), dict):
-            return ()
-    payload = read_payload(event)
-    return payload.acp.record_ids if isinstance(payload, SessionUpdateData) else ()
-
-
-def server_timestamp(event: DaemonEvent) -> float | None:
-    """The envelope's ``_meta.serverTimestamp`` when it is a finite number."""
-    meta = event.meta
-    if meta is None:
-        return None
-    value = meta.get("serverTimestamp")
-    if type(value) is int:  # the daemon's own stamps: epoch milliseconds
-        return float(value)
-    return finite_number(value)
-
-
-class UnknownEventCounter:
-    """Counts frames the client cannot interpret (unknown type or malformed payload).
-
-    A new event type must never crash a client, so such frames are counted per type and the
-    most recent ``keep`` of them are kept whole for diagnostics.
-    """
-
-    def __init__(self, keep: int = 64) -> None:
-        if keep < 0:
-            raise ValueError(f"keep must be >= 0, got {keep}")
-        self.total = 0
-        self.by_type: dict[str, int] = {}
-        self.recent: deque[DaemonEvent] = deque(maxlen=keep)
-
-    def observe(self, event: DaemonEvent) -> EventPayload | None:
-        """Return the typed payload, or count and keep the frame when there is none."""
-        typed = event.payload
-        if typed is None:
-            self.record(event)
-        return typed
-
-    def record(self, event: DaemonEvent) -> None:
-        self.total += 1
-        self.by_type[event.type] = self.by_type.get(event.type, 0) + 1
-        self.recent.append(event)

@@ -6,9 +6,12 @@ Encoding (the daemon's side): one frame per event, ``id:`` only when the event h
     event: session_update
     data: {"id":3,"v":1,"type":"session_update",...}
 
-:func:`sse_head` is everything before the envelope's bytes, so a writer can send
-``head + raw + b"\n\n"`` without copying the envelope; :func:`encode_sse_frame` is the whole
-frame. The stream opens with :func:`sse_retry` and idles with :data:`SSE_HEARTBEAT`.
+:data:`SSE_FRAME` is that frame as a ``%``-format (id, type, envelope), the one definition
+of its layout; everything that writes frames is made of it: :func:`sse_head` (everything
+before the envelope's bytes, so a writer can send ``head + raw + SSE_FRAME_END`` without
+copying the envelope), :func:`encode_sse_frame` (the whole frame) and :func:`frame_format`
+(the frame of one event type, for a writer that formats many at once). The stream opens with
+:func:`sse_retry` and idles with :data:`SSE_HEARTBEAT`.
 
 Parsing (the client's side): :class:`SSEParser` is incremental and sans-IO. Handed bytes, it
 returns the complete, valid envelopes they finish:
@@ -32,16 +35,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-from sdk.errors import SSEBufferOverflow
 from sdk.protocol.envelope import DaemonEvent, decode_event
+from sdk.protocol.errors import SSEBufferOverflow
 
 __all__ = [
     "DEFAULT_RETRY_MS",
     "MAX_BUFFER_BYTES",
+    "SSE_FRAME",
+    "SSE_FRAME_END",
     "SSE_HEARTBEAT",
     "SSEBufferOverflow",
     "SSEParser",
     "encode_sse_frame",
+    "frame_format",
     "parse_sse",
     "sse_head",
     "sse_retry",
@@ -54,17 +60,31 @@ DEFAULT_RETRY_MS: Final = 3000
 #: The comment frame the daemon sends after a quiet interval (parsers ignore it).
 SSE_HEARTBEAT: Final = b": heartbeat\n\n"
 
+#: One event's frame: its ``id:`` line, its ``event:`` line, one ``data:`` line holding the
+#: envelope, and the blank line that ends the frame. The id's line is there only when the
+#: event has an id.
+SSE_FRAME: Final = b"id: %d\nevent: %b\ndata: %b\n\n"
+_ID_LINE: Final = SSE_FRAME[: SSE_FRAME.index(b"\n") + 1]  # id: %d\n
+# The lines after the id up to the envelope (event: %b\ndata: ), and what follows it.
+_HEAD, SSE_FRAME_END = SSE_FRAME[len(_ID_LINE):].rsplit(b"%b", 1)
+
 
 def sse_head(event_type: str, event_id: int | None) -> bytes:
     """The frame's lines before the envelope: ``id:`` (when there is one), ``event:`` and the
-    ``data: `` prefix. The frame is ``sse_head(...) + envelope + b"\n\n"``."""
-    id_line = b"id: %d\n" % event_id if event_id is not None else b""
-    return b"%sevent: %s\ndata: " % (id_line, event_type.encode())
+    ``data: `` prefix. The frame is ``sse_head(...) + envelope + SSE_FRAME_END``."""
+    head = _HEAD % event_type.encode()
+    return head if event_id is None else _ID_LINE % event_id + head
 
 
 def encode_sse_frame(envelope: bytes, event_type: str, event_id: int | None) -> bytes:
     """One whole SSE frame for an encoded envelope (compact JSON: it is always one line)."""
-    return sse_head(event_type, event_id) + envelope + b"\n\n"
+    return sse_head(event_type, event_id) + envelope + SSE_FRAME_END
+
+
+def frame_format(event_type: str) -> bytes:
+    """:data:`SSE_FRAME` with ``event_type`` filled in: a ``%``-format of the frames of that
+    type's events with an id, the id (``%d``) and the envelope (``%b``) to go in."""
+    return SSE_FRAME.replace(b"%b", event_type.encode().replace(b"%", b"%%"), 1)
 
 
 def sse_retry(retry_ms: int = DEFAULT_RETRY_MS) -> bytes:

@@ -19,9 +19,9 @@ from typing import Final, Literal
 
 import msgspec
 
-from sdk.errors import TurnError
 from sdk.protocol.constants import TERMINAL_TYPES
 from sdk.protocol.envelope import DaemonEvent
+from sdk.protocol.errors import TurnError
 from sdk.protocol.events import TurnCompleteData, TurnErrorData
 
 __all__ = [
@@ -96,7 +96,7 @@ class TerminalOutcome(msgspec.Struct, frozen=True, kw_only=True):
 
     def result(self) -> TurnCompleteData:
         """What waiting for the prompt answers: its ``turn_complete`` payload, or
-        :class:`~sdk.errors.TurnError` (``code``, ``message``, ``prompt_id``) raised for a
+        :class:`~sdk.protocol.errors.TurnError` (``code``, ``message``, ``prompt_id``) raised for a
         ``turn_error``."""
         if self.failed:
             message = self.message if self.message is not None else FALLBACK_ERROR_MESSAGE
