@@ -19,7 +19,7 @@ serve: $(STAMP)
 
 # A throw-away daemon with tiny live-journal caps: a truncated live turn and its repair, printed.
 demo: $(STAMP)
-	$(PY) -m sdk.demo $(ARGS)
+	$(PY) -m webui_model.demo $(ARGS)
 
 # Lint + strict types on the pure cores, then the whole suite, then the benchmark smoke run.
 check: $(STAMP)

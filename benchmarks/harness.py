@@ -427,7 +427,7 @@ def git_commit(where: Path | None = None) -> str | None:
 
 
 def package_version() -> str:
-    from daemon._version import __version__
+    from sdk.protocol import __version__
 
     return __version__
 

@@ -4,9 +4,19 @@
 unrelated PyPI package ``python-daemon``; ``daemon.clash`` detects when both are installed.
 """
 
-from daemon._version import __version__
+from __future__ import annotations
 
 TURNKEEPER = True
 """Marks this ``daemon`` package as turnkeeper's (``python-daemon`` has no such attribute)."""
 
 __all__ = ["TURNKEEPER", "__version__"]
+
+
+def __getattr__(name: str) -> object:
+    # The version is the protocol's (sdk.protocol.__version__), read when asked for: importing
+    # the daemon package itself (``from daemon import malloc``, the clash check) loads nothing.
+    if name == "__version__":
+        from sdk.protocol import __version__
+
+        return __version__
+    raise AttributeError(f"module 'daemon' has no attribute {name!r}")

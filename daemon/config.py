@@ -21,7 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._version import __version__
+from sdk.protocol import __version__
+
 from .logs import LOG_FORMATS, LOG_LEVELS
 
 DEFAULT_PORT = 4170

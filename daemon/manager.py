@@ -31,9 +31,9 @@ from functools import partial
 
 import trio
 
+from sdk.protocol import __version__
 from sdk.protocol.http import SessionCounts
 
-from ._version import __version__
 from .agent import AgentChannel, AgentStartError, SessionIdInUse
 from .bus import BusLimits, SessionBus, now_ms
 from .config import MOCK_GATE_ENV, DaemonConfig

@@ -27,7 +27,7 @@ import pytest
 
 from benchmarks.harness import Row, format_table, git_commit, run_meta
 from benchmarks.launcher import alive, processes_marked
-from daemon._version import __version__
+from sdk.protocol import __version__
 
 ROOT = Path(__file__).resolve().parent.parent
 DEADLINE_S = 90.0  # a hang guard for each wait, not a timing bound
@@ -217,7 +217,7 @@ def test_the_package_long_description_has_no_relative_links() -> None:
     path = readme if isinstance(readme, str) else readme["file"]
     text = (ROOT / path).read_text()
     assert _relative_links(text) == []
-    for command in ("turnkeeper-daemon", "turnkeeper", "python -m sdk.demo", "pip install"):
+    for command in ("turnkeeper-daemon", "turnkeeper", "python -m webui_model.demo", "pip install"):
         assert command in text, command
     # The checker does find relative links (README.md's own, and these).
     assert _relative_links("see [the protocol](docs/protocol.md) and ![x](img.png)") == [

@@ -36,8 +36,8 @@ PROTOCOL = Path(sdk.protocol.__file__).parent
 MODEL = Path(webui_model.__file__).parent
 ROOT = DAEMON.parent
 
-# Shell modules a core may still import: the version constant only.
-_ALLOWED_FROM_DAEMON = {"daemon._version", "daemon.core"}
+# The daemon's modules that are not shells: its cores.
+_ALLOWED_FROM_DAEMON = {"daemon.core"}
 # The pure packages: (config directory, where a probe that must pass the rule sits).
 PURE = {"daemon/core": (CORE, DAEMON / "_probe.py"),
         "sdk/protocol": (PROTOCOL, SDK / "client.py"),
@@ -160,7 +160,7 @@ def test_the_same_import_in_a_shell_passes(package: str) -> None:
 
 def test_a_core_may_import_its_siblings_and_the_protocol() -> None:
     source = ("from __future__ import annotations\n\nimport msgspec\n\n"
-              "from daemon._version import __version__\nfrom sdk.protocol import http\n\n"
+              "from sdk.protocol import __version__, http\n\n"
               "from . import envelope\nfrom .ring import EventRing\n")
     assert _lint(source, CORE / "_probe.py").returncode == 0
 

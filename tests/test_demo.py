@@ -1,4 +1,4 @@
-"""``make demo`` (``python -m sdk.demo``): its output shows the marker and the repair, and it
+"""``make demo`` (``python -m webui_model.demo``): its output shows the marker and the repair, and it
 leaves nothing behind, also when stopped by SIGTERM or Ctrl-C half-way.
 
 The demo is run exactly as ``make demo`` runs it, as a subprocess; ``TMPDIR`` points at the
@@ -49,7 +49,7 @@ def gone(pid: int, wait_s: float = 10.0) -> bool:
 
 
 def test_demo_shows_the_marker_then_the_repair_with_one_more_load(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "sdk.demo"], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "webui_model.demo"], capture_output=True, text=True,
                           env=demo_env(tmp_path), timeout=DEADLINE_S, check=False)
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
@@ -89,10 +89,10 @@ def read_until(proc: subprocess.Popen[bytes], needle: bytes) -> bytes:
 
 
 def demo_command(ignore_sigint: bool) -> list[str]:
-    """``python -m sdk.demo --step``; with ``ignore_sigint``, started with SIGINT ignored, as a
+    """``python -m webui_model.demo --step``; with ``ignore_sigint``, started with SIGINT ignored, as a
     background job of a non-interactive shell (``make test &`` in a script) starts it: Python
     then installs no KeyboardInterrupt handler and neither does Trio."""
-    argv = [sys.executable, "-m", "sdk.demo", "--step"]
+    argv = [sys.executable, "-m", "webui_model.demo", "--step"]
     if not ignore_sigint:
         return argv
     return ["/bin/sh", "-c", 'trap "" INT; exec "$@"', "sh", *argv]

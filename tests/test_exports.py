@@ -61,7 +61,7 @@ PROTOCOL = [
     "AcpUpdate", "DaemonEvent", "DaemonHistoryTruncatedData", "ENVELOPE_VERSION", "EventPayload",
     "KNOWN_EVENT_TYPES", "MAX_EVENT_ID", "RawUpdate", "ResumeCursor", "SSEParser",
     "SessionUpdateData", "TERMINAL_TYPES", "TerminalOutcome", "TurnCompleteData", "TurnErrorData",
-    "UnknownEventCounter", "check_cursor", "decode_event", "decode_events", "encode_envelope",
+    "UnknownEventCounter", "__version__", "check_cursor", "decode_event", "decode_events", "encode_envelope",
     "encode_sse_frame", "event_from_mapping", "event_prompt_id", "http", "is_epoch_reset",
     "parse_sse", "parse_truncation", "sse_head", "terminal_for", "terminal_of",
 ]

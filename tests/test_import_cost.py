@@ -27,3 +27,17 @@ def test_lazy_sdk_names_resolve_to_their_modules() -> None:
     assert sdk.SessionHandle is SessionHandle
     assert sdk.WebSocketEventStream is WebSocketEventStream
     assert set(sdk.__all__) <= set(dir(sdk)) | set(sdk._LAZY)
+
+
+def test_the_headless_model_loads_no_runtime_no_http_client_and_no_provider() -> None:
+    """``import webui_model`` is the pure model: trio, anyio, httpx and the provider (the async
+    shell) load when a provider name is first used, not before."""
+    shells = ("trio", "anyio", "httpx", "httpcore", "sdk.client", "webui_model.provider")
+    code = ("import sys, webui_model; "
+            f"print(sorted(m for m in {shells!r} if m in sys.modules)); "
+            "webui_model.WebUIProvider; "
+            f"print(sorted(m for m in {shells!r} if m in sys.modules))")
+    before, after = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                   check=True).stdout.split("\n")[:2]
+    assert before == "[]"
+    assert "webui_model.provider" in after and "httpx" in after

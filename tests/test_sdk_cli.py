@@ -257,7 +257,7 @@ def test_version_and_url_from_the_environment(daemon: RunningDaemon) -> None:
         capture_output=True, text=True, timeout=WAIT_S, check=False,
     )
     assert shown.returncode == 0 and shown.stdout == f"turnkeeper {version()}\n"
-    from daemon._version import __version__
+    from sdk.protocol import __version__
     assert version() == __version__
 
     def run(*args: str, url_env: str) -> subprocess.CompletedProcess[str]:

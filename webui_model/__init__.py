@@ -1,6 +1,15 @@
-"""webui_model: the headless WebUI state (transcript store, reducer, replay, repair commit, provider)."""
+"""webui_model: the headless WebUI state (transcript store, reducer, replay, repair commit) and
+its provider (the async shell that drives the SDK's client and readers).
+
+``import webui_model`` loads the pure model only: the provider's names (``WebUIProvider``,
+``ConnectionState``, ``LoadWarnings``, ``SessionAbandonedError``) load their module, and with it
+the SDK's HTTP client and anyio, on first use.
+"""
 
 from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 from webui_model.blocks import (
     BLOCK_KINDS,
@@ -30,12 +39,6 @@ from webui_model.pagination import (
     load_more,
     reanchored,
     replay_anchor,
-)
-from webui_model.provider import (
-    ConnectionState,
-    LoadWarnings,
-    SessionAbandonedError,
-    WebUIProvider,
 )
 from webui_model.reducer import (
     ASSISTANT_DONE,
@@ -87,6 +90,32 @@ from webui_model.store import (
     append_block,
     prepend_blocks,
 )
+
+if TYPE_CHECKING:
+    from webui_model.provider import (
+        ConnectionState,
+        LoadWarnings,
+        SessionAbandonedError,
+        WebUIProvider,
+    )
+
+_LAZY: dict[str, str] = dict.fromkeys(
+    ("ConnectionState", "LoadWarnings", "SessionAbandonedError", "WebUIProvider"),
+    "webui_model.provider")
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'webui_model' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "ASSISTANT_DONE",

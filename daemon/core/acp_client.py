@@ -40,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Final, Generic, TypeVar
 
-from daemon._version import __version__
+from sdk.protocol import __version__
 from sdk.protocol.acp import NewSessionResultView, PermissionParamsView, SessionUpdateView, view
 
 from .acp_codec import (

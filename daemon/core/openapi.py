@@ -20,7 +20,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from daemon._version import __version__
+from sdk.protocol import __version__
 from sdk.protocol import http as wire
 
 __all__ = [

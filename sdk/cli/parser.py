@@ -12,8 +12,8 @@ import sys
 from collections.abc import Sequence
 from typing import Final, NoReturn
 
-from daemon._version import __version__
 from sdk.client import TOKEN_ENV
+from sdk.protocol import __version__
 
 DEFAULT_URL: Final = "http://127.0.0.1:4170"
 URL_ENV: Final = "TURNKEEPER_URL"

@@ -19,6 +19,7 @@ Pure: no trio, no sockets, no clock. Modules, lowest first:
 """
 
 from sdk.protocol import http
+from sdk.protocol._version import __version__
 from sdk.protocol.constants import ENVELOPE_VERSION, MAX_EVENT_ID, TERMINAL_TYPES
 from sdk.protocol.cursor import ResumeCursor, check_cursor, is_epoch_reset
 from sdk.protocol.envelope import (
@@ -61,6 +62,7 @@ __all__ = [
     "TurnCompleteData",
     "TurnErrorData",
     "UnknownEventCounter",
+    "__version__",
     "check_cursor",
     "decode_event",
     "decode_events",

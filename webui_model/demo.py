@@ -1,4 +1,4 @@
-"""``python -m sdk.demo`` (``make demo``): a truncated live turn and its repair, step by step.
+"""``python -m webui_model.demo`` (``make demo``): a truncated live turn and its repair, step by step.
 
 It starts a daemon on a free loopback port with a temporary data directory and tiny live-journal
 caps, runs one 20-chunk turn of the bundled mock agent that overflows the live journal and is held
@@ -409,7 +409,7 @@ async def amain(base: Path, say: Printer, *, step: bool, stop: StopSignals) -> i
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m sdk.demo",
+        prog="python -m webui_model.demo",
         description="Show a truncated live turn and its repair on a throw-away daemon.")
     parser.add_argument("--step", action="store_true",
                         help="wait for Enter before releasing the held-open turn")
