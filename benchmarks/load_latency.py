@@ -298,12 +298,14 @@ def _publish_turn(bus: Any, session_id: str, chunks: int, pad: int, finish: bool
 
 def _load_body(snapshot: Any) -> list[bytes]:
     """The load route's body, as ``daemon.http_api`` builds it: the writes that send it."""
-    from daemon.core.envelope import RawList
     from daemon.http_api import spliced_body
+    from sdk.protocol.http import LoadSessionResponse
 
-    return spliced_body({"sessionId": "s", "liveJournal": RawList(snapshot.live),
-                         "compactedReplay": RawList(snapshot.compacted),
-                         "lastEventId": snapshot.last_event_id, "eventEpoch": snapshot.epoch})
+    return spliced_body(LoadSessionResponse[bytes](
+        session_id="s", workspace_cwd="/w", attached=True, client_id="c", created_at="t",
+        state={}, has_active_prompt=True, has_running_background_tasks=False,
+        last_event_id=snapshot.last_event_id, event_epoch=snapshot.epoch,
+        live_journal=snapshot.live, compacted_replay=snapshot.compacted))
 
 
 def measure_in_process(journal_mib: float, window_mib: float, window_turns: int,

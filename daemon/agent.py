@@ -61,6 +61,7 @@ from daemon.core.acp_client import (
 from daemon.core.acp_codec import LineSplitter
 from daemon.core.splice import ChunkRun
 from daemon.core.throttle import LineBudget, LogThrottle
+from sdk.protocol.acp import PermissionAnswer
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -135,7 +136,7 @@ class SessionSink(Protocol):
         session's subscribers write (and flow control checks them) at least that often."""
         ...
 
-    def permission_asked(self, params: dict[str, Any]) -> Awaitable[dict[str, Any]]:
+    def permission_asked(self, params: dict[str, Any]) -> Awaitable[PermissionAnswer]:
         """A ``session/request_permission`` for this session, called as it is read (after the
         updates of the same read, before any task the read wakes runs): publish it and decide
         it or start waiting for the decision. The channel awaits the returned awaitable in a
@@ -770,7 +771,7 @@ class AgentChannel:
             )
 
     async def _answer_permission(self, asked: PermissionAsked[SessionSink],
-                                 decision: Awaitable[dict[str, Any]]) -> None:
+                                 decision: Awaitable[PermissionAnswer]) -> None:
         try:
             try:
                 result = await decision

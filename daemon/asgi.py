@@ -11,6 +11,8 @@ from typing import Any
 import trio
 from quart_trio import QuartTrio
 
+from sdk.protocol import http as wire
+
 from .core.envelope import encode_json
 from .core.guards import Guard, is_ui_asset
 from .core.throttle import LogThrottle
@@ -44,7 +46,7 @@ def _headers(scope: Scope) -> dict[str, str]:
     return out
 
 
-async def _send_json(send: Send, status: int, body: dict[str, Any], *,
+async def _send_json(send: Send, status: int, body: wire.ErrorBody, *,
                      close: bool = False, extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
     raw = encode_json(body)
     headers = [(b"content-type", b"application/json"),
@@ -98,7 +100,7 @@ class DaemonASGI:
     async def _serve_ui(self, send: Send, method: str, path: str) -> None:
         answer = self.ui.answer(method, path)
         if answer is None:
-            await _send_json(send, 404, {"error": "Route not found", "code": "route_not_found"})
+            await _send_json(send, 404, wire.route_not_found())
             return
         await send({"type": "http.response.start", "status": answer.status,
                     "headers": answer.headers})
@@ -115,7 +117,7 @@ class DaemonASGI:
         if is_reserve(scope.get("server"), scope.get("client")):
             # A loopback health probe let in over --max-connections: that, once, and no more.
             if kind != "http" or method != "GET" or path != "/health":
-                body = {"error": "Too many connections", "code": "connection_limit"}
+                body = wire.ErrorBody(error="Too many connections", code="connection_limit")
                 if kind == "http":
                     await _send_json(send, 503, body, close=True,
                                      extra=((b"retry-after", b"1"),))
@@ -146,14 +148,12 @@ class DaemonASGI:
         if match is not None:
             session_id, which = match.groups()
             if kind == "http" and method != "GET":
-                await _send_json(send, 405, {"error": "Method not allowed",
-                                             "code": "method_not_allowed"},
-                                 extra=((b"allow", b"GET"),))
+                await _send_json(send, 405, wire.method_not_allowed(), extra=((b"allow", b"GET"),))
                 return
             if kind == "http" and which == "ws":
                 # The WebSocket route without an upgrade: say which protocol it speaks.
-                await _send_json(send, 426, {"error": "This route needs a WebSocket upgrade",
-                                             "code": "upgrade_required"},
+                await _send_json(send, 426, wire.ErrorBody(
+                    error="This route needs a WebSocket upgrade", code="upgrade_required"),
                                  extra=((b"upgrade", b"websocket"),))
                 return
             if (kind == "http") == (which == "events"):
@@ -169,12 +169,11 @@ class DaemonASGI:
                             await deny_ws(send, err.status, err.body)
                         return
                 if bus is None:
-                    body = {"error": f'No session with id "{session_id}"',
-                            "code": "session_not_found", "sessionId": session_id}
+                    gone = wire.session_not_found(session_id)
                     if kind == "http":
-                        await _send_json(send, 404, body)
+                        await _send_json(send, 404, gone)
                     else:
-                        await deny_ws(send, 404, body)
+                        await deny_ws(send, 404, gone)
                     return
                 if kind == "http":
                     await serve_sse(scope, receive, send, bus, headers, self.heartbeat_s,
@@ -183,7 +182,7 @@ class DaemonASGI:
                     await serve_ws(scope, receive, send, bus, headers, self.heartbeat_s)
                 return
         if kind == "websocket":
-            await deny_ws(send, 404, {"error": "Route not found", "code": "route_not_found"})
+            await deny_ws(send, 404, wire.route_not_found())
             return
         # Read the whole body before the app runs: a handler that answers without reading it
         # (a 404, a GET with a body) otherwise leaves a keep-alive connection that can stall
@@ -194,15 +193,14 @@ class DaemonASGI:
             received = await _read_body(receive, MAX_BODY_BYTES)
         if body_deadline.cancelled_caught:
             self._log_body_timeout(scope)
-            await _send_json(send, 408, {"error": "Request body not received in time",
-                                         "code": "body_timeout"}, close=True)
+            await _send_json(send, 408, wire.ErrorBody(error="Request body not received in time",
+                                                       code="body_timeout"), close=True)
             return
         request_body = received
         if request_body is None:
             return  # the client went away
         if request_body is _TOO_LARGE:
-            await _send_json(send, 413, {"error": "Request body too large (max 10 MB)",
-                                         "code": "body_too_large"}, close=True)
+            await _send_json(send, 413, wire.body_too_large(), close=True)
             return
         if self.cluster is not None:
             if await self.cluster.handle(scope, receive, send, headers, request_body):

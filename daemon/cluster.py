@@ -37,11 +37,12 @@ from typing import Any, TypeVar
 
 import coredis
 import httpx
+import msgspec
 import trio
 
 from sdk.protocol.constants import RESYNC_EPOCH_MISMATCH, RESYNC_EPOCH_RESET
 from sdk.protocol.events import StateResyncRequiredData
-from sdk.protocol.http import view_session_id
+from sdk.protocol.http import ErrorBody, route_not_found, session_not_found, view_session_id
 
 from .bus import SessionBus, Subscription, now_ms
 from .core import cluster_auth
@@ -1050,9 +1051,7 @@ class ClusterRouter:
                 if entry is None:
                     return False  # not in the cluster: the app answers (404)
                 # Closed for good: never restored from a stale local copy.
-                await _send_json(send, 404, {"error": f'No session with id "{session_id}"',
-                                             "code": "session_not_found",
-                                             "sessionId": session_id}, [])
+                await _send_json(send, 404, session_not_found(session_id), [])
                 return True
             if isinstance(decision, TakeOver):
                 if await self.take_over(session_id):
@@ -1073,10 +1072,10 @@ class ClusterRouter:
                           owner_unreachable=True, grace_left_ms=self._grace_left_ms())
             if isinstance(again, Unavailable):
                 wait = again.retry_after_s
-                await _send_json(send, 503, {
-                    "error": "The session's node does not answer; retry once its lease "
-                             "expires", "code": "session_owner_unavailable", "retryable": True,
-                    "sessionId": session_id, "retryAfterMs": wait * 1000},
+                await _send_json(send, 503, ErrorBody(
+                    error="The session's node does not answer; retry once its lease expires",
+                    code="session_owner_unavailable", session_id=session_id, retryable=True,
+                    retry_after_ms=wait * 1000),
                     [(b"retry-after", str(wait).encode())])
                 return True
         return False
@@ -1140,7 +1139,7 @@ class ClusterRouter:
                 (b"x-turnkeeper-node", self.node.node_id.encode())]})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return
-        await _send_json(send, 404, {"error": "Route not found", "code": "route_not_found"}, [])
+        await _send_json(send, 404, route_not_found(), [])
 
     # -- event streams ---------------------------------------------------------------------------
 
@@ -1324,13 +1323,11 @@ def _target(scope: MutableMapping[str, Any]) -> str:
     return path + (f"?{query}" if query else "")
 
 
-def _unavailable_body(session_id: str | None, why: str, retry_s: int) -> dict[str, Any]:
-    body: dict[str, Any] = {"error": f"The cluster cannot serve this now ({why}); retry",
-                            "code": "cluster_unavailable", "retryable": True,
-                            "retryAfterMs": retry_s * 1000}
-    if session_id is not None:
-        body["sessionId"] = session_id
-    return body
+def _unavailable_body(session_id: str | None, why: str, retry_s: int) -> ErrorBody:
+    return ErrorBody(error=f"The cluster cannot serve this now ({why}); retry",
+                     code="cluster_unavailable",
+                     session_id=session_id if session_id is not None else msgspec.UNSET,
+                     retryable=True, retry_after_ms=retry_s * 1000)
 
 
 async def _send_unavailable(send: Any, node: ClusterNode, session_id: str | None,
@@ -1350,7 +1347,7 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-async def _send_json(send: Any, status: int, body: dict[str, Any],
+async def _send_json(send: Any, status: int, body: ErrorBody,
                      extra: list[tuple[bytes, bytes]]) -> None:
     raw = encode_json(body)
     await send({"type": "http.response.start", "status": status, "headers": [

@@ -22,6 +22,8 @@ from typing import Any
 
 import trio
 
+from sdk.protocol.http import ErrorBody
+
 from .core.admission import Admission, ConnectionGate, asks_for_health, is_loopback_peer
 from .core.envelope import encode_json
 from .core.throttle import LogThrottle
@@ -45,8 +47,8 @@ def configure(cap: int) -> None:
     """Set the cap (0: none). Called by ``daemon.server`` before it serves anything."""
     global _refusal_bytes
     gate.cap = cap
-    body = encode_json({"error": f"Too many connections (the daemon serves {cap} at most)",
-                        "code": "connection_limit", "limit": cap})
+    body = encode_json(ErrorBody(error=f"Too many connections (the daemon serves {cap} at most)",
+                                 code="connection_limit", limit=cap))
     _refusal_bytes = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
                       b"connection: close\r\nretry-after: %d\r\ncontent-length: %d\r\n\r\n"
                       % (RETRY_AFTER_S, len(body))) + body

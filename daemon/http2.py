@@ -28,10 +28,14 @@ import logging
 from collections import deque
 from typing import Any, Protocol
 
+import msgspec
+
+from sdk.protocol.http import ErrorBody
+
 log = logging.getLogger("daemon.http2")
 
-_REFUSAL_BODY = (b'{"error":"HTTP/2 is not enabled on this daemon (start it with --http2)",'
-                 b'"code":"http2_disabled"}')
+_REFUSAL_BODY = msgspec.json.encode(ErrorBody(
+    error="HTTP/2 is not enabled on this daemon (start it with --http2)", code="http2_disabled"))
 #: The answer to an HTTP/2 prior-knowledge preface when HTTP/2 is off.
 REFUSED_PREFACE = (b"HTTP/1.1 505 HTTP Version Not Supported\r\n"
                    b"content-type: application/json\r\nconnection: close\r\n"

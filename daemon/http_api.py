@@ -27,7 +27,7 @@ from sdk.protocol import http as wire
 from . import connection_limit, server_patches
 from .bus import now_ms
 from .config import DaemonConfig
-from .core.envelope import RawList, decode_json, encode_json, encode_object_parts, write_groups
+from .core.envelope import decode_json, encode_json, spliced_parts, write_groups
 from .core.idempotency import Conflict, KeyedAdmission, Replay, decide, request_digest
 from .core.openapi import build_openapi
 from .manager import (
@@ -56,14 +56,27 @@ FEATURES = [
 
 
 class ApiError(Exception):
+    """An error answer: ``status`` and the protocol's :class:`~sdk.protocol.http.ErrorBody`
+    (``details`` by its field names: ``session_id=``, ``limit=`` …)."""
+
     def __init__(self, status: int, code: str, error: str, headers: dict[str, str] | None = None,
                  **details: Any) -> None:
-        super().__init__(error)
+        self.__init_body(status, wire.error_body(code, error, **details), headers)
+
+    def __init_body(self, status: int, body: wire.ErrorBody,
+                    headers: dict[str, str] | None) -> None:
+        super().__init__(body.error)
         self.status = status
-        self.code = code
-        self.error = error
+        self.body = body
         self.headers = headers or {}
-        self.details = details
+
+    @classmethod
+    def of(cls, status: int, body: wire.ErrorBody,
+           headers: dict[str, str] | None = None) -> ApiError:
+        """The answer of a body the protocol builds (``wire.session_not_found(...)`` …)."""
+        error = cls.__new__(cls)
+        error.__init_body(status, body, headers)
+        return error
 
 
 # A body with spliced lists at least this big is written part by part (see ``PartsBody``);
@@ -100,11 +113,11 @@ class PartsBody(ResponseBody):
         raise NotImplementedError("range requests are not served on JSON routes")
 
 
-def spliced_body(body: dict[str, Any]) -> list[bytes]:
-    """The bytes of a JSON object with :class:`RawList` members, as the writes that send it:
-    one joined body when small, else the parts grouped by ``write_groups`` (the large
-    pre-encoded items as they are, the small pieces between them joined)."""
-    parts = encode_object_parts(body)
+def spliced_body(body: msgspec.Struct) -> list[bytes]:
+    """The bytes of a response Struct with lists of envelope bytes (``spliced_parts``), as the
+    writes that send it: one joined body when small, else the parts grouped by
+    ``write_groups`` (the large envelopes as they are, the small pieces between them joined)."""
+    parts = spliced_parts(body)
     if sum(map(len, parts)) < SPLICED_WRITE_MIN_BYTES:
         return [b"".join(parts)]
     return write_groups(parts, WRITE_BYTES)
@@ -113,7 +126,7 @@ def spliced_body(body: dict[str, Any]) -> list[bytes]:
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     if isinstance(body, bytes):
         resp = Response(body, status=status, content_type="application/json")
-    elif isinstance(body, dict) and any(isinstance(v, RawList) for v in body.values()):
+    elif isinstance(body, wire.LoadSessionResponse | wire.TranscriptPage):
         writes = spliced_body(body)
         if len(writes) == 1:
             resp = Response(writes[0], status=status, content_type="application/json")
@@ -127,26 +140,8 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
     return resp
 
 
-# An error body repeats request input (a cwd, an id from the path, an agent's message) at most
-# this many characters per field, so a huge input never comes back huge.
-ECHO_MAX_CHARS = 300
-
-
-def echo(value: Any) -> Any:
-    """``value`` as an error body may carry it: a long string is cut, with its length said."""
-    if isinstance(value, str) and len(value) > ECHO_MAX_CHARS:
-        return f"{value[:ECHO_MAX_CHARS]}… ({len(value)} characters)"
-    return value
-
-
-def error_body(status: int, code: str, error: str, **details: Any) -> dict[str, Any]:
-    return {"error": echo(error), "code": code,
-            **{key: echo(value) for key, value in details.items()}}
-
-
 def session_not_found(session_id: str) -> ApiError:
-    return ApiError(404, "session_not_found", f'No session with id "{session_id}"',
-                    sessionId=session_id)
+    return ApiError.of(404, wire.session_not_found(session_id))
 
 
 async def read_json_object() -> dict[str, Any]:
@@ -154,7 +149,7 @@ async def read_json_object() -> dict[str, Any]:
     if not isinstance(raw, bytes):
         raw = raw.encode()
     if len(raw) > MAX_BODY_BYTES:
-        raise ApiError(413, "body_too_large", "Request body too large (max 10 MB)")
+        raise ApiError.of(413, wire.body_too_large())
     if not raw.strip():
         return {}
     try:
@@ -278,28 +273,26 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
 
     @app.errorhandler(ApiError)
     async def on_api_error(exc: ApiError) -> Response:
-        return json_response(error_body(exc.status, exc.code, exc.error, **exc.details),
-                             exc.status, exc.headers)
+        return json_response(exc.body, exc.status, exc.headers)
 
     @app.errorhandler(SessionLimit)
     async def on_session_limit(exc: SessionLimit) -> Response:
         # Attaching to a loaded session still works; a new or restored one waits for a slot.
-        return json_response(error_body(503, "session_limit", str(exc), limit=exc.limit), 503,
+        return json_response(wire.error_body("session_limit", str(exc), limit=exc.limit), 503,
                              {"Retry-After": str(SESSION_LIMIT_RETRY_AFTER_S)})
 
     @app.errorhandler(HTTPException)
     async def on_http_error(exc: HTTPException) -> Response:
         status = exc.code or 500
         if status == 404:
-            return json_response(error_body(404, "route_not_found", "Route not found"), 404)
+            return json_response(wire.route_not_found(), 404)
         if status == 405:
             allowed = exc.valid_methods if isinstance(exc, MethodNotAllowed) else None
-            return json_response(error_body(405, "method_not_allowed", "Method not allowed"), 405,
+            return json_response(wire.method_not_allowed(), 405,
                                  {"Allow": ", ".join(sorted(allowed or ()))})
         if status == 413:
-            return json_response(
-                error_body(413, "body_too_large", "Request body too large (max 10 MB)"), 413)
-        return json_response(error_body(status, "http_error", exc.description or "HTTP error"),
+            return json_response(wire.body_too_large(), 413)
+        return json_response(wire.error_body("http_error", exc.description or "HTTP error"),
                              status)
 
     @app.errorhandler(TranscriptDamaged)
@@ -308,9 +301,9 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         # found is logged once and listed by GET /daemon/status).
         details: dict[str, Any] = {}
         if exc.session_id is not None:
-            details["sessionId"] = exc.session_id
-        return json_response(error_body(
-            500, "transcript_damaged",
+            details["session_id"] = exc.session_id
+        return json_response(wire.error_body(
+            "transcript_damaged",
             "The transcript is damaged where this request reads it; nothing of it is served. "
             "GET /daemon/status lists the damage; stop the daemon and run it with --recover "
             "to keep what is intact", **details), 500)
@@ -318,7 +311,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
     @app.errorhandler(Exception)
     async def on_internal(exc: Exception) -> Response:
         log.exception("event=internal_error path=%s", request.path)
-        return json_response(error_body(500, "internal_error", "Internal server error"), 500)
+        return json_response(wire.error_body("internal_error", "Internal server error"), 500)
 
     openapi_document = encode_json(build_openapi())
 
@@ -404,14 +397,6 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
             session_id=session.id, workspace_cwd=session.workspace_cwd, attached=attached,
             client_id=client_id, created_at=session.created_at, event_epoch=session.bus.epoch))
 
-    def base_body(session: Session, client_id: str, attached: bool = True) -> dict[str, Any]:
-        return {
-            "sessionId": session.id, "workspaceCwd": session.workspace_cwd,
-            "attached": attached, "clientId": client_id, "createdAt": session.created_at,
-            "state": {}, "hasActivePrompt": session.active is not None,
-            "hasRunningBackgroundTasks": False,
-        }
-
     @app.post("/session/<session_id>/load")
     async def load_session(session_id: str) -> Response:
         hint = header_client_id()
@@ -422,40 +407,43 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         client_id = manager.register_client(session, hint)
         terminals = list(session.terminals)
         bus = session.bus
-        out = base_body(session, client_id)
+        has_active_prompt = session.active is not None
         writer = manager.writer
+        live: list[bytes] = []
+        history_has_more: bool | msgspec.UnsetType = msgspec.UNSET
+        anchor: str | msgspec.UnsetType = msgspec.UNSET
         if page_size is not None and session.active is None and writer is not None \
                 and not bus.transcript_degraded and not bus.transcript_damaged:
             last_event_id, epoch = bus.ring.last_id, bus.epoch
             size = page_size
             page = await writer.read(lambda store: store.page(session_id, limit=size),
                                      session_id=session_id)
-            out["compactedReplay"] = RawList(page.events)
-            out["liveJournal"] = []
-            out["historyHasMore"] = page.has_more
+            compacted = page.events
+            history_has_more = page.has_more
         else:
             snap = bus.load_snapshot(mode)
             last_event_id, epoch = snap.last_event_id, snap.epoch
-            out["hasActivePrompt"] = session.active is not None
-            out["liveJournal"] = RawList(snap.live)
+            has_active_prompt = session.active is not None
+            live = snap.live
             if bus.window.truncated_events > 0:
-                out["historyHasMore"] = True
-            anchor = bus.window.oldest_record_id
-            if anchor is not None and (bus.window.truncated_events > 0
+                history_has_more = True
+            oldest = bus.window.oldest_record_id
+            if oldest is not None and (bus.window.truncated_events > 0
                                        or bus.journals.full.truncated_events > 0):
-                out["historyAnchorRecordId"] = anchor
+                anchor = oldest
             # An over-cap turn is read back from the transcript here, after the snapshot.
-            out["compactedReplay"] = RawList(await bus.resolve_compacted(snap))
-        out["lastEventId"] = last_event_id
-        out["eventEpoch"] = epoch
-        if bus.degraded:
-            out["replayDegraded"] = True
-        if terminals:
-            out["promptTerminals"] = terminals
-        out["agentSessionRestored"] = session.agent_session_restored
-        # The frames are spliced in as published (one join); wire.LoadSessionResponse is what
-        # this body decodes as.
-        return json_response(out)
+            compacted = await bus.resolve_compacted(snap)
+        # The envelopes are spliced in as published (json_response: spliced_parts).
+        return json_response(wire.LoadSessionResponse[bytes](
+            session_id=session.id, workspace_cwd=session.workspace_cwd, attached=True,
+            client_id=client_id, created_at=session.created_at, state={},
+            has_active_prompt=has_active_prompt, has_running_background_tasks=False,
+            history_has_more=history_has_more, history_anchor_record_id=anchor,
+            last_event_id=last_event_id, event_epoch=epoch,
+            replay_degraded=True if bus.degraded else msgspec.UNSET,
+            prompt_terminals=terminals if terminals else msgspec.UNSET,
+            agent_session_restored=session.agent_session_restored,
+            live_journal=live, compacted_replay=compacted))
 
     @app.post("/session/<session_id>/resume")
     async def resume_session(session_id: str) -> Response:
@@ -495,8 +483,8 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
             if isinstance(earlier, Conflict):
                 raise ApiError(409, "idempotency_key_reused",
                                "This Idempotency-Key was used for a different prompt request "
-                               "on this session", idempotencyKey=key,
-                               promptId=earlier.prompt_id)
+                               "on this session", idempotency_key=key,
+                               prompt_id=earlier.prompt_id)
             if isinstance(earlier, Replay):
                 # The admission it repeats is acknowledged as that 202 was: once it is durable
                 # (in cluster mode: in Redis, else 503 as for the first request).
@@ -513,7 +501,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         except PromptQueueFull as exc:
             raise ApiError(503, "prompt_queue_full", "Prompt queue is full",
                            {"Retry-After": "5"}, limit=MAX_PENDING_PROMPTS,
-                           pendingCount=exc.pending) from None
+                           pending_count=exc.pending) from None
         # The 202 is a promise that survives a crash: it goes out once the admission (the
         # ledger's in_flight row, and for a queued prompt its pending_prompt_added event) is
         # committed, so a restart ends this prompt with a terminal, at worst "interrupted".
@@ -531,8 +519,8 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
             raise ApiError(503, "session_owner_unavailable",
                            "The prompt's admission did not reach the cluster's Redis in time "
                            "(this node may have lost the session); retry",
-                           {"Retry-After": str(retry_s)}, sessionId=session.id,
-                           retryable=True, retryAfterMs=retry_s * 1000)
+                           {"Retry-After": str(retry_s)}, session_id=session.id,
+                           retryable=True, retry_after_ms=retry_s * 1000)
 
     @app.get("/session/<session_id>/prompts/<key>")
     async def prompt_by_key(session_id: str, key: str) -> Response:
@@ -543,8 +531,8 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         if found is None:
             raise ApiError(404, "prompt_not_found",
                            f'No prompt of session "{session_id}" was admitted with '
-                           f'Idempotency-Key "{key}"', sessionId=session_id,
-                           idempotencyKey=key)
+                           f'Idempotency-Key "{key}"', session_id=session_id,
+                           idempotency_key=key)
         return json_response(found)
 
     async def find_prompt(session_id: str, key: str) -> wire.PromptByKeyResponse | None:
@@ -609,11 +597,11 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         if voted is VoteResult.NOT_FOUND:
             raise ApiError(404, "permission_not_found",
                            f'No pending permission request "{request_id}"',
-                           requestId=request_id)
+                           request_id=request_id)
         if voted is VoteResult.UNKNOWN_OPTION:
             raise ApiError(400, "invalid_permission_option",
                            "optionId is not one of the options the agent offered",
-                           requestId=request_id)
+                           request_id=request_id)
         return json_response(wire.PermissionVoteResponse(request_id=request_id, outcome=outcome))
 
     @app.get("/session/<session_id>/transcript")
@@ -642,8 +630,8 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         before = query.before_record_id if isinstance(query.before_record_id, str) else None
         writer = manager.writer
         if writer is None:
-            return json_response(wire.TranscriptPage(v=1, session_id=session.id, events=[],
-                                                     has_more=False))
+            return json_response(wire.TranscriptPage[bytes](session_id=session.id,
+                                                            has_more=False, events=[]))
         try:
             page = await writer.read(lambda store: store.page(
                 session.id, limit=limit, cursor=cursor, before_record_id=before),
@@ -651,12 +639,10 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         except InvalidCursor:
             raise ApiError(400, "invalid_transcript_cursor",
                            "Unknown transcript cursor or record id") from None
-        out: dict[str, Any] = {"v": 1, "sessionId": session.id,
-                               "events": RawList(page.events),
-                               "hasMore": page.has_more}
-        if page.next_cursor is not None:
-            out["nextCursor"] = page.next_cursor
-        return json_response(out)
+        return json_response(wire.TranscriptPage[bytes](
+            session_id=session.id, has_more=page.has_more,
+            next_cursor=page.next_cursor if page.next_cursor is not None else msgspec.UNSET,
+            events=page.events))
 
     @app.get("/session/<session_id>/status")
     async def status(session_id: str) -> Response:

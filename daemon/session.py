@@ -23,21 +23,23 @@ import uuid
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import trio
 
 from sdk.protocol.acp import (
+    EchoMeta,
+    PermissionAnswer,
     PermissionOptionView,
     PermissionParamsView,
     PromptResultView,
     TextBlockView,
     UpdateView,
+    UserEcho,
     view,
 )
 from sdk.protocol.constants import (
-    BRIDGE_ECHO,
     PERMISSION_APPROVAL_MODE,
     PERMISSION_NO_RUNNING_PROMPT,
     PERMISSION_PROMPT_CANCELLED,
@@ -55,7 +57,7 @@ from sdk.protocol.events import (
     SessionDiedData,
     SessionUpdateData,
 )
-from sdk.protocol.http import PermissionOutcome, PromptAccepted
+from sdk.protocol.http import PermissionOutcome, PromptAccepted, PromptTerminal
 from sdk.protocol.terminals import CHANNEL_CLOSED
 
 from .agent import AgentChannel, AgentRpcError, ChannelClosed
@@ -114,7 +116,7 @@ class PermissionWaiter:
     # The optionIds the agent offered: a vote must name one of them.
     option_ids: frozenset[str] = frozenset()
     event: trio.Event = field(default_factory=trio.Event)
-    outcome: dict[str, Any] | None = None
+    outcome: PermissionOutcome | None = None
 
 
 class VoteResult(enum.Enum):
@@ -125,9 +127,12 @@ class VoteResult(enum.Enum):
     UNKNOWN_OPTION = "unknown_option"  # an optionId the agent did not offer
 
 
-async def _answered(outcome: dict[str, Any]) -> dict[str, Any]:
+_CANCELLED: Final = PermissionOutcome(outcome="cancelled")
+
+
+async def _answered(outcome: PermissionOutcome) -> PermissionAnswer:
     """The agent's answer to a permission request decided on the spot."""
-    return {"outcome": outcome}
+    return PermissionAnswer(outcome=outcome)
 
 
 _decode_update = msgspec.json.Decoder(UpdateView).decode
@@ -169,7 +174,7 @@ class Session:
         self.permission_timeout_s = permission_timeout_s  # None: wait for a vote
         self.on_ended = on_ended
         # The ledger's newest terminals, served by load without a database read.
-        self.terminals: deque[dict[str, Any]] = deque(maxlen=MAX_LEDGER_TERMINALS)
+        self.terminals: deque[PromptTerminal] = deque(maxlen=MAX_LEDGER_TERMINALS)
         self.queue: deque[PendingPrompt] = deque()
         # Prompts admitted with an idempotency key: the newest ones in memory (all of them for
         # a session made on this bus, until the first is forgotten), the rest in the ledger.
@@ -312,9 +317,8 @@ class Session:
             # The echo's update is ACP content (the client's block as sent), kept as plain
             # values inside the typed payload.
             bus.publish(
-                SessionUpdateData(session_id=self.id, update={
-                    "sessionUpdate": "user_message_chunk", "content": block,
-                    "_meta": {"serverTimestamp": ts, "source": BRIDGE_ECHO}}),
+                SessionUpdateData(session_id=self.id, update=msgspec.to_builtins(
+                    UserEcho(content=block, meta=EchoMeta(server_timestamp=ts)))),
                 prompt_id=prompt.prompt_id, originator_client_id=prompt.client_id, flush=False,
             )
         bus.flush()
@@ -376,12 +380,10 @@ class Session:
             originator_client_id=prompt.client_id, ledger_terminal=ledger,
             stop_reason=stop_reason,
         )
-        terminal: dict[str, Any] = {"v": 1, "promptId": prompt.prompt_id, "terminal": ledger}
-        if stop_reason is not None:
-            terminal["stopReason"] = stop_reason
         ended_at = now_ms()
-        terminal["at"] = ended_at
-        self.terminals.append(terminal)
+        self.terminals.append(PromptTerminal(
+            prompt_id=prompt.prompt_id, terminal=ledger,
+            stop_reason=stop_reason if stop_reason is not None else msgspec.UNSET, at=ended_at))
         if prompt.keyed:
             self.keyed_ends[prompt.prompt_id] = (ledger, stop_reason, ended_at)
             if len(self.keyed_ends) > self.keys.capacity:
@@ -510,10 +512,10 @@ class Session:
         option_id = outcome.option_id
         if isinstance(option_id, str) and option_id not in waiter.option_ids:
             return VoteResult.UNKNOWN_OPTION
-        self._resolve(waiter, msgspec.to_builtins(outcome), None)
+        self._resolve(waiter, outcome, None)
         return VoteResult.ACCEPTED
 
-    def _resolve(self, waiter: PermissionWaiter, outcome: dict[str, Any],
+    def _resolve(self, waiter: PermissionWaiter, outcome: PermissionOutcome,
                  reason: str | None) -> None:
         """Decide a pending request: publish ``permission_resolved`` now, wake its task (which
         answers the agent)."""
@@ -523,7 +525,7 @@ class Session:
         self._publish_resolved(waiter.request_id, outcome, reason, waiter.prompt_id)
         waiter.event.set()
 
-    def _publish_resolved(self, request_id: str, outcome: dict[str, Any], reason: str | None,
+    def _publish_resolved(self, request_id: str, outcome: PermissionOutcome, reason: str | None,
                           prompt_id: str | None) -> None:
         data = (PermissionResolvedData(request_id=request_id, outcome=outcome) if reason is None
                 else PermissionResolvedData(request_id=request_id, outcome=outcome,
@@ -533,7 +535,7 @@ class Session:
     def _resolve_permissions(self, prompt_id: str, reason: str) -> None:
         for waiter in list(self.permissions.values()):
             if waiter.prompt_id in (prompt_id, None):
-                self._resolve(waiter, {"outcome": "cancelled"}, reason)
+                self._resolve(waiter, _CANCELLED, reason)
 
     # -- SessionSink (the agent channel calls these) -------------------------------------------
 
@@ -600,7 +602,7 @@ class Session:
     def dispatch_group_lines(self) -> int:
         return self.bus.dispatch_group_lines()
 
-    def permission_asked(self, params: dict[str, Any]) -> Awaitable[dict[str, Any]]:
+    def permission_asked(self, params: dict[str, Any]) -> Awaitable[PermissionAnswer]:
         # Synchronous, in stdout order: the request is published, and registered for a vote,
         # before the prompt's reply (read after it) can end the turn.
         prompt = self.active
@@ -617,18 +619,18 @@ class Session:
         )
         auto = self._auto_option(options) if self.approval_mode == "yolo" else None
         if auto is not None:
-            outcome = {"outcome": "selected", "optionId": auto}
+            outcome = PermissionOutcome(outcome="selected", option_id=auto)
             self._publish_resolved(request_id, outcome, PERMISSION_APPROVAL_MODE, prompt_id)
             return _answered(outcome)
         if prompt is None or prompt.state is not PromptState.RUNNING:
-            outcome = {"outcome": "cancelled"}
-            self._publish_resolved(request_id, outcome, PERMISSION_NO_RUNNING_PROMPT, prompt_id)
-            return _answered(outcome)
+            self._publish_resolved(request_id, _CANCELLED, PERMISSION_NO_RUNNING_PROMPT,
+                                   prompt_id)
+            return _answered(_CANCELLED)
         waiter = PermissionWaiter(request_id, prompt_id, self._option_ids(options))
         self.permissions[request_id] = waiter
         return self._wait_for_vote(waiter)
 
-    async def _wait_for_vote(self, waiter: PermissionWaiter) -> dict[str, Any]:
+    async def _wait_for_vote(self, waiter: PermissionWaiter) -> PermissionAnswer:
         try:
             timeout = self.permission_timeout_s
             with trio.move_on_after(math.inf if timeout is None else timeout):
@@ -636,11 +638,11 @@ class Session:
             if waiter.outcome is None:
                 log.info("event=permission_timeout session=%s request=%s timeout_ms=%d",
                          self.id, waiter.request_id, round((timeout or 0) * 1000))
-                self._resolve(waiter, {"outcome": "cancelled"}, PERMISSION_TIMEOUT)
+                self._resolve(waiter, _CANCELLED, PERMISSION_TIMEOUT)
         finally:
             # Cancelled meanwhile (the agent died, the daemon stops): nobody can vote on it.
             self.permissions.pop(waiter.request_id, None)
-        return {"outcome": waiter.outcome or {"outcome": "cancelled"}}
+        return PermissionAnswer(outcome=waiter.outcome or _CANCELLED)
 
     @staticmethod
     def _option_ids(options: list[Any]) -> frozenset[str]:

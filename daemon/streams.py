@@ -18,6 +18,7 @@ from urllib.parse import parse_qs
 
 import trio
 
+from sdk.protocol import http as wire
 from sdk.protocol.constants import MAX_EVENT_ID
 from sdk.protocol.sse import SSE_HEARTBEAT, sse_retry
 
@@ -63,8 +64,9 @@ GATHER_PASSES = 3
 
 
 class StreamRequestError(Exception):
-    def __init__(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None):
-        super().__init__(body.get("error"))
+    def __init__(self, status: int, body: wire.ErrorBody,
+                 headers: dict[str, str] | None = None):
+        super().__init__(body.error)
         self.status = status
         self.body = body
         self.headers = headers or {}
@@ -100,9 +102,9 @@ def parse_stream_request(headers: dict[str, str], query_string: bytes) -> Stream
     if "maxQueued" in query:
         raw = query["maxQueued"]
         if not _is_decimal(raw, 64) or not MAX_QUEUED_MIN <= int(raw) <= MAX_QUEUED_MAX:
-            raise StreamRequestError(400, {
-                "error": f"maxQueued must be an integer between {MAX_QUEUED_MIN} and "
-                         f"{MAX_QUEUED_MAX}", "code": "invalid_max_queued"})
+            raise StreamRequestError(400, wire.ErrorBody(
+                error=f"maxQueued must be an integer between {MAX_QUEUED_MIN} and "
+                      f"{MAX_QUEUED_MAX}", code="invalid_max_queued"))
         max_queued = int(raw)
     if "last-event-id" in headers or "x-qwen-event-epoch" in headers:
         cursor = parse_cursor(headers.get("last-event-id"))
@@ -116,8 +118,8 @@ def parse_stream_request(headers: dict[str, str], query_string: bytes) -> Stream
 def check_capacity(bus: SessionBus) -> None:
     if len(bus.subscribers) >= MAX_SUBSCRIBERS:
         raise StreamRequestError(
-            429, {"error": "Too many subscribers for this session",
-                  "code": "subscriber_limit_exceeded", "limit": MAX_SUBSCRIBERS},
+            429, wire.ErrorBody(error="Too many subscribers for this session",
+                                code="subscriber_limit_exceeded", limit=MAX_SUBSCRIBERS),
             {"Retry-After": "5"})
 
 
@@ -503,7 +505,7 @@ async def serve_ws(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
     await final_send(sub, send, closing, EVICTED_FRAME_TIMEOUT_S)
 
 
-async def deny_ws(send: Send, status: int, body: dict[str, Any],
+async def deny_ws(send: Send, status: int, body: wire.ErrorBody,
                   headers: dict[str, str] | None = None) -> None:
     """Answer a WebSocket upgrade with a plain HTTP error (ASGI websocket denial response)."""
     raw = encode_json(body)

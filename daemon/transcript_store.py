@@ -62,6 +62,7 @@ from daemon.core.transcript_ops import (
     UpsertSession,
 )
 from daemon.malloc import MMAP_THRESHOLD
+from sdk.protocol.http import PromptTerminal
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -890,19 +891,14 @@ class TranscriptStore:
         rows = self._prompt_rows(session_id, "1", (), order="admitted_at, rowid")
         return [row[2] for row in rows if row[3] == "in_flight"]
 
-    def prompt_terminals(self, session_id: str, limit: int = 64) -> list[dict[str, Any]]:
-        """The last ``limit`` ledger terminals, oldest first, in the load body's shape
-        ``{v:1, promptId, terminal, stopReason?, at}``."""
+    def prompt_terminals(self, session_id: str, limit: int = 64) -> list[PromptTerminal]:
+        """The last ``limit`` ledger terminals, oldest first, as load answers carry them."""
         rows = self._prompt_rows(session_id, "terminal_seq IS NOT NULL", (),
                                  order="terminal_seq DESC", limit=limit)
-        out: list[dict[str, Any]] = []
-        for row in reversed(rows):
-            item: dict[str, Any] = {"v": 1, "promptId": row[2], "terminal": row[3]}
-            if row[4] is not None:
-                item["stopReason"] = row[4]
-            item["at"] = row[6]
-            out.append(item)
-        return out
+        return [PromptTerminal(prompt_id=row[2], terminal=row[3],
+                               stop_reason=row[4] if row[4] is not None else msgspec.UNSET,
+                               at=row[6])
+                for row in reversed(rows)]
 
     # --- reading: events ---
 

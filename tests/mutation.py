@@ -95,10 +95,6 @@ DESELECT = ("tests/test_webui_repair_commit.py::test_repair_on_a_200k_history_wi
 # mutation on a matching line is skipped). module -> [(line regex, why no mutation of it can
 # change observable behaviour)].
 EQUIVALENT: dict[str, list[tuple[str, str]]] = {
-    "daemon/core/envelope.py": [
-        (r"^\s+first = False$",
-         "encode_object's `first` flag is only tested for truth: None and False are the same"),
-    ],
     "daemon/core/live_journal.py": [
         (r'_push\(event, None, ""\)$',
          "the text argument is read only to merge, and a None key never merges"),

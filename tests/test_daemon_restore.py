@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 import trio
 
@@ -20,6 +21,7 @@ from daemon.core.envelope import decode_json
 from daemon.server import TRANSCRIPT_FILE
 from daemon.transcript_store import TranscriptStore
 from sdk.events import DaemonEvent, decode_events
+from sdk.protocol.http import LoadSessionResponse
 from tests.harness import running_daemon, start_daemon
 from tests.sse_client import Subscriber, chunk_kind, is_terminal_for
 
@@ -44,6 +46,8 @@ async def load_restored(client: httpx.AsyncClient, sid: str) -> dict[str, Any]:
     assert (await client.get(f"/session/{sid}/status")).status_code == 404
     resp = await client.post(f"/session/{sid}/load", json={})
     assert resp.status_code == 200, resp.text
+    # The answer is the protocol's load body, an interrupted prompt's ledger terminal included.
+    msgspec.json.decode(resp.content, type=LoadSessionResponse[msgspec.Raw])
     body: dict[str, Any] = resp.json()
     assert body["liveJournal"] == [] and body["hasActivePrompt"] is False
     seeded = decode_events(body["compactedReplay"])

@@ -11,16 +11,15 @@ from hypothesis import strategies as st
 
 from daemon.core.envelope import (
     Event,
-    RawList,
     build_envelope,
-    encode_object,
-    encode_object_parts,
     make_event,
     spliced_events,
+    spliced_parts,
     sse_chunks,
     synthetic,
     write_groups,
 )
+from sdk.protocol import http as wire
 
 
 def test_make_event_encodes_once_and_sizes_by_encoding() -> None:
@@ -118,22 +117,44 @@ def test_sse_frames_and_chunks() -> None:
     assert b"".join(chunks) == b"".join(e.sse_frame for e in events)
 
 
-def test_encode_object_splices_raw_lists() -> None:
-    items = [msgspec.json.encode({"id": i}) for i in range(3)]
-    body = encode_object({"a": 1, "list": RawList(items), "b": "x", "empty": RawList([])})
-    assert msgspec.json.decode(body) == {"a": 1, "b": "x", "list": [{"id": 0}, {"id": 1},
-                                                                     {"id": 2}], "empty": []}
-    only = encode_object({"events": RawList(items[:1])})
-    assert msgspec.json.decode(only) == {"events": [{"id": 0}]}
+def _load_body(live: list[bytes], compacted: list[bytes], **given: object
+               ) -> wire.LoadSessionResponse[bytes]:
+    fields: dict[str, object] = {
+        "session_id": "s", "workspace_cwd": "/w", "attached": True, "client_id": "c",
+        "created_at": "t", "state": {}, "has_active_prompt": False,
+        "has_running_background_tasks": False, "last_event_id": 3, "event_epoch": "e",
+        **given}
+    return wire.LoadSessionResponse[bytes](live_journal=live, compacted_replay=compacted,
+                                           **fields)  # type: ignore[arg-type]
 
 
-def test_encode_object_parts_are_the_items_themselves() -> None:
+def _as_raw(body: msgspec.Struct) -> msgspec.Struct:
+    """The same body with each envelope a ``msgspec.Raw``: what msgspec alone encodes."""
+    return msgspec.structs.replace(body, **{
+        name: [msgspec.Raw(item) for item in value]
+        for name in body.__struct_fields__
+        if type(value := getattr(body, name)) is list and value and type(value[0]) is bytes})
+
+
+def test_spliced_parts_are_the_structs_encoding_with_the_envelopes_spliced_in() -> None:
     items = [msgspec.json.encode({"id": i, "pad": "x" * i}) for i in range(4)]
-    fields = {"a": 1, "list": RawList(items), "b": "x"}
-    parts = encode_object_parts(fields)
-    assert b"".join(parts) == encode_object(fields)
-    # The pre-encoded items are in the parts as the same objects: nothing copied them.
-    assert [p for p in parts if any(p is item for item in items)] == items
+    for body in (_load_body(items[:3], items[3:]), _load_body([], items),
+                 _load_body(items[:1], [], replay_degraded=True, history_has_more=True),
+                 wire.TranscriptPage[bytes](session_id="s", has_more=False, events=items),
+                 wire.TranscriptPage[bytes](session_id="s", has_more=False, events=[])):
+        parts = spliced_parts(body)
+        assert b"".join(parts) == msgspec.json.encode(_as_raw(body))
+        # The pre-encoded envelopes are in the parts as the same objects: nothing copied them.
+        spliced = [item for item in items if any(part is item for part in parts)]
+        expected = [item for name in body.__struct_fields__
+                    if type(value := getattr(body, name)) is list for item in value]
+        assert spliced == expected
+    # Members in the Struct's order (wire order), the lists last.
+    assert msgspec.json.decode(b"".join(spliced_parts(_load_body(items[:1], items[1:2])))) \
+        == {"sessionId": "s", "workspaceCwd": "/w", "attached": True, "clientId": "c",
+            "createdAt": "t", "state": {}, "hasActivePrompt": False,
+            "hasRunningBackgroundTasks": False, "lastEventId": 3, "eventEpoch": "e",
+            "liveJournal": [{"id": 0, "pad": ""}], "compactedReplay": [{"id": 1, "pad": "x"}]}
 
 
 @given(st.lists(st.integers(min_value=0, max_value=40)), st.integers(min_value=1, max_value=30))

@@ -33,9 +33,9 @@ def test_guard_order_host_origin_auth() -> None:
     guard = Guard(token="t", loopback_bind=True, bind_hostname="127.0.0.1",
                   allow_origins=frozenset({"http://ok"}))
     bad_host = guard.check("GET", "/x", {"host": "evil:1", "origin": "http://evil"})
-    assert bad_host is not None and bad_host.body["code"] == "invalid_host"
+    assert bad_host is not None and bad_host.body.code == "invalid_host"
     bad_origin = guard.check("GET", "/x", {"host": "localhost", "origin": "http://evil"})
-    assert bad_origin is not None and bad_origin.body["code"] == "origin_not_allowed"
+    assert bad_origin is not None and bad_origin.body.code == "origin_not_allowed"
     no_auth = guard.check("GET", "/x", {"host": "localhost", "origin": "http://ok"})
     assert no_auth is not None and no_auth.status == 401
     assert guard.check("GET", "/x", {"host": "localhost", "authorization": "Bearer t"}) is None
@@ -62,7 +62,7 @@ def test_cors_preflight_skips_auth_only_for_allowed_origins() -> None:
     # A preflight from another origin is refused before auth, and gets no CORS headers.
     evil = {**pre, "origin": "http://evil"}
     denied = guard.check("OPTIONS", "/session", evil)
-    assert denied is not None and denied.body["code"] == "origin_not_allowed"
+    assert denied is not None and denied.body.code == "origin_not_allowed"
     assert guard.preflight_headers(evil) is None and guard.cors_headers(evil) == []
     assert guard.cors_headers({"host": "localhost"}) == []
     exposed = dict(guard.cors_headers(plain))[b"access-control-expose-headers"]

@@ -18,10 +18,11 @@ from daemon.core.guards import (
     is_same_origin,
     is_ui_asset,
 )
+from sdk.protocol.http import ErrorBody
 
-HOST = Denial(403, {"error": "Invalid Host header", "code": "invalid_host"})
-CORS = Denial(403, {"error": "Request denied by CORS policy", "code": "origin_not_allowed"})
-AUTH = Denial(401, {"error": "Unauthorized", "code": "unauthorized"})
+HOST = Denial(403, ErrorBody(error="Invalid Host header", code="invalid_host"))
+CORS = Denial(403, ErrorBody(error="Request denied by CORS policy", code="origin_not_allowed"))
+AUTH = Denial(401, ErrorBody(error="Unauthorized", code="unauthorized"))
 APP = "http://app.example"
 
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any, cast
 
 import httpx
+import msgspec
 import pytest
 
 import daemon.asgi
@@ -23,6 +24,7 @@ from daemon.config import DaemonConfig
 from daemon.core.openapi import ROUTES, Route, build_openapi, documented_error_codes
 from daemon.http_api import create_app
 from daemon.manager import SessionManager
+from sdk.protocol import http as wire
 from tests.harness import RunningDaemon, running_daemon
 
 TOKEN = "openapi-test-token"
@@ -128,9 +130,10 @@ def test_spec_error_codes_are_documented() -> None:
 
 
 def test_documented_error_codes_exist_in_the_daemon() -> None:
-    """No invented codes: each one is a string literal somewhere in the HTTP layer."""
+    """No invented codes: each one is a string literal somewhere in the HTTP layer (or in the
+    protocol's builders of the errors several parts of it answer)."""
     source = "".join(inspect.getsource(module) for module in (
-        daemon.asgi, daemon.core.guards, daemon.http_api, daemon.streams))
+        daemon.asgi, daemon.core.guards, daemon.http_api, daemon.streams, wire))
     for code in documented_error_codes():
         assert f'"{code}"' in source, code
 
@@ -195,6 +198,12 @@ def _call(client: httpx.Client, url: str, route: Route, sid: str) -> tuple[int, 
         body = {}
     headers = {"Idempotency-Key": "openapi-key"} if route.operation_id == "prompt" else {}
     resp = client.request(route.method, path, json=body, headers=headers)
+    if resp.status_code == route.status and route.response_type is not None:
+        # The answer is the protocol's type (strict: a member of another type fails here).
+        kind: Any = route.response_type
+        if kind in (wire.LoadSessionResponse, wire.TranscriptPage):
+            kind = kind[msgspec.Raw]
+        msgspec.json.decode(resp.content, type=kind)
     return resp.status_code, resp.json() if resp.content else None
 
 

@@ -45,8 +45,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("daemon/streams.py", "maxQueued"): "query-string parameter",
     ("daemon/streams.py", "lastEventId"): "query-string parameter",
     ("daemon/http_api.py", "limit"): "query-string parameter",
-    # The stream route's own error body, built a few lines above (it is written, not read).
-    ("daemon/streams.py", "error"): "StreamRequestError's own body, for its message",
     # A regular expression's named group.
     ("daemon/logs.py", "name"): "re.Match group",
     # The CLI's own summary dict (built by sdk/cli/commands.py from a typed LoadResult).

@@ -20,6 +20,7 @@ import msgspec
 import pytest
 import trio
 import trio.testing
+from msgspec import to_builtins
 
 from daemon import transcript_store
 from daemon.core.checksum import row_crc
@@ -205,7 +206,7 @@ def test_a_version_2_file_is_upgraded_in_place_and_checked_from_then_on(tmp_path
     assert store.page(S1, limit=10).events == [record(n)[1] for n in range(1, 4)]
     assert store.raw_events(S2) == [event(1), event(2)]
     assert store.in_flight_prompts(S2) == [P1]
-    assert store.prompt_terminals(S1) == [{"v": 1, "promptId": P1, "terminal": "completed",
+    assert to_builtins(store.prompt_terminals(S1)) == [{"v": 1, "promptId": P1, "terminal": "completed",
                                           "stopReason": "end_turn", "at": 9}]
     # From now on a changed byte of an old row is found like a new one's.
     raw = store._conn.execute("SELECT raw FROM records WHERE seq = 2").fetchone()[0]

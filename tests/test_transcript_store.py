@@ -17,6 +17,7 @@ import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from msgspec import to_builtins
 
 from daemon.malloc import MMAP_THRESHOLD
 from daemon.transcript_store import (
@@ -142,7 +143,7 @@ def test_reopen_keeps_everything(tmp_path: Path) -> None:
     assert again.record_count(S1) == 2
     assert again.raw_events(S1) == [ev(3, prompt_id="p2")]
     assert again.in_flight_prompts(S1) == ["p2"]
-    assert [t["promptId"] for t in again.prompt_terminals(S1)] == ["p1"]
+    assert [t.prompt_id for t in again.prompt_terminals(S1)] == ["p1"]
     again.close()
 
 
@@ -291,7 +292,7 @@ def test_delete_session_removes_everything(store: TranscriptStore) -> None:
     assert store.get_session(S1) is None
     assert store.raw_events(S1) == []
     assert store.record_count(S1) == 0
-    assert store.prompt_terminals(S1) == []
+    assert to_builtins(store.prompt_terminals(S1)) == []
     assert store.get_prompt(S1, "p1") is None
     assert store.get_session(S2) is not None
 
@@ -582,28 +583,28 @@ def test_prompt_terminals_shape_order_and_limit(store: TranscriptStore) -> None:
     )
     # p3's error lands before p4 is interrupted, even with an earlier clock reading.
     store.apply([finish(S1, "p4", [rec(4)], "interrupted", None, 25)])
-    assert store.prompt_terminals(S1) == [
+    assert to_builtins(store.prompt_terminals(S1)) == [
         {"v": 1, "promptId": "p1", "terminal": "completed", "stopReason": "end_turn", "at": 10},
         {"v": 1, "promptId": "p2", "terminal": "cancelled", "stopReason": "cancelled", "at": 20},
         {"v": 1, "promptId": "p3", "terminal": "error", "at": 30},
         {"v": 1, "promptId": "p4", "terminal": "interrupted", "at": 25},
     ]
-    assert [t["promptId"] for t in store.prompt_terminals(S1, limit=2)] == ["p3", "p4"]
+    assert [t.prompt_id for t in store.prompt_terminals(S1, limit=2)] == ["p3", "p4"]
     assert store.in_flight_prompts(S1) == []
-    assert store.prompt_terminals(S2) == []
+    assert to_builtins(store.prompt_terminals(S2)) == []
 
 
 def test_first_terminal_wins(store: TranscriptStore) -> None:
     store.apply([AdmitPrompt(S1, "p1", 1), finish(S1, "p1", [rec(1)], "completed", "end_turn", 10)])
     store.apply([finish(S1, "p1", [rec(2)], "error", None, 20)])
-    assert store.prompt_terminals(S1) == [
+    assert to_builtins(store.prompt_terminals(S1)) == [
         {"v": 1, "promptId": "p1", "terminal": "completed", "stopReason": "end_turn", "at": 10}
     ]
 
 
 def test_terminal_without_admission_is_recorded(store: TranscriptStore) -> None:
     store.apply([finish(S1, "px", [rec(1)], "interrupted", None, 7)])
-    assert store.prompt_terminals(S1) == [
+    assert to_builtins(store.prompt_terminals(S1)) == [
         {"v": 1, "promptId": "px", "terminal": "interrupted", "at": 7}
     ]
 

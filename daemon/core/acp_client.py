@@ -41,7 +41,13 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Generic, TypeVar
 
 from sdk.protocol import __version__
-from sdk.protocol.acp import NewSessionResultView, PermissionParamsView, SessionUpdateView, view
+from sdk.protocol.acp import (
+    NewSessionResultView,
+    PermissionAnswer,
+    PermissionParamsView,
+    SessionUpdateView,
+    view,
+)
 
 from .acp_codec import (
     INTERNAL_ERROR,
@@ -221,7 +227,7 @@ def prompt_result(result: Any) -> dict[str, Any]:
     return result
 
 
-def permission_granted(request: Request, result: dict[str, Any]) -> bytes:
+def permission_granted(request: Request, result: PermissionAnswer) -> bytes:
     """The reply to a permission request, with the session's decision."""
     return encode_result(request.id, result)
 

@@ -32,11 +32,12 @@ from sdk.protocol.acp import (
     view,
 )
 from sdk.protocol.constants import ENVELOPE_VERSION
-from sdk.protocol.envelope import envelope_fields
+from sdk.protocol.envelope import HOLE, envelope_fields
 from sdk.protocol.events import EventPayload, SessionUpdateData, event_type_of
 from sdk.protocol.sse import SSE_FRAME_END, sse_head
 
 SCHEMA_VERSION: Final = ENVELOPE_VERSION
+_HOLE_BYTE: Final = bytes(HOLE)
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
@@ -259,43 +260,29 @@ def typed_synthetic(
     return synthetic(event_type_of(payload), payload, now_ms=now_ms, prompt_id=prompt_id)
 
 
-class RawList:
-    """A list of already-encoded JSON values, spliced into a response without re-encoding."""
-
-    __slots__ = ("items",)
-
-    def __init__(self, items: list[bytes]) -> None:
-        self.items = items
-
-
-def encode_object(fields: dict[str, Any]) -> bytes:
-    """Encode a JSON object whose :class:`RawList` values are spliced in as arrays of their
-    pre-encoded items: one join for the whole body, so an 8 MiB load is copied once, not
-    three times (join, wrap, re-encode)."""
-    return b"".join(encode_object_parts(fields))
-
-
-def encode_object_parts(fields: dict[str, Any]) -> list[bytes]:
-    """What :func:`encode_object` joins: the object's plain members encoded together, then
-    each :class:`RawList` member as its name, its items (the pre-encoded bytes themselves, not
-    copies) and the commas between them."""
-    plain = {k: v for k, v in fields.items() if not isinstance(v, RawList)}
-    head = encode_json(plain)
-    parts: list[bytes] = [head[:-1]]  # without the closing brace
-    first = len(plain) == 0
-    for key, value in fields.items():
-        if not isinstance(value, RawList):
-            continue
-        parts.append(b'"' + key.encode() + b'":[' if first else b',"' + key.encode() + b'":[')
-        first = False
-        items = value.items
-        if items:
-            parts.append(items[0])
-            for item in items[1:]:
-                parts.append(b",")
-                parts.append(item)
-        parts.append(b"]")
-    parts.append(b"}")
+def spliced_parts(body: msgspec.Struct) -> list[bytes]:
+    """The JSON of a response Struct whose lists of envelopes hold their encoded ``bytes`` (a
+    ``LoadSessionResponse[bytes]``, a ``TranscriptPage[bytes]``), as the parts that make it up:
+    msgspec's encoding of the Struct with each such list left empty, cut open there, and the
+    envelopes' own bytes (not copies) with the commas between them put in. So the members,
+    their names and their order are the Struct's, and an 8 MiB load is written from where its
+    envelopes already lie instead of being copied into one body first. The parts joined are
+    ``msgspec.json.encode`` of the same Struct with each envelope as a ``msgspec.Raw``."""
+    spliced: dict[str, list[bytes]] = {}
+    for name in body.__struct_fields__:
+        value = getattr(body, name)
+        if type(value) is list and value and type(value[0]) is bytes:
+            spliced[name] = value
+    if not spliced:
+        return [encode_json(body)]
+    holes = msgspec.structs.replace(body, **{name: [HOLE] for name in spliced})
+    pieces = encode_json(holes).split(_HOLE_BYTE)
+    parts: list[bytes] = [pieces[0]]
+    for items, piece in zip(spliced.values(), pieces[1:], strict=True):
+        parts.append(items[0])
+        for item in items[1:]:
+            parts += (b",", item)
+        parts.append(piece)
     return parts
 
 

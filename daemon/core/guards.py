@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import hmac
 from dataclasses import dataclass
-from typing import Any
+
+from sdk.protocol.http import ErrorBody
 
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
 
@@ -28,7 +29,7 @@ Headers = list[tuple[bytes, bytes]]
 @dataclass(frozen=True)
 class Denial:
     status: int
-    body: dict[str, Any]
+    body: ErrorBody
 
 
 def host_name(host_header: str) -> str:
@@ -65,12 +66,12 @@ class Guard:
             allowed = LOOPBACK_HOSTS | {self.bind_hostname.lower()}
             host = headers.get("host")
             if host is None or host_name(host) not in allowed:
-                return Denial(403, {"error": "Invalid Host header", "code": "invalid_host"})
+                return Denial(403, ErrorBody(error="Invalid Host header", code="invalid_host"))
         origin = headers.get("origin")
         if origin is not None and origin not in self.allow_origins \
                 and not is_same_origin(origin, headers.get("host")):
-            return Denial(403, {"error": "Request denied by CORS policy",
-                                "code": "origin_not_allowed"})
+            return Denial(403, ErrorBody(error="Request denied by CORS policy",
+                                         code="origin_not_allowed"))
         if self.token is None or is_preflight(method, headers):
             return None
         if is_ui_asset(method, path):
@@ -81,7 +82,7 @@ class Guard:
             return None
         given = bearer_token(headers.get("authorization"))
         if given is None or not hmac.compare_digest(given.encode(), self.token.encode()):
-            return Denial(401, {"error": "Unauthorized", "code": "unauthorized"})
+            return Denial(401, ErrorBody(error="Unauthorized", code="unauthorized"))
         return None
 
     def allowed_origin(self, headers: dict[str, str]) -> str | None:

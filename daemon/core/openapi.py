@@ -38,13 +38,8 @@ API_VERSION: Final = __version__
 JsonSchema = dict[str, Any]
 ErrorSpec = tuple[int, tuple[str, ...]]
 _REF: Final = "#/components/schemas/{name}"
-_TYPES: Final = (*wire.REQUEST_TYPES, *wire.RESPONSE_TYPES)
-_, _GENERATED = msgspec.json.schema_components(_TYPES, ref_template=_REF)
-
-
 #: The generated component schemas, by name (``ErrorBody`` is served as ``Error``).
-COMPONENTS: Final[dict[str, JsonSchema]] = {name: dict(schema)
-                                            for name, schema in _GENERATED.items()}
+COMPONENTS: Final[dict[str, JsonSchema]] = wire.body_schemas(_REF)
 # A vote names an option or refuses: at least one of optionId / outcome.
 COMPONENTS["PermissionVoteRequest"].update(wire.PERMISSION_VOTE_RULE)
 COMPONENTS["TranscriptQuery"].update(wire.TRANSCRIPT_QUERY_RULE)

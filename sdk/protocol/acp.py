@@ -22,7 +22,8 @@ from typing import Any, ClassVar, Final, Literal, TypeVar
 
 import msgspec
 
-from sdk.protocol.constants import RECORD_ID_META_KEY
+from sdk.protocol.constants import BRIDGE_ECHO, RECORD_ID_META_KEY
+from sdk.protocol.http import PermissionOutcome
 
 __all__ = [
     "ACP_WIRE_NAMES",
@@ -30,6 +31,7 @@ __all__ = [
     "AGENT_THOUGHT_CHUNK",
     "DISCRETE_MESSAGE_META_KEY",
     "RECORD_ID_META_KEY",
+    "EchoMeta",
     "EnvelopeMetaView",
     "EnvelopeView",
     "MergeFields",
@@ -37,6 +39,7 @@ __all__ = [
     "MergeableUpdate",
     "NewSessionResultView",
     "OtherUpdate",
+    "PermissionAnswer",
     "PermissionOptionView",
     "PermissionParamsView",
     "PromptResultView",
@@ -46,6 +49,7 @@ __all__ = [
     "UpdateEnvelopeView",
     "UpdateMetaView",
     "UpdateView",
+    "UserEcho",
     "mergeable_chunk_fields",
     "view",
 ]
@@ -396,3 +400,28 @@ def mergeable_chunk_fields(env: Any) -> MergeFields | None:
                 sources = transcript.get("sourceRecordIds", _UNSET)
     return (kind, env.get("promptId", _UNSET), env.get("originatorClientId", _UNSET),
             data.get("sessionId", _UNSET), parent, sources), text
+
+
+# --- what the daemon writes in ACP's shapes (built, never views) ------------------------------
+
+
+class EchoMeta(msgspec.Struct, frozen=True, rename="camel", gc=False):
+    """``_meta`` of the daemon's echo of a prompt: when it started, and that it is the echo."""
+
+    server_timestamp: int
+    source: str = BRIDGE_ECHO
+
+
+class UserEcho(msgspec.Struct, frozen=True, tag_field="sessionUpdate",
+               tag="user_message_chunk"):
+    """The ``user_message_chunk`` update the daemon publishes for each block of a prompt as it
+    starts running: the client's block as sent (every member of it) as ``content``."""
+
+    content: Any
+    meta: EchoMeta = msgspec.field(name="_meta")
+
+
+class PermissionAnswer(msgspec.Struct, frozen=True, gc=False):
+    """The result the daemon answers an agent's ``session/request_permission`` with."""
+
+    outcome: PermissionOutcome

@@ -82,11 +82,12 @@ class DaemonEvent(msgspec.Struct, kw_only=True, omit_defaults=True, dict=True):
     ``data`` is the payload as plain JSON values (the complete daemon payload, unknown keys
     included); :attr:`payload` is the same payload as its typed Struct.
 
-    The fields are the envelope's, in wire order. ``v`` and ``data`` default through a
-    ``default_factory``, which ``omit_defaults`` never drops: they are always encoded, while
-    the fields that default to ``None`` are left out when absent.
+    The members are the envelope's, in wire order: ``v``, ``type`` and ``data`` always,
+    the others only when present.
     """
 
+    # v and data default through a default_factory, which omit_defaults never drops: they are
+    # always encoded; the members that default to None are left out when absent.
     id: int | None = None
     v: int = msgspec.field(default_factory=_version)
     type: str

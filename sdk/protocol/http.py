@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, Final, Literal, TypeVar
+from typing import Annotated, Any, Final, Generic, Literal, TypeVar
 
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
@@ -31,6 +31,7 @@ __all__ = [
     "ABSOLUTE_PATH_PATTERN",
     "CLIENT_ID_PATTERN",
     "DEFAULT_TRANSCRIPT_LIMIT",
+    "ECHO_MAX_CHARS",
     "IDEMPOTENCY_KEY_HEADER",
     "IDEMPOTENCY_KEY_PATTERN",
     "IDEMPOTENT_REPLAYED_HEADER",
@@ -51,9 +52,11 @@ __all__ = [
     "DaemonStatusResponse",
     "ErrorBody",
     "ErrorBodyView",
+    "EventT",
     "HealthResponse",
     "HeartbeatResponse",
     "JournalStatus",
+    "LedgerTerminal",
     "Limits",
     "LoadSessionRequest",
     "LoadSessionResponse",
@@ -67,6 +70,7 @@ __all__ = [
     "PromptTerminal",
     "ResumeSessionRequest",
     "ResumeSessionResponse",
+    "Sent",
     "ServerPatches",
     "SessionCounts",
     "SessionStatusResponse",
@@ -75,9 +79,16 @@ __all__ = [
     "TranscriptPage",
     "TranscriptQuery",
     "WorkspaceInfo",
+    "body_schemas",
+    "body_too_large",
     "convert_request",
+    "echo",
+    "error_body",
+    "method_not_allowed",
     "parse_idempotency_key",
     "request_error_code",
+    "route_not_found",
+    "session_not_found",
     "view_error_body",
     "view_prompt_blocks",
     "view_session_id",
@@ -127,6 +138,13 @@ def parse_idempotency_key(value: str) -> str | None:
     if len(value) >= 2 and value[0] == value[-1] == '"':
         value = value[1:-1]
     return value if _IDEMPOTENCY_KEY_RE.fullmatch(value) else None
+
+
+#: A member this daemon always sends that has a default all the same: the daemon's answers
+#: carry it whatever its value (so the schema lists it as required: :func:`body_schemas`),
+#: and a client still reads an answer without it (the reference daemon, or an earlier
+#: version of this one, leaves it out).
+Sent: Final = Meta(extra={"sent": True})
 
 
 class _Body(Struct, rename="camel", kw_only=True):
@@ -423,18 +441,23 @@ class CreateSessionResponse(_Body, kw_only=True):
     event_epoch: str
 
 
+#: How a prompt ended, as its ledger says: ``interrupted`` when the daemon stopped while it ran
+#: (restoring the session closed it so).
+LedgerTerminal = Literal["completed", "cancelled", "error", "interrupted"]
+
+
 class PromptTerminal(_Body, kw_only=True):
     """A ledger terminal as load answers carry them (``promptTerminals``)."""
 
-    v: Literal[1]
+    v: Annotated[Literal[1], Sent] = 1
     prompt_id: str
-    terminal: Literal["completed", "cancelled", "error"]
+    terminal: LedgerTerminal
     stop_reason: str | UnsetType = UNSET
     at: int
 
 
-class ResumeSessionResponse(_Body, kw_only=True):
-    """``POST /session/{id}/resume``: who and where, and the cursor to subscribe from."""
+class _Attachment(_Body, kw_only=True):
+    """Who and where: the members resume and load answers share, first."""
 
     session_id: str
     workspace_cwd: str
@@ -444,25 +467,46 @@ class ResumeSessionResponse(_Body, kw_only=True):
     state: dict[str, Any]
     has_active_prompt: bool
     has_running_background_tasks: bool
+
+
+class ResumeSessionResponse(_Attachment, kw_only=True):
+    """``POST /session/{id}/resume``: who and where, and the cursor to subscribe from."""
+
     last_event_id: EventId
     event_epoch: str
 
 
-class LoadSessionResponse(ResumeSessionResponse, kw_only=True):
-    """``POST /session/{id}/load``: the resume fields plus the snapshot. The daemon splices
-    the pre-encoded frames of ``compactedReplay`` and ``liveJournal`` into its answer; this
-    type is what that answer decodes as."""
+#: What a list of envelopes holds: ``DaemonEvent`` as a client reads them, ``msgspec.Raw``
+#: (each envelope's JSON, untouched) as they are decoded first, or ``bytes`` as the daemon
+#: builds its answer: each envelope's encoding as published, spliced in as it is (the daemon's
+#: writer cuts the Struct's encoding open where the list goes; msgspec alone would write bytes
+#: as base64).
+EventT = TypeVar("EventT")
 
-    compacted_replay: list[DaemonEvent]
-    live_journal: list[DaemonEvent]
-    replay_degraded: bool | UnsetType = UNSET
+
+class LoadSessionResponse(_Attachment, Generic[EventT], kw_only=True):
+    """``POST /session/{id}/load``: the resume members plus the snapshot, rebuilt from
+    ``compactedReplay`` then ``liveJournal``. Members in wire order; the daemon builds a
+    ``LoadSessionResponse[bytes]`` whose lists are the published envelopes (written without a
+    copy), a client reads a ``LoadSessionResponse[DaemonEvent]``."""
+
     history_has_more: bool | UnsetType = UNSET
     history_anchor_record_id: str | UnsetType = UNSET
+    last_event_id: EventId
+    event_epoch: str
+    replay_degraded: bool | UnsetType = UNSET
     prompt_terminals: list[PromptTerminal] | UnsetType = UNSET
     # false when the agent session behind it had to be recreated (the agent's own
     # session/load failed, or it has none): the transcript is whole, the agent's context is
     # not (constants.AGENT_CONTEXT_LOST). Not sent by every daemon.
     agent_session_restored: bool | UnsetType = UNSET
+    live_journal: list[EventT]
+    compacted_replay: list[EventT]
+
+    @property
+    def events(self) -> list[EventT]:
+        """The replay in rebuild order: ``compactedReplay``, then ``liveJournal``."""
+        return [*self.compacted_replay, *self.live_journal]
 
 
 class PromptAccepted(_Body, kw_only=True):
@@ -501,14 +545,16 @@ class PermissionVoteResponse(_Body, kw_only=True):
     outcome: PermissionOutcome
 
 
-class TranscriptPage(_Body, kw_only=True):
-    """``GET /session/{id}/transcript`` (the events are spliced in as stored)."""
+class TranscriptPage(_Body, Generic[EventT], kw_only=True):
+    """``GET /session/{id}/transcript``: one page, chronological inside, newest page first.
+    The daemon builds a ``TranscriptPage[bytes]`` (the events as stored, written without a
+    copy), a client reads a ``TranscriptPage[DaemonEvent]``."""
 
-    v: Literal[1]
+    v: Annotated[Literal[1], Sent] = 1
     session_id: str
-    events: list[DaemonEvent]
-    next_cursor: str | UnsetType = UNSET
     has_more: bool
+    next_cursor: str | UnsetType = UNSET
+    events: list[EventT]
 
 
 class JournalStatus(_Body, kw_only=True):
@@ -550,7 +596,7 @@ class HeartbeatResponse(_Body, kw_only=True):
 
 class ErrorBody(_Body, kw_only=True):
     """Every error the daemon makes: ``{error, code, ...details}``; the details a code carries
-    are named here."""
+    are named here, in wire order."""
 
     error: str
     code: str
@@ -561,6 +607,54 @@ class ErrorBody(_Body, kw_only=True):
     pending_count: int | UnsetType = UNSET
     idempotency_key: str | UnsetType = UNSET
     prompt_id: str | UnsetType = UNSET
+    # A 503 a client should simply repeat (cluster mode): after ``retryAfterMs`` (also sent
+    # as ``Retry-After``, in seconds).
+    retryable: bool | UnsetType = UNSET
+    retry_after_ms: int | UnsetType = UNSET
+
+
+#: An error body repeats request input (a cwd, an id from the path, an agent's message) at most
+#: this many characters per member, so a huge input never comes back huge.
+ECHO_MAX_CHARS: Final = 300
+
+
+def echo(value: Any) -> Any:
+    """``value`` as an error body may carry it: a long string is cut, with its length said."""
+    if isinstance(value, str) and len(value) > ECHO_MAX_CHARS:
+        return f"{value[:ECHO_MAX_CHARS]}… ({len(value)} characters)"
+    return value
+
+
+def error_body(code: str, error: str, **details: Any) -> ErrorBody:
+    """An :class:`ErrorBody` (``details`` by field name: ``session_id=``, ``limit=`` …), each
+    string it carries cut to :data:`ECHO_MAX_CHARS`."""
+    return ErrorBody(error=echo(error), code=code,
+                     **{name: echo(value) for name, value in details.items()})
+
+
+# An error body is built with error_body (which bounds what it repeats of the request) or one
+# of these builders: the errors more than one part of the daemon answers, each written once.
+
+
+def session_not_found(session_id: str) -> ErrorBody:
+    """404: no session with this id (never created, closed, or not restored)."""
+    return error_body("session_not_found", f'No session with id "{session_id}"',
+                      session_id=session_id)
+
+
+def route_not_found() -> ErrorBody:
+    """404: no route has this path."""
+    return ErrorBody(error="Route not found", code="route_not_found")
+
+
+def method_not_allowed() -> ErrorBody:
+    """405: the path's route answers other methods (``Allow`` names them)."""
+    return ErrorBody(error="Method not allowed", code="method_not_allowed")
+
+
+def body_too_large() -> ErrorBody:
+    """413: a request body over the 10 MB limit."""
+    return ErrorBody(error="Request body too large (max 10 MB)", code="body_too_large")
 
 
 REQUEST_TYPES: Final = (CreateSessionRequest, LoadSessionRequest, ResumeSessionRequest,
@@ -569,6 +663,76 @@ RESPONSE_TYPES: Final = (HealthResponse, CapabilitiesResponse, DaemonStatusRespo
                          CreateSessionResponse, LoadSessionResponse, ResumeSessionResponse,
                          PromptAccepted, PromptByKeyResponse, PermissionVoteResponse,
                          TranscriptPage, SessionStatusResponse, HeartbeatResponse, ErrorBody)
+# The lists of envelopes, as the schema describes them.
+_DESCRIBED: Final[dict[type, Any]] = {LoadSessionResponse: LoadSessionResponse[DaemonEvent],
+                                      TranscriptPage: TranscriptPage[DaemonEvent]}
+
+
+def body_schemas(ref_template: str) -> dict[str, dict[str, Any]]:
+    """JSON Schema of every request and response body, by class name, generated from the
+    Structs (``msgspec.json.schema_components``): the lists of envelopes as
+    :class:`~sdk.protocol.envelope.DaemonEvent`, and each :data:`Sent` member required (and
+    without the default a client falls back to)."""
+    types = [_DESCRIBED.get(kind, kind) for kind in (*REQUEST_TYPES, *RESPONSE_TYPES)]
+    _, generated = msgspec.json.schema_components(types, ref_template=ref_template)
+    # A generic body's component is named for its parameter (TranscriptPage_DaemonEvent_).
+    renamed = {f"{kind.__name__}_DaemonEvent_": kind.__name__ for kind in _DESCRIBED}
+    text = msgspec.json.encode(generated).decode()
+    for old, new in renamed.items():
+        text = text.replace(ref_template.format(name=old), ref_template.format(name=new))
+    schemas: dict[str, dict[str, Any]] = {
+        renamed.get(name, name): schema
+        for name, schema in msgspec.json.decode(text).items()}
+    for name in renamed.values():
+        schemas[name]["title"] = name
+    for kind in _struct_types(types):
+        schema = schemas[kind.__name__]
+        sent = _sent_members(kind)
+        if sent:
+            order = [field.encode_name for field in _fields(kind)]
+            required = set(schema.get("required", ())) | set(sent)
+            schema["required"] = [name for name in order if name in required]
+            for name in sent:
+                schema["properties"][name].pop("default", None)
+    return schemas
+
+
+def _fields(kind: type) -> tuple[msgspec.inspect.Field, ...]:
+    info = msgspec.inspect.type_info(kind)
+    assert isinstance(info, msgspec.inspect.StructType)
+    return info.fields
+
+
+def _sent_members(kind: type) -> list[str]:
+    """Wire names of ``kind``'s :data:`Sent` members."""
+    return [field.encode_name for field in _fields(kind)
+            if isinstance(field.type, msgspec.inspect.Metadata)
+            and (field.type.extra or {}).get("sent")]
+
+
+def _struct_types(types: list[Any]) -> list[type]:
+    """Every Struct class the bodies hold, the bodies included (each once)."""
+    seen: dict[type, None] = {}
+
+    def visit(node: msgspec.inspect.Type) -> None:
+        if isinstance(node, msgspec.inspect.StructType):
+            if node.cls in seen:
+                return
+            seen[node.cls] = None
+            for field in node.fields:
+                visit(field.type)
+        elif isinstance(node, msgspec.inspect.Metadata):
+            visit(node.type)
+        elif isinstance(node, msgspec.inspect.UnionType):
+            for option in node.types:
+                visit(option)
+        elif isinstance(node, msgspec.inspect.ListType | msgspec.inspect.DictType):
+            visit(node.item_type if isinstance(node, msgspec.inspect.ListType)
+                  else node.value_type)
+
+    for info in msgspec.inspect.multi_type_info(types):
+        visit(info)
+    return list(seen)
 
 
 # --- views of a body as sent --------------------------------------------------------------------
