@@ -12,6 +12,7 @@ from daemon.core.guards import Denial, Guard, bearer_token, host_name
 from daemon.core.restore import close_interrupted, seed_segments
 from daemon.core.ring import EventRing
 from daemon.core.subscriber import Eviction, SubscriberState, Warning
+from sdk.protocol.http import ErrorBody
 
 
 def test_host_name_strips_ports() -> None:
@@ -57,7 +58,7 @@ def test_cors_preflight_skips_auth_only_for_allowed_origins() -> None:
     # Not a preflight without the request-method header: auth applies.
     plain = {"host": "localhost", "origin": "http://ok"}
     assert guard.check("OPTIONS", "/session", plain) == Denial(
-        401, {"error": "Unauthorized", "code": "unauthorized"})
+        401, ErrorBody(error="Unauthorized", code="unauthorized"))
     assert guard.preflight_headers(plain) is None
     # A preflight from another origin is refused before auth, and gets no CORS headers.
     evil = {**pre, "origin": "http://evil"}
