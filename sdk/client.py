@@ -12,9 +12,12 @@ on this module; it deliberately holds no background tasks.
 
 from __future__ import annotations
 
+import logging
 import os
+import random
 import re
 import ssl
+import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,8 +31,10 @@ import msgspec
 
 from sdk._httpcore import load_httpcore
 from sdk.errors import (
+    DaemonError,
     DaemonHTTPError,
     InvalidTokenError,
+    SessionNotFoundError,
     SSEBufferOverflow,
     TransportError,
     error_for_status,
@@ -37,7 +42,9 @@ from sdk.errors import (
 )
 from sdk.events import DaemonEvent, decode_events, normalize_page_event
 from sdk.protocol.cursor import FollowsCursor, ResumeCursor
+from sdk.protocol.http import IDEMPOTENCY_KEY_HEADER, PromptByKeyResponse
 from sdk.protocol.sse import SSEParser
+from sdk.submission import PromptRetryPolicy, Submission, check_idempotency_key
 
 __all__ = [
     "DEFAULT_MAX_QUEUED",
@@ -51,6 +58,8 @@ __all__ = [
     "LoadResult",
     "PermissionVote",
     "PromptAccepted",
+    "PromptByKeyResponse",
+    "PromptRetryPolicy",
     "PromptTerminal",
     "ResumeResult",
     "SessionCreated",
@@ -67,6 +76,11 @@ EPOCH_HEADER: Final = "X-Qwen-Event-Epoch"
 STREAM_ID_HEADER: Final = "X-Qwen-SSE-Stream-Id"
 
 _CLIENT_ID_RE: Final = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+# Failures that mean the request was never written: no connection could be had.
+_NOT_SENT: Final = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout,
+                    httpx.UnsupportedProtocol)
+
+log = logging.getLogger("sdk.client")
 
 _json_encode = msgspec.json.Encoder().encode
 _json_decode = msgspec.json.Decoder().decode
@@ -296,6 +310,8 @@ def route_name(method: str, path: str) -> str:
         return "close" if method == "DELETE" else "session"
     if len(parts) >= 3 and parts[0] == "session" and parts[2] in _SESSION_ROUTES:
         return parts[2]
+    if len(parts) == 4 and parts[0] == "session" and parts[2] == "prompts":
+        return "find_prompt"
     if parts == ["daemon", "status"]:
         return "daemon_status"
     return "/".join(parts) or "root"
@@ -347,7 +363,9 @@ class DaemonClient:
     Against a cluster node, a request answered ``503 session_owner_unavailable`` (the
     session's node died and its lease still runs) is sent again after the answer's
     ``Retry-After``, for at most ``owner_wait_s`` seconds of waiting in all; then the error is
-    raised. ``sleep`` replaces ``anyio.sleep`` (tests).
+    raised (a prompt's sends have their own rules: :meth:`send_prompt`). ``prompt_retry``
+    spaces the sends of one prompt. ``sleep`` replaces ``anyio.sleep`` and ``uniform`` the
+    jitter source, ``random.uniform`` (tests).
 
     An ``https://`` daemon's certificate is checked against the system's CAs, or, with
     ``ca_file`` (a PEM file), against that file's only (a self-signed daemon's certificate).
@@ -362,8 +380,10 @@ class DaemonClient:
         timeout: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
         owner_wait_s: float = 30.0,
+        prompt_retry: PromptRetryPolicy | None = None,
         sleep: Callable[[float], Awaitable[None]] | None = None,
         ca_file: str | os.PathLike[str] | None = None,
+        uniform: Callable[[float, float], float] | None = None,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
@@ -381,7 +401,9 @@ class DaemonClient:
         self.client_id = client_id
         self.timeout = timeout
         self.owner_wait_s = owner_wait_s
+        self.prompt_retry = prompt_retry if prompt_retry is not None else PromptRetryPolicy()
         self._sleep: Callable[[float], Awaitable[None]] = sleep or anyio.sleep
+        self._uniform: Callable[[float, float], float] = uniform or random.uniform
         if transport is None:
             load_httpcore()  # before httpx does: without Trio unless the program runs it
         # An https:// daemon is verified against the system's CAs, or only against ca_file's
@@ -410,7 +432,9 @@ class DaemonClient:
         view.client_id = client_id
         view.timeout = self.timeout
         view.owner_wait_s = self.owner_wait_s
+        view.prompt_retry = self.prompt_retry
         view._sleep = self._sleep
+        view._uniform = self._uniform
         view._http = self._http
         view._owns_pool = False
         view._counters = self._counters
@@ -617,8 +641,33 @@ class DaemonClient:
         session_id: str,
         prompt: Sequence[Mapping[str, Any]] | str,
         deadline_ms: int | None = None,
+        *,
+        idempotency_key: str | None = None,
+        timeout: float | None = None,
     ) -> PromptAccepted:
-        """Submit a prompt (a plain string becomes one text block). Returns on the 202."""
+        """Submit a prompt (a plain string becomes one text block); returns the daemon's 202.
+
+        The prompt is admitted at most once: every send carries one ``Idempotency-Key`` (a
+        fresh UUID per call unless ``idempotency_key`` names one, e.g. to resend a prompt whose
+        outcome was unknown), and a failed send is sent again with the same key after a
+        :class:`~sdk.submission.PromptRetryPolicy` wait when that may succeed (network
+        failures, timeouts, 408/429/502/503/504; see :mod:`sdk.submission`). A send the daemon
+        already admitted is answered with the first 202 body. The whole call ends within
+        ``timeout`` seconds (default: the policy's ``timeout_s``, else the client's
+        ``timeout``), each send within the client's ``timeout`` and the time left.
+
+        Raises :class:`~sdk.errors.PromptOutcomeUnknownError` (with the key and session id)
+        when a send may have been admitted and none was answered: ask
+        :meth:`find_prompt`, or call again with ``idempotency_key=`` that key. Any other error
+        means nothing was admitted: a refusal (a 4xx, e.g.
+        :class:`~sdk.errors.IdempotencyKeyReusedError`, or
+        :class:`~sdk.errors.PromptQueueFullError`), or a daemon that could not be reached at
+        all (:class:`~sdk.errors.TransportError`). If you cancel the call, the outcome is
+        unknown: pass your own key to be able to ask.
+        """
+        budget = timeout if timeout is not None else self.prompt_retry.timeout_s or self.timeout
+        if not budget > 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
         blocks: list[Any] = (
             [{"type": "text", "text": prompt}] if isinstance(prompt, str) else list(prompt)
         )
@@ -626,9 +675,95 @@ class DaemonClient:
         if deadline_ms is not None:
             request["deadlineMs"] = deadline_ms
         path = f"{_session_path(session_id)}/prompt"
-        return _convert(
-            await self._json("POST", path, body=request), PromptAccepted, f"POST {path}"
-        )
+        key = str(uuid.uuid4()) if idempotency_key is None else idempotency_key
+        submission = Submission(session_id, key)
+        content = _json_encode(request)
+        headers = self.headers()
+        headers["Content-Type"] = "application/json"
+        headers[IDEMPOTENCY_KEY_HEADER] = key
+        start = anyio.current_time()
+        waited = 0.0  # the waits asked for: an injected sleep may take no time at all
+
+        def spent() -> float:
+            return max(anyio.current_time() - start, waited)
+
+        while True:
+            left = budget - spent()
+            if left <= 0:  # the last wait overslept the deadline: no send without time for it
+                raise submission.give_up()
+            answer = await self._send_prompt_once(path, content, headers, left)
+            if isinstance(answer, PromptAccepted):
+                return answer
+            error, delivered = answer
+            again = submission.failed(error, delivered=delivered)
+            delay = self.prompt_retry.delay(
+                submission.attempts, self._uniform, submission.retry_after())
+            if not again or spent() + delay >= budget:
+                final = submission.give_up()
+                log.info("event=prompt_send_failed session=%s key=%s attempts=%d "
+                         "outcome=%s error=%r", session_id, key, submission.attempts,
+                         "unknown" if final is not error else "not_admitted", error)
+                raise final
+            log.info("event=prompt_resend session=%s key=%s attempt=%d delay_s=%.3f error=%r",
+                     session_id, key, submission.attempts + 1, delay, error)
+            await self._sleep(delay)
+            waited += delay
+
+    async def _send_prompt_once(
+        self, path: str, content: bytes, headers: dict[str, str], left: float
+    ) -> PromptAccepted | tuple[DaemonError, bool]:
+        """One send of a prompt within ``left`` seconds: the 202, or the failure and whether
+        the request may have left (False only when no connection could be had)."""
+        what = f"POST {path}"
+        self._count("POST", path)
+        response: httpx.Response | None = None
+        failure: DaemonError | None = None
+        delivered = True
+        limit = max(min(self.timeout, left), 0.001)
+        with anyio.move_on_after(limit):  # the whole send, not only each phase of it
+            try:
+                response = await self._http.post(
+                    path, content=content, headers=headers, timeout=httpx.Timeout(limit))
+            except _NOT_SENT as exc:
+                failure, delivered = TransportError(f"{what}: {exc!r}"), False
+            except httpx.TimeoutException as exc:
+                failure = TransportError(f"{what}: timed out: {exc!r}")
+            except httpx.TransportError as exc:
+                failure = TransportError(f"{what}: {exc!r}")
+        if response is None:
+            self._count_failure()
+            if failure is None:
+                failure = TransportError(f"{what}: no answer within {limit:.3g} s")
+            return failure, delivered
+        if not 200 <= response.status_code < 300:
+            self._count_failure()
+            return error_for_status(response.status_code, response.content,
+                                    response.headers), True
+        try:
+            return _convert(_json_decode(response.content), PromptAccepted, what)
+        except (msgspec.DecodeError, TransportError) as exc:
+            # Admitted, most likely, but the answer cannot be read: the resend's answer is the
+            # same 202 body, readable this time or not.
+            self._count_failure()
+            return TransportError(f"{what}: unreadable answer {response.status_code}: {exc}",
+                                  status=response.status_code), True
+
+    async def find_prompt(
+        self, session_id: str, idempotency_key: str
+    ) -> PromptByKeyResponse | None:
+        """The prompt this session admitted with ``idempotency_key``, and how far it got
+        (``state``: ``queued``, ``running``, ``completed``, ``cancelled``, ``error`` or
+        ``interrupted``), or ``None`` when the daemon admitted none with it. Also answers for
+        a session the daemon holds only in its transcript (after a restart). ``None`` is what
+        the daemon knows now: a send of that key still on its way could still arrive;
+        resending with the same key settles it for good."""
+        path = f"{_session_path(session_id)}/prompts/{check_idempotency_key(idempotency_key)}"
+        try:
+            return await self._typed("GET", path, PromptByKeyResponse)
+        except SessionNotFoundError as exc:
+            if exc.code == "prompt_not_found":
+                return None
+            raise
 
     async def cancel(self, session_id: str) -> None:
         await self._request("POST", f"{_session_path(session_id)}/cancel")

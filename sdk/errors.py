@@ -5,10 +5,13 @@
     │   ├── AuthError                            401 / 403
     │   ├── SessionNotFoundError                 404 / 410
     │   ├── PromptQueueFullError                 503 prompt_queue_full
+    │   ├── IdempotencyKeyReusedError            409 idempotency_key_reused
     │   └── ServerError (also a TransportError)  other 5xx
     ├── TransportError                           network, timeout, wrong content type
     ├── InvalidTokenError (also a ValueError)    a token no HTTP header can carry
     ├── SSEBufferOverflow                        an SSE frame over the 16 MiB buffer cap
+    ├── PromptOutcomeUnknownError(session_id,    a prompt's sends failed and one may have
+    │       idempotency_key, last_error)         been admitted: ask with find_prompt
     └── TurnError(code, message, prompt_id)      a ``turn_error`` terminal
 
 ``DaemonError``, ``SSEBufferOverflow`` and ``TurnError`` are the protocol's own
@@ -131,6 +134,58 @@ class PromptQueueFullError(DaemonHTTPError):
         self.pending_count = pending_count
 
 
+class IdempotencyKeyReusedError(DaemonHTTPError):
+    """409 ``idempotency_key_reused``: this session admitted another prompt request with the
+    ``Idempotency-Key`` sent (``prompt_id`` is that prompt). Nothing was admitted for this
+    request. Final: a key names one logical prompt, so the caller mixed two up."""
+
+    def __init__(
+        self,
+        status: int,
+        body: Any = None,
+        code: str | None = "idempotency_key_reused",
+        message: str | None = None,
+        *,
+        idempotency_key: str | None = None,
+        prompt_id: str | None = None,
+    ) -> None:
+        super().__init__(status, body, code, message)
+        self.idempotency_key = idempotency_key
+        self.prompt_id = prompt_id
+
+
+class PromptOutcomeUnknownError(DaemonError):
+    """A prompt's submission gave up without knowing whether the daemon admitted it.
+
+    At least one send may have reached the daemon (the connection broke after the request was
+    written, no answer came in time, a 5xx answered) and none was answered with the 202, so the
+    prompt may be queued, running or done, or may never run. ``idempotency_key`` is the key
+    every send carried: ``find_prompt(session_id, idempotency_key)`` asks the daemon, and
+    sending the same prompt again with ``idempotency_key=`` set to it admits it at most once.
+    Sending it again with a new key may run it twice. ``last_error`` is the last send's failure
+    (also ``__cause__``); ``attempts`` counts the sends. Not retriable by a blind resend.
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        idempotency_key: str,
+        last_error: DaemonError,
+        attempts: int,
+    ) -> None:
+        self.session_id = session_id
+        self.idempotency_key = idempotency_key
+        self.last_error = last_error
+        self.attempts = attempts
+        self.__cause__ = last_error
+        super().__init__(
+            f"prompt to session {session_id}: not known whether it was admitted after "
+            f"{attempts} send{'s' if attempts != 1 else ''} with Idempotency-Key "
+            f"{idempotency_key} (last: {last_error}); ask with find_prompt(session_id, "
+            f"{idempotency_key!r}) or send it again with that idempotency_key"
+        )
+
+
 class InvalidTokenError(DaemonError, ValueError):
     """The bearer token cannot travel in an HTTP header (raised when the client is built).
 
@@ -146,7 +201,8 @@ def is_retriable(exc: BaseException) -> bool:
     """True when retrying (reconnecting, resending) may succeed; False when the error is final.
 
     Final: auth (401/403) and missing-session (404/410) errors, a ``turn_error``, an oversized
-    SSE frame, and any answer whose body says ``retryable: false``. Otherwise an explicit
+    SSE frame, a :class:`PromptOutcomeUnknownError` (resend that prompt only with its key), and
+    any answer whose body says ``retryable: false``. Otherwise an explicit
     ``retryable: true`` is retriable, and so are network errors, timeouts, wrong content
     types, 5xx, 408, 429 and a full prompt queue. Other 4xx answers are final: the same request
     would be refused again.
@@ -203,6 +259,11 @@ def _optional_int(value: Any) -> int | None:
     return None
 
 
+def _optional_str(body: Any, name: str) -> str | None:
+    value = body.get(name) if isinstance(body, Mapping) else None
+    return value if isinstance(value, str) else None
+
+
 def _retry_after(value: str | None) -> float | None:
     # Only the delta-seconds form: the daemon never sends an HTTP date.
     if value is None:
@@ -235,6 +296,14 @@ def error_for_status(
             retry_after=_retry_after(headers.get("retry-after") if headers is not None else None),
             limit=None if found is None else _optional_int(found.limit),
             pending_count=None if found is None else _optional_int(found.pending_count),
+        )
+    if status == 409 and code == "idempotency_key_reused":
+        return IdempotencyKeyReusedError(
+            status,
+            body,
+            code,
+            idempotency_key=_optional_str(body, "idempotencyKey"),
+            prompt_id=_optional_str(body, "promptId"),
         )
     error = ServerError(status, body, code) if status >= 500 else DaemonHTTPError(status, body, code)
     if status in (429, 503) and headers is not None:

@@ -33,6 +33,7 @@ import inspect
 import logging
 import math
 import random
+import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, Protocol, TypeAlias
@@ -48,12 +49,16 @@ from sdk.client import (
     EventStream,
     LoadResult,
     PromptAccepted,
+    PromptByKeyResponse,
+    ResumeResult,
     SessionCreated,
 )
 from sdk.errors import (
     AuthError,
     DaemonError,
+    PromptOutcomeUnknownError,
     SessionNotFoundError,
+    TurnError,
     is_retriable,
 )
 from sdk.protocol.cursor import FollowsCursor, ResumeCursor
@@ -444,10 +449,10 @@ class SessionHandle(FollowsCursor):
             self.client, self.session_id, self.last_event_id, self.epoch, max_queued=self.max_queued
         )
 
-    async def _restore_session(self) -> None:
+    async def _restore_session(self) -> ResumeResult:
         """Ask the daemon to bring the session back (``resume`` restores a persisted session
         without sending the replay); raises what the daemon answered, a 404 included."""
-        await self.client.resume_session(self.session_id)
+        resumed = await self.client.resume_session(self.session_id)
         self.restores += 1
         log.info(
             "event=session_restored session=%s client=%s cursor=%s",
@@ -455,6 +460,7 @@ class SessionHandle(FollowsCursor):
             self.client_id,
             self.last_event_id,
         )
+        return resumed
 
     async def _read(
         self, on_event: EventCallback, scope: anyio.CancelScope | None = None
@@ -550,8 +556,16 @@ class SessionHandle(FollowsCursor):
         deadline_ms: int | None = None,
         on_update: EventCallback | None = None,
         on_accepted: AcceptedCallback | None = None,
+        idempotency_key: str | None = None,
     ) -> TurnCompleteData:
         """Send a prompt and wait for its terminal (matched on ``data.promptId``).
+
+        The prompt is submitted exactly once (:meth:`DaemonClient.send_prompt`): one
+        ``Idempotency-Key`` for all its sends, a fresh one unless ``idempotency_key`` names it,
+        kept across a restore. Before ``on_accepted`` is called an error means nothing was
+        admitted, except :class:`~sdk.errors.PromptOutcomeUnknownError` (ask
+        :meth:`DaemonClient.find_prompt` with its key); an error after it leaves an admitted
+        prompt behind.
 
         With an active subscription the terminal is taken from it (other prompts' events may
         interleave); otherwise a temporary stream is opened from the 202's cursor and epoch,
@@ -569,11 +583,14 @@ class SessionHandle(FollowsCursor):
                 if use_subscription:
                     self._taps.add(send)
                 try:
-                    accepted = await self._send_prompt(prompt, deadline_ms)
+                    key = str(uuid.uuid4()) if idempotency_key is None else idempotency_key
+                    accepted, settled = await self._send_prompt(prompt, deadline_ms, key)
                     if on_accepted is not None:
                         told = on_accepted(accepted)
                         if inspect.isawaitable(told):
                             await told
+                    if settled is not None:
+                        return _settled(settled)
                     if use_subscription:
                         return await _await_terminal(receive, accepted.prompt_id, on_update)
                     follower = SessionHandle(
@@ -605,16 +622,32 @@ class SessionHandle(FollowsCursor):
             self.prompts_in_flight -= 1
 
     async def _send_prompt(
-        self, prompt: str | Sequence[Mapping[str, Any]], deadline_ms: int | None
-    ) -> PromptAccepted:
+        self, prompt: str | Sequence[Mapping[str, Any]], deadline_ms: int | None, key: str
+    ) -> tuple[PromptAccepted, PromptByKeyResponse | None]:
+        """The 202, and how the prompt ended when it ended before a restore in between (its
+        terminal is in the transcript then, never on a stream of the restored session)."""
         try:
-            return await self.client.send_prompt(self.session_id, prompt, deadline_ms)
+            accepted = await self.client.send_prompt(self.session_id, prompt, deadline_ms,
+                                                     idempotency_key=key)
+            return accepted, None
         except SessionNotFoundError:
             if not self.restore:
                 raise
-        # A 404 means nothing was admitted, so sending again cannot run the prompt twice.
-        await self._restore_session()
-        return await self.client.send_prompt(self.session_id, prompt, deadline_ms)
+        except PromptOutcomeUnknownError as exc:
+            # The daemon restarted between the sends: one before may have been admitted, and
+            # the restored session knows the key from its transcript.
+            if not (self.restore and isinstance(exc.last_error, SessionNotFoundError)):
+                raise
+        # The same key again: whatever was admitted before the restore is answered, not rerun.
+        resumed = await self._restore_session()
+        accepted = await self.client.send_prompt(self.session_id, prompt, deadline_ms,
+                                                 idempotency_key=key)
+        if accepted.event_epoch == resumed.event_epoch:
+            return accepted, None  # admitted now, by the restored session
+        found = await self.client.find_prompt(self.session_id, key)
+        if found is None or found.state in ("queued", "running"):
+            return accepted, None
+        return accepted, found
 
     async def _follow_for_tap(self) -> None:
         error = await self._read(_ignore_event)
@@ -680,6 +713,24 @@ def _is_final(exc: DaemonError) -> bool:
 
 async def _ignore_event(event: DaemonEvent) -> None:
     return None
+
+
+# The daemon's text for a prompt a restart ended (its turn_error in the transcript says it too).
+_INTERRUPTED = "Prompt interrupted by daemon restart"
+
+
+def _settled(found: PromptByKeyResponse) -> TurnCompleteData:
+    """What waiting for a prompt answers when it ended before a restore: its stop reason, or
+    :class:`TurnError` (``interrupted``, or the error its transcript holds)."""
+    if found.state in ("completed", "cancelled"):
+        stop = found.stop_reason if isinstance(found.stop_reason, str) else None
+        return TurnCompleteData(
+            prompt_id=found.prompt_id, session_id=found.session_id,
+            stop_reason=stop or ("cancelled" if found.state == "cancelled" else "end_turn"))
+    if found.state == "interrupted":
+        raise TurnError("interrupted", _INTERRUPTED, found.prompt_id)
+    raise TurnError(None, "the prompt ended with an error before the session was restored "
+                    "(its turn_error is in the transcript)", found.prompt_id)
 
 
 async def _await_terminal(

@@ -53,6 +53,8 @@ from sdk.client import (
     LoadResult,
     PermissionVote,
     PromptAccepted,
+    PromptByKeyResponse,
+    PromptRetryPolicy,
     ResumeResult,
     SessionCreated,
     SessionStatus,
@@ -169,13 +171,15 @@ class SyncDaemonClient:
         timeout: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
         owner_wait_s: float = 30.0,
+        prompt_retry: PromptRetryPolicy | None = None,
         backend: Literal["asyncio", "trio"] = "asyncio",
         backend_options: Mapping[str, Any] | None = None,
         ca_file: str | os.PathLike[str] | None = None,
     ) -> None:
         # Checked here first: bad arguments fail before a thread is started.
         probe = DaemonClient(base_url, token, client_id, timeout=timeout, transport=transport,
-                             owner_wait_s=owner_wait_s, ca_file=ca_file)
+                             owner_wait_s=owner_wait_s, prompt_retry=prompt_retry,
+                             ca_file=ca_file)
         self._loop = _Loop(backend, backend_options)
         self._owner = True
         self._closed = False
@@ -287,8 +291,18 @@ class SyncDaemonClient:
         session_id: str,
         prompt: Sequence[Mapping[str, Any]] | str,
         deadline_ms: int | None = None,
+        *,
+        idempotency_key: str | None = None,
+        timeout: float | None = None,
     ) -> PromptAccepted:
-        return self._call(self.client.send_prompt, session_id, prompt, deadline_ms)
+        """Submit a prompt exactly once (see :meth:`DaemonClient.send_prompt`)."""
+        return self._call(self.client.send_prompt, session_id, prompt, deadline_ms,
+                          idempotency_key=idempotency_key, timeout=timeout)
+
+    def find_prompt(self, session_id: str, idempotency_key: str) -> PromptByKeyResponse | None:
+        """The prompt admitted with ``idempotency_key`` (see :meth:`DaemonClient.find_prompt`).
+        """
+        return self._call(self.client.find_prompt, session_id, idempotency_key)
 
     def cancel(self, session_id: str) -> None:
         self._call(self.client.cancel, session_id)
@@ -488,11 +502,14 @@ class SyncSessionHandle(FollowsCursor):
         deadline_ms: int | None = None,
         on_update: SyncUpdate | None = None,
         on_accepted: SyncAccepted | None = None,
+        idempotency_key: str | None = None,
     ) -> TurnCompleteData:
-        """Send a prompt and wait for its terminal (see :meth:`SessionHandle.prompt`);
-        ``on_update`` and ``on_accepted`` are plain functions called in this thread."""
+        """Send a prompt and wait for its terminal (see :meth:`SessionHandle.prompt`, which
+        also says what an error means for the prompt); ``on_update`` and ``on_accepted`` are
+        plain functions called in this thread."""
         if on_update is None and on_accepted is None:
-            return self.client._call(self.handle.prompt, prompt, deadline_ms=deadline_ms)
+            return self.client._call(self.handle.prompt, prompt, deadline_ms=deadline_ms,
+                                     idempotency_key=idempotency_key)
         send, receive = self.client._call(_channel)
 
         async def run() -> TurnCompleteData:
@@ -506,7 +523,8 @@ class SyncSessionHandle(FollowsCursor):
                         await send.send(answer)
 
                 return await self.handle.prompt(prompt, deadline_ms=deadline_ms,
-                                                on_update=update, on_accepted=accepted)
+                                                on_update=update, on_accepted=accepted,
+                                                idempotency_key=idempotency_key)
 
         task = self.client._loop.start(run)
         for item in self._relay(task, receive):

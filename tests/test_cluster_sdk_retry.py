@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from sdk.client import DaemonClient
-from sdk.errors import PromptQueueFullError, ServerError
+from sdk.errors import PromptOutcomeUnknownError, PromptQueueFullError, ServerError
 
 SID = "0b9c1d2e-0000-4000-8000-000000000001"
 STATUS = {"v": 1, "sessionId": SID, "workspaceCwd": "/w", "hasActivePrompt": False,
@@ -68,11 +68,35 @@ async def test_the_wait_is_bounded() -> None:
     async with DaemonClient("http://node-b", transport=transport, sleep=waits,
                             owner_wait_s=12) as client:
         with pytest.raises(ServerError) as raised:
-            await client.send_prompt(SID, "hi")
+            await client.session_status(SID)
     assert waits.waits == [5.0, 5.0]  # a third wait would pass the 12 s budget
     assert len(seen) == 3
     assert raised.value.code == "session_owner_unavailable"
     assert raised.value.retry_after == 5.0
+
+
+async def test_a_prompt_is_resent_with_its_key_within_its_own_timeout() -> None:
+    """A prompt answered 503 session_owner_unavailable may have been admitted (the owner took
+    it and could not make it durable in time): it is sent again with the same key after
+    Retry-After, within the call's timeout, and giving up says the outcome is unknown."""
+    keys: list[str | None] = []
+    answers = iter([unavailable("5")] * 10)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        keys.append(request.headers.get("idempotency-key"))
+        return next(answers)
+
+    waits = Waits()
+    async with DaemonClient("http://node-b", transport=httpx.MockTransport(handler),
+                            sleep=waits) as client:
+        with pytest.raises(PromptOutcomeUnknownError) as raised:
+            await client.send_prompt(SID, "hi", timeout=12)
+    assert waits.waits == [5.0, 5.0]  # a third wait would pass the 12 s timeout
+    assert len(keys) == 3 and len(set(keys)) == 1 and keys[0]
+    unknown = raised.value
+    assert (unknown.session_id, unknown.idempotency_key, unknown.attempts) == (SID, keys[0], 3)
+    assert isinstance(unknown.last_error, ServerError)
+    assert unknown.last_error.code == "session_owner_unavailable"
 
 
 @pytest.mark.parametrize("answer", [

@@ -47,7 +47,7 @@ PURE = {"daemon/core": (CORE, DAEMON / "_probe.py"),
 _MODEL_PURE = {"blocks", "draft", "effects", "pagination", "records", "reducer", "repair_commit",
                "replay", "side_channels", "store"}
 # The SDK's top-level modules that must stay pure.
-_SDK_PURE = {"errors", "events", "repair", "sse", "truncation"}
+_SDK_PURE = {"errors", "events", "repair", "sse", "submission", "truncation"}
 
 
 def _ruff() -> str:

@@ -415,10 +415,12 @@ async def test_error_mapping(
     exc_type: type[Exception],
     retriable: bool,
 ) -> None:
-    rec = Recorder({("POST", f"/session/{SID}/prompt"): reply(status, body, headers=headers)})
+    # A prompt's sends have rules of their own (tests/test_sdk_prompt_once.py): load maps the
+    # answers as every other route does.
+    rec = Recorder({("POST", f"/session/{SID}/load"): reply(status, body, headers=headers)})
     async with rec.client() as client:
         with pytest.raises(exc_type) as info:
-            await client.send_prompt(SID, "hi")
+            await client.load_session(SID)
     exc = info.value
     assert type(exc) is exc_type
     assert isinstance(exc, DaemonHTTPError)
@@ -509,10 +511,10 @@ async def test_non_json_success_body_is_a_transport_error() -> None:
 
 
 async def test_malformed_success_body_is_a_transport_error() -> None:
-    rec = Recorder({("POST", f"/session/{SID}/prompt"): reply(202, {"lastEventId": 1})})
+    rec = Recorder({("POST", f"/session/{SID}/resume"): reply(200, {"attached": 1})})
     async with rec.client() as client:
         with pytest.raises(TransportError, match="malformed"):
-            await client.send_prompt(SID, "hi")
+            await client.resume_session(SID)
 
 
 # --- event stream: request headers and pre-iteration errors ---------------------------------------------

@@ -87,3 +87,18 @@ def _sessions(daemon: RunningDaemon) -> list[dict[str, object]]:
     sessions: list[dict[str, object]] = body["sessions"]
     assert sessions
     return sessions
+
+
+def test_the_exactly_once_example_resends_with_its_key_and_runs_once(
+        daemon: RunningDaemon) -> None:
+    def runs() -> int:
+        return sum("summarise the build log" in line for line in daemon.prompts())
+
+    before = runs()
+    assert run_example("exactly_once", daemon) == "the same prompt: True\nfound: True\n"
+    deadline = time.monotonic() + 30
+    while any(s["hasActivePrompt"] or s["pendingPrompts"]  # polled: no "idle" event exists
+              for s in httpx.get(f"{daemon.url}/daemon/status").json()["sessions"]):
+        assert time.monotonic() < deadline, "the daemon did not become idle"
+        time.sleep(0.02)
+    assert runs() == before + 1

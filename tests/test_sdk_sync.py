@@ -26,6 +26,7 @@ from sdk import (
     AuthError,
     DaemonClient,
     DaemonEvent,
+    SessionHandle,
     SessionNotFoundError,
     SyncDaemonClient,
     SyncSessionHandle,
@@ -112,6 +113,25 @@ def test_methods_return_the_async_clients_typed_results(
     assert status.session_id == created.session_id
     stats = client.statistics()
     assert (stats.count("create"), stats.prompts, stats.loads) == (1, 1, 1)
+
+
+def test_a_prompt_sent_twice_with_its_key_is_admitted_once_and_can_be_found(
+    client: SyncDaemonClient, daemon: RunningDaemon
+) -> None:
+    """The blocking client sends the key it is given (and the handle does too): the same key
+    again answers the first admission, and find_prompt reads it back."""
+    sid = client.create_session(scope="thread").session_id
+    text = f"keyed {uuid.uuid4().hex} mock:chunks=1"
+    key = f"sync-{uuid.uuid4().hex}"
+    first = client.send_prompt(sid, text, idempotency_key=key)
+    assert client.send_prompt(sid, text, idempotency_key=key) == first
+    assert client.find_prompt(sid, f"never-{uuid.uuid4().hex}") is None
+    handle = SyncSessionHandle(client, SessionHandle(client.client, sid))
+    done = handle.prompt(text, idempotency_key=key)  # the same prompt: its terminal, no rerun
+    assert done.prompt_id == first.prompt_id
+    found = client.find_prompt(sid, key)
+    assert found is not None and (found.prompt_id, found.state) == (first.prompt_id, "completed")
+    assert sum(text in line for line in daemon.prompts()) == 1
 
 
 def test_errors_are_the_async_clients(client: SyncDaemonClient, daemon: RunningDaemon) -> None:

@@ -14,6 +14,7 @@ import re
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import anyio
@@ -169,6 +170,7 @@ class Request:
     path: str
     body: Any
     params: dict[str, str]
+    key: str | None = None  # the Idempotency-Key sent
 
 
 class FakeStream(httpx.AsyncByteStream):
@@ -271,7 +273,8 @@ class FakeDaemon:
     async def __call__(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
         body = msgspec.json.decode(request.content) if request.content else None
-        self.requests.append(Request(request.method, path, body, dict(request.url.params)))
+        self.requests.append(Request(request.method, path, body, dict(request.url.params),
+                                     request.headers.get("idempotency-key")))
         self._note()
         parts = path.strip("/").split("/")
         if path == "/capabilities":
@@ -528,6 +531,15 @@ async def test_prompt_returns_on_its_terminal_and_raises_turn_errors() -> None:
         await wait(provider, lambda: len(results) == 2)
         assert isinstance(results[1], TurnError) and results[1].prompt_id == P3
         assert fake.prompts[0].body == {"prompt": [{"type": "text", "text": "first"}]}
+        # Each prompt went out with a key of its own (resent, it would keep it).
+        first_key, second_key = (r.key for r in fake.prompts)
+        assert first_key and second_key and first_key != second_key
+
+        fake.prompt_ids.append("p-4")
+        nursery.start_soon(partial(provider.prompt, "third", idempotency_key="ui-key-3"))
+        await fake.wait_for(lambda: len(fake.prompts) == 3)
+        assert fake.prompts[2].key == "ui-key-3"
+        fake.publish(terminal("end_turn", "p-4", 9))
 
 
 # --- the repair ---------------------------------------------------------------------------------

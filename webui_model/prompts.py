@@ -19,11 +19,17 @@ class Prompts(RepairGlue):
     """``prompt()`` and the waits it needs."""
 
     async def prompt(
-        self, prompt: str | Sequence[Mapping[str, Any]], *, deadline_ms: int | None = None
+        self,
+        prompt: str | Sequence[Mapping[str, Any]],
+        *,
+        deadline_ms: int | None = None,
+        idempotency_key: str | None = None,
     ) -> TurnCompleteData:
         """Send a prompt from this UI and wait for its terminal (a repair waits meanwhile).
 
-        Raises :class:`~sdk.errors.TurnError` on ``turn_error``, the subscription's final error
+        The prompt is submitted exactly once (:meth:`sdk.client.DaemonClient.send_prompt`: one
+        ``Idempotency-Key``, fresh unless ``idempotency_key`` names it, for all its sends);
+        :class:`~sdk.errors.PromptOutcomeUnknownError` says it may have been admitted. Raises :class:`~sdk.errors.TurnError` on ``turn_error``, the subscription's final error
         if it stops first, :class:`SessionAbandonedError` on navigation.
         """
         session = self._require_session()
@@ -33,7 +39,8 @@ class Prompts(RepairGlue):
             with self._operation(session):
                 await self._wait_no_attempt(session)
                 owner = self._require_owner(session)
-                accepted = await owner.client.send_prompt(session.session_id, prompt, deadline_ms)
+                accepted = await owner.client.send_prompt(
+                    session.session_id, prompt, deadline_ms, idempotency_key=idempotency_key)
                 terminal = await self._wait_terminal(session, accepted.prompt_id)
         finally:
             session.local_prompts -= 1
