@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 CORES := daemon sdk webui_model benchmarks
 STAMP := $(VENV)/.installed
 
-.PHONY: serve demo test test-stress test-agents check unit bench bench-quick mutation clean chaos-cluster
+.PHONY: serve demo test test-stress test-agents check unit bench bench-quick mutation clean chaos-cluster \
+	chaos-prompts
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -59,6 +60,16 @@ TK_CHAOS_ROUNDS ?= 10
 chaos-cluster: $(STAMP) $(REDIS_STAMP)
 	TK_CHAOS_ROUNDS=$(TK_CHAOS_ROUNDS) $(PY) -m pytest -q -p no:cacheprovider -n 2 \
 		tests/test_cluster_faults.py $(PYTEST_ARGS)
+
+# The exactly-once proof (tests/test_prompt_exactly_once.py: 200 prompts in `make test`) at a
+# larger scale: TK_PROMPT_CHAOS_CALLS prompts (default 1000) under the plan of seed
+# TK_PROMPT_CHAOS_SEED (default 41). Not part of `make test`.
+TK_PROMPT_CHAOS_CALLS ?= 1000
+TK_PROMPT_CHAOS_SEED ?= 41
+chaos-prompts: $(STAMP)
+	TK_PROMPT_CHAOS_CALLS=$(TK_PROMPT_CHAOS_CALLS) TK_PROMPT_CHAOS_SEED=$(TK_PROMPT_CHAOS_SEED) \
+		$(PY) -m pytest -q -p no:cacheprovider -s tests/test_prompt_exactly_once.py \
+		-k every_prompt $(PYTEST_ARGS)
 
 # The whole suite three times in a row while another process keeps one CPU busy (tests/stress.sh):
 # proves no test depends on how fast or idle the machine is. Not part of `make test`.
