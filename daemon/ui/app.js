@@ -361,7 +361,7 @@ class Viewer {
         return;
       }
     }
-    this.sidebar.known.forget(view.id);
+    this.sidebar.known.closedForGood(view.id);
     await this.sidebar.refresh().catch(() => {});
     this.backToList();
   }

@@ -17,6 +17,9 @@ export class KnownSessions {
   constructor(storage = localStorage) {
     this.storage = storage;
     this.items = new Map();
+    // Closed here: the daemon never brings a closed session back, so a list answer that was
+    // already on its way when it closed must not note it again (it would land in "Archived").
+    this.closed = new Set();
     try {
       const saved = JSON.parse(storage.getItem(KNOWN_KEY) || "[]");
       for (const item of Array.isArray(saved) ? saved : []) {
@@ -28,6 +31,7 @@ export class KnownSessions {
   }
 
   note(id, fields) {
+    if (this.closed.has(id)) return null;
     const old = this.items.get(id) || { id, title: null, cwd: null, seenAt: 0 };
     const next = { ...old, ...Object.fromEntries(Object.entries(fields).filter(([, v]) => v !== null && v !== undefined)) };
     const changed = JSON.stringify(old) !== JSON.stringify(next);
@@ -38,6 +42,11 @@ export class KnownSessions {
 
   forget(id) {
     if (this.items.delete(id)) this.save();
+  }
+
+  closedForGood(id) {
+    this.closed.add(id);
+    this.forget(id);
   }
 
   get(id) {
