@@ -19,8 +19,15 @@ from tests.harness import RunningDaemon, running_daemon
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "sdk.md"
-EXAMPLE = re.compile(r"<!-- example: (\w+) -->\n```python\n(.*?)```", re.S)
+EXAMPLE = re.compile(r"<!-- example: (\w+) -->\n(?:<!-- [^\n]* -->\n)*```python\n(.*?)```", re.S)
 DOC_URL = "http://127.0.0.1:4170"
+
+
+# The named examples this module runs and checks (tests/test_docs_blocks.py type-checks them and
+# runs every other block of docs/).
+CHECKED = ("trio", "asyncio", "sync", "agent", "sync_events", "load_marker", "repair",
+           "exactly_once")
+SMALL_JOURNAL = ["--max-journal-events", "3", "--max-journal-bytes", "300"]
 
 
 def examples() -> dict[str, str]:
@@ -30,6 +37,13 @@ def examples() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
     with running_daemon(tmp_path_factory.mktemp("sdk-docs")) as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def small_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
+    """The caps the doc tells the reader to start the daemon with for these examples."""
+    with running_daemon(tmp_path_factory.mktemp("sdk-docs-small"), SMALL_JOURNAL) as d:
         yield d
 
 
@@ -102,3 +116,36 @@ def test_the_exactly_once_example_resends_with_its_key_and_runs_once(
         assert time.monotonic() < deadline, "the daemon did not become idle"
         time.sleep(0.02)
     assert runs() == before + 1
+
+
+def test_the_doc_starts_the_daemon_with_the_caps_the_examples_need() -> None:
+    text = DOC.read_text()
+    for name in ("load_marker", "repair"):
+        assert f"<!-- example: {name} -->\n<!-- doc-test: daemon {' '.join(SMALL_JOURNAL)} -->" \
+            in text
+    assert f"make serve ARGS='{' '.join(SMALL_JOURNAL)}'" in text
+
+
+def test_the_load_example_prints_the_marker_and_its_status_text(small_daemon: RunningDaemon) -> None:
+    from sdk.truncation import LIVE_JOURNAL_SCOPE
+
+    lines = run_example("load_marker", small_daemon).splitlines()
+    assert lines[0] == "turn running: True"
+    assert re.fullmatch(r"live journal: \d+ events", lines[1])
+    assert re.fullmatch(rf"{LIVE_JOURNAL_SCOPE} marker: \d+ events dropped", lines[2]), lines
+    assert lines[3].startswith("History truncated for live turn replay: kept the latest ")
+    assert "(limits: 3 replay entries / 300 bytes)" in lines[3]
+    # What the doc shows as the output is what the program printed.
+    shown = DOC.read_text().split("<!-- example: load_marker -->", 1)[1]
+    shown = shown.split("```text\n", 1)[1].split("```", 1)[0]
+    assert shown.splitlines() == lines
+
+
+def test_the_repair_example_restores_the_whole_turn(small_daemon: RunningDaemon) -> None:
+    before = len(small_daemon.prompts())
+    lines = run_example("repair", small_daemon).splitlines()
+    assert len(lines) == 2, lines
+    shown = re.fullmatch(r"before the repair: (\d+) chunks of 20", lines[0])
+    assert shown is not None and int(shown.group(1)) < 20, lines
+    assert lines[1] == "after the repair: 20 chunks of 20"
+    assert len(small_daemon.prompts()) == before + 1  # the repair sent no prompt to the agent
