@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shlex
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, TypeVar
 
@@ -17,18 +19,26 @@ from sdk.cli.output import Output, ago, chunk_text, table, wire_bytes
 from sdk.cli.parser import (
     EXIT_DAEMON,
     EXIT_OK,
+    EXIT_OUTCOME_UNKNOWN,
     EXIT_PERMISSION,
     EXIT_TIMEOUT,
     EXIT_TURN_ERROR,
     UsageError,
 )
 from sdk.cli.permissions import CLEANUP_S, Permissions, stdin_is_tty
-from sdk.client import DaemonClient, LoadResult, PromptAccepted, SessionStatus
-from sdk.errors import DaemonError, TransportError, TurnError
+from sdk.client import (
+    DaemonClient,
+    LoadResult,
+    PromptAccepted,
+    PromptByKeyResponse,
+    SessionStatus,
+)
+from sdk.errors import DaemonError, PromptOutcomeUnknownError, TransportError, TurnError
 from sdk.events import DaemonEvent
 from sdk.protocol.constants import AGENT_CONTEXT_LOST, TERMINAL_TYPES
 from sdk.protocol.http import SessionStatusResponse
 from sdk.session import SessionHandle, Transport
+from sdk.submission import check_idempotency_key
 from sdk.truncation import parse_truncation, status_text
 
 _T = TypeVar("_T")
@@ -114,6 +124,11 @@ async def cmd_prompt(client: DaemonClient, args: argparse.Namespace, out: Output
     timeout: float | None = args.timeout
     if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
         raise UsageError(f"--timeout must be a positive number of seconds, got {timeout}")
+    try:
+        # One key for the prompt, every send and every rerun that names it: admitted once.
+        key = check_idempotency_key(args.key) if args.key is not None else str(uuid.uuid4())
+    except ValueError as exc:
+        raise UsageError(f"--key: {exc}") from exc
     state = _PromptState()
     state.deadline_ms = args.deadline_ms
     if state.deadline_ms is None and timeout is not None:
@@ -164,15 +179,18 @@ async def cmd_prompt(client: DaemonClient, args: argparse.Namespace, out: Output
                     deadline_ms=state.deadline_ms,
                     on_update=on_update,
                     on_accepted=state.accepted,
+                    idempotency_key=key,
                 )
             except Exception as exc:  # raised outside the nursery, not as an exception group
                 error = exc
             nursery.cancel_scope.cancel()
     end_line()
     if timer.cancelled_caught:
-        return await _timed_out(client, args.session, timeout, state, out)
+        return await _timed_out(client, args, key, timeout, state, out)
     if permissions.error is not None:
         raise permissions.error
+    if isinstance(error, PromptOutcomeUnknownError):
+        return await _outcome_unknown(client, args, key, error, out)
     if isinstance(error, TurnError):
         if not out.as_json:
             out.error(
@@ -191,13 +209,66 @@ async def cmd_prompt(client: DaemonClient, args: argparse.Namespace, out: Output
     return EXIT_OK
 
 
+def _resend_hint(args: argparse.Namespace, key: str) -> str:
+    """The command that resends this prompt safely: the same text and session, this key."""
+    words = ["turnkeeper", "prompt", args.session, *args.text, "--key", key]
+    return shlex.join(words)
+
+
+async def _find(client: DaemonClient, session_id: str, key: str) -> PromptByKeyResponse | str | None:
+    """What the daemon says it admitted with ``key`` (within CLEANUP_S), or why it cannot say."""
+    with anyio.move_on_after(CLEANUP_S):
+        try:
+            return await client.find_prompt(session_id, key)
+        except DaemonError as exc:
+            return str(exc).splitlines()[0]
+    return "no answer in time"
+
+
+def _found_text(found: PromptByKeyResponse) -> str:
+    ended = f" (stopReason {found.stop_reason})" if isinstance(found.stop_reason, str) else ""
+    return f"the daemon admitted it as prompt {found.prompt_id}, which is {found.state}{ended}"
+
+
+async def _outcome_unknown(
+    client: DaemonClient,
+    args: argparse.Namespace,
+    key: str,
+    error: PromptOutcomeUnknownError,
+    out: Output,
+) -> int:
+    """The sends failed and one may have been admitted: ask the daemon, say what it knows,
+    and how to resend the prompt without running it twice."""
+    found = await _find(client, args.session, key)
+    cause = str(error.last_error).splitlines()[0]
+    if isinstance(found, str):
+        known = f"not known whether the daemon admitted it (asking failed: {found})"
+    elif found is None:
+        known = "the daemon has not admitted it so far (a send still on its way could be)"
+    else:
+        known = _found_text(found)
+    if out.as_json:
+        out.json({"error": "prompt outcome unknown", "code": "prompt_outcome_unknown",
+                  "sessionId": args.session, "idempotencyKey": key,
+                  "attempts": error.attempts, "lastError": cause,
+                  "admitted": None if isinstance(found, str) else found is not None,
+                  "promptId": None if found is None or isinstance(found, str)
+                  else found.prompt_id,
+                  "state": None if found is None or isinstance(found, str) else found.state})
+    out.error(f"the prompt's {error.attempts} sends failed (last: {cause}); {known}. "
+              f"Resend it safely (it runs at most once) and follow it: {_resend_hint(args, key)}")
+    return EXIT_OUTCOME_UNKNOWN
+
+
 async def _timed_out(
     client: DaemonClient,
-    session_id: str,
+    args: argparse.Namespace,
+    key: str,
     timeout: float | None,
     state: _PromptState,
     out: Output,
 ) -> int:
+    session_id = args.session
     what = f"timed out after {timeout:g} s"
     prompt_id = state.prompt_id
     bound = (
@@ -206,8 +277,21 @@ async def _timed_out(
         else "it runs to its end"
     )
     if prompt_id is None:
-        out.error(f"{what} before the daemon accepted the prompt (if it was admitted, {bound})")
-        return EXIT_TIMEOUT
+        # No 202 reached us, but a send may have been admitted: the daemon knows by the key.
+        found = await _find(client, session_id, key)
+        if isinstance(found, str) or found is None:
+            known = (f"asking the daemon failed ({found})" if isinstance(found, str)
+                     else "the daemon has not admitted it so far")
+            out.error(f"{what} before the daemon accepted the prompt; {known} (if a send of "
+                      f"it is admitted later, {bound}). Resend it safely (it runs at most "
+                      f"once): {_resend_hint(args, key)}")
+            return EXIT_TIMEOUT
+        if found.state not in ("queued", "running"):
+            out.error(f"{what} before the daemon's answer reached us; {_found_text(found)}")
+            return EXIT_TIMEOUT
+        prompt_id = found.prompt_id
+        state.queued = found.state == "queued"
+        state.started = found.state == "running"
     if state.queued and not state.started:
         # Cancel acts on the session's running prompt, which is another client's here.
         out.error(

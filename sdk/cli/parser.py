@@ -27,6 +27,7 @@ EXIT_AUTH: Final = 4
 EXIT_NOT_FOUND: Final = 5
 EXIT_DAEMON: Final = 6
 EXIT_PERMISSION: Final = 7
+EXIT_OUTCOME_UNKNOWN: Final = 8
 EXIT_TIMEOUT: Final = 124
 EXIT_INTERRUPTED: Final = 130
 
@@ -55,7 +56,8 @@ on the first "no session" answer the command asks the daemon to restore it, then
 exit codes:
   0 ok, 1 the turn ended with turn_error, 2 usage error, 3 daemon unreachable,
   4 unauthorized, 5 no such session, 6 other daemon error, 7 a permission request nobody
-  could answer, 124 prompt --timeout expired, 130 interrupted
+  could answer, 8 not known whether the prompt was admitted (resend it with --key),
+  124 prompt --timeout expired, 130 interrupted
 """
 
 
@@ -169,6 +171,13 @@ def build_parser() -> _Parser:
         help="give up after this long: cancel the prompt on the daemon and exit 124; unless "
         "--deadline-ms is given, SECONDS + 5 is also sent as the daemon-side deadline, a "
         "backstop should the cancel not arrive (default: no limit)",
+    )
+    prompt.add_argument(
+        "--key", default=None, metavar="KEY",
+        help="the prompt's Idempotency-Key, 1-128 of letters, digits and _ . : ~ - : the "
+        "daemon admits a key once per session, so running the command again with the key an "
+        "earlier run printed resends that prompt without running it twice, and follows it "
+        "(default: a fresh random key)",
     )
     prompt.add_argument(
         "--deadline-ms", type=int, default=None, metavar="MS",
