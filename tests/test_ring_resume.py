@@ -530,3 +530,51 @@ def test_extend_refuses_ids_out_of_order() -> None:
     with pytest.raises(ValueError, match=r"expects ids 4\.\.5"):
         ring.extend([ev(5), ev(6)])
     assert ring.last_id == 3
+
+
+# -- a ring's array grows with what it holds ------------------------------------------------------
+
+
+def test_a_new_ring_allocates_a_few_slots_and_grows_to_its_capacity() -> None:
+    # An idle session's ring must not cost its capacity: 8,000 slots are 128 KB per session.
+    ring = EventRing(DEFAULT_RING_SIZE)
+    assert ring.slots <= 64
+    for i in range(1, 101):
+        ring.append(ev(i))
+    assert 100 <= ring.slots <= 128
+    ring.extend([ev(i) for i in range(101, DEFAULT_RING_SIZE + 51)])
+    assert ring.slots == DEFAULT_RING_SIZE
+    assert (ring.first_id, ring.last_id) == (51, DEFAULT_RING_SIZE + 50)
+
+
+@given(st.integers(1, 40), st.integers(1, 8), st.lists(st.integers(0, 60), max_size=90),
+       st.lists(st.integers(1, 20), min_size=1, max_size=30), st.integers(150, 3000),
+       st.integers(1, 5))
+def test_a_growing_ring_holds_what_a_full_size_one_holds(
+        capacity: int, initial: int, pads: list[int], runs: list[int], max_bytes: int,
+        start: int) -> None:
+    # The same appends and runs into a ring that starts with `initial` slots and one that
+    # starts with all of them: the same events held, by id, with the same suffix sizes.
+    grown = EventRing(capacity, next_id=start, max_bytes=max_bytes, initial_slots=initial)
+    full = EventRing(capacity, next_id=start, max_bytes=max_bytes, initial_slots=capacity)
+    events = [ev(start + i, pad) for i, pad in enumerate(pads)]
+    at, k = 0, 0
+    while at < len(events):
+        step = runs[k % len(runs)]
+        run = events[at:at + step]
+        if k % 2:
+            assert grown.extend(run) == full.extend(run)
+        else:
+            for event in run:
+                grown.append(event)
+                full.append(event)
+        at += step
+        k += 1
+        assert (grown.first_id, grown.last_id, len(grown), grown.total_bytes) == (
+            full.first_id, full.last_id, len(full), full.total_bytes)
+        assert grown.slots <= capacity
+        assert ids(grown.since(0)) == ids(full.since(0))
+        for after in range(start - 1, start + at + 1):
+            assert grown.bytes_since(after) == full.bytes_since(after)
+            got = grown.get(after)
+            assert (got.id if got else None) == (full.get(after).id if full.get(after) else None)

@@ -2,8 +2,11 @@
 
 The ring holds the last ``capacity`` published events of one bus, and no more than ``max_bytes``
 of them (the newest event always stays, however large). Ids are contiguous, so event ``i`` lives
-at slot ``i % capacity`` of a fixed array: append, lookup and the byte count of a suffix are all
-O(1) (amortized O(1) when the byte cap drops several old events at once). An event dropped for
+at slot ``i % size`` of an array of ``size`` slots: append, lookup and the byte count of a suffix
+are all O(1) (amortized O(1) when the byte cap drops several old events at once, or the array
+grows). The array starts small and doubles, up to ``capacity``, only as events arrive: an idle
+session's ring costs a few hundred bytes, not the ``capacity`` slots (128 KB at the default
+8,000) it may grow to. An event dropped for
 bytes leaves the ring exactly like one dropped for count: its id is below ``first_id``, so a
 cursor before it gets ``ring_evicted`` on resume and a live subscriber still waiting for it is
 evicted. The byte count comes from cumulative offsets (bytes published up to and
@@ -45,6 +48,8 @@ DEFAULT_RING_SIZE: Final = 8000
 # Twice the replay budget: any cursor a replay could serve in full is still in the ring.
 DEFAULT_RING_BYTES: Final = 16 * 1024 * 1024
 REPLAY_BUDGET_BYTES: Final = 8 * 1024 * 1024
+# Slots a new ring starts with (then doubled as needed, up to its capacity).
+INITIAL_SLOTS: Final = 64
 
 _size = attrgetter("size")
 
@@ -60,6 +65,8 @@ class EventRing:
         capacity: int = DEFAULT_RING_SIZE,
         next_id: int = 1,
         max_bytes: int = DEFAULT_RING_BYTES,
+        *,
+        initial_slots: int = INITIAL_SLOTS,
     ) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
             raise ValueError(f"event ring capacity must be a positive int, got {capacity!r}")
@@ -70,9 +77,10 @@ class EventRing:
         self.capacity = capacity
         self.max_bytes = max_bytes
         self.next_id = next_id
-        self._events: list[Event | None] = [None] * capacity
-        # _ends[i % capacity]: bytes appended to this ring up to and including event i.
-        self._ends: list[int] = [0] * capacity
+        slots = max(1, min(capacity, initial_slots))
+        self._events: list[Event | None] = [None] * slots
+        # _ends[i % slots]: bytes appended to this ring up to and including event i.
+        self._ends: list[int] = [0] * slots
         self._total = 0
         self._held = 0  # bytes of the events held now
         self._count = 0
@@ -91,6 +99,11 @@ class EventRing:
         return self.next_id - 1
 
     @property
+    def slots(self) -> int:
+        """Slots allocated now (grows with the events held, up to ``capacity``)."""
+        return len(self._events)
+
+    @property
     def total_bytes(self) -> int:
         """Bytes of the events held now."""
         return self._held
@@ -107,8 +120,10 @@ class EventRing:
             raise ValueError(
                 f"event ring expects id {self.next_id} next, got {event.id!r} ({event.type})"
             )
-        slot = event.id % self.capacity
+        if self._count == len(self._events) < self.capacity:
+            self._grow(self._count + 1)
         events = self._events
+        slot = event.id % len(events)
         if self._count == self.capacity:
             overwritten = events[slot]  # the oldest event: it leaves for count
             assert overwritten is not None
@@ -142,12 +157,16 @@ class EventRing:
                 f"{events[0].id!r}..{events[-1].id!r}")
         # offsets[k + 1] is what _ends holds for events[k].
         offsets = list(accumulate(map(_size, events), initial=self._total))
-        capacity = self.capacity
-        if count > capacity:  # only the newest capacity of them could stay
+        if count > self.capacity:  # only the newest capacity of them could stay
             for event in events:
                 self.append(event)
             return offsets
+        if self._count + count > len(self._events) < self.capacity:
+            self._grow(self._count + count)
         slots = self._events
+        # The array holds every event of the run and the held ones, or is at capacity (then
+        # the oldest make room, as below).
+        capacity = len(slots)
         # Slots the run overwrites still hold the oldest events (or None once dropped for
         # bytes): they leave now, as append would have made them leave one by one.
         overflow = self._count + count - capacity
@@ -174,9 +193,25 @@ class EventRing:
             self._drop_for_bytes()
         return offsets
 
+    def _grow(self, needed: int) -> None:
+        """Double the array until it holds ``needed`` events (at most ``capacity`` slots),
+        moving each held event (and its offset) to its slot in the new array."""
+        old_events, old_ends = self._events, self._ends
+        old_size = len(old_events)
+        size = old_size
+        while size < needed and size < self.capacity:
+            size *= 2
+        size = min(size, self.capacity)
+        events: list[Event | None] = [None] * size
+        ends = [0] * size
+        for event_id in range(self.next_id - self._count, self.next_id):
+            events[event_id % size] = old_events[event_id % old_size]
+            ends[event_id % size] = old_ends[event_id % old_size]
+        self._events, self._ends = events, ends
+
     def _drop_for_bytes(self) -> None:
         events = self._events
-        capacity = self.capacity
+        capacity = len(events)
         while self._held > self.max_bytes and self._count > 1:
             slot = (self.next_id - self._count) % capacity
             oldest = events[slot]
@@ -189,7 +224,7 @@ class EventRing:
 
     def get(self, event_id: int) -> Event | None:
         if self._count and self.next_id - self._count <= event_id < self.next_id:
-            return self._events[event_id % self.capacity]
+            return self._events[event_id % len(self._events)]
         return None
 
     def since(self, after_id: int) -> list[Event]:
@@ -197,10 +232,10 @@ class EventRing:
         start = max(after_id + 1, self.next_id - self._count)
         if start >= self.next_id:
             return []
-        capacity = self.capacity
+        events = self._events
+        capacity = len(events)
         lo = start % capacity
         hi = lo + (self.next_id - start)
-        events = self._events
         chunk = events[lo:hi] if hi <= capacity else events[lo:] + events[: hi - capacity]
         return chunk  # type: ignore[return-value]  # every slot in the held range is filled
 
@@ -209,11 +244,12 @@ class EventRing:
         first = self.next_id - self._count
         if after_id >= self.next_id - 1 or not self._count:
             return 0
+        size = len(self._events)
         if after_id < first:
-            oldest = self._events[first % self.capacity]
+            oldest = self._events[first % size]
             assert oldest is not None
-            return self._total - self._ends[first % self.capacity] + oldest.size
-        return self._total - self._ends[after_id % self.capacity]
+            return self._total - self._ends[first % size] + oldest.size
+        return self._total - self._ends[after_id % size]
 
 
 @dataclass(frozen=True, slots=True)
