@@ -16,8 +16,9 @@ from sdk.protocol import http as wire
 from .core.envelope import encode_json
 from .core.guards import Guard, is_ui_asset
 from .core.throttle import LogThrottle
-from .http_api import MAX_BODY_BYTES
-from .manager import SessionManager
+from .http_api import MAX_BODY_BYTES, SESSION_LIMIT_RETRY_AFTER_S
+from .manager import AgentSessionConflict, AgentUnavailable, SessionLimit, SessionManager
+from .session import Session
 from .sockets import is_reserve
 from .streams import (
     Receive,
@@ -29,6 +30,7 @@ from .streams import (
     serve_sse,
     serve_ws,
 )
+from .transcript_store import TranscriptDamaged
 from .ui_files import UiFiles
 
 log = logging.getLogger("daemon.asgi")
@@ -87,6 +89,25 @@ class DaemonASGI:
         # Cluster mode (daemon.cluster.ClusterRouter): routes requests for sessions this node
         # does not run. None in single-node mode.
         self.cluster: Any = None
+
+    async def _live_session(self, session_id: str) -> Session | None:
+        """:meth:`SessionManager.live`, its refusals as the JSON errors the routes give."""
+        try:
+            return await self.manager.live(session_id)
+        except SessionLimit as exc:
+            raise StreamRequestError(503, wire.error_body("session_limit", str(exc),
+                                                          limit=exc.limit),
+                                     {"Retry-After": str(SESSION_LIMIT_RETRY_AFTER_S)}) from None
+        except AgentSessionConflict as exc:
+            raise StreamRequestError(502, wire.error_body(
+                "agent_session_id_reused", f"Agent session conflict: {exc}")) from None
+        except AgentUnavailable as exc:
+            raise StreamRequestError(502, wire.error_body(
+                "agent_start_failed", f"Agent failed to start: {exc}")) from None
+        except TranscriptDamaged:
+            raise StreamRequestError(500, wire.error_body(
+                "transcript_damaged", "The transcript is damaged where this request reads it",
+                session_id=session_id)) from None
 
     def _log_body_timeout(self, scope: Scope) -> None:
         count = self.body_timeouts.note(trio.current_time())
@@ -157,17 +178,18 @@ class DaemonASGI:
                                  extra=((b"upgrade", b"websocket"),))
                 return
             if (kind == "http") == (which == "events"):
-                session = self.manager.get(session_id)
-                bus = session.bus if session is not None else None
-                if self.cluster is not None:  # it also settles a lease this node doubts
-                    try:
+                try:
+                    # A session unloaded when idle is restored first, as load would.
+                    session = await self._live_session(session_id)
+                    bus = session.bus if session is not None else None
+                    if self.cluster is not None:  # it also settles a lease this node doubts
                         bus = await self.cluster.stream_bus(session_id, self.manager.limits)
-                    except StreamRequestError as err:  # Redis trouble: 503 + Retry-After
-                        if kind == "http":
-                            await send_json_error(send, err)
-                        else:
-                            await deny_ws(send, err.status, err.body)
-                        return
+                except StreamRequestError as err:  # Redis trouble: 503 + Retry-After
+                    if kind == "http":
+                        await send_json_error(send, err)
+                    else:
+                        await deny_ws(send, err.status, err.body, err.headers)
+                    return
                 if bus is None:
                     gone = wire.session_not_found(session_id)
                     if kind == "http":

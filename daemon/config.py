@@ -33,6 +33,7 @@ DEFAULT_EVENT_RING_SIZE = 8000
 # Twice the 8 MiB replay budget: every resume a replay can finish is served from the ring.
 DEFAULT_EVENT_RING_BYTES = 16 * 1024 * 1024
 DEFAULT_AGENT_IDLE_MS = 300_000
+DEFAULT_SESSION_IDLE_MS = 600_000
 DEFAULT_AGENT_INIT_TIMEOUT_MS = 30_000
 DEFAULT_AGENT_WRITE_TIMEOUT_MS = 30_000
 DEFAULT_BODY_TIMEOUT_MS = 10_000
@@ -71,6 +72,8 @@ class DaemonConfig:
     event_ring_size: int = DEFAULT_EVENT_RING_SIZE
     event_ring_bytes: int = DEFAULT_EVENT_RING_BYTES
     agent_idle_ms: int = DEFAULT_AGENT_IDLE_MS
+    # A session idle this long (no subscriber, no prompt, no request) is unloaded; 0: never.
+    session_idle_ms: int = DEFAULT_SESSION_IDLE_MS
     allow_origins: tuple[str, ...] = ()
     workspace: str = field(default_factory=os.getcwd)
     require_auth: bool = False
@@ -325,6 +328,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                    help="byte cap of the resume ring (besides --event-ring-size)")
     p.add_argument("--agent-idle-ms", default=str(DEFAULT_AGENT_IDLE_MS),
                    help="stop a workspace's agent after this long without a session")
+    p.add_argument("--session-idle-ms", default=str(DEFAULT_SESSION_IDLE_MS),
+                   help="unload a session from memory after this long with no subscriber, no "
+                        "prompt and no request; its next request restores it from the "
+                        "transcript (0: never)")
     p.add_argument("--allow-origin", action="append", default=[],
                    help="a browser origin allowed to call the daemon (repeatable)")
     p.add_argument("--workspace", default=None,
@@ -495,6 +502,7 @@ def _validate(ns: argparse.Namespace, env: Mapping[str, str]) -> DaemonConfig:
         event_ring_size=_positive_int("--event-ring-size", ns.event_ring_size),
         event_ring_bytes=_positive_int("--event-ring-bytes", ns.event_ring_bytes),
         agent_idle_ms=_positive_int("--agent-idle-ms", ns.agent_idle_ms),
+        session_idle_ms=_non_negative_int("--session-idle-ms", ns.session_idle_ms),
         allow_origins=tuple(ns.allow_origin),
         workspace=workspace,
         require_auth=bool(ns.require_auth),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -252,16 +252,10 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
 
-    def live_session(session_id: str) -> Session:
-        session = manager.get(session_id)
-        if session is None:
-            raise session_not_found(session_id)
-        return session
-
-    async def live_or_restored(session_id: str) -> Session:
-        """Load and resume (and only they) bring a persisted session back."""
+    async def brought(session_id: str,
+                      find: Callable[[str], Awaitable[Session | None]]) -> Session:
         try:
-            session = await manager.restore(session_id)
+            session = await find(session_id)
         except AgentSessionConflict as exc:
             raise ApiError(502, "agent_session_id_reused", f"Agent session conflict: {exc}") \
                 from None
@@ -270,6 +264,14 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         if session is None:
             raise session_not_found(session_id)
         return session
+
+    async def live_session(session_id: str) -> Session:
+        """A live session; one unloaded when idle is restored first, as load would."""
+        return await brought(session_id, manager.live)
+
+    async def live_or_restored(session_id: str) -> Session:
+        """Load and resume (and only they) bring any persisted session back."""
+        return await brought(session_id, manager.restore)
 
     @app.errorhandler(ApiError)
     async def on_api_error(exc: ApiError) -> Response:
@@ -470,7 +472,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
     async def prompt(session_id: str) -> Response:
         key = header_idempotency_key()
         body = await read_json_object()
-        session = live_session(session_id)
+        session = await live_session(session_id)
         client_id = registered_client(session)
         req = parse_body(body, wire.PromptRequest)
         # Checked by the type; forwarded to the agent as sent (every field of every block).
@@ -580,7 +582,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
 
     @app.post("/session/<session_id>/cancel")
     async def cancel(session_id: str) -> Response:
-        session = live_session(session_id)
+        session = await live_session(session_id)
         client_id = registered_client(session)
         await session.cancel(client_id)
         return Response(b"", status=204)
@@ -588,7 +590,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
     @app.post("/session/<session_id>/permission/<request_id>")
     async def vote(session_id: str, request_id: str) -> Response:
         body = await read_json_object()
-        session = live_session(session_id)
+        session = await live_session(session_id)
         outcome = wire.vote_outcome(parse_body(body, wire.PermissionVoteRequest))
         if outcome is None:
             raise ApiError(400, "invalid_permission_vote",
@@ -606,7 +608,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
 
     @app.get("/session/<session_id>/transcript")
     async def transcript(session_id: str) -> Response:
-        session = live_session(session_id)
+        session = await live_session(session_id)
         args = request.args
         limit_raw = args.get("limit")
         limit = wire.DEFAULT_TRANSCRIPT_LIMIT
@@ -646,7 +648,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
 
     @app.get("/session/<session_id>/status")
     async def status(session_id: str) -> Response:
-        session = live_session(session_id)
+        session = await live_session(session_id)
         bus = session.bus
         journal = bus.journals.full
         subscribers = len(bus.subscribers)
@@ -680,7 +682,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
 
     @app.post("/session/<session_id>/detach")
     async def detach(session_id: str) -> Response:
-        session = live_session(session_id)
+        session = await live_session(session_id)
         client_id = header_client_id()
         if client_id is not None:
             manager.clients.detach(session.id, client_id)
@@ -688,12 +690,12 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
 
     @app.post("/session/<session_id>/heartbeat")
     async def heartbeat(session_id: str) -> Response:
-        session = live_session(session_id)
+        session = await live_session(session_id)
         return json_response(wire.HeartbeatResponse(session_id=session.id, server_time=now_ms()))
 
     @app.delete("/session/<session_id>")
     async def delete_session(session_id: str) -> Response:
-        session = live_session(session_id)
+        session = await live_session(session_id)
         with trio.CancelScope(shield=True):
             await manager.close_session(session, "client_close")
         return Response(b"", status=204)

@@ -16,7 +16,12 @@ live session of that agent fails the create (502 ``agent_session_id_reused``).
 
 ``--max-sessions`` bounds the live (loaded) sessions: past it, creating or restoring one raises
 :class:`SessionLimit` (503), while attaching to a loaded session, its prompts and its streams go
-on as ever. A session that ends (or, later, is unloaded when idle) frees its slot.
+on as ever. A session that ends, or is unloaded when idle, frees its slot.
+
+``--session-idle-ms`` unloads a session that has had no subscriber, no prompt and no request
+for that long (with a transcript, in single-node mode): it ends without a frame or a write, and
+any request naming it (:meth:`SessionManager.live`, or a load or resume) restores it from the
+transcript as after a restart. One task looks at every session a few times per idle period.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
@@ -101,6 +107,14 @@ class SessionLimit(Exception):
 
 
 SESSION_LIMIT_LOG_INTERVAL_S = 60.0
+# Ids of sessions unloaded when idle that any request restores (beyond that many, the oldest
+# are forgotten: like a session not loaded since a restart, a load or resume restores it).
+MAX_UNLOADED_REMEMBERED = 100_000
+# The idle sweep looks at every session this many times per --session-idle-ms (bounded below
+# and above), so a session is unloaded between one and 1 + 1/8 idle periods after its last use.
+IDLE_SWEEPS_PER_PERIOD = 8
+IDLE_SWEEP_MIN_S = 0.01
+IDLE_SWEEP_MAX_S = 30.0
 
 
 class InvalidWorkspace(ValueError):
@@ -170,6 +184,11 @@ class SessionManager:
         if gates is not None:  # the bundled mock: mock:gate=NAME works (docs/viewer.md)
             self.agent_env[MOCK_GATE_ENV] = str(gates)
         self.sessions: dict[str, Session] = {}
+        # Live sessions per workspace (the agent's idle stop and the joinable session ask).
+        self._per_workspace: dict[str, int] = {}
+        # Sessions unloaded when idle, oldest first (see MAX_UNLOADED_REMEMBERED).
+        self.unloaded: OrderedDict[str, None] = OrderedDict()
+        self.sessions_unloaded = 0
         # Sessions being created or restored, by id: they hold a --max-sessions slot until
         # they are in ``sessions`` (or failed).
         self._starting: set[str] = set()
@@ -197,6 +216,10 @@ class SessionManager:
         self.node_id: str | None = None
         # Cluster mode: (session id, own subscribers) -> subscribers per node, for the status.
         self.cluster_readers: Callable[[str, int], Awaitable[dict[str, int]]] | None = None
+        # Unloading needs the transcript to restore from; a cluster node's sessions move
+        # between nodes by their own rules, so it keeps them loaded.
+        if config.session_idle_ms and writer is not None and config.cluster_redis is None:
+            nursery.start_soon(self._unload_idle_sessions)
 
     @property
     def restore_lock_count(self) -> int:
@@ -230,8 +253,7 @@ class SessionManager:
             self._maybe_idle(cwd)
 
     def _in_use(self, cwd: str) -> bool:
-        return cwd in self._agent_users or any(
-            session.workspace_cwd == cwd for session in self.sessions.values())
+        return cwd in self._agent_users or cwd in self._per_workspace
 
     def _cancel_idle_timer(self, cwd: str) -> None:
         scope = self._idle_timers.pop(cwd, None)
@@ -378,15 +400,82 @@ class SessionManager:
         finally:
             self._starting.discard(session_id)
 
+    def _add(self, session: Session) -> None:
+        self.sessions[session.id] = session
+        cwd = session.workspace_cwd
+        self._per_workspace[cwd] = self._per_workspace.get(cwd, 0) + 1
+
+    def _remove(self, session: Session) -> None:
+        del self.sessions[session.id]
+        cwd = session.workspace_cwd
+        left = self._per_workspace[cwd] - 1
+        if left:
+            self._per_workspace[cwd] = left
+        else:
+            del self._per_workspace[cwd]
+
     def get(self, session_id: str) -> Session | None:
+        """The live session, if it is loaded; a request naming it counts as its use."""
         session = self.sessions.get(session_id)
-        return session if session is not None and session.live else None
+        if session is None or not session.live:
+            return None
+        session.touched_at = trio.current_time()
+        return session
+
+    async def live(self, session_id: str) -> Session | None:
+        """The live session, restored first if it was unloaded when idle; ``None`` if there
+        is none. Raises what :meth:`restore` raises."""
+        session = self.get(session_id)
+        if session is not None or session_id not in self.unloaded:
+            return session
+        return await self.restore(session_id)
 
     def live_for_workspace(self, cwd: str) -> Session | None:
+        if cwd not in self._per_workspace:
+            return None
         for session in self.sessions.values():
             if session.workspace_cwd == cwd and session.live:
                 return session
         return None
+
+    # -- unloading idle sessions ------------------------------------------------------------
+
+    async def _unload_idle_sessions(self) -> None:
+        idle_ms = self.config.session_idle_ms
+        step = min(max(idle_ms / 1000 / IDLE_SWEEPS_PER_PERIOD, IDLE_SWEEP_MIN_S),
+                   IDLE_SWEEP_MAX_S)
+        while not self.shutting_down:
+            await trio.sleep(step)
+            self.unload_idle(trio.current_time(), now_ms())
+
+    def unload_idle(self, now: float, wall_ms: int) -> int:
+        """Unload every session idle for ``--session-idle-ms``: no subscriber, no prompt, no
+        permission request, nothing published and no request naming it for that long (a busy
+        session's idle time starts again now). Returns how many were unloaded."""
+        idle_ms = self.config.session_idle_ms
+        idle_s = idle_ms / 1000
+        unloaded = 0
+        for session in tuple(self.sessions.values()):
+            if not session.live or session.id in self._starting:
+                continue
+            if session.busy():
+                session.touched_at = now
+                continue
+            bus = session.bus
+            published = bus.last_activity_ms
+            if now - session.touched_at < idle_s or (
+                    published is not None and wall_ms - published < idle_ms):
+                continue
+            if bus.transcript_degraded or bus.transcript_damaged:
+                continue  # its stored history is not whole: only memory holds all of it
+            self.unloaded[session.id] = None
+            self.unloaded.move_to_end(session.id)
+            if len(self.unloaded) > MAX_UNLOADED_REMEMBERED:
+                forgotten, _ = self.unloaded.popitem(last=False)
+                self.clients.drop_session(forgotten)
+            session.unload()
+            unloaded += 1
+        return unloaded
 
     async def create(
         self, cwd: str, session_id: str | None, scope: str, client_hint: str | None,
@@ -425,7 +514,7 @@ class SessionManager:
         if self.writer is not None:
             bus.last_write_seq = self.writer.submit(UpsertSession(
                 session_id, cwd, now_ms(), acp_session_id))
-        self.sessions[session_id] = session
+        self._add(session)
         await self.nursery.start(session.run)
         # A session id handed out is on disk: after a crash, load and resume find it.
         await session.wait_durable()
@@ -445,7 +534,13 @@ class SessionManager:
             live = self.get(session_id)
             if live is not None:
                 return live
-            return await self._restore(session_id, self.writer)
+            leaving = self.sessions.get(session_id)
+            if leaving is not None and leaving.unloading:
+                await leaving.ended.wait()  # its agent session is detached once it has ended
+            restored = await self._restore(session_id, self.writer)
+            if restored is not None:
+                self.unloaded.pop(session_id, None)
+            return restored
 
     async def _restore(self, session_id: str, writer: TranscriptWriter) -> Session | None:
         row = await writer.read(lambda store: store.get_session(session_id),
@@ -513,7 +608,7 @@ class SessionManager:
         session.agent_session_restored = via == "session/load"
         bus.last_write_seq = writer.submit(
             UpsertSession(session_id, cwd, row.created_at_ms, acp_session_id))
-        self.sessions[session_id] = session
+        self._add(session)
         await self.nursery.start(session.run)
         log.info("event=session_restored session=%s via=%s agent_session_restored=%s "
                  "interrupted_prompts=%d seeded_events=%d older_records=%d", session_id, via,
@@ -535,14 +630,22 @@ class SessionManager:
 
     def _session_ended(self, session: Session) -> None:
         if self.sessions.get(session.id) is session:
-            del self.sessions[session.id]
-            self.clients.drop_session(session.id)
-        log.info("event=session_ended session=%s reason=%s", session.id,
-                 session.closing or ("agent_exit" if session.agent_exit else "ended"))
+            self._remove(session)
+            if session.unloading and session.id in self.unloaded:
+                self.sessions_unloaded += 1  # its clients stay registered for its return
+            else:
+                self.clients.drop_session(session.id)
+        if session.unloading:
+            log.info("event=session_unloaded session=%s idle_ms=%d", session.id,
+                     self.config.session_idle_ms)
+        else:
+            log.info("event=session_ended session=%s reason=%s", session.id,
+                     session.closing or ("agent_exit" if session.agent_exit else "ended"))
         self._maybe_idle(session.workspace_cwd)
 
     async def close_session(self, session: Session, reason: str) -> None:
         await session.close(reason)
+        self.unloaded.pop(session.id, None)
         if self.writer is not None and reason == "client_close":
             self.writer.submit(MarkClosed(session.id))  # gone for good: never restored
 

@@ -185,6 +185,12 @@ class Session:
         self.active: PendingPrompt | None = None
         self.permissions: dict[str, PermissionWaiter] = {}
         self.closing: str | None = None  # close reason once closing started
+        # Unloaded when idle (SessionManager): it ends without a frame or a transcript write,
+        # and its next request restores it from the transcript.
+        self.unloading = False
+        # When a request last named this session, or the manager last saw it busy
+        # (trio.current_time()): what its idle unload counts from.
+        self.touched_at = trio.current_time()
         self.agent_exit: tuple[int | None, str | None] | None = None
         # False when the session was restored on a new agent session (the agent's own
         # session/load failed, or it has none): the agent lost its context of the earlier turns.
@@ -414,6 +420,8 @@ class Session:
                 self.bus.publish(SessionDiedData(
                     session_id=self.id, reason=CHANNEL_CLOSED, exit_code=exit_code,
                     signal_code=signal_code))
+            elif self.unloading:
+                return  # nobody to tell (no subscriber), nothing to store
             else:
                 self.bus.publish(SessionClosedData(session_id=self.id,
                                                    reason=self.closing or "closed"))
@@ -484,6 +492,21 @@ class Session:
             await self.agent.cancel(self.acp_session_id)
         except (ChannelClosed, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             log.info("event=cancel_not_sent session=%s reason=agent_gone", self.id)
+
+    def busy(self) -> bool:
+        """A subscriber, a prompt running or queued, or a permission request waiting: the
+        session must stay loaded."""
+        return bool(self.bus.subscribers or self.active is not None or self.queue
+                    or self.permissions)
+
+    def unload(self) -> None:
+        """End the session quietly (it is idle, see :meth:`busy`): no ``session_closed``
+        frame and nothing written, so its stored history stays exactly as it is for the
+        restore that brings it back. Its ``run`` ends (and ``on_ended`` is called) soon after."""
+        if self.closing is None:
+            self.unloading = True
+            self.closing = "idle_unload"
+            self._notify()
 
     async def close(self, reason: str) -> None:
         """End the session: a running prompt gets ``turn_error session_closed``."""
