@@ -43,6 +43,7 @@ from benchmarks import (
     memory,
     repair_cost,
     resume,
+    sessions,
     stall_cut,
     transcript_cost,
 )
@@ -150,6 +151,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark(client.NAME, client.TITLE, client.add_arguments, client.run),
     # Builds a 1 GiB deflate bomb and floods a daemon from many threads: only when named.
     Benchmark(attacks.NAME, attacks.TITLE, attacks.add_arguments, attacks.run,
+              in_default_run=False),
+    # Thousands of sessions on two daemons per size (minutes at 5,000): only when named.
+    Benchmark(sessions.NAME, sessions.TITLE, sessions.add_arguments, sessions.run,
               in_default_run=False),
     # Needs redis-server and starts three nodes: only when named.
     Benchmark(cluster.NAME, cluster.TITLE, cluster.add_arguments, cluster.run,

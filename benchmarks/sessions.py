@@ -1,0 +1,290 @@
+"""Many sessions on one daemon: what each costs, alive and unloaded, as their number grows.
+
+For each size N of ``--sizes`` (default 10, 1,000, 5,000; quick 10, 200) two fresh daemons run,
+with the transcript on, ``--max-sessions 0`` and one workspace (so every session shares one
+mock agent process):
+
+1. *live*: N sessions are created (``sessionScope: thread``, 8 clients at once) and left idle
+   (``--session-idle-ms 0``: never unloaded). Rows: the daemon's RSS above its own empty figure
+   (read before the first create) per session; ``GET /daemon/status``'s body size and time
+   (p50 of 5); one ``--chunks`` turn of a new session to one SSE subscriber with the N idle
+   sessions attached to the same agent process (events/s and daemon CPU per 1,000 events,
+   :func:`benchmarks.e2e.measure_turn`: every event checked); the time from SIGTERM to exit.
+2. *unloaded*: the same N sessions with ``--session-idle-ms`` short (``--idle-ms``); once
+   ``GET /daemon/status`` counts no live session, the daemon's RSS above its empty figure; one
+   session's ``load`` (it is restored from the transcript); the time from SIGTERM to exit.
+
+Baselines are the smallest size's figures, measured in the same run: a cost that does not grow
+with N keeps a ratio near 1. RSS is read once it holds still (``memory.settled_rss_mb``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import httpx
+
+from benchmarks.e2e import TurnRun, measure_turn
+from benchmarks.harness import Context, CpuUse, Row
+from benchmarks.launcher import Daemon, LaunchError, start_daemon
+from benchmarks.memory import settled_rss_mb
+
+NAME = "sessions"
+TITLE = "many sessions on one daemon: memory per session, unload, routing, status, shutdown"
+
+LIVE_SESSION_TARGET_KB = 64.0
+UNLOADED_TARGET_MB = 60.0  # at 5,000 sessions
+UNLOADED_TARGET_AT = 5000
+ROUTING_RATE_TARGET = 0.9  # of the smallest size's events/s
+ROUTING_CPU_TARGET = 1.1  # of the smallest size's daemon CPU per 1,000 events
+STATUS_TARGET_KB = 64.0
+STATUS_TARGET_MS = 5.0
+SHUTDOWN_SLACK_S = 0.5  # shutdown within the smallest size's time plus this
+CREATE_CLIENTS = 8
+MB = 1e6
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sizes", default=None,
+                        help="comma-separated session counts (default 10,1000,5000; "
+                             "quick 10,200)")
+    parser.add_argument("--chunks", type=int, default=None,
+                        help="chunks of the routing turn (default 20,000; quick 5,000)")
+    parser.add_argument("--idle-ms", type=int, default=1000,
+                        help="--session-idle-ms of the unloading daemon (default 1000)")
+
+
+@dataclass
+class LiveRun:
+    sessions: int
+    empty_mb: float
+    rss_mb: float
+    status_bytes: int
+    status_ms: float
+    turns: list[TurnRun]
+    shutdown_s: float
+    create_s: float
+
+    @property
+    def per_session_kb(self) -> float:
+        return (self.rss_mb - self.empty_mb) * MB / 1000 / self.sessions
+
+
+@dataclass
+class UnloadRun:
+    sessions: int
+    empty_mb: float
+    rss_mb: float
+    unload_s: float
+    load_ms: float
+    shutdown_s: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def above_empty_mb(self) -> float:
+        return self.rss_mb - self.empty_mb
+
+
+def create_sessions(daemon: Daemon, count: int,
+                    progress: Callable[[str], None]) -> list[str]:
+    """``count`` new sessions, created by :data:`CREATE_CLIENTS` clients at once."""
+    local = threading.local()
+    done = [0]
+    lock = threading.Lock()
+
+    def one(_: int) -> str:
+        client = getattr(local, "client", None)
+        if client is None:
+            client = local.client = httpx.Client(base_url=daemon.url, timeout=120.0)
+        response = client.post("/session", json={"sessionScope": "thread"})
+        if response.status_code != 200:
+            raise LaunchError(f"POST /session answered {response.status_code}: "
+                              f"{response.text[:300]}")
+        with lock:
+            done[0] += 1
+            if done[0] % 1000 == 0:
+                progress(f"  {done[0]:,}/{count:,} sessions created")
+        return str(response.json()["sessionId"])
+
+    with ThreadPoolExecutor(CREATE_CLIENTS) as pool:
+        return list(pool.map(one, range(count)))
+
+
+def status_cost(daemon: Daemon, reads: int = 5) -> tuple[int, float]:
+    """``GET /daemon/status``: body bytes, p50 ms over ``reads`` requests."""
+    times: list[float] = []
+    size = 0
+    for _ in range(reads):
+        started = time.perf_counter()
+        response = daemon.http.get("/daemon/status")
+        times.append((time.perf_counter() - started) * 1000)
+        if response.status_code != 200:
+            raise LaunchError(f"GET /daemon/status answered {response.status_code}")
+        size = len(response.content)
+    return size, statistics.median(times)
+
+
+def stop_timed(daemon: Daemon) -> float:
+    """SIGTERM to exit, in seconds (the daemon must exit 0)."""
+    daemon.http.close()
+    started = time.monotonic()
+    daemon.proc.terminate()
+    code = daemon.proc.wait(60)
+    elapsed = time.monotonic() - started
+    if code != 0:
+        raise LaunchError(f"daemon exited {code} on SIGTERM:\n{daemon.stderr_tail()}")
+    return elapsed
+
+
+def live_run(ctx: Context, count: int, chunks: int, turns: int) -> LiveRun:
+    with start_daemon(["--max-sessions", "0", "--session-idle-ms", "0"]) as daemon:
+        daemon.get_json("/health")
+        _, empty = settled_rss_mb(daemon)
+        ctx.progress(f"live, {count:,} sessions: empty RSS {empty:.1f} MB; creating")
+        started = time.monotonic()
+        create_sessions(daemon, count, ctx.progress)
+        create_s = time.monotonic() - started
+        _, rss = settled_rss_mb(daemon)
+        size, status_ms = status_cost(daemon)
+        ctx.progress(f"  RSS {rss:.1f} MB ({(rss - empty) * 1000 / count:.1f} KB a session; "
+                     f"created in {create_s:.1f} s); status {size / 1000:.0f} KB in "
+                     f"{status_ms:.1f} ms")
+        runs = []
+        for trial in range(turns):
+            run = measure_turn(daemon, chunks, 1)
+            ctx.progress(f"  turn {trial + 1}/{turns}: {run.rate:,.0f} events/s, daemon "
+                         f"{run.daemon_ms_per_1k or 0:.1f} ms CPU per 1,000 events")
+            runs.append(run)
+        shutdown = stop_timed(daemon)
+        ctx.progress(f"  shutdown {shutdown:.2f} s")
+        return LiveRun(count, empty, rss, size, status_ms, runs, shutdown, create_s)
+
+
+def unload_run(ctx: Context, count: int, idle_ms: int) -> UnloadRun:
+    with start_daemon(["--max-sessions", "0", "--session-idle-ms", str(idle_ms)]) as daemon:
+        daemon.get_json("/health")
+        _, empty = settled_rss_mb(daemon)
+        ctx.progress(f"unloading, {count:,} sessions (--session-idle-ms {idle_ms}): empty RSS "
+                     f"{empty:.1f} MB; creating")
+        ids = create_sessions(daemon, count, ctx.progress)
+        started = time.monotonic()
+        deadline = started + 120 + idle_ms / 1000
+        while True:
+            live = int(daemon.get_json("/daemon/status")["liveSessions"])
+            if live == 0:
+                break
+            if time.monotonic() > deadline:
+                raise LaunchError(f"{live} of {count} sessions still live after "
+                                  f"{time.monotonic() - started:.0f} s")
+            time.sleep(0.05)
+        unload_s = time.monotonic() - started
+        _, rss = settled_rss_mb(daemon)
+        t0 = time.perf_counter()
+        body = daemon.post_json(f"/session/{ids[0]}/load", {})
+        load_ms = (time.perf_counter() - t0) * 1000
+        if body.get("sessionId") != ids[0]:
+            raise LaunchError(f"load of an unloaded session answered {body}")
+        ctx.progress(f"  all unloaded {unload_s:.1f} s after the last create; RSS {rss:.1f} MB "
+                     f"({rss - empty:+.1f} MB); a load restores one in {load_ms:.1f} ms")
+        shutdown = stop_timed(daemon)
+        return UnloadRun(count, empty, rss, unload_s, load_ms, shutdown)
+
+
+def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
+    sizes = ([int(s) for s in args.sizes.split(",")] if args.sizes
+             else ctx.pick([10, 1000, 5000], [10, 200]))
+    chunks = args.chunks or ctx.pick(20_000, 5_000)
+    turns = ctx.trials(3, 1)
+    live = [live_run(ctx, count, chunks, turns) for count in sizes]
+    unloaded = [unload_run(ctx, count, args.idle_ms) for count in sizes]
+    return rows_for(ctx, chunks, live, unloaded)
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def _turn_cpu(turns: Sequence[TurnRun]) -> CpuUse:
+    total = CpuUse()
+    for turn in turns:
+        total = total + turn.cpu
+    return total.scaled(1 / len(turns))
+
+
+def rows_for(ctx: Context, chunks: int, live: Sequence[LiveRun],
+             unloaded: Sequence[UnloadRun]) -> list[Row]:
+    rows: list[Row] = []
+    base = live[0]
+    base_rate = statistics.median(t.rate for t in base.turns)
+    base_cpu = _median([t.daemon_ms_per_1k for t in base.turns])
+    for each in live:
+        rows.append(Row(
+            benchmark=NAME, name="RSS per live idle session", params={"sessions": each.sessions},
+            unit="KB", samples=[each.per_session_kb], baseline=None,
+            target=f"<= {LIVE_SESSION_TARGET_KB:g} KB",
+            ok=each.per_session_kb <= LIVE_SESSION_TARGET_KB, cpu_note="-", quick=ctx.quick,
+            notes=[f"RSS {each.empty_mb:.1f} MB empty -> {each.rss_mb:.1f} MB with "
+                   f"{each.sessions:,} sessions (created in {each.create_s:.1f} s)"]))
+    for each in live:
+        rate = statistics.median(t.rate for t in each.turns)
+        cpu = _median([t.daemon_ms_per_1k for t in each.turns])
+        ok = rate >= ROUTING_RATE_TARGET * base_rate and (
+            cpu is None or base_cpu is None or cpu <= ROUTING_CPU_TARGET * base_cpu)
+        rows.append(Row(
+            benchmark=NAME, name=f"a {chunks:,}-chunk turn beside idle sessions on its agent",
+            params={"idle_sessions": each.sessions, "subscribers": 1}, unit="events/s",
+            samples=[t.rate for t in each.turns], baseline=base_rate,
+            baseline_label=f"{base.sessions} sessions",
+            ratio=rate / base_rate,
+            target="" if each is base else (f">= {ROUTING_RATE_TARGET:g}x and CPU <= "
+                                            f"{ROUTING_CPU_TARGET:g}x"),
+            ok=None if each is base else ok, cpu=_turn_cpu(each.turns), cpu_note="per turn",
+            quick=ctx.quick,
+            notes=[f"daemon CPU {cpu:.1f} ms per 1,000 events"
+                   + (f" ({cpu / base_cpu:.2f}x the {base.sessions}-session figure)"
+                      if cpu is not None and base_cpu else "")] if cpu is not None else []))
+    for each in live:
+        at_scale = each.sessions >= UNLOADED_TARGET_AT
+        rows.append(Row(
+            benchmark=NAME, name="GET /daemon/status", params={"sessions": each.sessions},
+            unit="ms", samples=[each.status_ms], baseline=base.status_ms,
+            baseline_label=f"{base.sessions} sessions", ratio=each.status_ms / base.status_ms,
+            target=f"<= {STATUS_TARGET_MS:g} ms and <= {STATUS_TARGET_KB:g} KB" if at_scale
+            else "",
+            ok=(each.status_ms <= STATUS_TARGET_MS
+                and each.status_bytes <= STATUS_TARGET_KB * 1000) if at_scale else None,
+            cpu_note="-", quick=ctx.quick,
+            notes=[f"body {each.status_bytes / 1000:.1f} KB"]))
+    for each in live:
+        rows.append(Row(
+            benchmark=NAME, name="shutdown (SIGTERM to exit), sessions live",
+            params={"sessions": each.sessions}, unit="s", samples=[each.shutdown_s],
+            baseline=base.shutdown_s, baseline_label=f"{base.sessions} sessions",
+            ratio=each.shutdown_s / base.shutdown_s,
+            target="" if each is base else f"<= baseline + {SHUTDOWN_SLACK_S:g} s",
+            ok=None if each is base else each.shutdown_s <= base.shutdown_s + SHUTDOWN_SLACK_S,
+            cpu_note="-", quick=ctx.quick))
+    ubase = unloaded[0]
+    for gone in unloaded:
+        at_scale = gone.sessions >= UNLOADED_TARGET_AT
+        rows.append(Row(
+            benchmark=NAME, name="RSS above empty, sessions unloaded when idle",
+            params={"sessions": gone.sessions}, unit="MB", samples=[gone.above_empty_mb],
+            baseline=None,
+            target=f"<= {UNLOADED_TARGET_MB:g} MB" if at_scale else "",
+            ok=gone.above_empty_mb <= UNLOADED_TARGET_MB if at_scale else None,
+            cpu_note="-", quick=ctx.quick,
+            notes=[f"RSS {gone.empty_mb:.1f} MB empty -> {gone.rss_mb:.1f} MB; "
+                   f"{gone.above_empty_mb * MB / 1000 / gone.sessions:.1f} KB a session; all "
+                   f"unloaded {gone.unload_s:.1f} s after the last create; a load then "
+                   f"restores one in {gone.load_ms:.1f} ms; shutdown {gone.shutdown_s:.2f} s"
+                   + (f" ({gone.shutdown_s / ubase.shutdown_s:.2f}x the "
+                      f"{ubase.sessions}-session figure)" if gone is not ubase else "")]))
+    return rows
