@@ -312,9 +312,11 @@ def test_watch_starts_with_the_replay_then_follows_live(daemon: RunningDaemon) -
 
 
 def test_prompt_and_watch_restore_the_session_after_a_daemon_restart(tmp_path: Path) -> None:
-    port = free_port()
     data = tmp_path / "data"
-    first = start_daemon(tmp_path, ["--port", str(port)], data_dir=data, tag="first")
+    # The first daemon picks its own port (a port chosen beforehand can be taken by another
+    # test's process before the daemon binds it); the second binds the same one.
+    first = start_daemon(tmp_path, ["--port", "0"], data_dir=data, tag="first")
+    port = int(first.url.rsplit(":", 1)[1].split("/")[0])
     try:
         session_id = cli(first.url, "create").stdout.strip()
         assert cli(first.url, "prompt", session_id, "before mock:chunks=1").returncode == 0
