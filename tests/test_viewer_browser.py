@@ -33,7 +33,7 @@ import trio
 
 from sdk.protocol.constants import AGENT_CONTEXT_LOST
 from sdk.truncation import parse_truncation, status_text
-from tests.fault_proxy import FaultProxy
+from tests.fault_proxy import Chaos, ChaosKind, FaultProxy, Request
 from tests.harness import RunningDaemon, start_daemon
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed "
@@ -899,3 +899,101 @@ def test_screenshots_at_desktop_and_phone_width(browser: Any, tmp_path: Path) ->
     finally:
         d.open_gate("shot")
         d.stop()
+
+
+# --- issue 41: a prompt typed in the page runs once, whatever the network does -----------------
+
+
+class CutPrompts:
+    """A chaos plan for one session's prompt sends: the first ``cuts`` are cut after they
+    reached the daemon (``kind``: right after the request, or in the middle of the answer; FIN
+    and reset in turn); the others go through. Keeps every send it saw.
+
+    Chromium itself sends a POST again when a reused connection is closed before any answer
+    came (``cut_after_request``): with the same headers, so the same key. An answer cut in its
+    middle it does not resend: the page has to."""
+
+    def __init__(self, session_id: str, cuts: int, kind: ChaosKind = "cut_after_request") -> None:
+        self.path = f"/session/{session_id}/prompt"
+        self.cuts = cuts
+        self.kind = kind
+        self.sends: list[Request] = []
+
+    def __call__(self, request: Request) -> Chaos | None:
+        if request.method != "POST" or request.path != self.path:
+            return None
+        self.sends.append(request)
+        if len(self.sends) <= self.cuts:
+            return Chaos(self.kind, reset=len(self.sends) % 2 == 0)
+        return None
+
+    def keys(self) -> set[str]:
+        return {r.headers.get("idempotency-key", "") for r in self.sends}
+
+
+@contextlib.contextmanager
+def chaos(proxy: ProxyThread, plan: CutPrompts) -> Iterator[CutPrompts]:
+    """Connections opened from now on go through ``plan`` (a page opened after this one gets
+    fresh connections); the proxy relays plainly again afterwards."""
+    proxy.call(setattr, proxy.proxy, "chaos", plan)
+    try:
+        yield plan
+    finally:
+        proxy.call(setattr, proxy.proxy, "chaos", None)
+
+
+def test_a_prompt_whose_answers_are_cut_is_resent_with_its_key_and_runs_once(
+        page: Any, proxy: ProxyThread, api: httpx.Client, daemon: RunningDaemon) -> None:
+    sid = new_session(api)
+    with chaos(proxy, CutPrompts(sid, cuts=3, kind="cut_mid_answer")) as plan:
+        open_viewer(page, proxy, sid)
+        page.fill("#prompt-input", "resent-once mock:chunks=2")
+        page.press("#prompt-input", "Enter")
+        page.wait_for_selector("#blocks li.assistant:not(.streaming)")
+        wait_status(api, sid, lambda s: not s["hasActivePrompt"] and s["pendingPrompts"] == 0,
+                    "the turn to end")
+        # The page's sends are over (the answer may stream in before a resend got its 202).
+        page.wait_for_function("() => { const v = window.turnkeeperViewer.view;"
+                               " return v.sending === 0 && v.unsent === null; }")
+    assert len(plan.sends) >= 4 and len(plan.keys()) == 1, (len(plan.sends), plan.keys())
+    assert prompts_with(daemon, "resent-once") == 1
+    assert blocks(page, "user") == ["resent-once mock:chunks=2"]
+    assert blocks(page, "assistant") == ["chunk-0chunk-1"]
+    assert page.locator("#unsent").is_hidden()
+    assert page.input_value("#prompt-input") == ""
+    assert stats(page)["promptResends"] >= 1
+
+
+def test_a_prompt_of_unknown_outcome_is_shown_and_resent_after_a_reconnect(
+        page: Any, proxy: ProxyThread, api: httpx.Client, daemon: RunningDaemon) -> None:
+    sid = new_session(api)
+    text = "unknown-once mock:chunks=2"
+    with chaos(proxy, CutPrompts(sid, cuts=1)) as plan:
+        # The first send reaches the daemon and its answer is lost; the next is answered 500
+        # by the proxy (a failing gateway), which is not resent: the page cannot know.
+        proxy.call(lambda: proxy.proxy.fail("POST", rf"^/session/{sid}/prompt$", status=500,
+                                            body={"error": "bad gateway", "code": "x"},
+                                            skip=1))
+        open_viewer(page, proxy, sid)
+        page.fill("#prompt-input", text)
+        page.press("#prompt-input", "Enter")
+        unsent = page.locator("#unsent[data-state='unknown']")
+        unsent.wait_for()
+        assert "Not known whether" in unsent.inner_text() and text in unsent.inner_text()
+        assert page.locator("#resend").is_visible()
+        # Not put back in the box: sent from there, it would get a new key.
+        assert page.input_value("#prompt-input") == ""
+        assert page.locator("#send").get_attribute("title") == (
+            "The prompt above is not known to have reached the daemon yet; it is resent first.")
+        wait_status(api, sid, lambda s: not s["hasActivePrompt"] and s["pendingPrompts"] == 0,
+                    "the admitted turn to end")
+        assert prompts_with(daemon, "unknown-once") == 1
+        # The event stream drops and comes back: the page sends the prompt again, same key.
+        assert proxy.sever() >= 1
+        page.wait_for_selector("#unsent", state="hidden")
+        assert len(plan.sends) == 2 and len(plan.keys()) == 1, (len(plan.sends), plan.keys())
+        assert proxy.call(lambda: [head for r, head in proxy.proxy.answers if r is plan.sends[1]])
+    assert prompts_with(daemon, "unknown-once") == 1
+    assert blocks(page, "user") == [text]
+    assert blocks(page, "assistant") == ["chunk-0chunk-1"]
+    assert not page.locator("#notices li[data-notice='viewer.prompt.failed']").count()

@@ -18,12 +18,13 @@ from pathlib import Path
 import pytest
 
 from sdk.protocol import constants
+from sdk.protocol.http import IDEMPOTENCY_KEY_HEADER
 from webui_model import pagination
 
 ROOT = Path(__file__).resolve().parent.parent
 UI = ROOT / "daemon" / "ui"
 PURE = ["protocol", "events", "sse", "truncation", "records", "draft", "reducer", "store",
-        "pagination", "replay", "repair", "repair_commit", "markdown"]
+        "pagination", "replay", "repair", "repair_commit", "markdown", "submission"]
 
 
 def test_markdown_subset_passes_its_node_tests() -> None:
@@ -66,6 +67,7 @@ def test_protocol_module_matches_the_python_protocol() -> None:
         "HEADER_CLIENT_ID": "X-Qwen-Client-Id",
         "HEADER_EVENT_EPOCH": "X-Qwen-Event-Epoch",
         "HEADER_LAST_EVENT_ID": "Last-Event-ID",
+        "HEADER_IDEMPOTENCY_KEY": IDEMPOTENCY_KEY_HEADER,
     }
     assert {name: js.get(name) for name in expected} == expected
     text = (UI / "protocol.js").read_text()

@@ -44,8 +44,9 @@ export class Api {
     return headers;
   }
 
-  async request(method, path, { body = undefined, clientId = null, signal = undefined } = {}) {
-    const extra = {};
+  async request(method, path, { body = undefined, clientId = null, signal = undefined,
+    headers = {} } = {}) {
+    const extra = { ...headers };
     if (body !== undefined) extra["Content-Type"] = "application/json";
     if (clientId) extra[HEADER_CLIENT_ID] = clientId;
     let response;
@@ -58,7 +59,14 @@ export class Api {
       if (isAbort(error)) throw error;
       throw new NetworkError(`cannot reach the daemon: ${error && error.message ? error.message : error}`);
     }
-    const text = await response.text();
+    let text;
+    try {
+      text = await response.text();
+    } catch (error) {
+      if (isAbort(error)) throw error;
+      // The answer was cut after its head: the request did reach the daemon.
+      throw new NetworkError(`the daemon's answer was cut: ${error && error.message ? error.message : error}`);
+    }
     let parsed = null;
     if (text) {
       try { parsed = JSON.parse(text); } catch { parsed = { error: text }; }

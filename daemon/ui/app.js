@@ -11,7 +11,7 @@ import { icon } from "./icons.js";
 import { PAGINATION_CAPABILITY } from "./protocol.js";
 import { renderBlock } from "./render.js";
 import { visibleBlocks } from "./replay.js";
-import { SessionView } from "./session_view.js";
+import { PromptOutcomeUnknown, SessionView } from "./session_view.js";
 import { Sidebar, clipTitle, sessionTitle } from "./sidebar.js";
 import { DEFAULT_MAX_BLOCKS, TranscriptStore } from "./store.js";
 
@@ -41,7 +41,7 @@ class Viewer {
     this.stats = {
       loads: 0, repairAttempts: 0, repairs: 0, repairFailures: 0, repairsAborted: 0, episodes: 0,
       streamsOpened: 0, resumes: 0, eventsReceived: 0, duplicatesDropped: 0, pageRequests: 0,
-      resyncs: 0, renders: 0, restores: 0,
+      resyncs: 0, renders: 0, restores: 0, promptResends: 0,
     };
     this.pill = new ConnectionPill($("connection"));
     this.sidebar = new Sidebar(this, $("sidebar"));
@@ -307,6 +307,9 @@ class Viewer {
       await view.prompt(text);
       return true;
     } catch (error) {
+      // Kept by the view with its key and shown above the box; resent when the connection
+      // is back. Not put back in the box: sent from there it would get a new key.
+      if (error instanceof PromptOutcomeUnknown) return true;
       this.addNotice({ id: "viewer.prompt.failed", message: `Could not send the prompt: ${error.message}`,
         debug_message: String(error.message) });
       return false;
@@ -375,6 +378,10 @@ class Viewer {
   }
 
   // -- state shown --
+
+  unsentChanged() {
+    this.composer.showUnsent();
+  }
 
   setConnection(state, detail = {}) {
     this.pill.show(state, detail);

@@ -34,6 +34,9 @@ export class Composer {
     });
     this.input.addEventListener("input", () => { this.autosize(); this.update(); });
     $("stop").addEventListener("click", () => this.viewer.stop());
+    $("resend").addEventListener("click", () => {
+      if (this.viewer.view) this.viewer.view.resendUnsent().catch(() => {});
+    });
   }
 
   autosize() {
@@ -47,7 +50,7 @@ export class Composer {
     this.draftKey = sessionId || "";
     this.input.value = this.drafts.get(this.draftKey) || "";
     this.autosize();
-    this.update();
+    this.showUnsent();
   }
 
   async submit() {
@@ -76,8 +79,32 @@ export class Composer {
     if (this.viewer.view !== null && this.viewer.view.missing) {
       return "This session does not exist: go back to the list or start a new session.";
     }
+    if (this.viewer.view !== null && this.viewer.view.unsent !== null &&
+        this.viewer.view.unsent.state !== "sending") {
+      return "The prompt above is not known to have reached the daemon yet; it is resent first.";
+    }
     if (!text) return "Type a prompt first.";
     return null;
+  }
+
+  // The prompt being resent, or whose outcome is unknown (sent again when the connection is
+  // back), above the box with its text.
+  showUnsent() {
+    const view = this.viewer.view;
+    const unsent = view !== null ? view.unsent : null;
+    const box = $("unsent");
+    const shown = unsent !== null && unsent.state !== "sending";
+    box.hidden = !shown;
+    box.dataset.state = shown ? unsent.state : "";
+    if (shown) {
+      const what = `“${unsent.text.length > 80 ? `${unsent.text.slice(0, 79)}…` : unsent.text}”`;
+      box.querySelector(".text").textContent = unsent.state === "resending"
+        ? `Sending ${what} again (attempt ${unsent.attempts + 1}): the connection failed. The same key makes sure it runs once.`
+        : `Not known whether ${what} reached the daemon. It is sent again when the connection is back, with the same key, so it runs at most once.`;
+      box.title = `Idempotency-Key ${unsent.key}`;
+      $("resend").hidden = unsent.state !== "unknown";
+    }
+    this.update();
   }
 
   update() {

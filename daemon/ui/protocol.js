@@ -14,6 +14,7 @@ export const HEADER_AUTHORIZATION = "Authorization";
 export const HEADER_CLIENT_ID = "X-Qwen-Client-Id";
 export const HEADER_LAST_EVENT_ID = "Last-Event-ID";
 export const HEADER_EVENT_EPOCH = "X-Qwen-Event-Epoch";
+export const HEADER_IDEMPOTENCY_KEY = "Idempotency-Key";
 export const EVENT_STREAM_TYPE = "text/event-stream";
 
 // --- routes ------------------------------------------------------------------------------------

@@ -9,15 +9,28 @@ import { decodeEvents, eventFromMapping, eventPromptId, normalizePageEvent } fro
 import { isTransientPageError, loadMoreRequest } from "./pagination.js";
 import {
   AGENT_CONTEXT_LOST, AGENT_CONTEXT_LOST_CODE, EVENT, EVENT_STREAM_TYPE, HEADER_EVENT_EPOCH,
-  HEADER_LAST_EVENT_ID, HISTORY_FAILED_CODE, ROUTES, TERMINAL_TYPES,
+  HEADER_IDEMPOTENCY_KEY, HEADER_LAST_EVENT_ID, HISTORY_FAILED_CODE, ROUTES, TERMINAL_TYPES,
 } from "./protocol.js";
 import { RepairEpisode, findRepairTarget, repairNotice, validateFreshSnapshot } from "./repair.js";
 import { buildRepair, mirrorPage, takeCheckpoint } from "./repair_commit.js";
 import { applyHistoryPage, replaySnapshot } from "./replay.js";
 import { SseParser } from "./sse.js";
+import {
+  RESEND_BUDGET_MS, SEND_TIMEOUT_MS, Submission, newIdempotencyKey, resendDelayMs,
+} from "./submission.js";
 
 export const BACKOFF_BASE_MS = 1000;
 export const BACKOFF_CAP_MS = 10000;
+
+// A prompt whose sends gave up after one may have been admitted: the daemon may run it or not.
+// It is sent again, with its key, when the event stream connects again (or on "Resend now").
+export class PromptOutcomeUnknown extends Error {
+  constructor(submission) {
+    super("not known whether the prompt reached the daemon: it is sent again, with the same "
+      + "Idempotency-Key (so it runs at most once), when the connection is back");
+    this.submission = submission;
+  }
+}
 
 function serverTime(event) {
   const meta = event.meta;
@@ -56,6 +69,7 @@ export class SessionView {
     this.running = null;
     this.queued = new Map();
     this.restoreTried = false;   // a stream's "no session" was answered with one restoring load
+    this.unsent = null;          // the Submission being resent, or whose outcome is unknown
   }
 
   // -- lifecycle --
@@ -248,6 +262,10 @@ export class SessionView {
     if (this.cursor !== null && this.viewer.stats.streamsOpened > 1) this.viewer.stats.resumes += 1;
     this.viewer.setConnection("connected");
     this.restoreTried = false;
+    // The connection is back: a prompt whose outcome is unknown is sent again with its key.
+    if (this.unsent !== null && this.unsent.state === "unknown") {
+      queueMicrotask(() => { this.resendUnsent().catch(() => {}); });
+    }
     const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
     const parser = new SseParser();
     for (;;) {
@@ -460,12 +478,49 @@ export class SessionView {
 
   // -- actions --
 
-  async prompt(text) {
+  // Send a prompt exactly once: one Idempotency-Key for all its sends; a send that failed in a
+  // way that may pass is sent again with it (submission.js), for up to RESEND_BUDGET_MS. Throws
+  // the refusal when nothing was admitted, PromptOutcomeUnknown when a send may have been.
+  async prompt(text, submission = new Submission(text, newIdempotencyKey())) {
     this.sending += 1;
+    this.unsent = submission;
+    submission.state = submission.attempts ? "resending" : "sending";
+    this.viewer.unsentChanged();
+    const started = Date.now();
     try {
-      const accepted = await this.api.request("POST", ROUTES.prompt(this.id), {
-        body: { prompt: [{ type: "text", text }] }, clientId: this.clientId,
-      });
+      let accepted;
+      for (;;) {
+        try {
+          accepted = await this.api.request("POST", ROUTES.prompt(this.id), {
+            body: { prompt: [{ type: "text", text: submission.text }] }, clientId: this.clientId,
+            headers: { [HEADER_IDEMPOTENCY_KEY]: submission.key },
+            // A stalled send is given up (a TimeoutError, so a NetworkError) and resent.
+            signal: AbortSignal.timeout(SEND_TIMEOUT_MS),
+          });
+          if (!accepted || typeof accepted.promptId !== "string") {
+            // A 2xx whose body cannot be read (cut short): admitted, most likely; the resend's
+            // answer is the readable copy of it.
+            throw new NetworkError("the daemon's answer to the prompt could not be read");
+          }
+          break;
+        } catch (error) {
+          if (isAbort(error)) throw error;
+          const status = error instanceof HttpError ? error.status : null;
+          if (status === null && !(error instanceof NetworkError)) throw error;
+          const again = submission.failed(status, error);
+          const delay = resendDelayMs(submission.attempts);
+          if (this.closed || !again || Date.now() - started + delay > RESEND_BUDGET_MS) {
+            if (!submission.maybeAdmitted) { this.unsent = null; throw error; }
+            submission.state = "unknown";
+            throw new PromptOutcomeUnknown(submission);
+          }
+          submission.state = "resending";
+          this.viewer.stats.promptResends += 1;
+          this.viewer.unsentChanged();
+          await new Promise((resolve) => { setTimeout(resolve, delay); });
+        }
+      }
+      this.unsent = null;
       if (accepted && accepted.promptId && !this.terminals.has(accepted.promptId)) {
         this.localPrompts.add(accepted.promptId);
         // Shown at once: running, or queued behind the turn that runs (the daemon's own
@@ -477,7 +532,24 @@ export class SessionView {
       return accepted;
     } finally {
       this.sending -= 1;
+      this.viewer.unsentChanged();
       this.idlePoint();
+    }
+  }
+
+  // Send the prompt whose outcome is unknown again, with its key (at most one such send at a
+  // time): the daemon answers with the first admission if there was one.
+  async resendUnsent() {
+    const submission = this.unsent;
+    if (submission === null || submission.state !== "unknown" || this.closed) return;
+    this.viewer.stats.promptResends += 1;
+    try {
+      await this.prompt(submission.text, submission);
+    } catch (error) {
+      if (!(error instanceof PromptOutcomeUnknown)) {
+        this.viewer.addNotice({ id: "viewer.prompt.failed", message: `Could not send the prompt: ${error.message}`,
+          debug_message: String(error.message) });
+      }
     }
   }
 
