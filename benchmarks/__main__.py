@@ -41,6 +41,7 @@ from benchmarks import (
     launcher,
     load_latency,
     memory,
+    metrics_cost,
     repair_cost,
     resume,
     sessions,
@@ -155,6 +156,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     # Thousands of sessions on two daemons per size (minutes at 5,000): only when named.
     Benchmark(sessions.NAME, sessions.TITLE, sessions.add_arguments, sessions.run,
               in_default_run=False),
+    # Three turns per trial (no scraper, 1 s, 10 ms): only when named.
+    Benchmark(metrics_cost.NAME, metrics_cost.TITLE, metrics_cost.add_arguments,
+              metrics_cost.run, in_default_run=False),
     # Needs redis-server and starts three nodes: only when named.
     Benchmark(cluster.NAME, cluster.TITLE, cluster.add_arguments, cluster.run,
               in_default_run=False),

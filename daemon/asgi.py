@@ -14,7 +14,7 @@ from quart_trio import QuartTrio
 from sdk.protocol import http as wire
 
 from .core.envelope import encode_json
-from .core.guards import Guard, is_ui_asset
+from .core.guards import Guard, is_loopback_peer, is_ui_asset
 from .core.throttle import LogThrottle
 from .http_api import MAX_BODY_BYTES, SESSION_LIMIT_RETRY_AFTER_S
 from .manager import AgentSessionConflict, AgentUnavailable, SessionLimit, SessionManager
@@ -146,7 +146,8 @@ class DaemonASGI:
                     await deny_ws(send, 503, body, {"Retry-After": "1"})
                 return
             send = _with_headers(send, [(b"connection", b"close")])
-        denial = self.guard.check(method, path, headers)
+        denial = self.guard.check(method, path, headers,
+                                  peer_loopback=is_loopback_peer(scope.get("client")))
         if kind == "http":
             if denial is None and method == "OPTIONS":
                 preflight = self.guard.preflight_headers(headers)

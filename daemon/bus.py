@@ -30,6 +30,7 @@ from .core.splice import ChunkRun, EnvelopeSplicer, plain_chunk, plain_chunk_run
 from .core.sse_frames import SharedFrames
 from .core.subscriber import Eviction, SubscriberState, Warning
 from .malloc import trim
+from .metrics import totals
 from .transcript_store import (
     AppendEvent,
     FinishTurn,
@@ -318,6 +319,7 @@ class SessionBus:
         events = spliced_events(splicer.envelopes(first, updates), first, "session_update",
                                 prompt_id)
         offsets = self.ring.extend(events)
+        totals.events_published += len(events)
         self.journals.append_chunks(
             events, texts,
             plain_chunk_key(kind, prompt_id, originator_client_id, self.session_id), offsets)
@@ -363,6 +365,7 @@ class SessionBus:
             return None
         self._check_guard()
         self.ring.append(event)
+        totals.events_published += 1
         self.journals.append(event)
         self._dirty = True
         return event
@@ -387,6 +390,7 @@ class SessionBus:
         event = self._append(payload, prompt_id, originator_client_id, None)
         if event is None:
             return None
+        totals.prompts[ledger_terminal] += 1
         self._persist(event)
         records: list[Record] = []
         handle: SegmentHandle | None = None
@@ -534,6 +538,7 @@ class SessionBus:
             self.clients_evicted += 1
             evicted = sub.state.evicted
             data = evicted.data if evicted is not None else None
+            totals.evicted[data.reason if data is not None else "unknown"] += 1
             log.info("event=client_evicted session=%s reason=%s dropped_after=%s queue_size=%s "
                      "queued_bytes=%s", self.session_id, data and data.reason,
                      data and data.dropped_after, data and data.queue_size,

@@ -117,6 +117,8 @@ class DaemonConfig:
     # TLS (Hypercorn's own): HTTPS and WSS served directly when both are set.
     certfile: str | None = None
     keyfile: str | None = None
+    # GET /metrics from a loopback peer needs no token (a local scraper).
+    metrics_loopback_no_auth: bool = False
 
     @property
     def scheme(self) -> str:
@@ -391,6 +393,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                    help="serve HTTPS and WSS with this PEM certificate (chain); needs --keyfile")
     p.add_argument("--keyfile", default=None, metavar="PATH",
                    help="the PEM private key of --certfile")
+    p.add_argument("--metrics-loopback-no-auth", action="store_true",
+                   help="GET /metrics from a loopback address needs no token (for a scraper "
+                        "on the same machine); every other request still does")
     p.add_argument("--recover", action="store_true",
                    help="do not serve: salvage a damaged transcript in --data-dir into a new "
                         "one (the damaged file is kept beside it), print what was kept, exit")
@@ -534,4 +539,5 @@ def _validate(ns: argparse.Namespace, env: Mapping[str, str]) -> DaemonConfig:
         recover=bool(ns.recover),
         certfile=certfile,
         keyfile=keyfile,
+        metrics_loopback_no_auth=bool(ns.metrics_loopback_no_auth),
     )

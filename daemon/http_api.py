@@ -12,11 +12,13 @@ import logging
 import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
 import msgspec
 import trio
+from prometheus_client import CollectorRegistry
 from quart import Response, request
 from quart.wrappers.response import ResponseBody
 from quart_trio import QuartTrio
@@ -37,6 +39,8 @@ from .manager import (
     SessionLimit,
     SessionManager,
 )
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from .metrics import DaemonCollector, build_registry, exposition
 from .session import MAX_PENDING_PROMPTS, PromptQueueFull, Session, VoteResult
 from .transcript_store import InvalidCursor, TranscriptDamaged
 from .transcript_writer import TranscriptWriter
@@ -242,6 +246,20 @@ def header_idempotency_key() -> str | None:
     return key
 
 
+def metrics_registry(manager: SessionManager) -> CollectorRegistry:
+    """The daemon's metrics: its collector (with cluster mode's, once a node is attached)."""
+    def cluster() -> tuple[int, int] | None:
+        stats = manager.cluster_stats
+        return stats() if stats is not None else None
+
+    def transcript() -> Path | None:
+        writer = manager.writer
+        return Path(writer.store.path) if writer is not None else None
+
+    return build_registry(DaemonCollector(manager, transcript,
+                                          lambda: connection_limit.gate.served, cluster))
+
+
 def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
     # No static folder: the daemon serves no files, and Quart's default /static/<path> rule
     # would be an undocumented file-serving route.
@@ -345,6 +363,16 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
     async def capabilities() -> Response:
         return json_response(wire.CapabilitiesResponse(v=1, mode="http-bridge", features=FEATURES,
                                                        limits=limits))
+
+    metrics: list[CollectorRegistry] = []  # made at the first scrape
+
+    @app.get("/metrics")
+    async def metrics_route() -> Response:
+        if not metrics:
+            metrics.append(metrics_registry(manager))
+        return Response(exposition(metrics[0]), status=200,
+                        headers={"Content-Type": METRICS_CONTENT_TYPE,
+                                 "Cache-Control": "no-store"})
 
     @app.get("/daemon/status")
     async def daemon_status() -> Response:

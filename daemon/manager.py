@@ -46,6 +46,7 @@ from .config import MOCK_GATE_ENV, DaemonConfig
 from .core.clients import ClientRegistry
 from .core.restore import close_interrupted, seed_segments
 from .core.throttle import LogThrottle
+from .metrics import totals
 from .session import Session
 from .transcript_store import MarkClosed, SessionRow, UpsertSession
 from .transcript_writer import TranscriptWriter
@@ -204,6 +205,9 @@ class SessionManager:
         self._agent_users: dict[str, int] = {}
         self._idle_timers: dict[str, trio.CancelScope] = {}
         self.agents_reaped = 0
+        self._agents_started: set[str] = set()  # workspaces that had an agent (restarts)
+        # Cluster mode: (leases held, takeovers so far), for GET /metrics.
+        self.cluster_stats: Callable[[], tuple[int, int]] | None = None
         self.limits = BusLimits(
             max_journal_events=config.max_journal_events,
             max_journal_bytes=config.max_journal_bytes,
@@ -334,6 +338,9 @@ class SessionManager:
             log.warning("event=agent_start_failed cwd=%s reason=%s", cwd, exc)
             raise AgentUnavailable(f"cannot start agent: {exc}") from exc
         self.agents[cwd] = agent
+        if cwd in self._agents_started:
+            totals.agent_restarts += 1
+        self._agents_started.add(cwd)
         log.info("event=agent_started cwd=%s pid=%s", cwd, agent.pid)
         return agent
 

@@ -259,7 +259,8 @@ async def run_daemon(
             guard = Guard(token=config.token, loopback_bind=config.is_loopback,
                           bind_hostname=config.hostname,
                           allow_origins=frozenset(config.allow_origins),
-                          require_auth=config.require_auth)
+                          require_auth=config.require_auth,
+                          metrics_loopback_no_auth=config.metrics_loopback_no_auth)
             asgi = DaemonASGI(create_app(config, manager), manager, guard,
                               config.heartbeat_ms / 1000)
             if cluster is not None:

@@ -34,6 +34,7 @@ from .core.subscriber import (
     slow_client_warning_event,
 )
 from .direct_body import BodyGone, DirectBody, direct_body
+from .metrics import totals
 from .sockets import shutdown_connection
 
 #: The frame that opens every stream (``retry: 3000``).
@@ -251,6 +252,7 @@ class EventPump:
             last_id = events[-1].id
             assert last_id is not None
             sub.state.cursor = last_id
+            totals.events_delivered += len(events)
             out.extend(events)
         return out
 
@@ -264,7 +266,9 @@ class EventPump:
         warning = self._take_warning()
         if warning is not None:
             out.append(warning.sse_frame)
-        frames, state.cursor = self.bus.frames.since(ring, state.cursor)
+        cursor = state.cursor
+        frames, state.cursor = self.bus.frames.since(ring, cursor)
+        totals.events_delivered += max(0, state.cursor - cursor)
         out += frames
         return out
 
@@ -311,6 +315,7 @@ async def replay_events(sub: Subscription, events: Sequence[Event],
             if state.evicted is not None:
                 return False
             await write(group)
+            totals.events_delivered += len(group)
             last = group[-1].id
             assert last is not None
             state.replay_pos = last
@@ -350,6 +355,7 @@ async def serve_sse(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
     sub = Subscription(SubscriberState(plan.cursor, req.max_queued))
     sub.abort = partial(shutdown_connection, scope.get("server"), scope.get("client"))
     bus.add_subscriber(sub)
+    totals.subscribers["sse"] += 1
     pump = EventPump(bus, sub, heartbeat_s)
     stream_id = str(uuid.uuid4())
     await send({"type": "http.response.start", "status": 200, "headers": [
@@ -387,6 +393,7 @@ async def serve_sse(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
             nursery.cancel_scope.cancel()
     finally:
         bus.remove_subscriber(sub)
+        totals.subscribers["sse"] -= 1
     if gone:
         if sub.abort is not None:
             sub.abort()  # the server learns the connection is over; nothing more is written
@@ -453,6 +460,7 @@ async def serve_ws(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
     sub = Subscription(SubscriberState(plan.cursor, req.max_queued))
     sub.abort = partial(shutdown_connection, scope.get("server"), scope.get("client"))
     bus.add_subscriber(sub)
+    totals.subscribers["ws"] += 1
     pump = EventPump(bus, sub, heartbeat_s)
     await send({"type": "websocket.accept",
                 "headers": [(b"x-qwen-event-epoch", bus.epoch.encode())]})
@@ -492,6 +500,7 @@ async def serve_ws(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
         disconnected = not bus.closed and sub.state.evicted is None
     finally:
         bus.remove_subscriber(sub)
+        totals.subscribers["ws"] -= 1
     eviction = sub.state.evicted
     if eviction is not None:
         close_code = 1008

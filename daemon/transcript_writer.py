@@ -29,6 +29,7 @@ from __future__ import annotations
 import bisect
 import logging
 import sqlite3
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -39,6 +40,7 @@ import trio
 if TYPE_CHECKING:
     import outcome
 
+from daemon.metrics import observe_commit
 from daemon.transcript_store import (
     AdmitPrompt,
     AppendEvent,
@@ -430,7 +432,9 @@ class TranscriptWriter:
                 try:
                     # Not cancellable (see in_worker_thread): a batch taken off the queue is
                     # applied and accounted for, never dropped half-way by a cancellation.
+                    started = time.perf_counter()
                     await in_worker_thread(partial(self.store.apply, ops))
+                    observe_commit(time.perf_counter() - started)
                 except Exception as exc:
                     # Not only sqlite3.Error/OSError: a bad op (a bug upstream) must not take
                     # the writer, and with it every other session's durability, down either.

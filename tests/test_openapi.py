@@ -204,7 +204,8 @@ def _call(client: httpx.Client, url: str, route: Route, sid: str) -> tuple[int, 
         if kind in (wire.LoadSessionResponse, wire.TranscriptPage):
             kind = kind[msgspec.Raw]
         msgspec.json.decode(resp.content, type=kind)
-    return resp.status_code, resp.json() if resp.content else None
+    json_body = resp.content and route.media_type == "application/json"
+    return resp.status_code, resp.json() if json_body else resp.text or None
 
 
 def test_every_documented_operation_exists_on_the_daemon(served: RunningDaemon) -> None:

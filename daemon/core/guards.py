@@ -9,6 +9,8 @@ that are not allowed get a 403 and no CORS header at all.
 from __future__ import annotations
 
 import hmac
+import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sdk.protocol.http import ErrorBody
@@ -24,6 +26,16 @@ CORS_EXPOSE_HEADERS = "X-Qwen-Event-Epoch, X-Qwen-SSE-Stream-Id, Retry-After, Id
 CORS_MAX_AGE_S = 600
 
 Headers = list[tuple[bytes, bytes]]
+
+
+def is_loopback_peer(client: Sequence[object] | None) -> bool:
+    """Whether an ASGI scope's ``client`` (host, port) is a loopback address."""
+    if not client or not isinstance(client[0], str):
+        return False
+    try:
+        return ipaddress.ip_address(client[0]).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -60,8 +72,11 @@ class Guard:
     bind_hostname: str
     allow_origins: frozenset[str]
     require_auth: bool = False
+    # GET /metrics from a loopback peer needs no token (--metrics-loopback-no-auth).
+    metrics_loopback_no_auth: bool = False
 
-    def check(self, method: str, path: str, headers: dict[str, str]) -> Denial | None:
+    def check(self, method: str, path: str, headers: dict[str, str], *,
+              peer_loopback: bool = False) -> Denial | None:
         if self.loopback_bind:
             allowed = LOOPBACK_HOSTS | {self.bind_hostname.lower()}
             host = headers.get("host")
@@ -79,6 +94,9 @@ class Guard:
             # Every API call the page makes still needs it.
             return None
         if path == "/health" and method == "GET" and not self.require_auth:
+            return None
+        if path == "/metrics" and method == "GET" and self.metrics_loopback_no_auth \
+                and peer_loopback:
             return None
         given = bearer_token(headers.get("authorization"))
         if given is None or not hmac.compare_digest(given.encode(), self.token.encode()):

@@ -123,6 +123,10 @@ ROUTES: Final[tuple[Route, ...]] = (
           wire.DaemonStatusResponse),
     Route("GET", "/openapi.json", "openapi", "This document", 200, None,
           response_schema={"type": "object"}),
+    Route("GET", "/metrics", "metrics",
+          "Prometheus metrics in the text exposition format (sessions, subscribers, events, "
+          "evictions, prompts, commit times, agents, transcript size)", 200, None,
+          media_type="text/plain", response_schema={"type": "string"}),
     Route("POST", "/session", "createSession",
           "Create a session, or attach to the workspace's live one", 200,
           wire.CreateSessionResponse, body_type=wire.CreateSessionRequest,
