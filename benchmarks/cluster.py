@@ -48,6 +48,7 @@ from benchmarks.launcher import Daemon, start_daemon
 from benchmarks.loadgen import LoadGen, check_delivery
 from benchmarks.redis_launcher import RedisServer, redis_server
 from daemon.core.cluster import session_keys
+from sdk.protocol.headers import EVENT_EPOCH, LAST_EVENT_ID
 
 NAME = "cluster"
 TITLE = ("cluster mode: fan-out over 3 nodes, forwarding, event latency through Redis, stream "
@@ -334,8 +335,8 @@ def _first_event_after(target: Daemon, session_id: str, started: float,
         time.sleep(0.05)
     accepted = resp.json()
     pid = accepted["promptId"]
-    reader = _Reader(target.url, session_id, {"Last-Event-ID": str(accepted["lastEventId"]),
-                                              "X-Qwen-Event-Epoch": accepted["eventEpoch"]})
+    reader = _Reader(target.url, session_id, {LAST_EVENT_ID: str(accepted["lastEventId"]),
+                                              EVENT_EPOCH: accepted["eventEpoch"]})
     try:
         reader.wait_for(lambda f: f[3] == pid)
     finally:

@@ -30,6 +30,8 @@ from typing import Any
 
 import httpx
 
+from sdk.protocol.headers import CLIENT_ID
+
 LISTEN_RE = re.compile(rb"listening on (https?://\S+)")
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
@@ -219,7 +221,7 @@ class Daemon:
 
     def prompt(self, session_id: str, text: str, client_id: str | None = None) -> dict[str, Any]:
         """Send a prompt; returns the 202 body (``promptId``, ``lastEventId``, ``eventEpoch``)."""
-        headers = {"X-Qwen-Client-Id": client_id} if client_id else None
+        headers = {CLIENT_ID: client_id} if client_id else None
         body = self.post_json(f"/session/{session_id}/prompt",
                               {"prompt": [{"type": "text", "text": text}]}, headers)
         return dict(body)

@@ -23,7 +23,7 @@ Protocol on stdout, one JSON object per line:
   and times are ``time.monotonic()`` values (CLOCK_MONOTONIC is system-wide, so the benchmark
   compares them with its own clock).
 
-Stdlib only, no trio: it starts fast and measures only itself.
+Stdlib and the protocol's header names only, no trio: it starts fast and measures only itself.
 """
 
 from __future__ import annotations
@@ -42,8 +42,11 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 from urllib.parse import quote
 
+from sdk.protocol.headers import EVENT_EPOCH, LAST_EVENT_ID, lower
+
 RECV_BYTES = 1 << 20
 MAX_RECONNECTS = 100
+_EPOCH = lower(EVENT_EPOCH).encode()  # as a response header line names it
 EVICTED = b"event: client_evicted\n"
 RESYNC = b"\nevent: state_resync_required\n"
 #: How an ``id_error`` says the daemon announced the gap.
@@ -197,7 +200,7 @@ class SSECounter:
             key = name.strip().lower()
             if key == b"transfer-encoding" and b"chunked" in value.lower():
                 self._chunked = True
-            elif key == b"x-qwen-event-epoch" and self.epoch is None:
+            elif key == _EPOCH and self.epoch is None:
                 self.epoch = value.strip().decode(errors="replace")
 
     def _body(self, data: bytes | bytearray, start: int, end: int) -> None:
@@ -308,9 +311,9 @@ def _request(host: str, port: int, session: str, max_queued: int, last_event_id:
         "Cache-Control: no-cache",
     ]
     if last_event_id is not None:
-        lines.append(f"Last-Event-ID: {last_event_id}")
+        lines.append(f"{LAST_EVENT_ID}: {last_event_id}")
         if epoch:
-            lines.append(f"X-Qwen-Event-Epoch: {epoch}")
+            lines.append(f"{EVENT_EPOCH}: {epoch}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
 
 

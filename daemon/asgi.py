@@ -4,7 +4,6 @@ streams or the Quart app; every HTTP answer to an allowed origin carries the COR
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import MutableMapping
 from typing import Any
 
@@ -12,6 +11,8 @@ import trio
 from quart_trio import QuartTrio
 
 from sdk.protocol import http as wire
+from sdk.protocol import routes
+from sdk.protocol.headers import RETRY_AFTER, lower
 
 from .core.envelope import encode_json
 from .core.guards import Guard, is_loopback_peer, is_ui_asset
@@ -35,8 +36,17 @@ from .ui_files import UiFiles
 
 log = logging.getLogger("daemon.asgi")
 
-STREAM_PATH = re.compile(r"^/session/([^/]+)/(events|ws)$")
+_RETRY_AFTER = lower(RETRY_AFTER).encode()
 BODY_TIMEOUT_LOG_INTERVAL_S = 60.0  # one line per minute at most, with the count
+
+
+def _stream_route(path: str) -> tuple[routes.Route, dict[str, str] | None]:
+    """The event stream route ``path`` names (SSE or WebSocket) and its parameters, else
+    (the WebSocket route, None)."""
+    found = routes.EVENTS.match(path)
+    if found is not None:
+        return routes.EVENTS, found
+    return routes.EVENTS_WS, routes.EVENTS_WS.match(path)
 
 
 def _headers(scope: Scope) -> dict[str, str]:
@@ -137,13 +147,13 @@ class DaemonASGI:
         path: str = scope["path"]
         if is_reserve(scope.get("server"), scope.get("client")):
             # A loopback health probe let in over --max-connections: that, once, and no more.
-            if kind != "http" or method != "GET" or path != "/health":
+            if kind != "http" or method != routes.HEALTH.method or path != routes.HEALTH.path:
                 body = wire.ErrorBody(error="Too many connections", code="connection_limit")
                 if kind == "http":
                     await _send_json(send, 503, body, close=True,
-                                     extra=((b"retry-after", b"1"),))
+                                     extra=((_RETRY_AFTER, b"1"),))
                 else:
-                    await deny_ws(send, 503, body, {"Retry-After": "1"})
+                    await deny_ws(send, 503, body, {RETRY_AFTER: "1"})
                 return
             send = _with_headers(send, [(b"connection", b"close")])
         denial = self.guard.check(method, path, headers,
@@ -166,19 +176,20 @@ class DaemonASGI:
         if kind == "http" and is_ui_asset(method, path):
             await self._serve_ui(send, method, path)
             return
-        match = STREAM_PATH.match(path)
-        if match is not None:
-            session_id, which = match.groups()
-            if kind == "http" and method != "GET":
-                await _send_json(send, 405, wire.method_not_allowed(), extra=((b"allow", b"GET"),))
+        stream, found = _stream_route(path)
+        if found is not None:
+            session_id = found["sessionId"]
+            if kind == "http" and method != stream.method:
+                await _send_json(send, 405, wire.method_not_allowed(),
+                                 extra=((b"allow", stream.method.encode()),))
                 return
-            if kind == "http" and which == "ws":
+            if kind == "http" and stream is routes.EVENTS_WS:
                 # The WebSocket route without an upgrade: say which protocol it speaks.
                 await _send_json(send, 426, wire.ErrorBody(
                     error="This route needs a WebSocket upgrade", code="upgrade_required"),
                                  extra=((b"upgrade", b"websocket"),))
                 return
-            if (kind == "http") == (which == "events"):
+            if (kind == "http") == (stream is routes.EVENTS):
                 try:
                     # A session unloaded when idle is restored first, as load would.
                     session = await self._live_session(session_id)

@@ -40,8 +40,10 @@ import httpx
 import msgspec
 import trio
 
+from sdk.protocol import routes
 from sdk.protocol.constants import RESYNC_EPOCH_MISMATCH, RESYNC_EPOCH_RESET
 from sdk.protocol.events import StateResyncRequiredData
+from sdk.protocol.headers import CLUSTER_NODE, CLUSTER_PROBE, lower
 from sdk.protocol.http import ErrorBody, route_not_found, session_not_found, view_session_id
 
 from .bus import SessionBus, Subscription, now_ms
@@ -120,10 +122,10 @@ _DROP_REQUEST = frozenset({"host", "content-length", "connection", "keep-alive",
                            "transfer-encoding", "upgrade", FORWARDED_HEADER, SIGNATURE_HEADER})
 _DROP_RESPONSE = frozenset({"content-length", "connection", "keep-alive", "transfer-encoding",
                             "date", "server"})
-SESSION_PATH_PREFIX = "/session/"
 # A node checks that its --node-url reaches itself by asking it for a nonce only it knows.
-PROBE_PATH = "/cluster/probe"
-PROBE_HEADER = "x-turnkeeper-probe"
+PROBE_PATH = routes.NODE_PROBE.path
+PROBE_HEADER = lower(CLUSTER_PROBE)
+_NODE_HEADER = lower(CLUSTER_NODE)
 MIRROR_BLOCK_MS = 500
 READERS_LOOKUP_S = 0.2
 TERMINAL_SESSION_EVENTS = frozenset({b"session_closed", b"session_died"})
@@ -917,11 +919,7 @@ class ClusterRouter:
 
     @staticmethod
     def session_id_of(path: str) -> str | None:
-        if not path.startswith(SESSION_PATH_PREFIX):
-            return None
-        rest = path[len(SESSION_PATH_PREFIX):]
-        session_id = rest.split("/", 1)[0]
-        return session_id or None
+        return routes.session_of(path)
 
     def _grace_left_ms(self) -> int:
         return round(self.node.link.grace_left(trio.current_time()) * 1000)
@@ -991,7 +989,7 @@ class ClusterRouter:
         """``POST /session`` answers once Redis holds what it created (the directory entry and
         the lease): a client may take the session id to any other node at once. If Redis
         does not take it within a lease, the answer is 503 ``cluster_unavailable`` instead."""
-        if method != "POST" or path != "/session":
+        if method != routes.CREATE_SESSION.method or path != routes.CREATE_SESSION.path:
             return send
         node = self.node
         refused = False
@@ -1023,7 +1021,8 @@ class ClusterRouter:
             await self._answer_probe(send, headers)
             return True
         session_id = self.session_id_of(path)
-        creating = session_id is None and path == "/session" and scope.get("method") == "POST"
+        creating = session_id is None and path == routes.CREATE_SESSION.path \
+            and scope.get("method") == routes.CREATE_SESSION.method
         if creating and body:
             session_id = _requested_session_id(body)  # attach to a session of the cluster
         if not self.ready and (session_id is not None or creating):
@@ -1129,14 +1128,14 @@ class ClusterRouter:
         response = await self.http.get(self.node.node_url.rstrip("/") + PROBE_PATH,
                                        headers=headers)
         return response.status_code == 204 \
-            and response.headers.get("x-turnkeeper-node") == self.node.node_id
+            and response.headers.get(_NODE_HEADER) == self.node.node_id
 
     async def _answer_probe(self, send: Any, headers: dict[str, str]) -> None:
         nonce = self.node.probe_nonce
         given = headers.get(PROBE_HEADER, "")
         if nonce is not None and hmac.compare_digest(given.encode(), nonce.encode()):
             await send({"type": "http.response.start", "status": 204, "headers": [
-                (b"x-turnkeeper-node", self.node.node_id.encode())]})
+                (_NODE_HEADER.encode(), self.node.node_id.encode())]})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return
         await _send_json(send, 404, route_not_found(), [])

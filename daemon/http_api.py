@@ -24,6 +24,7 @@ from quart.wrappers.response import ResponseBody
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
+from sdk.protocol import headers, routes
 from sdk.protocol import http as wire
 
 from . import connection_limit, server_patches
@@ -57,6 +58,9 @@ FEATURES = [
     "live_journal_truncation_marker", "live_journal_prompt_id", "permission_vote",
     "prompt_queue", "session_status", "prompt_idempotency_key",
 ]
+
+
+Handler = Callable[..., Awaitable[Response]]
 
 
 class ApiError(Exception):
@@ -190,11 +194,11 @@ def parse_body(body: dict[str, Any], kind: type[BodyT]) -> BodyT:
 
 
 def header_client_id() -> str | None:
-    value = request.headers.get("X-Qwen-Client-Id")
+    value = request.headers.get(headers.CLIENT_ID)
     if value is None:
         return None
     if not CLIENT_ID_RE.fullmatch(value):
-        raise ApiError(400, "invalid_client_id", "Invalid X-Qwen-Client-Id header")
+        raise ApiError(400, "invalid_client_id", f"Invalid {headers.CLIENT_ID} header")
     return value
 
 
@@ -236,7 +240,7 @@ def prompt_by_key_body(session_id: str, key: str, admission: KeyedAdmission, sta
 
 
 def header_idempotency_key() -> str | None:
-    value = request.headers.get(wire.IDEMPOTENCY_KEY_HEADER)
+    value = request.headers.get(headers.IDEMPOTENCY_KEY)
     if value is None:
         return None
     key = wire.parse_idempotency_key(value)
@@ -270,6 +274,10 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
 
+    def serve(route: routes.Route) -> Callable[[Handler], Handler]:
+        """Register a handler for ``route`` (its method and path, from the protocol's table)."""
+        return app.route(route.rule, methods=[route.method])
+
     async def brought(session_id: str,
                       find: Callable[[str], Awaitable[Session | None]]) -> Session:
         try:
@@ -299,7 +307,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
     async def on_session_limit(exc: SessionLimit) -> Response:
         # Attaching to a loaded session still works; a new or restored one waits for a slot.
         return json_response(wire.error_body("session_limit", str(exc), limit=exc.limit), 503,
-                             {"Retry-After": str(SESSION_LIMIT_RETRY_AFTER_S)})
+                             {headers.RETRY_AFTER: str(SESSION_LIMIT_RETRY_AFTER_S)})
 
     @app.errorhandler(HTTPException)
     async def on_http_error(exc: HTTPException) -> Response:
@@ -351,22 +359,22 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
     )
     health_body = encode_json(wire.HealthResponse(status="ok"))
 
-    @app.get("/health")
+    @serve(routes.HEALTH)
     async def health() -> Response:
         return json_response(health_body)
 
-    @app.get("/openapi.json")
+    @serve(routes.OPENAPI)
     async def openapi() -> Response:
         return json_response(openapi_document)
 
-    @app.get("/capabilities")
+    @serve(routes.CAPABILITIES)
     async def capabilities() -> Response:
         return json_response(wire.CapabilitiesResponse(v=1, mode="http-bridge", features=FEATURES,
                                                        limits=limits))
 
     metrics: list[CollectorRegistry] = []  # made at the first scrape
 
-    @app.get("/metrics")
+    @serve(routes.METRICS)
     async def metrics_route() -> Response:
         if not metrics:
             metrics.append(metrics_registry(manager))
@@ -374,7 +382,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
                         headers={"Content-Type": METRICS_CONTENT_TYPE,
                                  "Cache-Control": "no-store"})
 
-    @app.get("/daemon/status")
+    @serve(routes.DAEMON_STATUS)
     async def daemon_status() -> Response:
         git = await branches([config.workspace, *(
             session.workspace_cwd for session in manager.sessions.values())])
@@ -405,7 +413,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
             sessions=manager.status(git),
         ))
 
-    @app.post("/session")
+    @serve(routes.CREATE_SESSION)
     async def create_session() -> Response:
         hint = header_client_id()
         req = parse_body(await read_json_object(), wire.CreateSessionRequest)
@@ -427,7 +435,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
             session_id=session.id, workspace_cwd=session.workspace_cwd, attached=attached,
             client_id=client_id, created_at=session.created_at, event_epoch=session.bus.epoch))
 
-    @app.post("/session/<session_id>/load")
+    @serve(routes.LOAD_SESSION)
     async def load_session(session_id: str) -> Response:
         hint = header_client_id()
         body = await read_json_object()
@@ -475,7 +483,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
             agent_session_restored=session.agent_session_restored,
             live_journal=live, compacted_replay=compacted))
 
-    @app.post("/session/<session_id>/resume")
+    @serve(routes.RESUME_SESSION)
     async def resume_session(session_id: str) -> Response:
         hint = header_client_id()
         body = await read_json_object()
@@ -496,7 +504,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
                            f"Client {client_id} is not registered for this session")
         return client_id
 
-    @app.post("/session/<session_id>/prompt")
+    @serve(routes.PROMPT)
     async def prompt(session_id: str) -> Response:
         key = header_idempotency_key()
         body = await read_json_object()
@@ -520,7 +528,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
                 # (in cluster mode: in Redis, else 503 as for the first request).
                 await acknowledge_admission(session)
                 return json_response(earlier.accepted, 202,
-                                     {wire.IDEMPOTENT_REPLAYED_HEADER: "true"})
+                                     {headers.IDEMPOTENT_REPLAYED: "true"})
             if not session.live:  # it ended while its ledger was read
                 raise session_not_found(session_id)
         # No checkpoint from the key's lookup to here: a request with the same key that comes
@@ -530,7 +538,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
                                      digest=digest)
         except PromptQueueFull as exc:
             raise ApiError(503, "prompt_queue_full", "Prompt queue is full",
-                           {"Retry-After": "5"}, limit=MAX_PENDING_PROMPTS,
+                           {headers.RETRY_AFTER: "5"}, limit=MAX_PENDING_PROMPTS,
                            pending_count=exc.pending) from None
         # The 202 is a promise that survives a crash: it goes out once the admission (the
         # ledger's in_flight row, and for a queued prompt its pending_prompt_added event) is
@@ -549,11 +557,12 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
             raise ApiError(503, "session_owner_unavailable",
                            "The prompt's admission did not reach the cluster's Redis in time "
                            "(this node may have lost the session); retry",
-                           {"Retry-After": str(retry_s)}, session_id=session.id,
+                           {headers.RETRY_AFTER: str(retry_s)}, session_id=session.id,
                            retryable=True, retry_after_ms=retry_s * 1000)
 
-    @app.get("/session/<session_id>/prompts/<key>")
-    async def prompt_by_key(session_id: str, key: str) -> Response:
+    @serve(routes.PROMPT_BY_KEY)
+    async def prompt_by_key(session_id: str, idempotency_key: str) -> Response:
+        key = idempotency_key
         if wire.parse_idempotency_key(key) != key:
             raise ApiError(400, "invalid_idempotency_key",
                            REQUEST_ERROR_TEXT["invalid_idempotency_key"])
@@ -608,14 +617,14 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
                                   stop_reason=row.stop_reason, admitted_at=row.admitted_at_ms,
                                   ended_at=row.ended_at_ms)
 
-    @app.post("/session/<session_id>/cancel")
+    @serve(routes.CANCEL)
     async def cancel(session_id: str) -> Response:
         session = await live_session(session_id)
         client_id = registered_client(session)
         await session.cancel(client_id)
         return Response(b"", status=204)
 
-    @app.post("/session/<session_id>/permission/<request_id>")
+    @serve(routes.VOTE_PERMISSION)
     async def vote(session_id: str, request_id: str) -> Response:
         body = await read_json_object()
         session = await live_session(session_id)
@@ -634,7 +643,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
                            request_id=request_id)
         return json_response(wire.PermissionVoteResponse(request_id=request_id, outcome=outcome))
 
-    @app.get("/session/<session_id>/transcript")
+    @serve(routes.TRANSCRIPT)
     async def transcript(session_id: str) -> Response:
         session = await live_session(session_id)
         args = request.args
@@ -674,7 +683,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
             next_cursor=page.next_cursor if page.next_cursor is not None else msgspec.UNSET,
             events=page.events))
 
-    @app.get("/session/<session_id>/status")
+    @serve(routes.SESSION_STATUS)
     async def status(session_id: str) -> Response:
         session = await live_session(session_id)
         bus = session.bus
@@ -708,7 +717,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
             agent_session_restored=session.agent_session_restored,
         ))
 
-    @app.post("/session/<session_id>/detach")
+    @serve(routes.DETACH)
     async def detach(session_id: str) -> Response:
         session = await live_session(session_id)
         client_id = header_client_id()
@@ -716,12 +725,12 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
             manager.clients.detach(session.id, client_id)
         return Response(b"", status=204)
 
-    @app.post("/session/<session_id>/heartbeat")
+    @serve(routes.HEARTBEAT)
     async def heartbeat(session_id: str) -> Response:
         session = await live_session(session_id)
         return json_response(wire.HeartbeatResponse(session_id=session.id, server_time=now_ms()))
 
-    @app.delete("/session/<session_id>")
+    @serve(routes.DELETE_SESSION)
     async def delete_session(session_id: str) -> Response:
         session = await live_session(session_id)
         with trio.CancelScope(shield=True):

@@ -18,6 +18,7 @@ from urllib.parse import parse_qs
 
 import trio
 
+from sdk.protocol import headers as wire_headers
 from sdk.protocol import http as wire
 from sdk.protocol.constants import MAX_EVENT_ID
 from sdk.protocol.sse import SSE_HEARTBEAT, sse_retry
@@ -36,6 +37,12 @@ from .core.subscriber import (
 from .direct_body import BodyGone, DirectBody, direct_body
 from .metrics import totals
 from .sockets import shutdown_connection
+
+# The protocol's header names as ASGI hands them over and as the answers carry them.
+_LAST_EVENT_ID = wire_headers.lower(wire_headers.LAST_EVENT_ID)
+_EPOCH = wire_headers.lower(wire_headers.EVENT_EPOCH)
+_EPOCH_BYTES = _EPOCH.encode()
+_STREAM_ID_BYTES = wire_headers.lower(wire_headers.SSE_STREAM_ID).encode()
 
 #: The frame that opens every stream (``retry: 3000``).
 SSE_RETRY = sse_retry()
@@ -107,9 +114,9 @@ def parse_stream_request(headers: dict[str, str], query_string: bytes) -> Stream
                 error=f"maxQueued must be an integer between {MAX_QUEUED_MIN} and "
                       f"{MAX_QUEUED_MAX}", code="invalid_max_queued"))
         max_queued = int(raw)
-    if "last-event-id" in headers or "x-qwen-event-epoch" in headers:
-        cursor = parse_cursor(headers.get("last-event-id"))
-        epoch = parse_epoch(headers.get("x-qwen-event-epoch"))
+    if _LAST_EVENT_ID in headers or _EPOCH in headers:
+        cursor = parse_cursor(headers.get(_LAST_EVENT_ID))
+        epoch = parse_epoch(headers.get(_EPOCH))
     else:  # extension: EventSource cannot set headers
         cursor = parse_cursor(query.get("lastEventId"))
         epoch = parse_epoch(query.get("epoch"))
@@ -363,8 +370,8 @@ async def serve_sse(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
         (b"cache-control", b"no-cache, no-transform"),
         (b"connection", b"keep-alive"),
         (b"x-accel-buffering", b"no"),
-        (b"x-qwen-event-epoch", bus.epoch.encode()),
-        (b"x-qwen-sse-stream-id", stream_id.encode()),
+        (_EPOCH_BYTES, bus.epoch.encode()),
+        (_STREAM_ID_BYTES, stream_id.encode()),
     ]})
 
     async def through_server(data: bytes) -> None:
@@ -463,7 +470,7 @@ async def serve_ws(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
     totals.subscribers["ws"] += 1
     pump = EventPump(bus, sub, heartbeat_s)
     await send({"type": "websocket.accept",
-                "headers": [(b"x-qwen-event-epoch", bus.epoch.encode())]})
+                "headers": [(_EPOCH_BYTES, bus.epoch.encode())]})
 
     async def text(event: Event) -> None:
         await send({"type": "websocket.send", "text": event.raw.decode()})

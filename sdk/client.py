@@ -23,7 +23,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
 from typing import Any, Final, Literal, TypeVar
-from urllib.parse import quote
 
 import anyio
 import httpx
@@ -41,8 +40,10 @@ from sdk.errors import (
     is_retriable,
 )
 from sdk.events import DaemonEvent, decode_events, normalize_page_event
+from sdk.protocol import headers as wire_headers
+from sdk.protocol import routes
 from sdk.protocol.cursor import FollowsCursor, ResumeCursor
-from sdk.protocol.http import IDEMPOTENCY_KEY_HEADER, PromptByKeyResponse
+from sdk.protocol.http import PromptByKeyResponse
 from sdk.protocol.sse import SSEParser
 from sdk.submission import PromptRetryPolicy, Submission, check_idempotency_key
 
@@ -71,9 +72,6 @@ TOKEN_ENV: Final = "QWEN_SERVER_TOKEN"
 DEFAULT_MAX_QUEUED: Final = 1024
 """The ``maxQueued`` every event stream asks for unless told otherwise: a queue deep enough that
 ordinary bursts do not evict a consumer that is briefly slow."""
-CLIENT_ID_HEADER: Final = "X-Qwen-Client-Id"
-EPOCH_HEADER: Final = "X-Qwen-Event-Epoch"
-STREAM_ID_HEADER: Final = "X-Qwen-SSE-Stream-Id"
 
 _CLIENT_ID_RE: Final = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 # Failures that mean the request was never written: no connection could be had.
@@ -295,26 +293,23 @@ class _Counters:
         return ClientStatistics(self.requests, self.failures, MappingProxyType(dict(self.by_route)))
 
 
-_SESSION_ROUTES: Final = frozenset(
-    {"load", "resume", "prompt", "cancel", "permission", "transcript", "status", "detach",
-     "heartbeat", "events", "ws"}
-)
+# The statistics key of each route (its operation id, where the key is another word).
+_ROUTE_NAMES: Final = {
+    routes.CREATE_SESSION: "create", routes.DELETE_SESSION: "close",
+    routes.LOAD_SESSION: "load", routes.RESUME_SESSION: "resume",
+    routes.VOTE_PERMISSION: "permission", routes.SESSION_STATUS: "status",
+    routes.DAEMON_STATUS: "daemon_status", routes.EVENTS_WS: "ws",
+    routes.PROMPT_BY_KEY: "find_prompt",
+}
 
 
 def route_name(method: str, path: str) -> str:
     """The statistics key of a request (see :class:`ClientStatistics`)."""
-    parts = [part for part in path.split("?", 1)[0].split("/") if part]
-    if parts == ["session"]:
-        return "create"
-    if len(parts) == 2 and parts[0] == "session":
-        return "close" if method == "DELETE" else "session"
-    if len(parts) >= 3 and parts[0] == "session" and parts[2] in _SESSION_ROUTES:
-        return parts[2]
-    if len(parts) == 4 and parts[0] == "session" and parts[2] == "prompts":
-        return "find_prompt"
-    if parts == ["daemon", "status"]:
-        return "daemon_status"
-    return "/".join(parts) or "root"
+    path = path.split("?", 1)[0]
+    for route in routes.ROUTES:
+        if route.method == method and route.match(path) is not None:
+            return _ROUTE_NAMES.get(route, route.operation_id)
+    return "/".join(part for part in path.split("/") if part) or "root"
 
 
 def _object(body: Any, what: str) -> dict[str, Any]:
@@ -472,9 +467,9 @@ class DaemonClient:
         """The headers every request carries (also used by the WebSocket variant)."""
         headers = {"Accept": accept}
         if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
+            headers[wire_headers.AUTHORIZATION] = f"Bearer {self.token}"
         if self.client_id:
-            headers[CLIENT_ID_HEADER] = self.client_id
+            headers[wire_headers.CLIENT_ID] = self.client_id
         return headers
 
     def _adopt(self, client_id: str | None) -> None:
@@ -560,13 +555,15 @@ class DaemonClient:
     # -- daemon routes ---------------------------------------------------------------------
 
     async def health(self) -> Health:
-        return _convert(await self._json("GET", "/health"), Health, "GET /health")
+        path = routes.HEALTH.url()
+        return _convert(await self._json("GET", path), Health, f"GET {path}")
 
     async def capabilities(self) -> Capabilities:
-        return _convert(await self._json("GET", "/capabilities"), Capabilities, "GET /capabilities")
+        path = routes.CAPABILITIES.url()
+        return _convert(await self._json("GET", path), Capabilities, f"GET {path}")
 
     async def daemon_status(self) -> DaemonStatus:
-        body = await self._json("GET", "/daemon/status")
+        body = await self._json("GET", routes.DAEMON_STATUS.url())
         result = _convert(body, DaemonStatus, "GET /daemon/status")
         result.raw = body
         return result
@@ -595,7 +592,8 @@ class DaemonClient:
         if scope is not None:
             body["sessionScope"] = scope
         result = _convert(
-            await self._json("POST", "/session", body=body), SessionCreated, "POST /session"
+            await self._json("POST", routes.CREATE_SESSION.url(), body=body), SessionCreated,
+            "POST /session"
         )
         self._adopt(result.client_id)
         return result
@@ -615,7 +613,7 @@ class DaemonClient:
             request["historyPageSize"] = history_page_size
         if live_replay_mode is not None:
             request["liveReplayMode"] = live_replay_mode
-        path = f"{_session_path(session_id)}/load"
+        path = routes.LOAD_SESSION.url(sessionId=session_id)
         wire = await self._typed("POST", path, _LoadWire, body=request)
         fields = msgspec.structs.asdict(wire)
         fields["compacted_replay"] = decode_events(wire.compacted_replay or ())
@@ -625,7 +623,7 @@ class DaemonClient:
         return result
 
     async def resume_session(self, session_id: str, cwd: str | None = None) -> ResumeResult:
-        path = f"{_session_path(session_id)}/resume"
+        path = routes.RESUME_SESSION.url(sessionId=session_id)
         request: dict[str, Any] = {} if cwd is None else {"cwd": cwd}
         body = await self._json("POST", path, body=request)
         if isinstance(body, dict):
@@ -674,13 +672,13 @@ class DaemonClient:
         request: dict[str, Any] = {"prompt": blocks}
         if deadline_ms is not None:
             request["deadlineMs"] = deadline_ms
-        path = f"{_session_path(session_id)}/prompt"
+        path = routes.PROMPT.url(sessionId=session_id)
         key = str(uuid.uuid4()) if idempotency_key is None else idempotency_key
         submission = Submission(session_id, key)
         content = _json_encode(request)
         headers = self.headers()
         headers["Content-Type"] = "application/json"
-        headers[IDEMPOTENCY_KEY_HEADER] = key
+        headers[wire_headers.IDEMPOTENCY_KEY] = key
         start = anyio.current_time()
         waited = 0.0  # the waits asked for: an injected sleep may take no time at all
 
@@ -757,7 +755,8 @@ class DaemonClient:
         a session the daemon holds only in its transcript (after a restart). ``None`` is what
         the daemon knows now: a send of that key still on its way could still arrive;
         resending with the same key settles it for good."""
-        path = f"{_session_path(session_id)}/prompts/{check_idempotency_key(idempotency_key)}"
+        path = routes.PROMPT_BY_KEY.url(sessionId=session_id,
+                                        idempotencyKey=check_idempotency_key(idempotency_key))
         try:
             return await self._typed("GET", path, PromptByKeyResponse)
         except SessionNotFoundError as exc:
@@ -766,7 +765,7 @@ class DaemonClient:
             raise
 
     async def cancel(self, session_id: str) -> None:
-        await self._request("POST", f"{_session_path(session_id)}/cancel")
+        await self._request("POST", routes.CANCEL.url(sessionId=session_id))
 
     async def vote_permission(
         self,
@@ -779,7 +778,7 @@ class DaemonClient:
         if (option_id is None) == (not cancelled):
             raise ValueError("give exactly one of option_id or cancelled=True")
         request: dict[str, Any] = {"outcome": "cancelled"} if cancelled else {"optionId": option_id}
-        path = f"{_session_path(session_id)}/permission/{quote(request_id, safe='')}"
+        path = routes.VOTE_PERMISSION.url(sessionId=session_id, requestId=request_id)
         return _convert(
             await self._json("POST", path, body=request), PermissionVote, f"POST {path}"
         )
@@ -801,7 +800,7 @@ class DaemonClient:
             params["cursor"] = cursor
         if before_record_id is not None:
             params["beforeRecordId"] = before_record_id
-        path = f"{_session_path(session_id)}/transcript"
+        path = routes.TRANSCRIPT.url(sessionId=session_id)
         wire = await self._typed("GET", path, _PageWire, params=params)
         sid = wire.session_id or session_id
         events = [
@@ -818,20 +817,20 @@ class DaemonClient:
         )
 
     async def session_status(self, session_id: str) -> SessionStatus:
-        path = f"{_session_path(session_id)}/status"
+        path = routes.SESSION_STATUS.url(sessionId=session_id)
         body = await self._json("GET", path)
         result = _convert(body, SessionStatus, f"GET {path}")
         result.raw = body
         return result
 
     async def close_session(self, session_id: str) -> None:
-        await self._request("DELETE", _session_path(session_id))
+        await self._request("DELETE", routes.DELETE_SESSION.url(sessionId=session_id))
 
     async def detach(self, session_id: str) -> None:
-        await self._request("POST", f"{_session_path(session_id)}/detach")
+        await self._request("POST", routes.DETACH.url(sessionId=session_id))
 
     async def heartbeat(self, session_id: str) -> None:
-        await self._request("POST", f"{_session_path(session_id)}/heartbeat")
+        await self._request("POST", routes.HEARTBEAT.url(sessionId=session_id))
 
     def events(
         self,
@@ -891,12 +890,6 @@ class DaemonClient:
         return response
 
 
-def _session_path(session_id: str) -> str:
-    if not session_id:
-        raise ValueError("session_id must be a non-empty string")
-    return f"/session/{quote(session_id, safe='')}"
-
-
 class EventStream(FollowsCursor):
     """One SSE response read as typed events.
 
@@ -949,9 +942,9 @@ class EventStream(FollowsCursor):
         headers = self._client.headers(accept="text/event-stream")
         headers["Cache-Control"] = "no-cache"
         if self._requested_cursor is not None:
-            headers["Last-Event-ID"] = str(self._requested_cursor)
+            headers[wire_headers.LAST_EVENT_ID] = str(self._requested_cursor)
             if self._requested_epoch:
-                headers[EPOCH_HEADER] = self._requested_epoch
+                headers[wire_headers.EVENT_EPOCH] = self._requested_epoch
         return headers
 
     async def __aenter__(self) -> EventStream:
@@ -962,11 +955,11 @@ class EventStream(FollowsCursor):
         if self._max_queued is not None:
             params["maxQueued"] = self._max_queued
         response = await self._client._open_stream(
-            f"{_session_path(self.session_id)}/events", self.request_headers(), params
+            routes.EVENTS.url(sessionId=self.session_id), self.request_headers(), params
         )
         self._response = response
-        self.cursor.answered(response.headers.get(EPOCH_HEADER))
-        self.stream_id = response.headers.get(STREAM_ID_HEADER)
+        self.cursor.answered(response.headers.get(wire_headers.EVENT_EPOCH))
+        self.stream_id = response.headers.get(wire_headers.SSE_STREAM_ID)
         self._chunks = response.aiter_bytes()
         return self
 

@@ -26,7 +26,7 @@ import secrets
 from collections import deque
 from types import TracebackType
 from typing import Any, Final, NoReturn
-from urllib.parse import quote, urlencode, urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import anyio
 import httpx
@@ -35,8 +35,10 @@ from wsproto.events import CloseConnection, Message, Ping
 from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
 from sdk._httpcore import load_httpcore
-from sdk.client import DEFAULT_MAX_QUEUED, EPOCH_HEADER, DaemonClient, _session_path
+from sdk.client import DEFAULT_MAX_QUEUED, DaemonClient
 from sdk.errors import TransportError, error_for_status
+from sdk.protocol import headers as wire_headers
+from sdk.protocol import routes
 from sdk.protocol.cursor import FollowsCursor, ResumeCursor
 from sdk.protocol.envelope import DaemonEvent, decode_event
 from sdk.protocol.sse import MAX_BUFFER_BYTES
@@ -73,7 +75,7 @@ def ws_url(
         raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
     scheme = "wss" if parts.scheme == "https" else "ws"
     query = _query(last_event_id, epoch, max_queued)
-    path = f"{parts.path.rstrip('/')}/session/{quote(session_id, safe='')}/ws"
+    path = parts.path.rstrip("/") + routes.EVENTS_WS.url(sessionId=session_id)
     suffix = f"?{urlencode(query)}" if query else ""
     return f"{scheme}://{parts.netloc}{path}{suffix}"
 
@@ -156,7 +158,7 @@ class WebSocketEventStream(FollowsCursor):
         if self._opened:
             raise RuntimeError("a WebSocketEventStream can be opened only once; make a new one")
         self._opened = True
-        path = f"{_session_path(self.session_id)}/ws"
+        path = routes.EVENTS_WS.url(sessionId=self.session_id)
         what = f"GET {self.url}"
         key = base64.b64encode(secrets.token_bytes(16)).decode()
         headers = self.request_headers()
@@ -197,7 +199,7 @@ class WebSocketEventStream(FollowsCursor):
         self._response = response
         self._network = network
         self._ws = Connection(ConnectionType.CLIENT)
-        self.cursor.answered(response.headers.get(EPOCH_HEADER))
+        self.cursor.answered(response.headers.get(wire_headers.EVENT_EPOCH))
         return self
 
     async def __aexit__(

@@ -1,6 +1,6 @@
 """Hostile HTTP input against the real daemon on loopback.
 
-Every route of ``daemon.core.openapi.ROUTES`` (which ``test_openapi`` holds against the routes the
+Every route of ``sdk.protocol.routes.ROUTES`` (which ``test_openapi`` holds against the routes the
 daemon really serves) is fuzzed with hypothesis over raw sockets, so nothing is normalised on
 the way (httpx would resolve ``..`` and re-encode paths). The contract checked on every case:
 
@@ -31,7 +31,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from daemon.core.openapi import ROUTES, Route
+from daemon.core.openapi import body_schema, response_schema
+from sdk.protocol.routes import ROUTES, Route
 from tests.harness import RunningDaemon, running_daemon
 
 READ_TIMEOUT_S = 10.0
@@ -169,14 +170,15 @@ def assert_app_answer(resp: RawResponse, method: str, route: Route | None) -> No
     assert 200 <= resp.status < 300, resp
     assert route is not None and method in (route.method, "HEAD"), (method, route, resp)
     assert resp.status == route.status, (route.operation_id, resp)
-    if route.response is None or method == "HEAD":
+    schema = response_schema(route)
+    if schema is None or method == "HEAD":
         assert resp.body == b""
         return
     if route.media_type != "application/json":  # GET /metrics: Prometheus' text format
         assert resp.headers.get("content-type", "").startswith(route.media_type), resp
         return
     payload = resp.json()
-    for key in route.response.get("required", ()):
+    for key in schema.get("required", ()):
         assert key in payload, (route.operation_id, key, payload)
 
 
@@ -323,7 +325,7 @@ def test_every_route_survives_hostile_bodies(daemon: RunningDaemon, session_id: 
         assert b"replay_complete" not in resp.body  # no cursor: live only
     else:
         assert_app_answer(resp, route.method, route)
-    if body in DEEP_BODIES[:2] and route.body is not None and client_id is None:
+    if body in DEEP_BODIES[:2] and body_schema(route) is not None and client_id is None:
         # 10,000 levels: refused as invalid JSON, not a recursion crash.
         assert (resp.status, resp.json()["code"]) == (400, "invalid_json")
     assert_healthy(daemon)

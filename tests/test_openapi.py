@@ -21,10 +21,11 @@ import daemon.core.guards
 import daemon.http_api
 import daemon.streams
 from daemon.config import DaemonConfig
-from daemon.core.openapi import ROUTES, Route, build_openapi, documented_error_codes
+from daemon.core.openapi import body_schema, build_openapi, documented_error_codes, response_schema
 from daemon.http_api import create_app
 from daemon.manager import SessionManager
 from sdk.protocol import http as wire
+from sdk.protocol.routes import ROUTES, Route
 from tests.harness import RunningDaemon, running_daemon
 
 TOKEN = "openapi-test-token"
@@ -145,14 +146,16 @@ def test_every_route_the_daemon_serves_is_documented() -> None:
         # HEAD rides along with GET in Werkzeug; automatic OPTIONS is switched off.
         for method in (rule.methods or set()) - {"HEAD", "OPTIONS"}:
             served.add((method, normalise(rule.rule)))
-    # The event streams are answered at the ASGI layer, before the Quart app.
-    stream = daemon.asgi.STREAM_PATH.pattern
-    alternatives = re.search(r"\(([a-z|]+)\)\$$", stream)
-    assert alternatives is not None, stream
-    for suffix in alternatives.group(1).split("|"):
-        path = f"/session/x/{suffix}"
-        assert daemon.asgi.STREAM_PATH.match(path), path
-        served.add(("GET", normalise(f"/session/{{}}/{suffix}")))
+    # The event streams are answered at the ASGI layer, before the Quart app: it recognises
+    # the table's stream routes (and only those) by their paths.
+    for route in ROUTES:
+        path = route.url(**{name: "x" for name in route.path_params})
+        answered, found = daemon.asgi._stream_route(path)
+        if route.streams:
+            assert (answered, found) == (route, {"sessionId": "x"}), route.operation_id
+            served.add((route.method, normalise(route.path)))
+        else:
+            assert found is None, route.operation_id
     documented = {(route.method, normalise(route.path)) for route in ROUTES}
     assert served - documented == set(), "served but not documented"
     assert documented - served == set(), "documented but not served"
@@ -194,7 +197,7 @@ def _call(client: httpx.Client, url: str, route: Route, sid: str) -> tuple[int, 
         body = {"prompt": [{"type": "text", "text": "openapi"}]}
     elif route.operation_id == "votePermission":
         body = {"optionId": "allow"}
-    elif route.body is not None:
+    elif body_schema(route) is not None:
         body = {}
     headers = {"Idempotency-Key": "openapi-key"} if route.operation_id == "prompt" else {}
     resp = client.request(route.method, path, json=body, headers=headers)
@@ -224,8 +227,9 @@ def test_every_documented_operation_exists_on_the_daemon(served: RunningDaemon) 
                 assert (status, code) == (404, "permission_not_found")
             else:
                 assert status == route.status, (route.operation_id, status, body)
-                if body is not None and route.response is not None:
-                    for key in route.response.get("required", ()):
+                schema = response_schema(route)
+                if body is not None and schema is not None:
+                    for key in schema.get("required", ()):
                         assert key in body, (route.operation_id, key)
 
 

@@ -69,3 +69,40 @@ def test_no_error_body_is_written_outside_the_protocol() -> None:
                       "c = b'{\"error\":\"x\",\"code\":\"y\"}'\n"
                       'd = {"jsonrpc": "2.0", "error": {"code": 1, "message": "m"}}\n')
     assert [node.lineno for node in error_dicts(probe)] == [1, 2, 3]
+
+
+# --- header names ------------------------------------------------------------------------------
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    """ids of the docstring nodes (they describe the wire in prose; they do not write it)."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                out.add(id(body[0].value))
+    return out
+
+
+def header_literals(tree: ast.Module) -> Iterator[ast.Constant]:
+    """Text or byte literals (docstrings aside) naming one of the protocol's own headers."""
+    docs = _docstrings(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str | bytes) \
+                and id(node) not in docs:
+            text = node.value if isinstance(node.value, str) else node.value.decode("latin-1")
+            if "x-qwen-" in text.lower() or "x-turnkeeper-" in text.lower():
+                yield node
+
+
+def test_no_header_name_of_the_protocol_is_written_outside_it() -> None:
+    """``X-Qwen-…`` and ``X-Turnkeeper-…`` header names are ``sdk.protocol.headers``'s: the
+    daemon, the SDK, the model and the benchmarks use its constants."""
+    found = [_where(path, node) for path in outside_protocol()
+             for node in header_literals(_tree(path))]
+    assert found == []
+    probe = ast.parse('"""X-Qwen-Client-Id in a docstring is prose."""\n'
+                      'a = "X-Qwen-Client-Id"\nb = b"x-turnkeeper-node"\n'
+                      'def f() -> None:\n    """X-Qwen-Event-Epoch"""\n    g(f"X-Qwen-{c}")\n')
+    assert [node.lineno for node in header_literals(probe)] == [2, 3, 6]

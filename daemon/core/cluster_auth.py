@@ -25,8 +25,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Final
 
-FORWARDED_HEADER: Final = "x-turnkeeper-forwarded"
-SIGNATURE_HEADER: Final = "x-turnkeeper-signature"
+from sdk.protocol import headers
+
+# The headers' names as ASGI hands them over (lower-case).
+FORWARDED_HEADER: Final = headers.lower(headers.CLUSTER_FORWARDED)
+SIGNATURE_HEADER: Final = headers.lower(headers.CLUSTER_SIGNATURE)
 # How far the sender's clock may be from the receiver's (and how long a nonce is remembered).
 MAX_SKEW_MS: Final = 30_000
 # The shortest cluster secret accepted (16 bytes of entropy as hex is 32 characters; a

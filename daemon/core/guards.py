@@ -13,17 +13,23 @@ import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sdk.protocol import routes
+from sdk.protocol.headers import CORS_ALLOWED, CORS_EXPOSED
 from sdk.protocol.http import ErrorBody
 
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
 
 CORS_ALLOW_METHODS = "GET, POST, DELETE, OPTIONS"
-# Request headers a browser client sends beyond the CORS-safelisted ones.
-CORS_ALLOW_HEADERS = ("Authorization, Content-Type, Idempotency-Key, Last-Event-ID, "
-                      "X-Qwen-Client-Id, X-Qwen-Event-Epoch")
-# Response headers a browser client reads (the SSE stream's epoch and id, a 429/503's wait).
-CORS_EXPOSE_HEADERS = "X-Qwen-Event-Epoch, X-Qwen-SSE-Stream-Id, Retry-After, Idempotent-Replayed"
+# The protocol's header lists (what a browser client sends, what it reads), as CORS says them.
+CORS_ALLOW_HEADERS = ", ".join(CORS_ALLOWED)
+CORS_EXPOSE_HEADERS = ", ".join(CORS_EXPOSED)
 CORS_MAX_AGE_S = 600
+# The routes answered without a token (unless --require-auth): GET /health.
+_ANONYMOUS = frozenset((route.method, route.path) for route in routes.ROUTES if not route.auth)
+
+
+def _anonymous(method: str, path: str) -> bool:
+    return (method, path) in _ANONYMOUS
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -93,9 +99,10 @@ class Guard:
             # The viewer's static files carry no data; the page must load to ask for the token.
             # Every API call the page makes still needs it.
             return None
-        if path == "/health" and method == "GET" and not self.require_auth:
+        if not self.require_auth and _anonymous(method, path):
             return None
-        if path == "/metrics" and method == "GET" and self.metrics_loopback_no_auth \
+        if (method, path) == (routes.METRICS.method, routes.METRICS.path) \
+                and self.metrics_loopback_no_auth \
                 and peer_loopback:
             return None
         given = bearer_token(headers.get("authorization"))

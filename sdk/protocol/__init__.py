@@ -16,6 +16,8 @@ Pure: no trio, no sockets, no clock. Modules, lowest first:
 - ``terminals``: the terminal builders, the daemon's error codes, and
   :class:`TerminalOutcome` / :func:`terminal_for` for reading a prompt's end.
 - ``http``: request and response bodies of the HTTP routes.
+- ``headers``: the HTTP header names of the wire, each written once.
+- ``routes``: the HTTP routes (method, path, body types, errors), each written once.
 """
 
 from sdk.protocol import http

@@ -32,9 +32,7 @@ __all__ = [
     "CLIENT_ID_PATTERN",
     "DEFAULT_TRANSCRIPT_LIMIT",
     "ECHO_MAX_CHARS",
-    "IDEMPOTENCY_KEY_HEADER",
     "IDEMPOTENCY_KEY_PATTERN",
-    "IDEMPOTENT_REPLAYED_HEADER",
     "MAX_DEADLINE_MS",
     "MAX_PAGE_SIZE",
     "PERMISSION_VOTE_RULE",
@@ -102,17 +100,14 @@ MAX_PAGE_SIZE: Final = 500
 DEFAULT_TRANSCRIPT_LIMIT: Final = 100
 #: ``deadlineMs`` of a prompt: 1 ms .. 24 h.
 MAX_DEADLINE_MS: Final = 86_400_000
-#: ``X-Qwen-Client-Id``.
+#: ``headers.CLIENT_ID``.
 CLIENT_ID_PATTERN: Final = "^[A-Za-z0-9._:-]{1,128}$"
-#: The request header that makes a prompt's submission idempotent (the name and meaning of the
-#: IETF httpapi draft and of the payment APIs that made it common): one value per logical
-#: prompt, any number of sends. The value is 1-128 of letters, digits and ``_ . : ~ -`` (a UUID,
-#: a ULID, base64url all fit, and it goes into a URL path as it is), sent bare or as a quoted
+#: The value of an ``Idempotency-Key`` header (``headers.IDEMPOTENCY_KEY``; the name and
+#: meaning of the IETF httpapi draft and of the payment APIs that made it common): one value per
+#: logical prompt, any number of sends. 1-128 of letters, digits and ``_ . : ~ -`` (a UUID, a
+#: ULID, base64url all fit, and it goes into a URL path as it is), sent bare or as a quoted
 #: structured-field string (``"..."``).
-IDEMPOTENCY_KEY_HEADER: Final = "Idempotency-Key"
 IDEMPOTENCY_KEY_PATTERN: Final = "^[A-Za-z0-9_.:~-]{1,128}$"
-#: Set to ``true`` on a prompt answer that repeats an earlier admission instead of making one.
-IDEMPOTENT_REPLAYED_HEADER: Final = "Idempotent-Replayed"
 #: An absolute path without NUL (``""`` and relative paths are refused: ``invalid_cwd``).
 ABSOLUTE_PATH_PATTERN: Final = "^/[^\\x00]*$"
 #: A session id a client may choose: a hyphenated UUID (any case; the daemon lower-cases it).
