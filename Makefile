@@ -6,8 +6,8 @@ PY := $(VENV)/bin/python
 CORES := daemon sdk webui_model benchmarks
 STAMP := $(VENV)/.installed
 
-.PHONY: serve demo test test-stress test-agents check unit bench bench-quick mutation clean chaos-cluster \
-	chaos-prompts
+.PHONY: viewer-protocol serve demo test test-stress test-agents check unit bench bench-quick mutation \
+	clean chaos-cluster chaos-prompts
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,12 @@ serve: $(STAMP)
 # A throw-away daemon with tiny live-journal caps: a truncated live turn and its repair, printed.
 demo: $(STAMP)
 	$(PY) -m webui_model.demo $(ARGS)
+
+# daemon/ui/protocol.js, the viewer's wire names, written from the Python protocol (a test holds
+# the committed file equal to it).
+viewer-protocol: $(STAMP)
+	$(PY) -c "import sys; from webui_model.viewer_protocol import render; sys.stdout.write(render())" \
+		> daemon/ui/protocol.js
 
 # Lint + strict types on the pure cores, then the whole suite, then the benchmark smoke run.
 check: $(STAMP)

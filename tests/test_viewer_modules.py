@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from sdk.protocol import constants
-from sdk.protocol.http import IDEMPOTENCY_KEY_HEADER
-from webui_model import pagination
+from sdk.protocol import constants, headers
+from webui_model import pagination, viewer_protocol
 
 ROOT = Path(__file__).resolve().parent.parent
 UI = ROOT / "daemon" / "ui"
@@ -67,7 +66,7 @@ def test_protocol_module_matches_the_python_protocol() -> None:
         "HEADER_CLIENT_ID": "X-Qwen-Client-Id",
         "HEADER_EVENT_EPOCH": "X-Qwen-Event-Epoch",
         "HEADER_LAST_EVENT_ID": "Last-Event-ID",
-        "HEADER_IDEMPOTENCY_KEY": IDEMPOTENCY_KEY_HEADER,
+        "HEADER_IDEMPOTENCY_KEY": headers.IDEMPOTENCY_KEY,
     }
     assert {name: js.get(name) for name in expected} == expected
     text = (UI / "protocol.js").read_text()
@@ -103,3 +102,14 @@ def test_no_module_writes_markup() -> None:
         code = re.sub(r"//[^\n]*", "", path.read_text())
         assert not re.search(r"innerHTML|outerHTML|insertAdjacentHTML|document\.write|"
                              r"new Function|\beval\(", code), path.name
+
+
+def test_protocol_module_is_generated_from_the_python_protocol() -> None:
+    """protocol.js is what ``make viewer-protocol`` writes from sdk/protocol (header names,
+    routes, event types) and the model's words: a name changed on the Python side and not
+    regenerated fails here."""
+    assert (UI / "protocol.js").read_text() == viewer_protocol.render()
+    routes_block = re.search(r"export const ROUTES = Object\.freeze\(\{(.*?)\}\);",
+                             (UI / "protocol.js").read_text(), re.S)
+    assert routes_block is not None
+    assert "`/session/${enc(sessionId)}/permission/${enc(requestId)}`" in routes_block.group(1)
