@@ -40,13 +40,13 @@ _RETRY_AFTER = lower(RETRY_AFTER).encode()
 BODY_TIMEOUT_LOG_INTERVAL_S = 60.0  # one line per minute at most, with the count
 
 
-def _stream_route(path: str) -> tuple[routes.Route, dict[str, str] | None]:
-    """The event stream route ``path`` names (SSE or WebSocket) and its parameters, else
+def _stream_route(path: str) -> tuple[routes.Route, str | None]:
+    """The event stream route ``path`` names (SSE or WebSocket) and its session, else
     (the WebSocket route, None)."""
-    found = routes.EVENTS.match(path)
-    if found is not None:
-        return routes.EVENTS, found
-    return routes.EVENTS_WS, routes.EVENTS_WS.match(path)
+    session_id = routes.EVENTS.session_id(path)
+    if session_id is not None:
+        return routes.EVENTS, session_id
+    return routes.EVENTS_WS, routes.EVENTS_WS.session_id(path)
 
 
 def _headers(scope: Scope) -> dict[str, str]:
@@ -176,9 +176,8 @@ class DaemonASGI:
         if kind == "http" and is_ui_asset(method, path):
             await self._serve_ui(send, method, path)
             return
-        stream, found = _stream_route(path)
-        if found is not None:
-            session_id = found["sessionId"]
+        stream, session_id = _stream_route(path)
+        if session_id is not None:
             if kind == "http" and method != stream.method:
                 await _send_json(send, 405, wire.method_not_allowed(),
                                  extra=((b"allow", stream.method.encode()),))

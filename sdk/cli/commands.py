@@ -36,7 +36,7 @@ from sdk.client import (
 from sdk.errors import DaemonError, PromptOutcomeUnknownError, TransportError, TurnError
 from sdk.events import DaemonEvent
 from sdk.protocol.constants import AGENT_CONTEXT_LOST, TERMINAL_TYPES
-from sdk.protocol.http import SessionStatusResponse
+from sdk.protocol.http import ErrorBody, SessionStatusResponse
 from sdk.session import SessionHandle, Transport
 from sdk.submission import check_idempotency_key
 from sdk.truncation import parse_truncation, status_text
@@ -248,9 +248,10 @@ async def _outcome_unknown(
     else:
         known = _found_text(found)
     if out.as_json:
-        out.json({"error": "prompt outcome unknown", "code": "prompt_outcome_unknown",
-                  "sessionId": args.session, "idempotencyKey": key,
-                  "attempts": error.attempts, "lastError": cause,
+        body = msgspec.to_builtins(ErrorBody(
+            error="prompt outcome unknown", code="prompt_outcome_unknown",
+            session_id=args.session, idempotency_key=key))
+        out.json({**body, "attempts": error.attempts, "lastError": cause,
                   "admitted": None if isinstance(found, str) else found is not None,
                   "promptId": None if found is None or isinstance(found, str)
                   else found.prompt_id,

@@ -115,6 +115,11 @@ class Route:
         found = self._pattern.match(path)
         return None if found is None else found.groupdict()
 
+    def session_id(self, path: str) -> str | None:
+        """The session ``path`` names when it is this route's, else None."""
+        found = self.match(path)
+        return None if found is None else found.get("sessionId")
+
     def url(self, **values: str) -> str:
         """The path with each parameter filled in, percent-encoded (``/`` included)."""
         missing = set(self.path_params) - values.keys()
@@ -289,7 +294,7 @@ def session_of(path: str) -> str | None:
     """The session a request path is for (the ``sessionId`` of the route it names), or None
     for a path that names no session's route."""
     for route in _SESSION_ROUTES:
-        found = route.match(path)
-        if found is not None:
-            return found["sessionId"]
+        session_id = route.session_id(path)
+        if session_id is not None:
+            return session_id
     return None
