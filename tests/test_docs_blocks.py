@@ -177,3 +177,12 @@ def test_sh_block_runs(block: Block, daemons: dict[str, RunningDaemon],
     done = subprocess.run(["bash", "-euc", block.body.replace(DOC_URL, daemon.url)], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=RUN_S, check=False)
     assert done.returncode == 0, f"{block.where}:\n{done.stdout}\n{done.stderr}"
+
+
+def test_every_image_the_docs_show_is_there() -> None:
+    shown = [(path.name, target) for path in DOCS
+             for target in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", path.read_text())]
+    assert any(t == "reference-web-shell-1280.png" for _, t in shown)  # the pattern still finds
+    missing = [f"{doc}: {t}" for doc, t in shown
+               if not t.startswith("http") and not (ROOT / "docs" / t).is_file()]
+    assert not missing, missing

@@ -855,13 +855,27 @@ def test_the_root_leads_to_the_viewer_and_nothing_is_missing(page: Any, proxy: P
 def test_screenshots_at_desktop_and_phone_width(browser: Any, tmp_path: Path) -> None:
     """A tidy daemon of its own (a workspace called my-project on branch main, three sessions:
     a rich answer, a permission question, a turn still running), shown at 1280 and 400 px.
-    The images land in tests/artifacts/ (viewer-1280.png, viewer-400.png) and, with
+    Before that, the same page right after start (viewer-start-*.png). The images land in
+    tests/artifacts/ (viewer-1280.png, viewer-400.png, ...) and, with
     TURNKEEPER_UPDATE_SCREENSHOT=1, in docs/."""
     project = tmp_path / "my-project"
     (project / ".git").mkdir(parents=True)
     (project / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
     d = start_daemon(tmp_path, ["--workspace", str(project)])
+    shots: dict[str, Path] = {}
     try:
+        # Right after start, no session yet: what the reference's screenshots show.
+        for name, viewport in (("viewer-start-1280.png", DESKTOP), ("viewer-start-400.png", PHONE)):
+            with new_page(browser, f"screenshot-{name[:-4]}", viewport) as p:
+                p.goto(f"{d.url}/ui/")
+                p.wait_for_selector("body[data-ready='true']")
+                p.wait_for_selector("#welcome:not([hidden])")
+                p.wait_for_function("() => document.getElementById('chip-workspace')"
+                                    ".textContent === 'my-project'")
+                p.mouse.move(0, viewport["height"] - 1)
+                shots[name] = ARTIFACTS / name
+                ARTIFACTS.mkdir(parents=True, exist_ok=True)
+                p.screenshot(path=str(shots[name]))
         with httpx.Client(base_url=d.url, timeout=10) as client:
             running = new_session(client)
             send_prompt(client, running, "Run the test suite and fix what fails "
@@ -873,7 +887,6 @@ def test_screenshots_at_desktop_and_phone_width(browser: Any, tmp_path: Path) ->
             send_prompt(client, rich, "Give me an overview of this repository "
                                       "mock:rich=1 mock:chunks=0")
             wait_status(client, rich, lambda s: not s["hasActivePrompt"], "the rich turn")
-        shots: dict[str, Path] = {}
         for name, viewport in (("viewer-1280.png", DESKTOP), ("viewer-400.png", PHONE)):
             with new_page(browser, f"screenshot-{name[:-4]}", viewport) as p:
                 for sid in (running, asks, rich):  # each opened once: the list learns its title
