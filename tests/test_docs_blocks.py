@@ -4,7 +4,8 @@
   script against a real daemon (the docs' URL replaced by the test daemon's) and must exit 0,
   and all of them together pass ``mypy --strict`` as written. ``sh`` blocks run in bash
   (``set -eu``) from the checkout, with ``TURNKEEPER_URL`` naming the test daemon. ``json``
-  blocks parse. ``text`` and ``console`` blocks are shown output, signatures or diagrams.
+  blocks parse. ``text``, ``console`` and ``yaml`` blocks are shown output, signatures,
+  diagrams or configuration for other programs.
 - A block can be marked in the line(s) above it:
   ``<!-- doc-test: skip (REASON) -->`` (never run; the reason is required and says what tests
   the same thing), ``<!-- doc-test: daemon ARGS -->`` (run against a daemon started with these
@@ -33,7 +34,7 @@ from tests.harness import RunningDaemon, start_daemon
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 DOC_URL = "http://127.0.0.1:4170"
-LANGS = {"python", "sh", "json", "text", "console"}
+LANGS = {"python", "sh", "json", "text", "console", "yaml"}
 FENCE = re.compile(r"^([ \t]*)```([^\n`]*)\n(.*?)^\1```[ \t]*$", re.S | re.M)
 MARK = re.compile(r"<!-- (doc-test|example): (.*?) -->")
 RUN_S = 90
