@@ -133,7 +133,9 @@ class SessionSink(Protocol):
 
     def dispatch_group_lines(self) -> int:
         """How many stdout lines the reader may dispatch before it yields, so that the
-        session's subscribers write (and flow control checks them) at least that often."""
+        session's subscribers write (and flow control checks them) at least that often. The
+        channel keeps the smallest over its sinks: when this may have changed (the session's
+        subscribers did), the sink calls :meth:`AgentChannel.group_lines_changed`."""
         ...
 
     def permission_asked(self, params: dict[str, Any]) -> Awaitable[PermissionAnswer]:
@@ -283,6 +285,9 @@ class AgentChannel:
         self._proc: trio.Process | None = None
         self._nursery: trio.Nursery | None = None
         self._client: AcpClient[SessionSink, _Slot] = AcpClient()
+        # The smallest dispatch_group_lines of the attached sinks (None: to be computed), so
+        # a read costs O(1) however many sessions are attached.
+        self._group_lines: int | None = None
         self._outbox: deque[_Write] = deque()
         self._outbox_bytes = 0
         self._outbox_ready = trio.Event()
@@ -461,6 +466,8 @@ class AgentChannel:
         not ready for them yet) they, and the ones that follow, are held until the next
         ``attach`` of the same sink."""
         self._client.attach(acp_session_id, sink)
+        if self._group_lines is not None:  # one more sink can only lower the smallest
+            self._group_lines = max(1, min(self._group_lines, sink.dispatch_group_lines()))
         if not hold:
             self._release_held(acp_session_id, sink)
 
@@ -481,6 +488,14 @@ class AgentChannel:
     def detach(self, acp_session_id: str, sink: SessionSink | None = None) -> None:
         """Stop routing ``acp_session_id`` (with ``sink``: only if it is the one attached)."""
         self._client.detach(acp_session_id, sink)
+        # One sink fewer: the smallest changes only if it was that sink's.
+        if sink is None or (self._group_lines is not None
+                            and sink.dispatch_group_lines() <= self._group_lines):
+            self._group_lines = None
+
+    def group_lines_changed(self) -> None:
+        """A sink's :meth:`SessionSink.dispatch_group_lines` may have changed."""
+        self._group_lines = None
 
     async def new_session(self, cwd: str) -> str:
         return session_id_of(await self._request("session/new", new_session_params(cwd)))
@@ -661,11 +676,14 @@ class AgentChannel:
             await self._backlog_drained.wait()
 
     def _dispatch_group_lines(self) -> int:
-        """The smallest group any attached sink allows (the default without sinks)."""
-        sinks = self._client.attached()
-        if not sinks:
-            return DISPATCH_GROUP_LINES
-        return max(1, min(sink.dispatch_group_lines() for sink in sinks))
+        """The smallest group any attached sink allows (the default without sinks); computed
+        over the sinks only after a change that may raise it."""
+        if self._group_lines is None:
+            sinks = self._client.attached()
+            if not sinks:
+                return DISPATCH_GROUP_LINES
+            self._group_lines = max(1, min(sink.dispatch_group_lines() for sink in sinks))
+        return self._group_lines
 
     def _end_of_stdout(self, reason: str) -> None:
         if not self._stdout_eof.is_set():

@@ -176,6 +176,9 @@ class SessionBus:
         self.latest_record_id: str | None = None
         self.last_write_seq = 0
         self.subscribers: set[Subscription] = set()
+        # Called whenever the subscribers change (so dispatch_group_lines may have): the agent
+        # channel keeps the smallest over its sessions instead of asking each on every read.
+        self.on_subscribers_changed: Callable[[], None] | None = None
         # SSE frames of the newest events, built once for all SSE subscribers.
         self.frames = SharedFrames()
         self.slow_client_warnings = 0
@@ -530,11 +533,13 @@ class SessionBus:
             if sub.abort is not None:
                 sub.abort()
         self.frames.clear()
+        self._subscribers_changed()
 
     def evict(self, sub: Subscription) -> None:
         """Drop a subscriber that fell behind; its stream ends with ``client_evicted``."""
         if sub in self.subscribers:
             self.subscribers.discard(sub)
+            self._subscribers_changed()
             self.clients_evicted += 1
             evicted = sub.state.evicted
             data = evicted.data if evicted is not None else None
@@ -563,11 +568,17 @@ class SessionBus:
 
     def add_subscriber(self, sub: Subscription) -> None:
         self.subscribers.add(sub)
+        self._subscribers_changed()
 
     def remove_subscriber(self, sub: Subscription) -> None:
         self.subscribers.discard(sub)
+        self._subscribers_changed()
         if not self.subscribers:
             self.frames.clear()  # nobody left to share them with
+
+    def _subscribers_changed(self) -> None:
+        if self.on_subscribers_changed is not None:
+            self.on_subscribers_changed()
 
     async def wait_for_events(self, cursor: int) -> None:
         """Return once the ring holds an event after ``cursor`` or the bus closed."""

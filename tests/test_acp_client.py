@@ -5,10 +5,15 @@ suppression of ``session/load`` replays, reply matching, and the answers to the 
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from daemon.core import acp_client as acp_client_module
+from daemon.core import acp_codec as acp_codec_module
 from daemon.core.acp_client import (
     MAX_HELD_BYTES,
     MAX_HELD_SESSIONS,
@@ -49,6 +54,7 @@ from daemon.core.acp_codec import (
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
     parse_update,
+    prefix_of,
     splice_updates,
     update_prefix,
 )
@@ -627,3 +633,54 @@ def test_a_prefixed_line_must_end_as_the_prefix_opened_it(tail: bytes) -> None:
     routed, events = _one_by_one([good, line])
     assert {sid: raws for sid, (_, raws) in batch.updates.items()} == _merged(routed)
     assert batch.events == events
+
+
+# -- a read's session is found in one lookup ----------------------------------------------------
+
+
+@given(st.text(min_size=1, max_size=40))
+def test_prefix_of_cuts_the_update_prefix_of_any_session_id(session_id: str) -> None:
+    prefix = update_prefix(session_id)
+    line = prefix + b'{"sessionUpdate":"agent_message_chunk","update":1}}'
+    assert prefix_of(line) == prefix
+    assert prefix_of(b'{"jsonrpc":"2.0","id":1,"result":{}}') is None
+    assert prefix_of(prefix[:-1]) is None
+
+
+def _lines_run(client: AcpClient[str, str], lines: list[bytes]) -> tuple[Any, int]:
+    """``client.receive(lines)`` and how many lines of the ACP client and codec it ran."""
+    count = 0
+    files = {acp_client_module.__file__, acp_codec_module.__file__}
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        nonlocal count
+        if frame.f_code.co_filename not in files:
+            return None
+        if event == "line":
+            count += 1
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        batch = client.receive(lines)
+    finally:
+        sys.settrace(None)
+    return batch, count
+
+
+def test_a_read_is_routed_without_looking_at_the_other_sessions() -> None:
+    # The same read with 2 and with 2,000 other sessions attached runs the same code: the
+    # session is found from its line, not by trying every attached session's prefix.
+    chunk = (b'{"sessionUpdate":"agent_message_chunk","content":{"type":"text",'
+             b'"text":"hi"}}')
+    lines = [update_prefix("target") + chunk + b"}}"] * 8
+    counts = []
+    for others in (2, 2000):
+        client: AcpClient[str, str] = AcpClient()
+        for i in range(others):
+            client.attach(f"other-{i}", f"sink-{i}")
+        client.attach("target", "target-sink")  # attached last: a scan would try it last
+        batch, count = _lines_run(client, lines)
+        assert batch.updates == {"target": ("target-sink", [chunk] * 8)}
+        counts.append(count)
+    assert counts[0] == counts[1], counts

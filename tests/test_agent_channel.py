@@ -585,3 +585,42 @@ async def test_a_permission_request_reaches_its_sink_before_the_reply_read_after
         for turn in range(1, 13):
             assert await channel.prompt(sid, text_prompt("go")) == {"stopReason": "end_turn"}
             assert len(sink.permission_requests) == turn
+
+
+# -- many sessions on one agent: a read costs the same however many are attached ---------------
+
+
+class CountingSink(RecordingSink):
+    """Counts how often the channel asks it for its group size."""
+
+    def __init__(self, group_lines: int = 64) -> None:
+        super().__init__(group_lines=group_lines)
+        self.asked = 0
+
+    def dispatch_group_lines(self) -> int:
+        self.asked += 1
+        return self.group_lines
+
+
+async def test_idle_sessions_are_not_asked_on_every_read(tmp_path: Path) -> None:
+    # With N idle sessions attached, the reader used to ask every one of them for its group
+    # size on every read of stdout: O(N) per read. It keeps the smallest and asks again only
+    # when a session says its own changed.
+    env = agent_env(MOCK_ACP_PROMPT_DELAY_MS="0")
+    async with open_channel(MOCK, tmp_path, env=env) as channel:
+        idle = [CountingSink() for _ in range(200)]
+        for sink in idle:
+            channel.attach(await channel.new_session(str(tmp_path)), sink)
+        sid = await channel.new_session(str(tmp_path))
+        busy = CountingSink()
+        channel.attach(sid, busy)
+        for turn in range(6):  # six turns: six reads at least
+            await channel.prompt(sid, text_prompt(f"turn {turn} mock:chunks=40"))
+        assert len(busy.texts) == 6 * 40
+        assert max(sink.asked for sink in idle) <= 2
+        # A session whose group size changes says so, and the next read honours it.
+        busy.group_lines = 3
+        channel.group_lines_changed()
+        await channel.prompt(sid, text_prompt("mock:chunks=30"))
+        steps = [b - a for a, b in zip(busy.flushed_at, busy.flushed_at[1:], strict=False)]
+        assert max(steps[-10:]) <= 3

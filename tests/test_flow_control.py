@@ -148,3 +148,20 @@ def test_a_group_never_takes_a_checked_subscriber_past_its_cap() -> None:
         assert not bus._behind
         chunk(bus, bus.dispatch_group_lines())
         assert sub.state.evicted is None and sub in bus.subscribers
+
+
+def test_the_bus_says_when_its_group_may_have_changed() -> None:
+    # The agent channel keeps the smallest group of its sessions and asks again only when a
+    # bus says its subscribers changed: every way one comes or goes must say so.
+    bus = SessionBus("s", BusLimits(10_000, 8 << 20, 4 << 20, 8000), None)
+    told: list[int] = []
+    bus.on_subscribers_changed = lambda: told.append(bus.dispatch_group_lines())
+    narrow = Subscription(SubscriberState(0, max_queued=16))
+    bus.add_subscriber(narrow)
+    bus.remove_subscriber(narrow)
+    slow = Subscription(SubscriberState(0, max_queued=16))
+    bus.add_subscriber(slow)
+    bus.evict(slow)
+    bus.add_subscriber(Subscription(SubscriberState(0, max_queued=16)))
+    bus.cut_subscribers("test")
+    assert told == [4, 64, 4, 64, 4, 64]

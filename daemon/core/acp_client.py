@@ -64,6 +64,7 @@ from .acp_codec import (
     encode_result,
     parse_message,
     parse_update,
+    prefix_of,
     splice_updates,
     update_prefix,
 )
@@ -386,7 +387,7 @@ class _Held:
 class AcpClient(Generic[S, W]):
     """The client side of one agent connection: sessions, outstanding requests, loads."""
 
-    __slots__ = ("_asking", "_held", "_load_of", "_loading", "_prefixes", "_sinks",
+    __slots__ = ("_asking", "_by_prefix", "_held", "_load_of", "_loading", "_sinks",
                  "pending")
 
     def __init__(self) -> None:
@@ -394,8 +395,9 @@ class AcpClient(Generic[S, W]):
         self._sinks: dict[str, S] = {}
         # Unanswered permission requests per session id (only while there are some).
         self._asking: dict[str, int] = {}
-        # What each attached session's update lines start with (acp_codec.update_prefix).
-        self._prefixes: dict[str, bytes] = {}
+        # The attached sessions by what their update lines start with (acp_codec.update_prefix):
+        # a read's session is found in one lookup, however many sessions are attached.
+        self._by_prefix: dict[bytes, str] = {}
         # Sessions being loaded (a count: two loads of one session may overlap), and which
         # request loads which session.
         self._loading: dict[str, int] = {}
@@ -415,7 +417,7 @@ class AcpClient(Generic[S, W]):
                 return
             raise SessionIdInUse(acp_session_id)
         self._sinks[acp_session_id] = sink
-        self._prefixes[acp_session_id] = update_prefix(acp_session_id)
+        self._by_prefix[update_prefix(acp_session_id)] = acp_session_id
 
     def take_held(self, acp_session_id: str) -> list[bytes]:
         """The updates held for ``acp_session_id`` since its ``session/new`` or
@@ -443,7 +445,7 @@ class AcpClient(Generic[S, W]):
         if sink is not None and self._sinks.get(acp_session_id) is not sink:
             return
         self._sinks.pop(acp_session_id, None)
-        self._prefixes.pop(acp_session_id, None)
+        self._by_prefix.pop(update_prefix(acp_session_id), None)
         self._held.pop(acp_session_id, None)
 
     def attached(self) -> list[S]:
@@ -496,21 +498,20 @@ class AcpClient(Generic[S, W]):
         if lines:
             # The usual read: one session's updates, each line the session's prefix, an
             # update object and "}}". Checked for all lines at once; else line by line.
-            first = lines[0]
-            for session_id, prefix in self._prefixes.items():
-                if first.startswith(prefix):
-                    plain = plain_chunk_lines(lines, prefix)
-                    if plain is not None:  # the usual read of a turn: text chunks only
-                        raws, run = plain
-                        if spaced:
-                            raws = compact_chunks(raws, run[1])
-                        return self._route_one(session_id, raws, run)
-                    spliced = splice_updates(lines, prefix)
-                    if spliced is not None:
-                        if spaced:
-                            spliced = list(map(compact, spliced))
-                        return self._route_one(session_id, spliced)
-                    break
+            prefix = prefix_of(lines[0])
+            session_id = None if prefix is None else self._by_prefix.get(prefix)
+            if prefix is not None and session_id is not None:
+                plain = plain_chunk_lines(lines, prefix)
+                if plain is not None:  # the usual read of a turn: text chunks only
+                    raws, run = plain
+                    if spaced:
+                        raws = compact_chunks(raws, run[1])
+                    return self._route_one(session_id, raws, run)
+                spliced = splice_updates(lines, prefix)
+                if spliced is not None:
+                    if spaced:
+                        spliced = list(map(compact, spliced))
+                    return self._route_one(session_id, spliced)
         updates: dict[str, tuple[S, list[bytes]]] = {}
         events: list[Event[S, W]] = []
         sinks = self._sinks

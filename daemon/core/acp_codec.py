@@ -46,6 +46,7 @@ __all__ = [
     "encode_result",
     "parse_message",
     "parse_update",
+    "prefix_of",
     "splice_updates",
     "update_prefix",
 ]
@@ -298,12 +299,26 @@ _first_byte = itemgetter(0)
 _UPDATE_SUFFIX: Final = b"}}"
 
 
+_PREFIX_HEAD: Final = b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":'
+_PREFIX_TAIL: Final = b',"update":'
+
+
 def update_prefix(session_id: str) -> bytes:
     """What a ``session/update`` line for ``session_id`` starts with when the agent writes it
     compact, members in the order ACP lists them (as most agents do): the line is then this
     prefix, the ``update`` object and ``}}``."""
-    return (b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":'
-            + _encode(session_id) + b',"update":')
+    return _PREFIX_HEAD + _encode(session_id) + _PREFIX_TAIL
+
+
+def prefix_of(line: bytes) -> bytes | None:
+    """The :func:`update_prefix` ``line`` starts with, whichever session's it is, or ``None``
+    when it does not start like one: read off the line, so finding a line's session costs one
+    lookup of this, however many sessions there are. The session id ends at the first
+    ``,"update":`` (inside a JSON string every quote is escaped, so none occurs there)."""
+    if not line.startswith(_PREFIX_HEAD):
+        return None
+    end = line.find(_PREFIX_TAIL, len(_PREFIX_HEAD))
+    return None if end < 0 else line[:end + len(_PREFIX_TAIL)]
 
 
 def splice_updates(lines: list[bytes], prefix: bytes) -> list[bytes] | None:
