@@ -190,6 +190,7 @@ class SessionManager:
         # Sessions unloaded when idle, oldest first (see MAX_UNLOADED_REMEMBERED).
         self.unloaded: OrderedDict[str, None] = OrderedDict()
         self.sessions_unloaded = 0
+        self._closed_at_shutdown = 0
         # Sessions being created or restored, by id: they hold a --max-sessions slot until
         # they are in ``sessions`` (or failed).
         self._starting: set[str] = set()
@@ -645,6 +646,8 @@ class SessionManager:
         if session.unloading:
             log.info("event=session_unloaded session=%s idle_ms=%d", session.id,
                      self.config.session_idle_ms)
+        elif session.closing == "daemon_shutdown":
+            self._closed_at_shutdown += 1  # one line for them all: shutdown stays O(1) in logs
         else:
             log.info("event=session_ended session=%s reason=%s", session.id,
                      session.closing or ("agent_exit" if session.agent_exit else "ended"))
@@ -664,6 +667,8 @@ class SessionManager:
         async with trio.open_nursery() as nursery:
             for session in list(self.sessions.values()):
                 nursery.start_soon(session.close, "daemon_shutdown")
+        log.info("event=sessions_closed reason=daemon_shutdown count=%d",
+                 self._closed_at_shutdown)
         for agent in list(self.agents.values()):
             with trio.move_on_after(2):
                 await agent.aclose()
