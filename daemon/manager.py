@@ -26,6 +26,7 @@ transcript as after a restart. One task looks at every session a few times per i
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import uuid
@@ -662,6 +663,10 @@ class SessionManager:
     async def shutdown(self) -> None:
         """Graceful stop: end every running prompt with ``session_closed``, stop agents."""
         self.shutting_down = True
+        # Everything alive now stays alive until the process exits: the collector need not
+        # walk it again each time the closing sessions have allocated a few thousand objects
+        # (with thousands of sessions that walking was a third of the stop).
+        gc.freeze()
         for cwd in list(self._idle_timers):
             self._cancel_idle_timer(cwd)
         async with trio.open_nursery() as nursery:
