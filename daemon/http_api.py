@@ -33,6 +33,8 @@ from .config import DaemonConfig
 from .core.envelope import decode_json, encode_json, spliced_parts, write_groups
 from .core.idempotency import Conflict, KeyedAdmission, Replay, decide, request_digest
 from .core.openapi import build_openapi
+from .export import CONTENT_TYPES as EXPORT_CONTENT_TYPES
+from .export import EXPORT_FORMATS, export_body
 from .manager import (
     AgentSessionConflict,
     AgentUnavailable,
@@ -682,6 +684,32 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
             session_id=session.id, has_more=page.has_more,
             next_cursor=page.next_cursor if page.next_cursor is not None else msgspec.UNSET,
             events=page.events))
+
+    @serve(routes.EXPORT_SESSION)
+    async def export(session_id: str) -> Response:
+        fmt = request.args.get("format", "jsonl")
+        if fmt not in EXPORT_FORMATS:
+            raise ApiError(400, "invalid_export_format",
+                           f"format must be one of {', '.join(EXPORT_FORMATS)}")
+        writer = manager.writer
+        live = manager.get(session_id)
+        if writer is None:
+            if live is None:
+                raise session_not_found(session_id)
+            raise ApiError(409, "transcript_unavailable",
+                           "The daemon runs without a transcript (--no-persistence): there is "
+                           "nothing to export")
+        if live is None:
+            row = await writer.read(lambda store: store.get_session(session_id))
+            if row is None or row.closed:
+                raise session_not_found(session_id)
+            cwd = row.workspace_cwd
+        else:
+            cwd = live.workspace_cwd
+        name = f"session-{session_id}.{'md' if fmt == 'markdown' else 'jsonl'}"
+        return Response(export_body(writer, session_id, fmt, cwd), status=200, headers={
+            "Content-Type": EXPORT_CONTENT_TYPES[fmt], "Cache-Control": "no-store",
+            "Content-Disposition": f'attachment; filename="{name}"'})
 
     @serve(routes.SESSION_STATUS)
     async def status(session_id: str) -> Response:

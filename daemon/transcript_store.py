@@ -917,6 +917,17 @@ class TranscriptStore:
                 raise DamagedRow(session_id, "raw_events", row[0], str(exc)) from None
         return events
 
+    def records_forward(self, session_id: str, after_seq: int, limit: int
+                        ) -> tuple[list[bytes], int]:
+        """Up to ``limit`` records of the session stored after ``after_seq`` (0: from its
+        first), oldest first, and the position to go on from (``after_seq`` when there were
+        none): a whole transcript read in order a page at a time (export)."""
+        rows = self._conn.execute(
+            f"SELECT seq, {_RECORD_COLUMNS}, crc FROM records WHERE session_id = ? AND seq > ? "
+            "ORDER BY seq LIMIT ?", (session_id, after_seq, limit)).fetchall()
+        events = [bytes(_checked(row, "records", session_id)[5]) for row in rows]
+        return events, rows[-1][0] if rows else after_seq
+
     def max_raw_event_id(self, session_id: str) -> int:
         """Highest event id among the unfinished turn's raw events (0 if none)."""
         row = self._conn.execute(

@@ -20,6 +20,7 @@ import ssl
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
 from typing import Any, Final, Literal, TypeVar
@@ -848,6 +849,36 @@ class DaemonClient:
         """
         return EventStream(self, session_id, last_event_id, epoch, max_queued=max_queued)
 
+    @asynccontextmanager
+    async def export_session(
+        self, session_id: str, format: Literal["jsonl", "markdown"] = "jsonl"
+    ) -> AsyncIterator[AsyncIterator[bytes]]:
+        """The session's whole transcript as the daemon streams it (``GET
+        /session/{id}/export``): ``async with client.export_session(sid) as chunks: async for
+        chunk in chunks``. JSON Lines hold one event envelope a line, oldest first; Markdown is
+        for reading. The body is never held in memory whole."""
+        path = routes.EXPORT_SESSION.url(sessionId=session_id)
+        request = self._http.build_request(
+            "GET", path, headers=self.headers(accept="*/*"), params={"format": format},
+            timeout=httpx.Timeout(self.timeout, read=None))
+        self._count("GET", path)
+        try:
+            response = await self._http.send(request, stream=True)
+        except httpx.TransportError as exc:
+            self._count_failure()
+            raise TransportError(f"GET {path}: {exc!r}") from exc
+        try:
+            if response.status_code != 200:
+                self._count_failure()
+                try:
+                    content = await response.aread()
+                except httpx.HTTPError:
+                    content = b""
+                raise error_for_status(response.status_code, content, response.headers)
+            yield _body_chunks(response, path)
+        finally:
+            await response.aclose()
+
     # -- used by EventStream ---------------------------------------------------------------
 
     async def _open_stream(
@@ -888,6 +919,14 @@ class DaemonClient:
                 status=response.status_code,
             )
         return response
+
+
+async def _body_chunks(response: httpx.Response, path: str) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in response.aiter_bytes():
+            yield chunk
+    except httpx.TransportError as exc:
+        raise TransportError(f"GET {path}: the body broke off: {exc!r}") from exc
 
 
 class EventStream(FollowsCursor):

@@ -82,7 +82,8 @@ _STATUS_TEXT: Final = {
     400: "Bad request", 401: "Missing or wrong bearer token",
     403: "Host or Origin refused", 404: "Not found", 405: "Method not allowed",
     408: "Request body not received within --body-timeout-ms (the connection closes)",
-    409: "Idempotency-Key already used for a different request",
+    409: "Idempotency-Key already used for a different request; or, for an export, the "
+         "daemon keeps no transcript (--no-persistence)",
     413: "Body over 10 MB", 426: "Not a WebSocket upgrade (Upgrade: websocket)",
     429: "Too many subscribers (Retry-After: 5)",
     502: "The workspace's agent could not be started",
@@ -139,7 +140,8 @@ def _operation(route: Route) -> dict[str, Any]:
     if route.response_type is not None:
         success["content"] = {route.media_type: {"schema": _ref(route.response_type)}}
     elif route.response_schema is not None:
-        success["content"] = {route.media_type: {"schema": route.response_schema}}
+        success["content"] = {media: {"schema": route.response_schema}
+                              for media in (route.media_type, *route.other_media_types)}
     responses: dict[str, Any] = {str(route.status): success}
     for status, codes in _route_errors(route).items():
         answer: dict[str, Any] = {

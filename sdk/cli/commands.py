@@ -4,6 +4,7 @@ returning the exit status. Errors that end a command are raised (sdk.cli.main ma
 from __future__ import annotations
 
 import argparse
+import codecs
 import math
 import os
 import shlex
@@ -505,6 +506,28 @@ async def cmd_close(client: DaemonClient, args: argparse.Namespace, out: Output)
     return EXIT_OK
 
 
+# --- export -----------------------------------------------------------------------------------
+
+
+async def cmd_export(client: DaemonClient, args: argparse.Namespace, out: Output) -> int:
+    """The session's whole transcript on stdout as the daemon streams it (a stored session is
+    exported without being loaded)."""
+    binary = getattr(out.out, "buffer", None)
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    async with client.export_session(args.session, args.format) as chunks:
+        async for chunk in chunks:
+            if binary is not None:
+                binary.write(chunk)
+            else:
+                out.out.write(decoder.decode(chunk))
+    if binary is not None:
+        binary.flush()
+    else:
+        out.out.write(decoder.decode(b"", final=True))
+        out.out.flush()
+    return EXIT_OK
+
+
 # --- release ----------------------------------------------------------------------------------
 
 
@@ -537,4 +560,5 @@ COMMANDS: Final[dict[str, Callable[[DaemonClient, argparse.Namespace, Output],
     "status": cmd_status,
     "cancel": cmd_cancel,
     "close": cmd_close,
+    "export": cmd_export,
 }

@@ -41,7 +41,7 @@ APPROVE_KINDS: Final = {
 APPROVE_CHOICES: Final = (*APPROVE_KINDS, "cancel")
 
 COMMANDS: Final = ("create", "list", "prompt", "watch", "load", "status", "cancel", "close",
-                   "release")
+                   "export", "release")
 
 EPILOG: Final = f"""\
 environment:
@@ -238,6 +238,15 @@ def build_parser() -> _Parser:
                      description="Ask the agent to cancel the session's running prompt (its "
                      "turn then ends with stopReason cancelled). Queued prompts stay queued.")
     cancel.add_argument("session", help="session id")
+
+    export = command("export", help="write a session's whole transcript to stdout",
+                     description="Write the session's whole transcript, every turn in order, "
+                     "to stdout as the daemon streams it: JSON Lines (one event a line, as the "
+                     "transcript pages hold them) or Markdown. A stored session need not be "
+                     "loaded.")
+    export.add_argument("session", help="session id")
+    export.add_argument("--format", choices=("jsonl", "markdown"), default="jsonl",
+                        help="jsonl (default: jsonl) or markdown")
 
     close = command("close", help="close a session for good",
                     description="Close a session: a running prompt ends with turn_error, the "

@@ -30,6 +30,7 @@ __all__ = [
     "DETACH",
     "EVENTS",
     "EVENTS_WS",
+    "EXPORT_SESSION",
     "HEALTH",
     "HEARTBEAT",
     "LOAD_SESSION",
@@ -89,6 +90,7 @@ class Route:
     auth: bool = True  # False: answered without a token (unless --require-auth)
     uses_client_id: bool = False  # reads X-Qwen-Client-Id
     response_schema: JsonSchema | None = None  # a success body that is no Struct (stream, doc)
+    other_media_types: tuple[str, ...] = ()  # a success body also served as these (a parameter)
     # Answered by the daemon's ASGI layer (the event streams), not its application.
     streams: bool = False
     _pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
@@ -259,6 +261,16 @@ TRANSCRIPT: Final = Route(
                   "both → 400 invalid_transcript_cursor", style="form")),
     errors=((400, ("invalid_transcript_limit", "invalid_transcript_cursor")),
             _SESSION_GONE))
+EXPORT_SESSION: Final = Route(
+    "GET", "/session/{sessionId}/export", "exportSession",
+    "The whole transcript, oldest first, streamed: JSON Lines (one event envelope a line, as "
+    "transcript pages hold them) or Markdown; a stored session need not be loaded", 200, None,
+    media_type="application/x-ndjson", other_media_types=("text/markdown",),
+    response_schema={"type": "string"},
+    params=(_SESSION_ID, Param("format", "query", {"enum": ["jsonl", "markdown"]},
+                               "jsonl (default) or markdown (text/markdown)")),
+    errors=((400, ("invalid_export_format",)), _SESSION_GONE,
+            (409, ("transcript_unavailable",))))
 SESSION_STATUS: Final = Route(
     "GET", "/session/{sessionId}/status", "sessionStatus",
     "Prompt, cursor, durability and journal state of one session", 200,
@@ -278,7 +290,7 @@ DELETE_SESSION: Final = Route(
 ROUTES: Final[tuple[Route, ...]] = (
     HEALTH, CAPABILITIES, DAEMON_STATUS, OPENAPI, METRICS, CREATE_SESSION, LOAD_SESSION,
     RESUME_SESSION, PROMPT, PROMPT_BY_KEY, CANCEL, VOTE_PERMISSION, EVENTS, EVENTS_WS,
-    TRANSCRIPT, SESSION_STATUS, DETACH, HEARTBEAT, DELETE_SESSION,
+    TRANSCRIPT, EXPORT_SESSION, SESSION_STATUS, DETACH, HEARTBEAT, DELETE_SESSION,
 )
 
 #: Between the nodes of a cluster, never a client's (not in the OpenAPI document): a node asks
