@@ -47,6 +47,7 @@ from benchmarks import (
     sessions,
     stall_cut,
     transcript_cost,
+    viewer,
 )
 from benchmarks.harness import (
     Context,
@@ -159,6 +160,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     # Three turns per trial (no scraper, 1 s, 10 ms): only when named.
     Benchmark(metrics_cost.NAME, metrics_cost.TITLE, metrics_cost.add_arguments,
               metrics_cost.run, in_default_run=False),
+    # Needs chromium and a browser page per size: only when named.
+    Benchmark(viewer.NAME, viewer.TITLE, viewer.add_arguments, viewer.run, in_default_run=False),
     # Needs redis-server and starts three nodes: only when named.
     Benchmark(cluster.NAME, cluster.TITLE, cluster.add_arguments, cluster.run,
               in_default_run=False),
