@@ -44,7 +44,7 @@ from sdk.events import DaemonEvent, decode_events, normalize_page_event
 from sdk.protocol import headers as wire_headers
 from sdk.protocol import routes
 from sdk.protocol.cursor import FollowsCursor, ResumeCursor
-from sdk.protocol.http import PromptByKeyResponse
+from sdk.protocol.http import PromptAccepted, PromptByKeyResponse
 from sdk.protocol.sse import SSEParser
 from sdk.submission import PromptRetryPolicy, Submission, check_idempotency_key
 
@@ -190,14 +190,6 @@ class LoadResult(ResumeResult):
         return [*self.compacted_replay, *self.live_journal]
 
 
-class PromptAccepted(_Result):
-    """The 202 of a prompt: subscribe from this cursor and epoch to see every frame of it."""
-
-    prompt_id: str
-    last_event_id: int | None = None
-    event_epoch: str | None = None
-
-
 class PermissionVote(_Result):
     request_id: str
     outcome: Any = None
@@ -240,7 +232,7 @@ class SessionStatus(_Result):
     raw: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
-_R = TypeVar("_R", bound=_Result)
+_R = TypeVar("_R", bound=msgspec.Struct)
 _W = TypeVar("_W", bound=msgspec.Struct)
 
 

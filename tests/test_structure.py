@@ -253,7 +253,7 @@ def public_classes(paths: Iterator[Path]) -> dict[str, list[str]]:
 # Not yet one: the SDK's own result types beside the protocol's bodies, the daemon's page of
 # stored events, the model's record store, the mock agent's config error. A name leaves this
 # list when it is one class; no name may join it.
-KNOWN_DUPLICATES = frozenset({"ConfigError", "PromptAccepted", "PromptTerminal", "TranscriptPage",
+KNOWN_DUPLICATES = frozenset({"ConfigError", "PromptTerminal", "TranscriptPage",
                               "TranscriptStore"})
 
 
