@@ -669,9 +669,12 @@ class SessionManager:
         gc.freeze()
         for cwd in list(self._idle_timers):
             self._cancel_idle_timer(cwd)
-        async with trio.open_nursery() as nursery:
-            for session in list(self.sessions.values()):
-                nursery.start_soon(session.close, "daemon_shutdown")
+        # Every session is told first, then waited for: no task of its own per session.
+        closing = list(self.sessions.values())
+        for session in closing:
+            session.begin_close("daemon_shutdown")
+        for session in closing:
+            await session.ended.wait()
         log.info("event=sessions_closed reason=daemon_shutdown count=%d",
                  self._closed_at_shutdown)
         for agent in list(self.agents.values()):

@@ -511,6 +511,11 @@ class Session:
 
     async def close(self, reason: str) -> None:
         """End the session: a running prompt gets ``turn_error session_closed``."""
+        self.begin_close(reason)
+        await self.ended.wait()
+
+    def begin_close(self, reason: str) -> None:
+        """:meth:`close` without waiting for the end (:attr:`ended` says when)."""
         if self.closing is None:
             self.closing = reason
             prompt = self.active
@@ -519,7 +524,6 @@ class Session:
                 if prompt.scope is not None:
                     prompt.scope.cancel()
             self._notify()
-        await self.ended.wait()
 
     def agent_died(self, exit_code: int | None, signal_code: str | None) -> None:
         if self.agent_exit is None:
