@@ -21,6 +21,7 @@ with N keeps a ratio near 1. RSS is read once it holds still (``memory.settled_r
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import threading
 import time
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from benchmarks.e2e import TurnRun, measure_turn
-from benchmarks.harness import Context, CpuUse, Row
+from benchmarks.harness import Context, CpuUse, Row, process_cpu_seconds
 from benchmarks.launcher import Daemon, LaunchError, start_daemon
 from benchmarks.memory import settled_rss_mb
 
@@ -69,6 +70,7 @@ class LiveRun:
     status_ms: float
     turns: list[TurnRun]
     shutdown_s: float
+    shutdown_cpu_s: float | None
     create_s: float
 
     @property
@@ -130,16 +132,22 @@ def status_cost(daemon: Daemon, reads: int = 5) -> tuple[int, float]:
     return size, statistics.median(times)
 
 
-def stop_timed(daemon: Daemon) -> float:
-    """SIGTERM to exit, in seconds (the daemon must exit 0)."""
+def stop_timed(daemon: Daemon) -> tuple[float, float | None]:
+    """SIGTERM to exit: seconds, and the daemon's CPU seconds meanwhile (from its rusage at
+    exit; on a busy machine the wall time mostly says how long it waited for a core). The
+    daemon must exit 0."""
     daemon.http.close()
+    pid = daemon.proc.pid
+    cpu_before = process_cpu_seconds(pid)
     started = time.monotonic()
     daemon.proc.terminate()
-    code = daemon.proc.wait(60)
+    _, status, usage = os.wait4(pid, 0)
     elapsed = time.monotonic() - started
+    code = daemon.proc.returncode = os.waitstatus_to_exitcode(status)
     if code != 0:
         raise LaunchError(f"daemon exited {code} on SIGTERM:\n{daemon.stderr_tail()}")
-    return elapsed
+    cpu = None if cpu_before is None else usage.ru_utime + usage.ru_stime - cpu_before
+    return elapsed, cpu
 
 
 def live_run(ctx: Context, count: int, chunks: int, turns: int) -> LiveRun:
@@ -161,9 +169,10 @@ def live_run(ctx: Context, count: int, chunks: int, turns: int) -> LiveRun:
             ctx.progress(f"  turn {trial + 1}/{turns}: {run.rate:,.0f} events/s, daemon "
                          f"{run.daemon_ms_per_1k or 0:.1f} ms CPU per 1,000 events")
             runs.append(run)
-        shutdown = stop_timed(daemon)
-        ctx.progress(f"  shutdown {shutdown:.2f} s")
-        return LiveRun(count, empty, rss, size, status_ms, runs, shutdown, create_s)
+        shutdown, shutdown_cpu = stop_timed(daemon)
+        ctx.progress(f"  shutdown {shutdown:.2f} s, daemon CPU {shutdown_cpu or 0:.2f} s")
+        return LiveRun(count, empty, rss, size, status_ms, runs, shutdown, shutdown_cpu,
+                       create_s)
 
 
 def unload_run(ctx: Context, count: int, idle_ms: int) -> UnloadRun:
@@ -192,7 +201,7 @@ def unload_run(ctx: Context, count: int, idle_ms: int) -> UnloadRun:
             raise LaunchError(f"load of an unloaded session answered {body}")
         ctx.progress(f"  all unloaded {unload_s:.1f} s after the last create; RSS {rss:.1f} MB "
                      f"({rss - empty:+.1f} MB); a load restores one in {load_ms:.1f} ms")
-        shutdown = stop_timed(daemon)
+        shutdown, _ = stop_timed(daemon)
         return UnloadRun(count, empty, rss, unload_s, load_ms, shutdown)
 
 
@@ -270,7 +279,12 @@ def rows_for(ctx: Context, chunks: int, live: Sequence[LiveRun],
             ratio=each.shutdown_s / base.shutdown_s,
             target="" if each is base else f"<= baseline + {SHUTDOWN_SLACK_S:g} s",
             ok=None if each is base else each.shutdown_s <= base.shutdown_s + SHUTDOWN_SLACK_S,
-            cpu_note="-", quick=ctx.quick))
+            cpu_note="-", quick=ctx.quick,
+            notes=[] if each.shutdown_cpu_s is None else [
+                f"daemon CPU from SIGTERM to exit {each.shutdown_cpu_s:.2f} s"
+                + ("" if not base.shutdown_cpu_s or each is base else
+                   f" ({each.shutdown_cpu_s / base.shutdown_cpu_s:.1f}x the "
+                   f"{base.sessions}-session figure)")]))
     ubase = unloaded[0]
     for gone in unloaded:
         at_scale = gone.sessions >= UNLOADED_TARGET_AT
