@@ -14,13 +14,13 @@ from sdk.protocol import http as wire
 from sdk.protocol import routes
 from sdk.protocol.headers import RETRY_AFTER, lower
 
+from .bridge import is_reserve
 from .core.envelope import encode_json
 from .core.guards import Guard, is_loopback_peer, is_ui_asset
 from .core.throttle import LogThrottle
 from .http_api import MAX_BODY_BYTES, SESSION_LIMIT_RETRY_AFTER_S
 from .manager import AgentSessionConflict, AgentUnavailable, SessionLimit, SessionManager
 from .session import Session
-from .sockets import is_reserve
 from .streams import (
     Receive,
     Scope,

@@ -11,23 +11,19 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
-from types import TracebackType
 from typing import Any, TypeVar
 
 import msgspec
 import trio
 from prometheus_client import CollectorRegistry
 from quart import Response, request
-from quart.wrappers.response import ResponseBody
-from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from sdk.protocol import headers, routes
 from sdk.protocol import http as wire
 
-from . import connection_limit, server_patches
+from . import bridge
 from .bus import now_ms
 from .config import DaemonConfig
 from .core.envelope import decode_json, encode_json, spliced_parts, write_groups
@@ -89,38 +85,10 @@ class ApiError(Exception):
         return error
 
 
-# A body with spliced lists at least this big is written part by part (see ``PartsBody``);
+# A body with spliced lists at least this big is written part by part (``bridge.PartsBody``);
 # smaller ones are joined. Runs of small parts are joined into writes of about WRITE_BYTES.
 SPLICED_WRITE_MIN_BYTES = 1024 * 1024
 WRITE_BYTES = 256 * 1024
-
-
-class PartsBody(ResponseBody):
-    """A response body written as a list of byte strings, one ASGI send each, for a load
-    whose journal is megabytes of pre-encoded envelopes: they go to the socket from where
-    they already lie instead of being copied into one fresh body first (for 8 MiB, a copy
-    into pages the kernel must first map and zero, which cost more than the copy itself).
-    The caller sets Content-Length: the bytes on the wire are those of the joined body."""
-
-    def __init__(self, parts: list[bytes]) -> None:
-        self.parts = parts
-
-    async def __aenter__(self) -> PartsBody:
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc_value: BaseException | None, tb: TracebackType | None) -> None:
-        pass
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self._gen()
-
-    async def _gen(self) -> AsyncIterator[bytes]:
-        for part in self.parts:
-            yield part
-
-    async def make_conditional(self, begin: int, end: int | None) -> int:
-        raise NotImplementedError("range requests are not served on JSON routes")
 
 
 def spliced_body(body: msgspec.Struct) -> list[bytes]:
@@ -141,7 +109,7 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
         if len(writes) == 1:
             resp = Response(writes[0], status=status, content_type="application/json")
         else:
-            resp = Response(PartsBody(writes), status=status, content_type="application/json")
+            resp = Response(bridge.PartsBody(writes), status=status, content_type="application/json")
             resp.headers["Content-Length"] = str(sum(map(len, writes)))
     else:
         resp = Response(encode_json(body), status=status, content_type="application/json")
@@ -263,13 +231,13 @@ def metrics_registry(manager: SessionManager) -> CollectorRegistry:
         return Path(writer.store.path) if writer is not None else None
 
     return build_registry(DaemonCollector(manager, transcript,
-                                          lambda: connection_limit.gate.served, cluster))
+                                          lambda: bridge.connection_gate.served, cluster))
 
 
-def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
+def create_app(config: DaemonConfig, manager: SessionManager) -> bridge.JsonErrorsQuart:
     # No static folder: the daemon serves no files, and Quart's default /static/<path> rule
     # would be an undocumented file-serving route.
-    app = QuartTrio("daemon", static_folder=None)
+    app = bridge.JsonErrorsQuart("daemon", static_folder=None)
     # Werkzeug would answer "/session//load" with a 308 and an HTML body; an empty path segment
     # is simply a route that does not exist.
     app.url_map.merge_slashes = False
@@ -311,19 +279,19 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         return json_response(wire.error_body("session_limit", str(exc), limit=exc.limit), 503,
                              {headers.RETRY_AFTER: str(SESSION_LIMIT_RETRY_AFTER_S)})
 
-    @app.errorhandler(HTTPException)
-    async def on_http_error(exc: HTTPException) -> Response:
-        status = exc.code or 500
+    async def on_http_error(status: int, description: str | None,
+                            allowed: Collection[str] | None) -> Response:
         if status == 404:
             return json_response(wire.route_not_found(), 404)
         if status == 405:
-            allowed = exc.valid_methods if isinstance(exc, MethodNotAllowed) else None
             return json_response(wire.method_not_allowed(), 405,
                                  {"Allow": ", ".join(sorted(allowed or ()))})
         if status == 413:
             return json_response(wire.body_too_large(), 413)
-        return json_response(wire.error_body("http_error", exc.description or "HTTP error"),
+        return json_response(wire.error_body("http_error", description or "HTTP error"),
                              status)
+
+    app.http_error_handler = on_http_error
 
     @app.errorhandler(TranscriptDamaged)
     async def on_damaged(exc: TranscriptDamaged) -> Response:
@@ -389,7 +357,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
         git = await branches([config.workspace, *(
             session.workspace_cwd for session in manager.sessions.values())])
         writer = manager.writer
-        patches = server_patches.status()
+        patches = bridge.status()
         return json_response(wire.DaemonStatusResponse(
             v=1,
             limits=limits,
@@ -409,9 +377,9 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> QuartTrio:
             approval_mode=config.approval_mode,
             default_workspace=wire.WorkspaceInfo(workspace_cwd=config.workspace,
                                                  git_branch=git[config.workspace]),
-            connections=wire.ConnectionCounts(open=connection_limit.gate.served,
-                                              reserve=connection_limit.gate.reserved,
-                                              refused=connection_limit.gate.refused),
+            connections=wire.ConnectionCounts(open=bridge.connection_gate.served,
+                                              reserve=bridge.connection_gate.reserved,
+                                              refused=bridge.connection_gate.refused),
             sessions=manager.status(git),
         ))
 

@@ -20,7 +20,7 @@ import trio
 from hypercorn.config import Config as HyperConfig
 from hypercorn.trio import serve
 
-from . import connection_limit, malloc, server_patches, ws_limits
+from . import bridge, malloc
 from .asgi import DaemonASGI
 from .config import DaemonConfig, program_name
 from .core.guards import Guard
@@ -146,10 +146,10 @@ def hypercorn_config(config: DaemonConfig) -> HyperConfig:
     hconf.backlog = LISTEN_BACKLOG
     hconf.keep_alive_timeout = 30
     hconf.websocket_ping_interval = config.ws_ping_ms / 1000
-    # A WebSocket client's messages are never used: a few KiB at most (daemon.ws_limits).
-    hconf.websocket_max_message_size = ws_limits.MAX_CLIENT_MESSAGE_BYTES
+    # A WebSocket client's messages are never used: a few KiB at most (daemon.bridge).
+    hconf.websocket_max_message_size = bridge.MAX_CLIENT_MESSAGE_BYTES
     # HTTP/2 (h2c and prior knowledge as well as TLS's ALPN) only when asked for
-    # (daemon.http2 reads this list).
+    # (daemon.bridge's HTTP/2 patch reads this list).
     hconf.alpn_protocols = ["h2", "http/1.1"] if config.http2 else ["http/1.1"]
     # TLS is Hypercorn's own (its default context: TLS 1.2 and later, strong ciphers only).
     hconf.certfile = config.certfile
@@ -228,8 +228,8 @@ async def run_daemon(
     # Hypercorn gets the daemon's keepalive and connection registry before it serves anything
     # (the one call site; GET /daemon/status reports what is active). After the store opens, so
     # a refusal to start stays the one line that says why.
-    server_patches.install()
-    connection_limit.configure(config.max_connections)
+    bridge.install()
+    bridge.configure_connections(config.max_connections)
     ensure_descriptors(config.max_connections)
     stream = out if out is not None else sys.stdout
     try:
@@ -254,7 +254,7 @@ async def run_daemon(
                 await root.start(writer.run)
             reclaimer = Reclaimer()
             await root.start(reclaimer.run)
-            root.start_soon(connection_limit.report_refusals)
+            root.start_soon(bridge.report_connection_refusals)
             manager = SessionManager(config, writer, root, on_published=reclaimer.note)
             guard = Guard(token=config.token, loopback_bind=config.is_loopback,
                           bind_hostname=config.hostname,
@@ -286,6 +286,10 @@ async def run_daemon(
                     f"{bind_error.strerror or bind_error}") from None
             if writer is not None:  # once serving is sure: a refusal stays one line
                 root.start_soon(check_transcript, writer)
+            # Event streams write their bodies straight to the socket only once this
+            # Hypercorn, patched, is seen to write the very same bytes (daemon.bridge's probe):
+            # before the daemon says it listens, so its clients' streams all get the verdict.
+            await bridge.probe_direct_body(hypercorn_config(config))
             url = binds[0] if binds else f"{config.scheme}://{config.hostname}:{config.port}"
             if cluster is not None:
                 if config.node_url is None:

@@ -23,6 +23,7 @@ from sdk.protocol import http as wire
 from sdk.protocol.constants import MAX_EVENT_ID
 from sdk.protocol.sse import SSE_HEARTBEAT, sse_retry
 
+from .bridge import BodyGone, DirectBody, direct_body, shutdown_connection
 from .bus import SessionBus, Subscription, now_ms
 from .core.envelope import Event, encode_json, sse_chunks
 from .core.ring import ResumePlan, decide_resume
@@ -34,9 +35,7 @@ from .core.subscriber import (
     client_evicted_event,
     slow_client_warning_event,
 )
-from .direct_body import BodyGone, DirectBody, direct_body
 from .metrics import totals
-from .sockets import shutdown_connection
 
 # The protocol's header names as ASGI hands them over and as the answers carry them.
 _LAST_EVENT_ID = wire_headers.lower(wire_headers.LAST_EVENT_ID)

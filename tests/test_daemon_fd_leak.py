@@ -2,7 +2,7 @@
 duplicates of agent stdin pipes kept agents from seeing EOF at shutdown).
 
 The daemon registers each connection's socket when Hypercorn starts serving it and forgets it
-when the connection ends (``daemon.sockets``); a cut shuts down exactly that socket. Here a real
+when the connection ends (``daemon.bridge``'s connection registry); a cut shuts down exactly that socket. Here a real
 daemon cuts ten stalled subscribers, its descriptor count returns to its baseline, and SIGTERM
 still ends it within 5 s with its agent exiting on stdin EOF (not killed)."""
 
@@ -25,7 +25,7 @@ from hypercorn.trio import run as hyper_run
 from hypercorn.trio import serve
 from hypercorn.trio.tcp_server import TCPServer
 
-from daemon import sockets
+from daemon.bridge import _sockets as sockets
 from tests.harness import answer_lifespan, start_daemon
 from tests.stalls import fd_count, holds_connection, open_stalled_sse, poll, run_turn, status
 

@@ -1,16 +1,19 @@
-"""An event stream's body written straight to its connection's socket (daemon.direct_body).
+"""An event stream's body written straight to its connection's socket (daemon.bridge).
 
 The chunk framing is checked against h11's own decoder, the writer on real socket pairs (a
 peer that reads slowly, a connection cut while a write waits, a descriptor closed and its number
 reused), the transport choice on the ASGI scopes that must and must not take it, and the whole
 path on a real daemon: a raw HTTP/1.1 client parses the stream with h11 and gets every event,
-and the live frames are seen to leave through the socket rather than through the server.
+and the live frames are seen to leave through the socket rather than through the server. The
+start-up probe enables it only on a Hypercorn seen to write the same bytes: a Hypercorn whose
+chunk framing differs leaves a real daemon's streams on the ASGI path, and says so in its log.
 """
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -23,15 +26,24 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
+from daemon.bridge._direct_body import BodyGone, DirectBody, direct_body, enable
+from daemon.bridge._sockets import install as sockets_install
+from daemon.bridge._sockets import registry
 from daemon.bus import SessionBus
 from daemon.core.chunked import advance, chunk
-from daemon.direct_body import BodyGone, DirectBody, direct_body
-from daemon.sockets import install as sockets_install
-from daemon.sockets import registry
 from daemon.streams import serve_sse
 from tests.harness import answer_lifespan, start_daemon
 from tests.stalls import host_port, run_turn
 from tests.test_sse_gather import ID_LINE, new_bus, publish
+
+
+@pytest.fixture(autouse=True)
+def _direct_body_enabled() -> Iterator[None]:
+    """In this process nothing ran the start-up probe: these tests enable the direct path as
+    a passing probe does (the probe's own tests below say when it does)."""
+    enable(True)
+    yield
+    enable(False)
 
 
 def _dechunk(wire: bytes) -> list[bytes]:
@@ -138,7 +150,7 @@ async def _close_while_blocked(write: Callable[[], Awaitable[None]],
         nursery.start_soon(write)
         await trio.testing.wait_all_tasks_blocked()
         assert not outcome  # the write is parked on the full socket
-        ours.close()  # what daemon.sockets.shutdown_connection does after its shutdown()
+        ours.close()  # what daemon.bridge's shutdown_connection does after its shutdown()
 
 
 async def test_a_cancelled_task_never_leaves_half_a_chunk_on_the_wire() -> None:
@@ -273,7 +285,7 @@ def test_a_connection_registered_as_not_plain_is_never_written_directly() -> Non
 async def test_a_tls_stream_is_not_plain_and_a_bare_socket_stream_is() -> None:
     import ssl
 
-    from daemon.sockets import _is_plain
+    from daemon.bridge._sockets import _is_plain
 
     ours, theirs = _pair()
     bare = trio.SocketStream(ours)
@@ -393,6 +405,7 @@ async def test_a_real_daemons_stream_is_valid_chunked_http_with_every_event_and_
     a body never ended fails it."""
     daemon = start_daemon(tmp_path)
     try:
+        assert "event=direct_body_enabled" in daemon.stderr()
         async with httpx.AsyncClient(base_url=daemon.url) as client:
             sid = (await client.post("/session", json={})).json()["sessionId"]
             host, port = host_port(daemon.url)
@@ -473,3 +486,121 @@ async def test_hypercorn_connections_are_registered_as_plain(tmp_path: Path) -> 
             assert (await client.get("/")).text == "ok"
         stop.set()
     assert seen == [True]
+
+
+
+# --- the start-up probe ---------------------------------------------------------------------
+
+def _upper_hex_chunks(self: Any, data: bytes, write: Callable[[bytes], object]) -> None:
+    """h11's chunk writer, but with upper-case hex sizes: valid HTTP/1.1, other bytes."""
+    if data:
+        write(b"%X\r\n" % len(data))
+        write(data)
+        write(b"\r\n")
+
+
+def _probe_config() -> Any:
+    from hypercorn.config import Config as HyperConfig
+
+    hconf = HyperConfig()
+    hconf.accesslog = None
+    return hconf
+
+
+async def test_the_probe_finds_this_hypercorn_writes_what_a_direct_write_does() -> None:
+    from daemon.bridge import _probe
+
+    assert sockets_install()
+    result = await _probe.probe(_probe_config())
+    assert result.identical, result.reason
+
+
+async def test_a_hypercorn_that_frames_chunks_otherwise_fails_the_probe_and_keeps_asgi(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from daemon.bridge import _patches, _probe
+
+    assert sockets_install()
+    monkeypatch.setattr(h11._writers.ChunkedWriter, "send_data", _upper_hex_chunks)
+    result = await _probe.probe(_probe_config())
+    assert not result.identical and "bytes differ" in result.reason, result.reason
+    monkeypatch.setattr(_patches, "_status", replace(_patches.status(), connection_registry=True))
+    with caplog.at_level("INFO", logger="daemon.bridge"):
+        assert not await _patches.probe_direct_body(_probe_config())
+    assert any("event=direct_body_disabled" in r.getMessage() and "path=asgi" in r.getMessage()
+               for r in caplog.records)
+    sock = _FakeSock()
+    registry.add((LOCAL, PEER), sock, plain=True)
+    try:
+        assert direct_body(PLAIN_SCOPE) is None  # the connection is known, the path is off
+    finally:
+        registry.remove((LOCAL, PEER), sock)
+
+
+def _chunk_heads(raw: bytes) -> list[bytes]:
+    """The chunk-size lines of an HTTP/1.1 chunked response as they were on the wire."""
+    heads: list[bytes] = []
+    at = raw.index(b"\r\n\r\n") + 4
+    while True:
+        end = raw.index(b"\r\n", at)
+        head = raw[at:end]
+        size = int(head, 16)
+        heads.append(head)
+        if size == 0:
+            return heads
+        at = end + 2 + size + 2
+
+
+async def test_a_real_daemon_whose_probe_fails_serves_streams_through_asgi_and_logs_it(
+        tmp_path: Path) -> None:
+    """A daemon on a Hypercorn whose chunk heads differ from what a direct write sends (h11
+    patched, through ``sitecustomize``, to write them in upper case) logs
+    ``direct_body_disabled`` and writes every frame through Hypercorn: every chunk head of a
+    3,000-chunk turn is Hypercorn's spelling, and the stream is whole."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import h11._writers\n\n\n"
+        "def send_data(self, data, write):\n"
+        "    if data:\n"
+        "        write(b'%X\\r\\n' % len(data))\n"
+        "        write(data)\n"
+        "        write(b'\\r\\n')\n\n\n"
+        "h11._writers.ChunkedWriter.send_data = send_data\n")
+    daemon = start_daemon(tmp_path, env={"PYTHONPATH": str(site)})
+    try:
+        assert "event=direct_body_disabled" in daemon.stderr()
+        assert "path=asgi" in daemon.stderr()
+        async with httpx.AsyncClient(base_url=daemon.url) as client:
+            sid = (await client.post("/session", json={})).json()["sessionId"]
+            host, port = host_port(daemon.url)
+            stream = await trio.open_tcp_stream(host, port)
+            raw = bytearray()
+            completed = trio.Event()
+            await stream.send_all(f"GET /session/{sid}/events?maxQueued=2048 HTTP/1.1\r\n"
+                                  f"Host: {host}\r\n\r\n".encode())
+
+            async def read() -> None:
+                while not raw.endswith(b"\r\n0\r\n\r\n"):
+                    data = await stream.receive_some(1 << 20)
+                    if not data:
+                        return
+                    raw.extend(data)
+                    if b"event: turn_complete" in raw[-8192:]:
+                        completed.set()
+
+            with trio.fail_after(60):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(read)
+                    await run_turn(client, sid,
+                                   "mock:chunks=3000 mock:bytes=200 mock:delay_ms=0")
+                    await completed.wait()
+                    assert (await client.delete(f"/session/{sid}")).status_code < 300
+            await stream.aclose()
+    finally:
+        daemon.stop()
+    heads = _chunk_heads(bytes(raw))
+    lettered = [h for h in heads if any(c in b"abcdefABCDEF" for c in h)]
+    assert lettered and all(h == h.upper() for h in lettered), lettered[:10]
+    body = b"".join(_dechunk(bytes(raw[raw.index(b"\r\n\r\n") + 4:-5])))
+    ids = [int(i) for i in ID_LINE.findall(body)]
+    assert ids == list(range(ids[0], ids[0] + len(ids))) and len(ids) >= 3002

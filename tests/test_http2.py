@@ -23,7 +23,7 @@ import trio
 import trio.testing
 
 from benchmarks.attack_clients import ZeroWindowClient, reset_peak_rss, rss_kib
-from daemon.http2 import SendBuffer, SendBufferComplete
+from daemon.bridge._http2 import SendBuffer, SendBufferComplete
 from tests.harness import RunningDaemon, running_daemon
 from tests.stalls import host_port, poll, run_turn, status
 

@@ -35,8 +35,9 @@ ALLOWED: dict[tuple[str, str], str] = {
     # interface, not the daemon's wire.
     ("daemon/asgi.py", "type"): "ASGI message type",
     ("daemon/streams.py", "type"): "ASGI message type",
-    ("daemon/direct_body.py", "type"): "ASGI scope key",
-    ("daemon/direct_body.py", "server"): "ASGI scope key",
+    ("daemon/bridge/_direct_body.py", "type"): "ASGI scope key",
+    ("daemon/bridge/_direct_body.py", "server"): "ASGI scope key",
+    ("daemon/bridge/_probe.py", "type"): "ASGI scope and message type",
     ("daemon/asgi.py", "server"): "ASGI scope key",
     ("daemon/streams.py", "server"): "ASGI scope key",
     ("daemon/cluster.py", "type"): "ASGI message type",

@@ -1,4 +1,4 @@
-"""The daemon's Hypercorn patches (``daemon.server_patches``): the installed Hypercorn still has
+"""The daemon's Hypercorn patches (``daemon.bridge``): the installed Hypercorn still has
 the shape they were written for, a changed shape is caught (and left unpatched), and a running
 daemon reports them active in ``GET /daemon/status``."""
 
@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from daemon import server_patches
+from daemon import bridge as server_patches
 from tests.harness import RunningDaemon, running_daemon
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,14 +29,14 @@ def _fresh_interpreter(code: str) -> Any:
 
 def test_installed_hypercorn_has_the_patched_shape() -> None:
     problems = _fresh_interpreter(
-        "import json; from daemon import server_patches as p; "
+        "import json; from daemon import bridge as p; "
         "print(json.dumps(p.hypercorn_shape_problems()))")
     assert problems == [], problems
 
 
 def test_patches_install_on_the_installed_hypercorn() -> None:
     status = _fresh_interpreter(
-        "import json, dataclasses; from daemon import server_patches as p; "
+        "import json, dataclasses; from daemon import bridge as p; "
         "print(json.dumps(dataclasses.asdict(p.install())))")
     assert all(status[name] is True for name in (
         "ws_keepalive", "connection_registry", "ws_limits", "http2_flow_control")), status

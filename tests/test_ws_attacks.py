@@ -34,7 +34,7 @@ from benchmarks.attack_clients import (
     reset_peak_rss,
     rss_kib,
 )
-from daemon.ws_limits import MAX_CLIENT_MESSAGE_BYTES
+from daemon.bridge import MAX_CLIENT_MESSAGE_BYTES
 from tests.harness import RunningDaemon, running_daemon
 from tests.stalls import holds_connection, host_port, poll
 

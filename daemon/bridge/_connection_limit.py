@@ -24,9 +24,9 @@ import trio
 
 from sdk.protocol.http import ErrorBody
 
-from .core.admission import Admission, ConnectionGate, asks_for_health, is_loopback_peer
-from .core.envelope import encode_json
-from .core.throttle import LogThrottle
+from ..core.admission import Admission, ConnectionGate, asks_for_health, is_loopback_peer
+from ..core.envelope import encode_json
+from ..core.throttle import LogThrottle
 
 log = logging.getLogger("daemon.connection_limit")
 

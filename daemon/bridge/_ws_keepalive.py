@@ -16,7 +16,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from . import sockets
+from . import _sockets as sockets
 
 log = logging.getLogger("daemon.ws_keepalive")
 

@@ -22,7 +22,7 @@ import logging
 import time
 from typing import Any
 
-from .core.throttle import LogThrottle
+from ..core.throttle import LogThrottle
 
 log = logging.getLogger("daemon.ws_limits")
 

@@ -11,8 +11,10 @@ chunk): it writes on a connection only when its application asks it to, so nothi
 to the socket while the stream's task does.
 
 Only where the bytes on the socket are the bytes the peer reads: a GET over HTTP/1.1 (chunked)
-on a plain TCP connection (no TLS layer) that the connection registry knows. Anywhere else
-:func:`direct_body` returns ``None`` and the stream writes through ASGI as before.
+on a plain TCP connection (no TLS layer) that the connection registry knows, and only once the
+start-up probe (:mod:`daemon.bridge._probe`) saw this Hypercorn write the same bytes as a
+direct write does. Anywhere else :func:`direct_body` returns ``None`` and the stream writes
+through ASGI.
 
 A write is shielded from cancellation, as Hypercorn's are: a chunk is never left half-sent by
 a cancelled task. A write that cannot finish (the peer stopped reading) is ended as Hypercorn's
@@ -30,10 +32,23 @@ from typing import Any, Protocol
 
 import trio
 
-from .core.chunked import advance, chunk
-from .sockets import addr, registry
+from ..core.chunked import advance, chunk
+from ._sockets import addr, registry
 
-__all__ = ["BodyGone", "DirectBody", "direct_body"]
+__all__ = ["BodyGone", "DirectBody", "direct_body", "enable", "enabled", "find_direct_body"]
+
+# Set by the start-up probe once it proved the bytes identical (see daemon.bridge._probe).
+_enabled = False
+
+
+def enable(on: bool) -> None:
+    """Let :func:`direct_body` hand out writers (``on``), or stop it."""
+    global _enabled
+    _enabled = on
+
+
+def enabled() -> bool:
+    return _enabled
 
 
 class BodyGone(Exception):
@@ -78,8 +93,14 @@ class DirectBody:
 
 def direct_body(scope: Mapping[str, Any]) -> DirectBody | None:
     """A :class:`DirectBody` for this request's connection, or ``None`` where its body must go
-    through the server (not a plain-TCP HTTP/1.1 GET, or a connection the registry does not
-    know). Call it only after the server has written the response head."""
+    through the server (the start-up probe did not prove it safe, not a plain-TCP HTTP/1.1
+    GET, or a connection the registry does not know). Call it only after the server has
+    written the response head."""
+    return find_direct_body(scope) if _enabled else None
+
+
+def find_direct_body(scope: Mapping[str, Any]) -> DirectBody | None:
+    """:func:`direct_body` whether or not the probe enabled it (the probe itself uses it)."""
     if (scope.get("type") != "http" or scope.get("http_version") != "1.1"
             or scope.get("scheme") != "http" or scope.get("method") != "GET"):
         return None

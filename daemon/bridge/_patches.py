@@ -11,21 +11,27 @@ worker's ``TCPServer``, the protocol choice, the HTTP/2 stream buffers), so ``py
 pins Hypercorn to the range they were tested on, each checks the shape it relies on before
 touching anything (and stays off, logging why, on a shape it does not know), and
 ``tests/test_server_patches.py`` fails when that shape changes.
-:func:`install` is called once, by ``daemon.server`` as the daemon starts (never at import);
-:func:`status` is what ``GET /daemon/status`` reports as ``server``.
+:func:`install` is called once, by ``daemon.server`` as the daemon starts (never at import),
+then :func:`probe_direct_body` (see :mod:`daemon.bridge._probe`); :func:`status` is what
+``GET /daemon/status`` reports as ``server``.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from . import http2, sockets, ws_keepalive, ws_limits
+from . import _direct_body as direct_body
+from . import _http2 as http2
+from . import _probe as probe
+from . import _sockets as sockets
+from . import _ws_keepalive as ws_keepalive
+from . import _ws_limits as ws_limits
 
-log = logging.getLogger("daemon.server_patches")
+log = logging.getLogger("daemon.bridge")
 
 #: Hypercorn versions the patches were written and tested against (``pyproject.toml`` pins it).
 TESTED_HYPERCORN = ">=0.18,<0.19"
@@ -38,6 +44,8 @@ class PatchStatus:
     ws_limits: bool
     http2_flow_control: bool
     hypercorn_version: str
+    # Event stream bodies go straight to the socket (the start-up probe proved it safe).
+    direct_body: bool = False
 
 
 def hypercorn_version() -> str:
@@ -192,7 +200,8 @@ def install() -> PatchStatus:
                           connection_registry=sockets.install(),
                           ws_limits=ws_limits.install(),
                           http2_flow_control=http2.install(),
-                          hypercorn_version=hypercorn_version())
+                          hypercorn_version=hypercorn_version(),
+                          direct_body=_status.direct_body)
     log.info("event=server_patches hypercorn=%s tested=%s ws_keepalive=%s "
              "connection_registry=%s ws_limits=%s http2_flow_control=%s",
              _status.hypercorn_version, TESTED_HYPERCORN, _status.ws_keepalive,
@@ -202,3 +211,24 @@ def install() -> PatchStatus:
 
 def status() -> PatchStatus:
     return _status
+
+
+async def probe_direct_body(config: Any) -> bool:
+    """Run the start-up probe (:mod:`daemon.bridge._probe`) against this Hypercorn with the
+    patches installed, and let event streams write their bodies straight to the socket only
+    when it found the bytes identical. ``config``: a Hypercorn config to copy the settings
+    from (its bind is replaced). Logs the outcome either way."""
+    global _status
+    if not _status.connection_registry:
+        result = probe.ProbeResult(False, "the connection registry is not installed")
+    else:
+        result = await probe.probe(config)
+    direct_body.enable(result.identical)
+    _status = replace(_status, direct_body=result.identical)
+    if result.identical:
+        log.info("event=direct_body_enabled hypercorn=%s probe=identical",
+                 _status.hypercorn_version)
+    else:
+        log.warning("event=direct_body_disabled hypercorn=%s reason=%r path=asgi",
+                    _status.hypercorn_version, result.reason)
+    return result.identical

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import trio
 
-from . import connection_limit
+from . import _connection_limit as connection_limit
 
 log = logging.getLogger("daemon.sockets")
 

@@ -1,0 +1,145 @@
+"""The start-up proof that a body written straight to the socket is what Hypercorn writes.
+
+:mod:`daemon.bridge._direct_body` frames an event stream's body pieces itself (HTTP/1.1 chunks)
+and writes them past Hypercorn. That is only correct while Hypercorn, on this machine, frames
+and buffers a body exactly so: a Hypercorn (or h11) that framed its chunks differently, kept
+bytes back, or counted what it wrote would see its connection corrupted silently. So before
+the daemon serves anything, :func:`probe` serves the same response both ways from a private
+Hypercorn on a loopback port, with the daemon's patches and connection registry in place:
+
+- ``GET /asgi`` writes every piece through ASGI;
+- ``GET /direct`` writes the first piece through ASGI (Hypercorn writes the head with it) and
+  the others straight to the socket, then ends the body through ASGI, as an SSE stream does.
+
+Each is followed, on the same keep-alive connection, by ``GET /asgi`` with
+``Connection: close``, so a direct write that left Hypercorn's view of the connection out of
+step shows in the next answer. The two byte streams must be identical (bar the ``date``
+header's clock). Only then does :func:`daemon.bridge.direct_body` hand out writers; otherwise
+every stream writes through ASGI, and the daemon logs why.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import trio
+
+from ._direct_body import find_direct_body
+
+PROBE_TIMEOUT_S = 5.0
+#: The pieces of the probe's body: an SSE opening frame, then sizes around the chunk head's
+#: width changes (one, two, three and five hex digits) and one larger than a socket buffer.
+PIECES: tuple[bytes, ...] = (b"retry: 3000\n\n", b"a" * 9, b"b" * 10, b"c" * 255,
+                             b"d" * 4095, b"e" * 70_000, b"f" * 300_001)
+_DATE = re.compile(rb"\r\ndate: [^\r\n]*", re.IGNORECASE)
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    identical: bool
+    reason: str  # "identical", or what differed / why the probe could not run
+
+
+async def _app(found: list[bool], scope: Scope, receive: Receive, send: Send) -> None:
+    """The probe's ASGI application (see the module docstring); ``found`` gets, for each
+    ``GET /direct``, whether its connection could be written directly."""
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            kind = message["type"].rsplit(".", 1)[-1]
+            await send({"type": f"lifespan.{kind}.complete"})
+            if kind == "shutdown":
+                return
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")]})
+    await send({"type": "http.response.body", "body": PIECES[0], "more_body": True})
+    direct = None
+    if scope["path"] == "/direct":
+        direct = find_direct_body(scope)
+        found.append(direct is not None)
+    for piece in PIECES[1:]:
+        if direct is not None:
+            await direct.write(piece)
+        else:
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class _Unavailable(Exception):
+    pass
+
+
+async def _exchange(port: int, first: str) -> bytes:
+    """``GET first`` and then ``GET /asgi`` (closing) on one connection: all bytes received."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    received = bytearray()
+    async with stream:
+        await stream.send_all(f"GET {first} HTTP/1.1\r\nhost: probe\r\n\r\n".encode())
+        # The pieces are letters, so the last chunk (size 0) is the only "\r\n0\r\n\r\n".
+        while not received.endswith(b"\r\n0\r\n\r\n"):
+            data = await stream.receive_some(65536)
+            if not data:
+                raise _Unavailable(f"the connection ended during GET {first}")
+            received += data
+        await stream.send_all(b"GET /asgi HTTP/1.1\r\nhost: probe\r\nconnection: close\r\n\r\n")
+        while data := await stream.receive_some(65536):
+            received += data
+    return bytes(received)
+
+
+def _compare(through_server: bytes, direct: bytes) -> str | None:
+    """None when the two exchanges are the same bytes (bar the date), else what differs."""
+    a, b = _DATE.sub(b"", through_server), _DATE.sub(b"", direct)
+    if a == b:
+        return None
+    at = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+              min(len(a), len(b)))
+    return (f"bytes differ at offset {at} of {len(a)}/{len(b)}: "
+            f"server {a[max(0, at - 8):at + 16]!r} direct {b[max(0, at - 8):at + 16]!r}")
+
+
+async def probe(config: Any) -> ProbeResult:
+    """Serve :data:`PIECES` both ways from a private Hypercorn (``config`` is a Hypercorn
+    config; its bind becomes a loopback port, without TLS) and compare the bytes."""
+    from hypercorn.trio import serve
+
+    config.bind = ["127.0.0.1:0"]
+    # The direct writer serves plain connections only (a TLS stream always writes through
+    # ASGI), so the probe compares plain bytes even when the daemon serves TLS.
+    config.certfile = None
+    config.keyfile = None
+    config.accesslog = None
+    config.errorlog = None  # its "Running on" line would name a port nobody may use
+    stop = trio.Event()
+    found: list[bool] = []
+    try:
+        with trio.fail_after(PROBE_TIMEOUT_S):
+            async with trio.open_nursery() as nursery:
+                binds: list[str] = await nursery.start(
+                    lambda task_status: serve(partial(_app, found), config, shutdown_trigger=stop.wait,
+                                              task_status=task_status))
+                port = int(binds[0].rsplit(":", 1)[1])
+                try:
+                    reference = await _exchange(port, "/asgi")
+                    direct = await _exchange(port, "/direct")
+                finally:
+                    stop.set()
+    except trio.TooSlowError:
+        return ProbeResult(False, f"no answer within {PROBE_TIMEOUT_S:g} s")
+    except Exception as exc:  # any failure leaves the ASGI path on
+        return ProbeResult(False, f"the probe failed: {exc!r}")
+    if found != [True]:
+        return ProbeResult(False, "the connection registry does not know the probe's "
+                                  "connection (Hypercorn's connection class changed?)")
+    differs = _compare(reference, direct)
+    return ProbeResult(differs is None, differs or "identical")
