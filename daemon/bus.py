@@ -19,10 +19,24 @@ from functools import partial
 import msgspec
 import trio
 
-from sdk.protocol.events import EventPayload, SessionUpdateData, TurnCompleteData, TurnErrorData
+from sdk.protocol.constants import RESYNC_EPOCH_MISMATCH, RESYNC_EPOCH_RESET
+from sdk.protocol.events import (
+    EventPayload,
+    SessionUpdateData,
+    StateResyncRequiredData,
+    TurnCompleteData,
+    TurnErrorData,
+)
 
 from .core.compactor import TurnCompactor, stamp_record
-from .core.envelope import Event, JsonObject, decode_json, spliced_events, typed_event
+from .core.envelope import (
+    Event,
+    JsonObject,
+    decode_json,
+    spliced_events,
+    typed_event,
+    typed_synthetic,
+)
 from .core.live_journal import LiveJournals, plain_chunk_key
 from .core.replay_window import Record, ReplayWindow, SegmentHandle, SpilledTurn
 from .core.ring import DEFAULT_RING_BYTES, EventRing
@@ -152,10 +166,12 @@ class SessionBus:
         clock_ms: Callable[[], int] = now_ms,
         spawn: Spawn | None = None,
         on_published: Callable[[int], None] | None = None,
+        guard: Callable[[], bool] | None = None,
+        epoch: str | None = None,
     ) -> None:
         self.session_id = session_id
         self.limits = limits
-        self.epoch = str(uuid.uuid4())
+        self.epoch = epoch if epoch is not None else str(uuid.uuid4())
         self.ring = EventRing(limits.event_ring_size, next_id=first_id,
                               max_bytes=limits.event_ring_bytes)
         # Runs background work of this bus (spilling an over-cap turn once it is committed);
@@ -177,8 +193,9 @@ class SessionBus:
         self.last_write_seq = 0
         self.subscribers: set[Subscription] = set()
         # Called whenever the subscribers change (so dispatch_group_lines may have): the agent
-        # channel keeps the smallest over its sessions instead of asking each on every read.
-        self.on_subscribers_changed: Callable[[], None] | None = None
+        # channel keeps the smallest over its sessions instead of asking each on every read;
+        # a cluster mirror reports its reader count.
+        self.on_subscribers_changed: list[Callable[[], None]] = []
         # SSE frames of the newest events, built once for all SSE subscribers.
         self.frames = SharedFrames()
         self.slow_client_warnings = 0
@@ -195,9 +212,11 @@ class SessionBus:
         self.flow_wait_s = 0.0  # total time the publisher spent waiting for subscribers
         # The last envelope template and what it was made for (see _splicer).
         self._splicer_cache: tuple[tuple[str | None, str | None, int], EnvelopeSplicer] | None = None
-        # Cluster mode: True while this node certainly owns the session (its writer says how
-        # to know); a publish that finds it False first cuts every subscriber. None: no check.
-        self.guard = writer.publish_guard(session_id) if writer is not None else None
+        # Cluster mode: True while this node certainly owns the session (the lease clock); a
+        # publish that finds it False first cuts every subscriber. None: no check.
+        self.guard = guard
+        # Frames to send a subscriber before its next events (see move_to_epoch).
+        self._resyncs: dict[Subscription, Event] = {}
         if writer is not None:
             writer.reset_durable(session_id)
 
@@ -561,24 +580,62 @@ class SessionBus:
     # -- subscribers ----------------------------------------------------------------------------
 
     def take_resync(self, sub: Subscription) -> Event | None:
-        """A frame to send ``sub`` before its next events; only a cluster mirror
-        (``daemon.cluster.MirrorBus``) has any, when the session moved to a new epoch."""
-        del sub
-        return None
+        """A frame to send ``sub`` before its next events: the resync of
+        :meth:`move_to_epoch`, once."""
+        return self._resyncs.pop(sub, None) if self._resyncs else None
 
     def add_subscriber(self, sub: Subscription) -> None:
         self.subscribers.add(sub)
         self._subscribers_changed()
 
     def remove_subscriber(self, sub: Subscription) -> None:
+        self._resyncs.pop(sub, None)
         self.subscribers.discard(sub)
         self._subscribers_changed()
         if not self.subscribers:
             self.frames.clear()  # nobody left to share them with
 
+    # -- events numbered elsewhere (a cluster mirror of another node's bus) --------------------
+
+    def append_numbered(self, event: Event) -> bool:
+        """An event published elsewhere, under its own id (``event.id``), into the ring: one
+        the ring holds already is skipped (False); a gap before it (the source dropped events
+        this bus never had) restarts the ring at its id. Subscribers are woken at the next
+        :meth:`flush`."""
+        event_id = event.id or 0
+        ring = self.ring
+        if event_id < ring.next_id:
+            return False
+        if event_id > ring.next_id:
+            self.ring = ring = EventRing(ring.capacity, next_id=event_id,
+                                         max_bytes=ring.max_bytes)
+        ring.append(event)
+        self._dirty = True
+        return True
+
+    def move_to_epoch(self, epoch: str, first_id: int) -> None:
+        """The source moved to a new epoch (a cluster takeover): the ring starts again at
+        ``first_id``, and every subscriber keeps its stream: it is sent the
+        ``state_resync_required`` a client resuming with the old epoch would get, then reads
+        on from the new epoch's first event."""
+        old = self.ring
+        self.ring = EventRing(old.capacity, next_id=max(1, first_id), max_bytes=old.max_bytes)
+        self.epoch = epoch
+        self.frames.clear()  # built for the old epoch's ids
+        stamp = self.clock_ms()
+        for sub in self.subscribers:
+            state = sub.state
+            self._resyncs[sub] = typed_synthetic(StateResyncRequiredData(
+                reason=RESYNC_EPOCH_RESET, detail=RESYNC_EPOCH_MISMATCH,
+                last_delivered_id=state.cursor, earliest_available_id=self.ring.next_id,
+            ), now_ms=stamp)
+            state.cursor = self.ring.next_id - 1
+        self._dirty = True
+        self.flush()
+
     def _subscribers_changed(self) -> None:
-        if self.on_subscribers_changed is not None:
-            self.on_subscribers_changed()
+        for told in self.on_subscribers_changed:
+            told()
 
     async def wait_for_events(self, cursor: int) -> None:
         """Return once the ring holds an event after ``cursor`` or the bus closed."""

@@ -96,7 +96,7 @@ class DaemonConfig:
     body_timeout_ms: int = DEFAULT_BODY_TIMEOUT_MS
     # An SSE write that makes no progress this long is cut (the peer stopped reading).
     stalled_write_ms: int = DEFAULT_STALLED_WRITE_MS
-    # Cluster mode (daemon/cluster.py): the Redis URL it joins (None: single node), how other
+    # Cluster mode (daemon/cluster/): the Redis URL it joins (None: single node), how other
     # nodes reach this one (None: from the bound address), this node's id (None: random,
     # chosen at start) and the session lease.
     cluster_redis: str | None = None

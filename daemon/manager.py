@@ -222,6 +222,8 @@ class SessionManager:
         self.node_id: str | None = None
         # Cluster mode: (session id, own subscribers) -> subscribers per node, for the status.
         self.cluster_readers: Callable[[str, int], Awaitable[dict[str, int]]] | None = None
+        # Cluster mode: a session's bus guard (is this node still certainly its owner?).
+        self.publish_guard: Callable[[str], Callable[[], bool]] | None = None
         # Unloading needs the transcript to restore from; a cluster node's sessions move
         # between nodes by their own rules, so it keeps them loaded.
         if config.session_idle_ms and writer is not None and config.cluster_redis is None:
@@ -515,8 +517,7 @@ class SessionManager:
                                       fresh_id: bool) -> Session:
         agent = await self.agent_for(cwd)
         acp_session_id = await self._new_acp_session(agent, cwd)
-        bus = SessionBus(session_id, self.limits, self.writer, spawn=self._spawn,
-                         on_published=self.on_published)
+        bus = self._new_bus(session_id, self.writer)
         session = self._session(session_id, cwd, iso_now(), agent, acp_session_id, bus,
                                 keys_complete=fresh_id)
         self._claim(agent, acp_session_id, session)
@@ -599,8 +600,7 @@ class SessionManager:
                 log.warning("event=session_load_failed session=%s reason=%s", session_id, exc)
         if acp_session_id is None:
             acp_session_id = await self._new_acp_session(agent, cwd)
-        bus = SessionBus(session_id, self.limits, writer, first_id=next_id, spawn=self._spawn,
-                         on_published=self.on_published)
+        bus = self._new_bus(session_id, writer, first_id=next_id)
         if segments:
             bus.window.seed(segments, truncated_events=older_records,
                             truncated_turns=older_turns)
@@ -624,6 +624,12 @@ class SessionManager:
                  str(session.agent_session_restored).lower(), len(in_flight), next_id - 1,
                  older_records)
         return session
+
+    def _new_bus(self, session_id: str, writer: TranscriptWriter | None, *,
+                 first_id: int = 1) -> SessionBus:
+        guard = self.publish_guard(session_id) if self.publish_guard is not None else None
+        return SessionBus(session_id, self.limits, writer, first_id=first_id, spawn=self._spawn,
+                          on_published=self.on_published, guard=guard)
 
     def _session(self, session_id: str, cwd: str, created_at: str, agent: AgentChannel,
                  acp_session_id: str, bus: SessionBus, *, keys_complete: bool) -> Session:

@@ -24,6 +24,7 @@ from . import bridge, malloc
 from .asgi import DaemonASGI
 from .config import DaemonConfig, program_name
 from .core.guards import Guard
+from .errors import DaemonStartError as DaemonStartError  # re-exported: python -m daemon catches it
 from .http_api import create_app
 from .logs import ACCESS_LOG_FORMAT
 from .manager import SessionManager
@@ -42,10 +43,6 @@ SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # or let in for a health probe, and some slack.
 SPARE_DESCRIPTORS = 256
 LISTEN_BACKLOG = 1024
-
-
-class DaemonStartError(Exception):
-    """The daemon refuses to start (the message is the one-line reason)."""
 
 
 def prepare_data_dir(data_dir: Path) -> None:
@@ -238,12 +235,13 @@ async def run_daemon(
             cluster: Any = None
             if config.cluster_redis is not None and store is not None:
                 # Only here is cluster mode (and coredis) imported: single-node mode never is.
-                from .cluster import ClusterNode, ClusterStartError, ClusterWriter
-                cluster = ClusterNode(
+                from .cluster import Cluster, ClusterStartError
+                cluster = Cluster(
                     config.cluster_redis, config.node_id or f"node-{uuid.uuid4().hex[:12]}",
                     config.node_url or f"{config.scheme}://{config.hostname}:{config.port}",
                     config.lease_ms, config.event_ring_size, config.cluster_secret or "")
-                writer = cluster_writer = ClusterWriter(store, cluster)
+                # Every op also ships to Redis: committed once both have it.
+                writer = TranscriptWriter(store, replicas=[cluster.shipping])
                 await root.start(writer.run)
                 try:
                     await root.start(cluster.run)
@@ -264,12 +262,8 @@ async def run_daemon(
             asgi = DaemonASGI(create_app(config, manager), manager, guard,
                               config.heartbeat_ms / 1000)
             if cluster is not None:
-                from .cluster import ClusterRouter
-                cluster.attach(manager)
-                manager.node_id = cluster.node_id
-                manager.cluster_readers = cluster.readers
-                asgi.cluster = ClusterRouter(cluster, manager, cluster_writer,
-                                             token=config.token)
+                assert writer is not None
+                asgi.cluster = cluster.attach(manager, writer, token=config.token)
             stop_http = trio.Event()
             hconf = hypercorn_config(config)
             check_tls(hconf)

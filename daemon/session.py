@@ -169,7 +169,7 @@ class Session:
         self.agent = agent
         self.acp_session_id = acp_session_id
         self.bus = bus
-        bus.on_subscribers_changed = agent.group_lines_changed  # see dispatch_group_lines
+        bus.on_subscribers_changed.append(agent.group_lines_changed)  # see dispatch_group_lines
         self.approval_mode = approval_mode
         self.cancel_grace_s = cancel_grace_s
         self.permission_timeout_s = permission_timeout_s  # None: wait for a vote

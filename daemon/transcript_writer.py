@@ -33,7 +33,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
 import trio
 
@@ -52,7 +52,7 @@ from daemon.transcript_store import (
     is_corruption,
 )
 
-__all__ = ["DEFAULT_MAX_BATCH", "MAX_DAMAGE_LINES", "TranscriptWriter"]
+__all__ = ["DEFAULT_MAX_BATCH", "MAX_DAMAGE_LINES", "Replica", "TranscriptWriter"]
 
 DEFAULT_MAX_BATCH = 5000
 # Ops gather for at most this long after a commit starts (well inside the 100 ms window).
@@ -100,21 +100,49 @@ async def in_worker_thread(fn: Callable[[], T], on_abort: Callable[[], None] | N
     return got
 
 
+class Replica(Protocol):
+    """Another place every op goes to besides the local store (cluster mode: Redis, see
+    ``daemon.cluster``). With replicas an op counts as committed once the store and every
+    replica have it, and ``durableEventId`` is what the replicas acknowledged."""
+
+    # How long the prompt route may wait for an admission before refusing to acknowledge it
+    # (None: no bound), and how long a terminal waits before its session is degraded.
+    admission_bound_s: float | None
+    durable_bound_s: float | None
+
+    def accept(self, seq: int, op: Op, *, local_only: bool = False) -> None:
+        """Op ``seq`` of the writer (``local_only``: one that stays in the local store; only
+        its place in the sequence counts). Never blocks."""
+
+    async def wait_acked(self, seq: int) -> bool:
+        """Once op ``seq`` is resolved here: True if the replica has it."""
+        ...
+
+    def durable_event_id(self, session_id: str) -> int:
+        """The newest event of the session's current bus the replica acknowledged."""
+        ...
+
+    def reset_durable(self, session_id: str) -> None:
+        """The session got a new bus (its event ids restart)."""
+
+    def is_lagging(self, session_id: str) -> bool:
+        """Is the replica behind on the session (``transcriptDegraded`` until it catches up)?"""
+        ...
+
+    def hold_back(self, session_id: str, seq: int, why: str) -> bool:
+        """The session's commits up to ``seq`` did not finish in time (``why``): True when the
+        replica has not answered ``seq``, so the session only lags (nothing is latched);
+        False when the replica has it (the local store is what failed to keep up)."""
+        ...
+
+
 class TranscriptWriter:
-    """Group-commit writer over one :class:`TranscriptStore`.
+    """Group-commit writer over one :class:`TranscriptStore`, and over any :class:`Replica`
+    given (every op goes to the store and to each replica).
 
     Sequence numbers start at 1 and grow by one per submitted op; batches are contiguous
     ranges of them, committed in order.
     """
-
-    # How long the prompt route may wait for an admission before refusing to acknowledge
-    # it (Session.wait_admitted). None: a single node acknowledges whatever the store did (a
-    # failing store degrades the session, it does not refuse prompts); the cluster writer
-    # sets a bound tied to the lease.
-    admission_bound_s: float | None = None
-    # How long a terminal waits for the transcript before the session is marked degraded
-    # (Session.wait_durable); None: the session's own default.
-    durable_bound_s: float | None = None
 
     def __init__(
         self,
@@ -123,10 +151,24 @@ class TranscriptWriter:
         max_batch: int = DEFAULT_MAX_BATCH,
         on_failure: FailureCallback | None = None,
         coalesce_s: float = DEFAULT_COALESCE_S,
+        replicas: Sequence[Replica] = (),
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.store = store
+        self.replicas = tuple(replicas)
+        # How long the prompt route may wait for an admission before refusing to acknowledge
+        # it (Session.wait_admitted). None: a single node acknowledges whatever the store did
+        # (a failing store degrades the session, it does not refuse prompts); a replica (the
+        # cluster's) may set a bound tied to its lease.
+        self.admission_bound_s: float | None = min(
+            (r.admission_bound_s for r in self.replicas if r.admission_bound_s is not None),
+            default=None)
+        # How long a terminal waits for the transcript before the session is marked degraded
+        # (Session.wait_durable); None: the session's own default.
+        self.durable_bound_s: float | None = min(
+            (r.durable_bound_s for r in self.replicas if r.durable_bound_s is not None),
+            default=None)
         self.max_batch = max_batch
         self.on_failure = on_failure
         self.coalesce_s = coalesce_s
@@ -185,6 +227,20 @@ class TranscriptWriter:
         failed at once (its session is latched failed, waiters get ``False``) instead of raising
         into the caller's publish path.
         """
+        seq = self._submit(op)
+        for replica in self.replicas:
+            replica.accept(seq, op)
+        return seq
+
+    def submit_local(self, op: Op) -> int:
+        """:meth:`submit` into the local store only, not to the replicas (replaying the op log
+        of a session a cluster node took over: the replica holds it already)."""
+        seq = self._submit(op)
+        for replica in self.replicas:
+            replica.accept(seq, op, local_only=True)
+        return seq
+
+    def _submit(self, op: Op) -> int:
         self._last_seq += 1
         seq = self._last_seq
         if self._stopped:
@@ -197,12 +253,15 @@ class TranscriptWriter:
     # --- waiting and reading ---
 
     async def wait_committed(self, seq: int) -> bool:
-        """Wait until op ``seq`` is resolved: ``True`` if it was committed, ``False`` if the
-        batch holding it failed."""
+        """Wait until op ``seq`` is resolved: ``True`` if it was committed (by the store and
+        every replica), ``False`` if the batch holding it failed (or a replica refused it)."""
         if not 0 <= seq <= self._last_seq:
             raise ValueError(f"no op with sequence number {seq} was submitted")
         await self._wait_resolved(seq)
-        return not self._is_failed(seq)
+        committed = not self._is_failed(seq)
+        for replica in self.replicas:
+            committed = await replica.wait_acked(seq) and committed
+        return committed
 
     async def wait_flushed(self) -> bool:
         """Wait until every op submitted so far is resolved; ``True`` if the newest one was
@@ -300,28 +359,33 @@ class TranscriptWriter:
     def durable_event_id(self, session_id: str) -> int:
         """Highest ``AppendEvent.event_id`` committed for the session on its current bus, with
         every event of that bus at or below it committed too (the durable prefix rule: after
-        a failed write nothing more of the session commits, so this stops where it failed)."""
+        a failed write nothing more of the session commits, so this stops where it failed).
+        With replicas: the highest every replica acknowledged."""
+        if self.replicas:
+            return min(replica.durable_event_id(session_id) for replica in self.replicas)
         return self._durable.get(session_id, 0)
 
     def is_degraded(self, session_id: str) -> bool:
         """Does the session's transcript miss writes (``transcriptDegraded``)?"""
-        return session_id in self.failed_sessions
-
-    def publish_guard(self, session_id: str) -> Callable[[], bool] | None:
-        """A check the session's bus makes before it publishes (None: none). Cluster mode:
-        is this node still the session's owner (see daemon.cluster)?"""
-        del session_id
-        return None
+        return session_id in self.failed_sessions or any(
+            replica.is_lagging(session_id) for replica in self.replicas)
 
     async def wait_admitted(self, seq: int) -> bool:
         """Is op ``seq`` (an admission) durable? Waited for by the prompt route when
-        :attr:`admission_bound_s` is set."""
-        return await self.wait_committed(seq)
+        :attr:`admission_bound_s` is set: with replicas, once every replica has it."""
+        if not self.replicas:
+            return await self.wait_committed(seq)
+        admitted = True
+        for replica in self.replicas:
+            admitted = await replica.wait_acked(seq) and admitted
+        return admitted
 
     def reset_durable(self, session_id: str) -> None:
         """The session got a new bus: its ids restart, so forget the old durable id (ops of the
         old bus still queued will not raise it again) and clear its failure latch: a load's
         ``fullTranscriptAvailable`` counts write failures from the bus's creation."""
+        for replica in self.replicas:
+            replica.reset_durable(session_id)
         self._durable.pop(session_id, None)
         self._reset_at[session_id] = self._last_seq + 1
         if session_id in self.failed_sessions:
@@ -331,7 +395,13 @@ class TranscriptWriter:
     def mark_failed(self, session_id: str, exc: BaseException) -> None:
         """Latch ``session_id`` as failed although no batch of it failed (e.g. its commits
         did not finish in time for a terminal): from here on it is degraded and its later
-        writes are refused, exactly as after a failed batch."""
+        writes are refused, exactly as after a failed batch. A replica that has not answered
+        yet keeps it from being latched: the session only lags until it does (see
+        :meth:`Replica.hold_back`)."""
+        held = [replica.hold_back(session_id, self._last_seq, f"{exc}")
+                for replica in self.replicas]
+        if any(held):
+            return
         if session_id in self.failed_sessions:
             return
         self.failed_sessions.add(session_id)

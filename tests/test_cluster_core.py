@@ -159,6 +159,7 @@ def test_single_node_mode_never_imports_the_cluster_code() -> None:
 
     probe = ("import sys, daemon.__main__, daemon.server, daemon.asgi, daemon.http_api, "
              "daemon.manager; print(sorted(m for m in sys.modules if m == 'daemon.cluster' "
+             "or m.startswith('daemon.cluster.') "
              "or m.split('.')[0] == 'coredis'))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           timeout=60, check=True)

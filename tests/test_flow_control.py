@@ -155,7 +155,7 @@ def test_the_bus_says_when_its_group_may_have_changed() -> None:
     # bus says its subscribers changed: every way one comes or goes must say so.
     bus = SessionBus("s", BusLimits(10_000, 8 << 20, 4 << 20, 8000), None)
     told: list[int] = []
-    bus.on_subscribers_changed = lambda: told.append(bus.dispatch_group_lines())
+    bus.on_subscribers_changed.append(lambda: told.append(bus.dispatch_group_lines()))
     narrow = Subscription(SubscriberState(0, max_queued=16))
     bus.add_subscriber(narrow)
     bus.remove_subscriber(narrow)

@@ -40,8 +40,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("daemon/bridge/_probe.py", "type"): "ASGI scope and message type",
     ("daemon/asgi.py", "server"): "ASGI scope key",
     ("daemon/streams.py", "server"): "ASGI scope key",
-    ("daemon/cluster.py", "type"): "ASGI message type",
-    ("daemon/cluster.py", "status"): "ASGI response-start status",
+    ("daemon/cluster/_router.py", "type"): "ASGI message type",
+    ("daemon/cluster/_router.py", "status"): "ASGI response-start status",
     # Query-string parameters, parsed from the URL (not a JSON body).
     ("daemon/streams.py", "maxQueued"): "query-string parameter",
     ("daemon/streams.py", "lastEventId"): "query-string parameter",
