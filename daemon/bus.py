@@ -191,6 +191,9 @@ class SessionBus:
         self.active_prompt_id: str | None = None
         self.latest_record_id: str | None = None
         self.last_write_seq = 0
+        # A terminal written to the transcript but not shown yet (publish_terminal's hold):
+        # the event, the turn's records and the seq of their FinishTurn.
+        self._held: tuple[Event, list[Record], int | None] | None = None
         self.subscribers: set[Subscription] = set()
         # Called whenever the subscribers change (so dispatch_group_lines may have): the agent
         # channel keeps the smallest over its sessions instead of asking each on every read;
@@ -335,6 +338,7 @@ class SessionBus:
         """A run of plain text chunks of one ``kind`` (``texts``: theirs): the envelopes
         formatted in one pass around the agent's bytes, the ring filled a slice at a time, and
         the journals, the compactor and the transcript fed once for the run."""
+        self._show_held()
         self._check_guard()
         first = self.ring.next_id
         splicer = self._splicer(prompt_id, originator_client_id)
@@ -375,6 +379,7 @@ class SessionBus:
         self, payload: EventPayload, prompt_id: str | None,
         originator_client_id: str | None, meta: JsonObject | None,
     ) -> Event | None:
+        self._show_held()
         if self.closed:
             return None
         event = typed_event(
@@ -406,39 +411,79 @@ class SessionBus:
         originator_client_id: str | None,
         ledger_terminal: TerminalState,
         stop_reason: str | None,
+        hold: bool = False,
     ) -> Event | None:
         """Publish a turn terminal and close the turn: compact it into one replay-window segment
-        stamped with transcript record ids, reset both live journals, and store the records."""
-        event = self._append(payload, prompt_id, originator_client_id, None)
+        stamped with transcript record ids, reset both live journals, and store the records.
+
+        ``hold``: the terminal and the turn's records go to the transcript now, but the
+        terminal enters the ring (and reaches subscribers) only at :meth:`show_terminal`
+        (cluster mode: once Redis holds it); anything published meanwhile shows it first, so
+        ids stay in order."""
+        self._show_held()
+        if self.closed:
+            return None
+        event = typed_event(self.ring.next_id, payload, now_ms=self.clock_ms(),
+                            prompt_id=prompt_id, originator_client_id=originator_client_id)
         if event is None:
+            log.warning("event=dropped reason=unencodable session=%s payload=%s",
+                        self.session_id, type(payload).__name__)
             return None
         totals.prompts[ledger_terminal] += 1
         self._persist(event)
         records: list[Record] = []
-        handle: SegmentHandle | None = None
         try:
             for env in self.compactor.finish(event):
                 record_id = str(uuid.uuid4())
                 compacted = Event.from_env(stamp_record(env, record_id))
                 compacted.release()  # the window and the transcript need only the bytes
                 records.append(Record(compacted, record_id))
-            handle = self.window.add_segment(records)
-            if records:
-                self.latest_record_id = records[-1].record_id
         except Exception:
             self._mark_degraded("compactor.finish")
             self.compactor.reset()
             records = []
-        self.journals.reset()
+        seq = None
         if self.writer is not None and records:
-            self.last_write_seq = self.writer.submit(FinishTurn(
+            self.last_write_seq = seq = self.writer.submit(FinishTurn(
                 self.session_id, prompt_id, ledger_terminal, stop_reason, self.clock_ms(),
                 [(r.record_id or "", r.event.raw) for r in records],
             ))
-            if handle is not None and self._spawn is not None and self.window.spillable(handle):
-                self._spawn(partial(self._spill_when_committed, handle, self.last_write_seq))
-        self.flush()
+        self._held = (event, records, seq)
+        if not hold:
+            self._show_held()
         return event
+
+    def show_terminal(self, *, visible: bool = True) -> None:
+        """The terminal :meth:`publish_terminal` held enters the ring and reaches
+        subscribers; ``visible`` False (Redis never took it): every subscriber is cut first,
+        so none reads it."""
+        if self._held is not None and not visible:
+            self.cut_subscribers("terminal_not_in_cluster")
+        self._show_held()
+
+    def _show_held(self) -> None:
+        held = self._held
+        if held is None:
+            return
+        self._held = None
+        event, records, seq = held
+        if self.closed:
+            return
+        self._check_guard()
+        self.ring.append(event)
+        self._dirty = True
+        handle: SegmentHandle | None = None
+        try:
+            handle = self.window.add_segment(records)
+            if records:
+                self.latest_record_id = records[-1].record_id
+        except Exception:
+            self._mark_degraded("window.add_segment")
+        self.journals.reset()
+        if seq is not None and handle is not None and self._spawn is not None \
+                and self.window.spillable(handle):
+            self._spawn(partial(self._spill_when_committed, handle, seq))
+        self.flush()
 
     async def _spill_when_committed(self, handle: SegmentHandle, seq: int) -> None:
         """A turn bigger than the whole replay window leaves memory once the transcript holds

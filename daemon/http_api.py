@@ -496,7 +496,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> bridge.JsonErro
             if isinstance(earlier, Replay):
                 # The admission it repeats is acknowledged as that 202 was: once it is durable
                 # (in cluster mode: in Redis, else 503 as for the first request).
-                await acknowledge_admission(session)
+                await acknowledge_admission(session, earlier.accepted.prompt_id)
                 return json_response(earlier.accepted, 202,
                                      {headers.IDEMPOTENT_REPLAYED: "true"})
             if not session.live:  # it ended while its ledger was read
@@ -515,14 +515,14 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> bridge.JsonErro
         # committed, so a restart ends this prompt with a terminal, at worst "interrupted".
         # The prompt is already queued and running meanwhile: this costs the reply one commit
         # (the writer stops gathering while someone waits), never the turn's first token.
-        await acknowledge_admission(session)
+        await acknowledge_admission(session, accepted.prompt_id)
         return json_response(accepted, 202)
 
-    async def acknowledge_admission(session: Session) -> None:
+    async def acknowledge_admission(session: Session, prompt_id: str) -> None:
         """Wait until the admission just made (or repeated) may be acknowledged. In cluster
         mode an admission Redis did not take in time (this node lost the session, or Redis is
-        away) is not acknowledged: 503, and the client asks again."""
-        if not await session.wait_admitted():
+        away) is not acknowledged: 503, the prompt never runs, and the client asks again."""
+        if not await session.wait_admitted(prompt_id):
             retry_s = max(1, round(manager.config.lease_ms / 1000))
             raise ApiError(503, "session_owner_unavailable",
                            "The prompt's admission did not reach the cluster's Redis in time "

@@ -65,6 +65,7 @@ from .bus import SessionBus, now_ms
 from .core.idempotency import AdmissionKeys, KeyedAdmission
 from .core.prompt_echo import USER_CHUNK, PromptEcho
 from .core.prompt_lifecycle import (
+    NOT_ACKNOWLEDGED,
     AgentAnswered,
     AgentFailed,
     CallCut,
@@ -107,6 +108,13 @@ class PendingPrompt:
     state: PromptState = PromptState.QUEUED
     scope: trio.CancelScope | None = None
     done: trio.Event = field(default_factory=trio.Event)
+    key: str | None = None  # its Idempotency-Key
+    # Cluster mode: the prompt runs only once its 202 was given, i.e. its admission reached
+    # Redis in time (Session.wait_admitted decides; None until then). A prompt answered 503
+    # never runs, even when its admission lands later.
+    admission_seq: int = 0
+    acknowledged: bool | None = None
+    decided: trio.Event = field(default_factory=trio.Event)
 
 
 @dataclass
@@ -197,6 +205,7 @@ class Session:
         # session/load failed, or it has none): the agent lost its context of the earlier turns.
         self.agent_session_restored = True
         self.ended = trio.Event()
+        self._close_started = trio.Event()  # set by close()
         self._wake = trio.Event()
         # Agent updates of the current stdout batch, published at its flush.
         self._updates: list[tuple[list[bytes], ChunkRun | None]] = []
@@ -228,19 +237,22 @@ class Session:
         prompt = PendingPrompt(
             prompt_id=str(uuid.uuid4()), blocks=blocks, client_id=client_id,
             deadline_ms=deadline_ms, queued=pending > 0, text=prompt_text(blocks),
-            keyed=key is not None,
+            keyed=key is not None, key=key,
         )
         accepted = PromptAccepted(prompt_id=prompt.prompt_id, last_event_id=last_event_id,
                                   event_epoch=epoch)
         at = now_ms()
         if key is not None:
             self.keys.remember(KeyedAdmission(key, digest or "", accepted, at))
-        if self.bus.writer is not None:
-            self.bus.last_write_seq = self.bus.writer.submit(
+        writer = self.bus.writer
+        if writer is not None:
+            self.bus.last_write_seq = prompt.admission_seq = writer.submit(
                 AdmitPrompt(self.id, prompt.prompt_id, at)
                 if key is None else
                 AdmitPrompt(self.id, prompt.prompt_id, at, key, digest, last_event_id, epoch)
             )
+        if writer is None or writer.admission_bound_s is None:
+            self._decide(prompt, True)  # a single node runs what it admitted
         if prompt.queued:
             self.bus.publish(
                 PendingPromptAddedData(session_id=self.id, prompt_id=prompt.prompt_id,
@@ -260,7 +272,8 @@ class Session:
         checkpoint cannot make a second one."""
         found = self.keys.get(key)
         writer = self.bus.writer
-        if found is not None or self.keys.complete or writer is None:
+        if found is not None or self.keys.complete or writer is None \
+                or self.keys.withdrawn(key):
             return found
         row = await writer.read(lambda store: store.find_keyed_prompt(self.id, key),
                                 session_id=self.id)
@@ -299,6 +312,10 @@ class Session:
                     self._wake = trio.Event()
                     await self._wake.wait()
                     continue
+                if not self.queue[0].decided.is_set():
+                    # Cluster mode: not before its 202 (within the admission bound).
+                    await self.queue[0].decided.wait()
+                    continue
                 await self._run_prompt(self.queue.popleft())
             await self._drain_and_end()
         finally:
@@ -310,6 +327,11 @@ class Session:
 
     async def _run_prompt(self, prompt: PendingPrompt) -> None:
         self.active = prompt
+        if not prompt.acknowledged:
+            # Answered 503 (its admission did not reach Redis in time): it never runs, and
+            # ends as a takeover would end it. The client sends it again.
+            await self._finish(prompt, NOT_ACKNOWLEDGED, completion="removed")
+            return
         prompt.state = PromptState.RUNNING
         self.bus.active_prompt_id = prompt.prompt_id
         bus = self.bus
@@ -380,13 +402,22 @@ class Session:
         # The turn's unanswered permission requests are resolved (and published) first, so
         # their permission_resolved frames are durable and precede the terminal.
         self._resolve_permissions(prompt.prompt_id, PERMISSION_TURN_ENDED)
-        await self._wait_durable()
-        bus.publish_terminal(
+        # Cluster mode: the terminal is shown only once Redis holds it and everything before
+        # it, under this node's lease (the bus's guard), so every client sees the turn end
+        # as the cluster's transcript ends it, whichever node it reads, whatever happens to
+        # this node next.
+        replicated = self._replicated
+        if replicated:
+            await self._wait_replicated()
+        else:
+            await self._wait_durable()
+        if bus.publish_terminal(
             decision.data(self.id, prompt.prompt_id),
             prompt_id=prompt.prompt_id,
             originator_client_id=prompt.client_id, ledger_terminal=ledger,
-            stop_reason=stop_reason,
-        )
+            stop_reason=stop_reason, hold=replicated,
+        ) is not None and replicated:
+            bus.show_terminal(visible=await self._wait_replicated())
         ended_at = now_ms()
         self.terminals.append(PromptTerminal(
             prompt_id=prompt.prompt_id, terminal=ledger,
@@ -455,21 +486,93 @@ class Session:
             return False
         return committed
 
-    async def wait_admitted(self) -> bool:
-        """The prompt route's wait before its 202: may the admission just made be
-        acknowledged? A single node waits as :meth:`wait_durable` and answers True whatever
-        the store did (a failing store degrades the session, it does not refuse prompts). A
-        writer with an ``admission_bound_s`` (cluster mode) answers within it whether the
-        admission is durable there (in Redis, under this node's lease): False, and the
-        prompt must not be acknowledged, when it is not, even on a degraded session."""
+    async def wait_admitted(self, prompt_id: str | None = None) -> bool:
+        """The prompt route's wait before its 202: may the admission just made (of
+        ``prompt_id``, or a repeat of it) be acknowledged? A single node waits as
+        :meth:`wait_durable` and answers True whatever the store did (a failing store
+        degrades the session, it does not refuse prompts). A writer with an
+        ``admission_bound_s`` (cluster mode) answers within it whether the admission is
+        durable there (in Redis, under this node's lease): False, and the prompt must not be
+        acknowledged, when it is not, even on a degraded session. That answer is the
+        prompt's fate: it runs only once acknowledged, and one refused never runs (its
+        idempotency key is free again), even if its admission reaches Redis later."""
         bus = self.bus
         writer = bus.writer
         if writer is None or writer.admission_bound_s is None:
             await self.wait_durable()
             return True
-        with trio.move_on_after(writer.admission_bound_s):
-            return await writer.wait_admitted(bus.last_write_seq)
-        return False
+        prompt = self._in_flight(prompt_id)
+        admitted = False
+        try:
+            with trio.move_on_after(writer.admission_bound_s):
+                admitted = await writer.wait_admitted(
+                    prompt.admission_seq if prompt is not None else bus.last_write_seq)
+        finally:  # also when the request is cancelled: no 202 was given
+            if prompt is not None:
+                self._decide(prompt, admitted)
+        return admitted if prompt is None else bool(prompt.acknowledged)
+
+    def _in_flight(self, prompt_id: str | None) -> PendingPrompt | None:
+        if prompt_id is None:
+            return None
+        if self.active is not None and self.active.prompt_id == prompt_id:
+            return self.active
+        return next((p for p in self.queue if p.prompt_id == prompt_id), None)
+
+    def _decide(self, prompt: PendingPrompt, acknowledged: bool) -> None:
+        """Settle whether ``prompt`` was acknowledged (202) and so may run; once."""
+        if prompt.decided.is_set():
+            return
+        prompt.acknowledged = acknowledged
+        prompt.decided.set()
+        if not acknowledged:
+            log.warning("event=prompt_withdrawn session=%s prompt=%s "
+                        "reason=admission_not_in_cluster_in_time", self.id, prompt.prompt_id)
+            if prompt.key is not None:
+                self.keys.withdraw(prompt.key)
+
+    @property
+    def _replicated(self) -> bool:
+        """Cluster mode: the transcript that counts is Redis (the writer bounds admissions)."""
+        writer = self.bus.writer
+        return writer is not None and writer.admission_bound_s is not None
+
+    async def _wait_replicated(self) -> bool:
+        """Cluster mode: wait (shielded) until Redis holds everything this session wrote so
+        far (and the local store has committed it, within the durability bound). No bound
+        while the session lives: Redis away keeps a turn's end waiting, and past the
+        durability bound the session is ``transcriptDegraded`` until Redis has caught up.
+        Once the session is closing, at most the bound more. True when Redis has it all;
+        False when it never will (this node lost the session, whose bus is closed then) or
+        the closing session could not wait longer."""
+        writer = self.bus.writer
+        assert writer is not None
+        seq = self.bus.last_write_seq
+        bound = writer.durable_bound_s or DURABLE_WAIT_S
+        replicated = False
+        with trio.CancelScope(shield=True):
+            async with trio.open_nursery() as race:
+                async def acknowledged() -> None:
+                    nonlocal replicated
+                    replicated = await writer.wait_admitted(seq)
+                    race.cancel_scope.cancel()
+
+                async def lagging() -> None:
+                    await trio.sleep(bound)
+                    writer.mark_failed(self.id, TimeoutError(
+                        f"Redis did not acknowledge within {bound:g} s"))
+
+                async def closing() -> None:
+                    await self._close_started.wait()
+                    await trio.sleep(bound)
+                    race.cancel_scope.cancel()
+
+                race.start_soon(acknowledged)
+                race.start_soon(lagging)
+                race.start_soon(closing)
+            if replicated:
+                await self.wait_durable()  # the local store, as on a single node
+        return replicated
 
     # -- commands -----------------------------------------------------------------------------
 
@@ -518,6 +621,7 @@ class Session:
         """:meth:`close` without waiting for the end (:attr:`ended` says when)."""
         if self.closing is None:
             self.closing = reason
+            self._close_started.set()
             prompt = self.active
             if prompt is not None:
                 prompt.state = after_close(prompt.state)

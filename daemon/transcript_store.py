@@ -872,9 +872,11 @@ class TranscriptStore:
         return None
 
     def find_keyed_prompt(self, session_id: str, key: str) -> KeyedPromptRow | None:
-        """The prompt of the session admitted with idempotency key ``key`` (the first, should
-        there be two), or ``None``."""
-        for row in self._prompt_rows(session_id, "idempotency_key = ?", (key,), limit=1):
+        """The prompt of the session admitted with idempotency key ``key`` (the newest,
+        should there be two: a cluster node admits a key again after withdrawing a prompt it
+        answered 503), or ``None``."""
+        for row in self._prompt_rows(session_id, "idempotency_key = ?", (key,),
+                                     order="rowid DESC", limit=1):
             if row[9] is None or row[10] is None or row[11] is None:
                 raise DamagedRow(session_id, "prompts", row[0], "keyed admission incomplete")
             return KeyedPromptRow(

@@ -82,7 +82,7 @@ class AdmissionKeys:
     "never admitted"; any other miss must be looked up in the transcript.
     """
 
-    __slots__ = ("_by_key", "capacity", "complete")
+    __slots__ = ("_by_key", "_withdrawn", "capacity", "complete")
 
     def __init__(self, *, complete: bool, capacity: int = MAX_REMEMBERED_KEYS) -> None:
         if capacity < 1:
@@ -90,6 +90,9 @@ class AdmissionKeys:
         self.capacity = capacity
         self.complete = complete
         self._by_key: OrderedDict[str, KeyedAdmission] = OrderedDict()
+        # Keys whose admission was withdrawn (answered 503, never run): a request with one
+        # of them is admitted as new, whatever the transcript holds of the withdrawn one.
+        self._withdrawn: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -98,11 +101,25 @@ class AdmissionKeys:
         return self._by_key.get(key)
 
     def remember(self, admission: KeyedAdmission) -> None:
-        """Keep ``admission`` (a newer one for the same key is never made: see :func:`decide`);
+        """Keep ``admission`` (a newer one for the same key is made only once the older was
+        withdrawn: see :func:`decide` and :meth:`withdraw`);
         the oldest is forgotten past ``capacity``, and the memory is then no longer complete."""
         by_key = self._by_key
+        self._withdrawn.discard(admission.key)
         by_key[admission.key] = admission
         by_key.move_to_end(admission.key)
         if len(by_key) > self.capacity:
             by_key.popitem(last=False)
             self.complete = False
+
+    def withdraw(self, key: str) -> None:
+        """The admission made with ``key`` was refused after all (cluster mode: answered 503,
+        it never runs): the key is free again, and a miss for it means "admit as new"."""
+        self._by_key.pop(key, None)
+        self._withdrawn.add(key)
+        if len(self._withdrawn) > self.capacity:
+            self._withdrawn.pop()
+
+    def withdrawn(self, key: str) -> bool:
+        """Was the newest admission with ``key`` withdrawn (see :meth:`withdraw`)?"""
+        return key in self._withdrawn

@@ -32,6 +32,7 @@ from sdk.protocol.events import TurnCompleteData, TurnErrorData
 from sdk.protocol.terminals import (
     CHANNEL_CLOSED,
     DEFAULT_STOP_REASON,
+    INTERRUPTED,
     PROMPT_DEADLINE_EXCEEDED,
     SESSION_CLOSED,
     STOP_CANCELLED,
@@ -42,6 +43,7 @@ from sdk.protocol.terminals import (
 from .transcript_ops import TerminalState
 
 __all__ = [
+    "NOT_ACKNOWLEDGED",
     "AgentAnswered",
     "AgentFailed",
     "CallCut",
@@ -138,6 +140,13 @@ class TerminalDecision:
         if self.event_type == "turn_complete":
             return turn_complete(session_id, prompt_id, self.stop_reason or DEFAULT_STOP_REASON)
         return turn_error(session_id, prompt_id, self.code or "", self.message or "")
+
+
+# Cluster mode: a prompt answered 503 because its admission did not reach Redis in time never
+# runs; it ends as a takeover ends a prompt the new owner never ran.
+NOT_ACKNOWLEDGED: Final = TerminalDecision(
+    "turn_error", "interrupted", code=INTERRUPTED,
+    message="Prompt not run: its admission did not reach the cluster in time (answered 503)")
 
 
 def _error(code: str, message: str, *, cancel_agent: bool = False) -> TerminalDecision:
