@@ -18,8 +18,14 @@ from .bridge import is_reserve
 from .core.envelope import encode_json
 from .core.guards import Guard, is_loopback_peer, is_ui_asset
 from .core.throttle import LogThrottle
-from .http_api import MAX_BODY_BYTES, SESSION_LIMIT_RETRY_AFTER_S
-from .manager import AgentSessionConflict, AgentUnavailable, SessionLimit, SessionManager
+from .http_api import MAX_BODY_BYTES
+from .manager import (
+    SESSION_LIMIT_RETRY_AFTER_S,
+    AgentSessionConflict,
+    AgentUnavailable,
+    SessionLimit,
+    SessionManager,
+)
 from .session import Session
 from .streams import (
     Receive,

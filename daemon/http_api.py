@@ -32,6 +32,7 @@ from .core.openapi import build_openapi
 from .export import CONTENT_TYPES as EXPORT_CONTENT_TYPES
 from .export import EXPORT_FORMATS, export_body
 from .manager import (
+    SESSION_LIMIT_RETRY_AFTER_S,
     AgentSessionConflict,
     AgentUnavailable,
     InvalidWorkspace,
@@ -48,7 +49,6 @@ from .workspace_git import branches
 log = logging.getLogger("daemon.http")
 
 MAX_BODY_BYTES = 10 * 1024 * 1024
-SESSION_LIMIT_RETRY_AFTER_S = 5
 CLIENT_ID_RE = re.compile(wire.CLIENT_ID_PATTERN)
 FEATURES = [
     "session_create", "session_load", "session_resume", "session_prompt", "session_cancel",

@@ -117,6 +117,8 @@ MAX_UNLOADED_REMEMBERED = 100_000
 IDLE_SWEEPS_PER_PERIOD = 8
 IDLE_SWEEP_MIN_S = 0.01
 IDLE_SWEEP_MAX_S = 30.0
+# The Retry-After of a 503 session_limit.
+SESSION_LIMIT_RETRY_AFTER_S = 5
 
 
 class InvalidWorkspace(ValueError):
@@ -397,6 +399,16 @@ class SessionManager:
     def _session_slot(self, session_id: str) -> Iterator[None]:
         """Hold a ``--max-sessions`` slot for ``session_id`` while it is created or restored;
         raises :class:`SessionLimit` when none is free."""
+        self.refuse_past_cap()
+        self._starting.add(session_id)
+        try:
+            yield
+        finally:
+            self._starting.discard(session_id)
+
+    def refuse_past_cap(self) -> None:
+        """Raise :class:`SessionLimit` (counted and logged as a refusal) when no
+        ``--max-sessions`` slot is free: a cluster node asks before it takes a session over."""
         cap = self.config.max_sessions
         if cap and self.live_count >= cap:
             self.sessions_refused += 1
@@ -405,11 +417,6 @@ class SessionManager:
                 log.warning("event=session_limit count=%d total=%d live=%d limit=%d", count,
                             self.sessions_refused, self.live_count, cap)
             raise SessionLimit(cap)
-        self._starting.add(session_id)
-        try:
-            yield
-        finally:
-            self._starting.discard(session_id)
 
     def _add(self, session: Session) -> None:
         self.sessions[session.id] = session
@@ -644,6 +651,10 @@ class SessionManager:
         )
 
     def _session_ended(self, session: Session) -> None:
+        if self.writer is not None and session.closing == "client_close":
+            # Gone for good: never restored. Submitted as the session leaves the table, so
+            # that whoever sees it gone (a cluster takeover) finds its close queued.
+            self.writer.submit(MarkClosed(session.id))
         if self.sessions.get(session.id) is session:
             self._remove(session)
             if session.unloading and session.id in self.unloaded:
@@ -661,10 +672,10 @@ class SessionManager:
         self._maybe_idle(session.workspace_cwd)
 
     async def close_session(self, session: Session, reason: str) -> None:
+        """End ``session``; ``client_close`` (a client deleted it) also marks it closed in the
+        transcript when it has ended (see :meth:`_session_ended`)."""
         await session.close(reason)
         self.unloaded.pop(session.id, None)
-        if self.writer is not None and reason == "client_close":
-            self.writer.submit(MarkClosed(session.id))  # gone for good: never restored
 
     async def shutdown(self) -> None:
         """Graceful stop: end every running prompt with ``session_closed``, stop agents."""

@@ -358,12 +358,10 @@ async def test_op_log_is_compacted_and_a_closed_session_expires(tmp_path: Path) 
                     {"type": "text", "text": f"turn{n} mock:chunks=4"}]})
                 assert resp.status_code == 202, resp.text
                 await sub.wait_for(is_terminal_for(resp.json()["promptId"]))
-            with trio.fail_after(10):
-                while True:  # the second turn's compaction follows its terminal
-                    ops = await op_log(redis.port, sid)
-                    if not any(isinstance(op, AppendEvent) for op in ops):
-                        break
-                    await trio.sleep(0.05)  # polling Redis' own state
+            # A terminal is shown once Redis holds it, and the turn's compaction is part of
+            # that: no deadline to wait out (a loaded machine missed one), the log is compact.
+            ops = await op_log(redis.port, sid)
+            assert not [op for op in ops if isinstance(op, AppendEvent)], ops
             assert [type(op).__name__ for op in ops].count("FinishTurn") == 2
             for key in (keys(sid).directory, keys(sid).ops, keys(sid).events):
                 assert IDLE_RETENTION_MS - 60_000 < int(redis.cli("PTTL", key)) \

@@ -4,6 +4,10 @@ real daemon nodes, SIGSTOP/SIGCONT/SIGKILL, Redis restarted on its AOF):
 - a turn's terminal reaches a node's own readers only once Redis holds it, under a lease still
   valid; a prompt starts on the agent only once its admission is in Redis and was answered
   202 (one answered 503 never runs, even when its admission lands late);
+- a takeover on a node at its ``--max-sessions`` cap is a 503 ``session_limit`` that takes
+  no lease;
+- a ``POST /session`` answered 503 leaves no session running;
+- a request that comes right after a delete never takes the deleted session over again.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from tests.cluster_chaos import (
     final_transcript,
     nodes,
     prompts_run,
+    start_node,
 )
 
 pytestmark = pytest.mark.skipif(not HAVE_REDIS, reason=SKIP_REASON)
@@ -50,6 +55,136 @@ async def owner_of(client: httpx.AsyncClient, sid: str, timeout: float = 20) -> 
             if resp.status_code == 200:
                 return str(resp.json()["ownerNodeId"])
             await trio.sleep(0.05)  # polling the cluster's own answer
+
+
+async def lease_gone(redis_cli: object, sid: str, timeout: float = 20) -> None:
+    with trio.fail_after(timeout):
+        while redis_cli("PTTL", session_keys(sid).lease) != "-2":  # type: ignore[operator]
+            await trio.sleep(0.02)  # polling Redis' own state
+
+
+async def test_requests_during_and_right_after_a_delete_never_take_the_session_over(
+        tmp_path: Path) -> None:
+    """The owner deletes a session (its close is shipped to Redis in the background) while
+    the same node is asked about it again and again, during the close and right after it,
+    while that close is on its way to Redis: every answer is 200 (before the close) or 404,
+    never a 500, and the session stays closed in Redis at its first lease generation (no
+    request claimed it again, which would have reopened it)."""
+    rounds = 10
+    with redis_server(tmp_path / "redis") as redis, \
+            nodes(tmp_path, redis.url, "A") as (a,):
+        async with httpx.AsyncClient(base_url=a.url, timeout=TIMEOUT) as ca:
+            answers: list[tuple[int, str]] = []  # (status, body) of every request
+            sids = []
+            for _ in range(rounds):
+                sid = (await ca.post("/session", json={"sessionScope": "thread"})).json()[
+                    "sessionId"]
+                sids.append(sid)
+                deleted = trio.Event()
+
+                async def delete(sid: str = sid, deleted: trio.Event = deleted) -> None:
+                    assert (await ca.delete(f"/session/{sid}")).status_code == 204
+                    deleted.set()
+
+                async def ask(sid: str = sid, deleted: trio.Event = deleted) -> None:
+                    while True:  # back to back: during the close, then once after it
+                        done = deleted.is_set()
+                        resp = await ca.get(f"/session/{sid}/status")
+                        answers.append((resp.status_code, resp.text[:300]))
+                        if done:
+                            return
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(delete)
+                    for _ in range(3):
+                        nursery.start_soon(ask)
+            assert {status for status, _ in answers} <= {200, 404}, \
+                [answer for answer in answers if answer[0] not in (200, 404)]
+            for sid in sids:
+                with trio.fail_after(10):
+                    while redis.cli("HGET", session_keys(sid).directory, "closed") != "1":
+                        await trio.sleep(0.02)  # the close reaches Redis
+                assert redis.cli("HGET", session_keys(sid).directory, "gen") == "1"
+                assert (await ca.get(f"/session/{sid}/status")).status_code == 404
+    assert "Traceback" not in a.stderr()
+
+
+async def test_a_takeover_at_the_session_cap_is_a_503_and_takes_no_lease(
+        tmp_path: Path) -> None:
+    """B is at its ``--max-sessions`` cap when A dies: a request for A's session through B is
+    answered 503 ``session_limit`` with ``Retry-After`` (not a 500), B claims nothing (the
+    lease stays free, its generation unchanged), and once B has a free slot it takes the
+    session over."""
+    with redis_server(tmp_path / "redis") as redis:
+        a = start_node(tmp_path, redis.url, "A")
+        b = start_node(tmp_path, redis.url, "B", "--max-sessions", "1")
+        try:
+            async with httpx.AsyncClient(base_url=a.url, timeout=TIMEOUT) as ca, \
+                    httpx.AsyncClient(base_url=b.url, timeout=TIMEOUT) as cb:
+                sid = (await ca.post("/session", json={})).json()["sessionId"]
+                mine = (await cb.post("/session", json={"sessionScope": "thread"})).json()[
+                    "sessionId"]
+                a.kill()
+                await lease_gone(redis.cli, sid)
+                generation = redis.cli("HGET", session_keys(sid).directory, "gen")
+                for method, path in (("GET", "status"), ("POST", "load"), ("POST", "prompt"),
+                                     ("GET", "events")):
+                    body = {"prompt": [{"type": "text", "text": "x"}]} if path == "prompt" \
+                        else {}
+                    resp = await cb.request(method, f"/session/{sid}/{path}",
+                                            json=body if method == "POST" else None)
+                    assert resp.status_code == 503, (path, resp.status_code, resp.text)
+                    assert resp.json()["code"] == "session_limit", (path, resp.text)
+                    assert int(resp.headers["retry-after"]) >= 1
+                    assert redis.cli("EXISTS", session_keys(sid).lease) == "0", path
+                    assert redis.cli("HGET", session_keys(sid).directory, "gen") == generation
+                    assert redis.cli("HGET", session_keys(sid).directory, "owner") == "A"
+                assert (await cb.delete(f"/session/{mine}")).status_code == 204
+                with trio.fail_after(15):
+                    while True:
+                        status = await cb.get(f"/session/{sid}/status")
+                        if status.status_code == 200:
+                            break
+                        assert status.json()["code"] == "session_limit", status.text
+                        await trio.sleep(0.05)  # the slot frees once the close has ended
+                assert status.json()["ownerNodeId"] == "B"
+        finally:
+            a.kill()
+            b.kill()
+    assert "Traceback" not in b.stderr()
+
+
+async def test_a_new_session_answered_503_does_not_stay_running(tmp_path: Path) -> None:
+    """Redis is frozen while a client creates a session: the answer is 503
+    ``cluster_unavailable`` (Redis does not hold it), and the session it would have been
+    ends on the node at once; once Redis is back, what reached it of that session is marked
+    closed, so no node ever restores it."""
+    with redis_server(tmp_path / "redis") as redis, \
+            nodes(tmp_path, redis.url, "A") as (a,):
+        async with httpx.AsyncClient(base_url=a.url, timeout=TIMEOUT) as ca:
+            redis.proc.send_signal(signal.SIGSTOP)
+            try:
+                created = await ca.post("/session", json={"sessionScope": "thread"})
+            finally:
+                redis.proc.send_signal(signal.SIGCONT)
+            assert created.status_code == 503, created.text
+            assert created.json()["code"] == "cluster_unavailable"
+            assert int(created.headers["retry-after"]) >= 1
+            with trio.fail_after(10):
+                while (await ca.get("/daemon/status")).json()["liveSessions"]:
+                    await trio.sleep(0.05)  # the refused session ends
+            with trio.fail_after(10):
+                while True:  # its shipping (creation, then close) reaches Redis
+                    keys = [k for k in redis.cli("KEYS", "tk:{*}:dir").split() if k]
+                    if keys and all(redis.cli("HGET", k, "closed") == "1" for k in keys):
+                        break
+                    await trio.sleep(0.05)
+            assert len(keys) == 1
+            sid = keys[0].split("{", 1)[1].split("}", 1)[0]
+            uuid.UUID(sid)
+            assert (await ca.get(f"/session/{sid}/status")).status_code == 404
+            assert (await ca.post("/session", json={"sessionId": sid})).status_code != 200
+            assert not (await ca.get("/daemon/status")).json()["liveSessions"]
 
 
 async def test_a_terminal_reaches_the_owner_s_readers_only_once_redis_holds_it(

@@ -276,6 +276,8 @@ class Membership:
         flag = "1" if lease.closing else "0"
         await self.redis.call(lambda: self.redis.scripts.release(keys=keys.all(), args=[
             self.node_id, lease.generation, flag, self.closed_retention_ms]))
+        if self.leases.get(session_id) is not lease:
+            return  # claimed again meanwhile: that lease is not the one given up
         self.leases.pop(session_id, None)
         self.lease.forget(session_id)
         log.info("event=lease_released session=%s closed=%s", session_id, lease.closing)

@@ -32,7 +32,7 @@ from ..core import cluster_auth
 from ..core.cluster import Forward, Local, TakeOver, Unavailable, Unknown, route
 from ..core.envelope import decode_json, encode_json
 from ..core.transcript_ops import DeleteSession
-from ..manager import SessionManager, _KeyedLocks
+from ..manager import SESSION_LIMIT_RETRY_AFTER_S, SessionLimit, SessionManager, _KeyedLocks
 from ..streams import StreamRequestError
 from ..transcript_writer import TranscriptWriter
 from ._membership import Membership
@@ -122,6 +122,14 @@ class ClusterRouter:
         async with self._takeover_locks.hold(session_id):
             if self.manager.get(session_id) is not None:
                 return True
+            ending = self.manager.sessions.get(session_id)
+            if ending is not None:
+                # It is ending here (a client deleted it, its agent died): its last writes
+                # (a close, a release) are queued once it has ended. Never restored meanwhile.
+                with trio.move_on_after(membership.lease_s):
+                    await ending.ended.wait()
+                if not ending.ended.is_set():
+                    raise ClusterUnavailable(f"{session_id} is still ending on this node")
             if not shipping.idle(session_id):
                 # It just ended here (closed, its agent died): what it wrote last (a close,
                 # a release) decides what the directory says. Let it land first.
@@ -132,6 +140,8 @@ class ClusterRouter:
                              grace_left_ms=self._grace_left_ms())
             if not isinstance(decision, TakeOver) or entry is None:
                 return False
+            # No free --max-sessions slot: a 503 session_limit, and no lease is taken.
+            self.manager.refuse_past_cap()
             membership.busy.add(session_id)
             try:
                 generation = await membership.claim(session_id, entry.workspace, entry.epoch)
@@ -142,7 +152,11 @@ class ClusterRouter:
                 self.writer.submit_local(DeleteSession(session_id))
                 for op in ops:
                     self.writer.submit_local(op)
-                session = await self.manager.restore(session_id)
+                try:
+                    session = await self.manager.restore(session_id)
+                except SessionLimit:  # the last slot went meanwhile: give the lease back
+                    await membership.release(session_id, closed=False)
+                    raise
             finally:
                 membership.busy.discard(session_id)
             if session is None:
@@ -158,29 +172,56 @@ class ClusterRouter:
     def wrap_send(self, method: str, path: str, send: Any) -> Any:
         """``POST /session`` answers once Redis holds what it created (the directory entry and
         the lease): a client may take the session id to any other node at once. If Redis
-        does not take it within a lease, the answer is 503 ``cluster_unavailable`` instead."""
+        does not take it within a lease, the answer is 503 ``cluster_unavailable`` instead,
+        and a session the request created is closed for good (it ends here, and once Redis
+        answers it is marked closed there): nothing keeps running that no client knows of."""
         if method != routes.CREATE_SESSION.method or path != routes.CREATE_SESSION.path:
             return send
         shipping = self.shipping
         lease_s = self.membership.lease_s
-        refused = False
+        start: MutableMapping[str, Any] | None = None  # a 200's start, held with its body
+        answer = bytearray()
 
         async def send_when_shipped(message: MutableMapping[str, Any]) -> None:
-            nonlocal refused
-            if refused:
-                return
+            nonlocal start
             if message["type"] == "http.response.start" and message.get("status") == 200:
-                acked = False
-                with trio.move_on_after(lease_s):
-                    acked = await shipping.wait_acked(shipping.last_seq)
-                if not acked:
-                    refused = True
-                    await self._send_unavailable(send, None, "the new session did not reach "
-                                                 "the cluster's Redis in time")
-                    return
-            await send(message)
+                start = message
+                return
+            if start is None or message["type"] != "http.response.body":
+                await send(message)
+                return
+            answer.extend(message.get("body", b""))
+            if message.get("more_body", False):
+                return
+            acked = False
+            with trio.move_on_after(lease_s):
+                acked = await shipping.wait_acked(shipping.last_seq)
+            if not acked:
+                self._close_refused(bytes(answer))
+                await self._send_unavailable(send, None, "the new session did not reach the "
+                                             "cluster's Redis in time")
+                return
+            await send(start)
+            await send({"type": "http.response.body", "body": bytes(answer),
+                        "more_body": False})
 
         return send_when_shipped
+
+    def _close_refused(self, answer: bytes) -> None:
+        """The ``POST /session`` that made the session ``answer`` names was answered 503: a
+        session it created (not one it attached to) is closed for good."""
+        try:
+            created = decode_json(answer)
+        except Exception:  # not the app's JSON answer: nothing to close
+            return
+        if not isinstance(created, dict) or created.get("attached") is not False:
+            return
+        session = self.manager.sessions.get(str(created.get("sessionId")))
+        if session is None:
+            return
+        log.warning("event=session_refused session=%s reason=not_in_redis_in_time",
+                    session.id)
+        self.manager.nursery.start_soon(self.manager.close_session, session, "client_close")
 
     async def handle(self, scope: MutableMapping[str, Any], receive: Any, send: Any,
                      headers: dict[str, str], body: bytes | None) -> bool:
@@ -207,6 +248,10 @@ class ClusterRouter:
         except ClusterUnavailable as exc:
             log.info("event=cluster_unavailable session=%s error=%s", session_id, exc)
             await self._send_unavailable(send, session_id, str(exc))
+            return True
+        except SessionLimit as exc:  # a takeover here would pass --max-sessions
+            await _send_json(send, 503, _session_limit_body(session_id, exc),
+                             [(b"retry-after", str(SESSION_LIMIT_RETRY_AFTER_S).encode())])
             return True
 
     async def _route(self, scope: MutableMapping[str, Any], send: Any, headers: dict[str, str],
@@ -326,6 +371,9 @@ class ClusterRouter:
             retry = self.redis.retry_after_s
             raise StreamRequestError(503, _unavailable_body(session_id, str(exc), retry),
                                      {"Retry-After": str(retry)}) from None
+        except SessionLimit as exc:
+            raise StreamRequestError(503, _session_limit_body(session_id, exc), {
+                "Retry-After": str(SESSION_LIMIT_RETRY_AFTER_S)}) from None
 
     async def _stream_bus(self, session_id: str, limits: BusLimits) -> SessionBus | None:
         if await self._local(session_id):
@@ -373,6 +421,11 @@ def _target(scope: MutableMapping[str, Any]) -> str:
     query = scope.get("query_string", b"").decode("latin-1")
     path: str = scope["path"]
     return path + (f"?{query}" if query else "")
+
+
+def _session_limit_body(session_id: str, exc: SessionLimit) -> ErrorBody:
+    return ErrorBody(error=f"{exc}: a session taken over here would pass it; retry",
+                     code="session_limit", session_id=session_id, limit=exc.limit)
 
 
 def _unavailable_body(session_id: str | None, why: str, retry_s: int) -> ErrorBody:

@@ -81,6 +81,7 @@ class Shipping:
         self.durable: dict[str, int] = {}
         self.lagging: dict[str, int] = {}  # session -> the seq Redis must acknowledge
         self._pending: deque[_Pending] = deque()
+        self._shipping: frozenset[str] = frozenset()  # sessions of the batch being shipped
         self._wakeup = trio.Event()
         self._progress = trio.Event()
         self._resolved = 0
@@ -126,8 +127,9 @@ class Shipping:
         return seq not in self._failed_seqs
 
     def idle(self, session_id: str) -> bool:
-        """Nothing of ``session_id`` waits to be shipped."""
-        return not any(p.session_id == session_id for p in self._pending)
+        """Nothing of ``session_id`` waits to be shipped or is being shipped."""
+        return session_id not in self._shipping \
+            and not any(p.session_id == session_id for p in self._pending)
 
     def durable_event_id(self, session_id: str) -> int:
         return self.durable.get(session_id, 0)
@@ -176,9 +178,13 @@ class Shipping:
             by_session: dict[str, list[_Pending]] = {}
             for item in batch:
                 by_session.setdefault(item.session_id, []).append(item)
-            for session_id, items in by_session.items():
-                if not await self._ship_with_retry(session_id, items):
-                    failed += [item.seq for item in items]
+            self._shipping = frozenset(by_session)
+            try:
+                for session_id, items in by_session.items():
+                    if not await self._ship_with_retry(session_id, items):
+                        failed += [item.seq for item in items]
+            finally:
+                self._shipping = frozenset()
             self._resolve(batch[-1].seq, failed)
 
     async def _ship_with_retry(self, session_id: str, items: list[_Pending]) -> bool:
@@ -232,6 +238,8 @@ class Shipping:
             if isinstance(op, FinishTurn):
                 # The turn boundary ends a stretch: once Redis has it, the turn's raw events
                 # are compacted away (a script of their own, retried until it answers).
+                # (the compaction runs before the FinishTurn counts as acknowledged: a
+                # terminal shown, see Session._finish, means a compacted log)
                 if not await self._flush(session_id, ops, runs, last_event):
                     return False
                 progress[0] = index + 1
@@ -335,8 +343,10 @@ class Shipping:
         uncompacted: the interrupted turn's raw events stay, a finished turn's go) and set the
         tail this node appends after. The ops kept, which replay to the same transcript."""
         generation = self.membership.generation(session_id)
-        oplog = self.logs[session_id]
-        assert generation is not None
+        oplog = self.logs.get(session_id)
+        if generation is None or oplog is None:
+            # Lost or let go while its op log was read: a 503, and the client asks again.
+            raise ClusterUnavailable(f"{session_id} was lost during its takeover")
         keep = compact_ops(ops)
         kept = [ops[i] for i in keep]
         if len(keep) < len(ops) and not await self._compact(
