@@ -689,6 +689,8 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> bridge.JsonErro
         if manager.cluster_readers is not None:  # cluster mode: mirrors' readers count too
             by_node = await manager.cluster_readers(session.id, subscribers)
             subscribers = sum(by_node.values())
+        recovery = manager.cluster_recovery(session.id) \
+            if manager.cluster_recovery is not None else None
         return json_response(wire.SessionStatusResponse(
             session_id=session.id,
             workspace_cwd=session.workspace_cwd,
@@ -711,6 +713,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> bridge.JsonErro
             owner_node_id=manager.node_id if manager.node_id is not None else msgspec.UNSET,
             subscribers_by_node=by_node,
             agent_session_restored=session.agent_session_restored,
+            transcript_recovery=recovery if recovery is not None else msgspec.UNSET,
         ))
 
     @serve(routes.DETACH)

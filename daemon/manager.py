@@ -39,7 +39,7 @@ from functools import partial
 import trio
 
 from sdk.protocol import __version__
-from sdk.protocol.http import SessionCounts
+from sdk.protocol.http import SessionCounts, TranscriptRecovery
 
 from .agent import AgentChannel, AgentStartError, SessionIdInUse
 from .bus import BusLimits, SessionBus, now_ms
@@ -224,6 +224,8 @@ class SessionManager:
         self.node_id: str | None = None
         # Cluster mode: (session id, own subscribers) -> subscribers per node, for the status.
         self.cluster_readers: Callable[[str, int], Awaitable[dict[str, int]]] | None = None
+        # Cluster mode: the session's last recovery from a lagging Redis, if any.
+        self.cluster_recovery: Callable[[str], TranscriptRecovery | None] | None = None
         # Cluster mode: a session's bus guard (is this node still certainly its owner?).
         self.publish_guard: Callable[[str], Callable[[], bool]] | None = None
         # Unloading needs the transcript to restore from; a cluster node's sessions move

@@ -204,7 +204,14 @@ async def test_redis_outage_past_the_lease(tmp_path: Path, fault: str) -> None:
                     await trio.sleep(0.05)  # Redis catches up; the degradation clears
             assert not stuck.cancelled_caught, "transcriptDegraded stayed true after Redis " \
                 "came back and acknowledged everything"
-            assert "event=transcript_recovered" in a.stderr()
+            # The recovery says what was lost: nothing, and what caught up meanwhile.
+            recovery = (await ca.get(f"/session/{sid}/status")).json()["transcriptRecovery"]
+            assert recovery["lostEvents"] == 0, recovery
+            assert recovery["caughtUpEvents"] >= 1, recovery  # p1's terminal at least
+            assert recovery["laggedAt"] < recovery["recoveredAt"], recovery
+            recovered = [line for line in a.stderr().splitlines()
+                         if "event=transcript_recovered" in line]
+            assert recovered and "lost_events=0" in recovered[0], recovered
             after = await prompts.send(cb, "B", "p3 mock:chunks=2")
             assert after.status == 202, after.body
             for follower in followers:

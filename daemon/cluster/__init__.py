@@ -90,6 +90,7 @@ class Cluster:
         self.manager = manager
         manager.node_id = self.node_id
         manager.cluster_readers = self.redis.readers
+        manager.cluster_recovery = self.shipping.recovery
         manager.publish_guard = self._publish_guard
         return ClusterRouter(self.redis, self.membership, self.shipping, self.mirrors,
                              manager, writer, self.secret, token=token)

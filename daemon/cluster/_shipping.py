@@ -21,6 +21,9 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from sdk.protocol.http import TranscriptRecovery
+
+from ..bus import now_ms
 from ..core.cluster import (
     Compaction,
     LogTail,
@@ -80,6 +83,9 @@ class Shipping:
         self.logs: dict[str, OpLog] = {}
         self.durable: dict[str, int] = {}
         self.lagging: dict[str, int] = {}  # session -> the seq Redis must acknowledge
+        # session -> (since when, its newest event then, its durableEventId then) while lagging
+        self._lag_start: dict[str, tuple[int, int, int]] = {}
+        self.recoveries: dict[str, TranscriptRecovery] = {}  # each session's newest one
         self._pending: deque[_Pending] = deque()
         self._shipping: frozenset[str] = frozenset()  # sessions of the batch being shipped
         self._wakeup = trio.Event()
@@ -100,6 +106,20 @@ class Shipping:
 
     def _forget(self, session_id: str) -> None:
         self.logs.pop(session_id, None)
+        self.recoveries.pop(session_id, None)
+        lagged = self._lag_start.pop(session_id, None)
+        if self.lagging.pop(session_id, None) is not None and lagged is not None:
+            # Lost while lagging: what this node published that Redis never took is gone.
+            bus = self.bus_for(session_id)
+            newest = bus.ring.last_id if bus is not None else lagged[1]
+            log.warning("event=transcript_not_recovered session=%s lost_events=%d "
+                        "durable_event_id=%d", session_id,
+                        max(0, newest - self.durable.get(session_id, 0)),
+                        self.durable.get(session_id, 0))
+
+    def recovery(self, session_id: str) -> TranscriptRecovery | None:
+        """The session's newest recovery from lagging behind Redis (see hold_back)."""
+        return self.recoveries.get(session_id)
 
     # -- the writer's replica -------------------------------------------------------------------
 
@@ -149,6 +169,9 @@ class Shipping:
         if session_id not in self.lagging:
             log.warning("event=transcript_lagging session=%s reason=redis_not_acknowledging "
                         "error=%r", session_id, why)
+            bus = self.bus_for(session_id)
+            self._lag_start[session_id] = (now_ms(), bus.ring.last_id if bus is not None else 0,
+                                           self.durable.get(session_id, 0))
         self.lagging[session_id] = seq
         return True
 
@@ -160,7 +183,22 @@ class Shipping:
         for session_id, seq in list(self.lagging.items()):
             if seq <= self._resolved:
                 del self.lagging[session_id]
-                log.warning("event=transcript_recovered session=%s", session_id)
+                self._recovered(session_id)
+
+    def _recovered(self, session_id: str) -> None:
+        """Redis caught up with the session: say what it lost, if anything (in the log and in
+        the session's status): the events it had published when it started lagging that Redis
+        still does not hold."""
+        lagged_at, newest, durable_then = self._lag_start.pop(session_id, (now_ms(), 0, 0))
+        durable = self.durable.get(session_id, 0)
+        recovery = TranscriptRecovery(
+            lagged_at=lagged_at, recovered_at=now_ms(),
+            caught_up_events=max(0, durable - durable_then),
+            lost_events=max(0, newest - durable))
+        self.recoveries[session_id] = recovery
+        log.warning("event=transcript_recovered session=%s lagged_ms=%d caught_up_events=%d "
+                    "lost_events=%d", session_id, recovery.recovered_at - lagged_at,
+                    recovery.caught_up_events, recovery.lost_events)
 
     # -- the loop ----------------------------------------------------------------------------
 

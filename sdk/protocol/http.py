@@ -76,6 +76,7 @@ __all__ = [
     "TranscriptHealth",
     "TranscriptPage",
     "TranscriptQuery",
+    "TranscriptRecovery",
     "WorkspaceInfo",
     "body_schemas",
     "body_too_large",
@@ -559,6 +560,17 @@ class JournalStatus(_Body, kw_only=True):
     retained_events: int
 
 
+class TranscriptRecovery(_Body, kw_only=True):
+    """Cluster mode: the session's transcript lagged behind Redis (``laggedAt``, ms) and has
+    caught up (``recoveredAt``): ``caughtUpEvents`` events reached Redis meanwhile, and
+    ``lostEvents`` of those published before it caught up never did (0: nothing lost)."""
+
+    lagged_at: int
+    recovered_at: int
+    caught_up_events: int
+    lost_events: int
+
+
 class SessionStatusResponse(_Body, kw_only=True):
     session_id: str
     workspace_cwd: str
@@ -582,6 +594,9 @@ class SessionStatusResponse(_Body, kw_only=True):
     subscribers_by_node: dict[str, int] | UnsetType = UNSET
     # As on the load answer: false when the agent session had to be recreated.
     agent_session_restored: bool | UnsetType = UNSET
+    # Cluster mode, once the session's transcript lagged behind Redis and recovered: when,
+    # and what was lost (see TranscriptRecovery).
+    transcript_recovery: TranscriptRecovery | UnsetType = UNSET
 
 
 class HeartbeatResponse(_Body, kw_only=True):
