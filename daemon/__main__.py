@@ -26,8 +26,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     clash = clash_message(daemon)
     if clash is not None:
         print(f"{prog}: {clash}", file=sys.stderr)
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["prune"]:
+        from .prune import run_prune
+
+        return run_prune(args[1:], prog)
     try:
-        config = parse_config(sys.argv[1:] if argv is None else argv)
+        config = parse_config(args)
     except ConfigError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2

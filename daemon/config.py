@@ -23,6 +23,7 @@ from pathlib import Path
 
 from sdk.protocol import __version__
 
+from .core.retention import parse_size
 from .logs import LOG_FORMATS, LOG_LEVELS
 
 DEFAULT_PORT = 4170
@@ -119,6 +120,10 @@ class DaemonConfig:
     keyfile: str | None = None
     # GET /metrics from a loopback peer needs no token (a local scraper).
     metrics_loopback_no_auth: bool = False
+    # Retention (None: off): sessions idle this many days, and the transcript's size cap.
+    retain_days: float | None = None
+    retain_bytes: int | None = None
+    retention_interval_ms: int = 60_000
 
     @property
     def scheme(self) -> str:
@@ -253,6 +258,8 @@ _DEFAULT_TEXT = {
     "node_id": "random, printed at start",
     "cluster_secret": "none (required with --cluster-redis)",
     "certfile": "none (plain HTTP)",
+    "retain_days": "off",
+    "retain_bytes": "off",
     "keyfile": "none",
 }
 
@@ -393,6 +400,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                    help="serve HTTPS and WSS with this PEM certificate (chain); needs --keyfile")
     p.add_argument("--keyfile", default=None, metavar="PATH",
                    help="the PEM private key of --certfile")
+    p.add_argument("--retain-days", default=None, metavar="N",
+                   help="remove stored sessions idle (not loaded, no prompt) for more than N "
+                        "days (fractions allowed)")
+    p.add_argument("--retain-bytes", default=None, metavar="SIZE",
+                   help="remove the least recently active stored sessions while the transcript "
+                        "is bigger than SIZE (500M, 2GiB, bytes)")
+    p.add_argument("--retention-interval-ms", default="60000", help=argparse.SUPPRESS)
     p.add_argument("--metrics-loopback-no-auth", action="store_true",
                    help="GET /metrics from a loopback address needs no token (for a scraper "
                         "on the same machine); every other request still does")
@@ -540,4 +554,30 @@ def _validate(ns: argparse.Namespace, env: Mapping[str, str]) -> DaemonConfig:
         certfile=certfile,
         keyfile=keyfile,
         metrics_loopback_no_auth=bool(ns.metrics_loopback_no_auth),
+        retain_days=_retain_days(ns.retain_days),
+        retain_bytes=_retain_bytes(ns.retain_bytes),
+        retention_interval_ms=_positive_int("--retention-interval-ms",
+                                            ns.retention_interval_ms),
     )
+
+
+def _retain_days(raw: str | None) -> float | None:
+    if raw is None or raw == "":
+        return None
+    try:
+        days = float(raw)
+    except ValueError:
+        days = -1.0
+    if not days > 0 or days != days or days == float("inf"):
+        raise ConfigError(f"--retain-days must be a positive number of days, got {raw!r}")
+    return days
+
+
+def _retain_bytes(raw: str | None) -> int | None:
+    if raw is None or raw == "":
+        return None
+    try:
+        return parse_size(raw)
+    except ValueError:
+        raise ConfigError(f"--retain-bytes must be a size like 500M, 2GiB or 1000000, "
+                          f"got {raw!r}") from None

@@ -212,6 +212,9 @@ class SessionManager:
         self._agents_started: set[str] = set()  # workspaces that had an agent (restarts)
         # Cluster mode: (leases held, takeovers so far), for GET /metrics.
         self.cluster_stats: Callable[[], tuple[int, int]] | None = None
+        # Told when a session is closed for good (DELETE): retention removes it.
+        self.on_closed_for_good: Callable[[], None] | None = None
+        self.retention_stats: object = None  # daemon.retention.RetentionStats (GET /metrics)
         self.limits = BusLimits(
             max_journal_events=config.max_journal_events,
             max_journal_bytes=config.max_journal_bytes,
@@ -659,6 +662,9 @@ class SessionManager:
             self.writer.submit(MarkClosed(session.id))
         if self.sessions.get(session.id) is session:
             self._remove(session)
+        if self.writer is not None and session.closing == "client_close" \
+                and self.on_closed_for_good is not None:
+            self.on_closed_for_good()  # retention removes its rows
             if session.unloading and session.id in self.unloaded:
                 self.sessions_unloaded += 1  # its clients stay registered for its return
             else:
@@ -672,6 +678,17 @@ class SessionManager:
             log.info("event=session_ended session=%s reason=%s", session.id,
                      session.closing or ("agent_exit" if session.agent_exit else "ended"))
         self._maybe_idle(session.workspace_cwd)
+
+    async def retire(self, session_id: str) -> bool:
+        """Close a stored session that is not loaded for good (retention removes it next):
+        under its restore lock, so no restore loads it meanwhile. ``False`` if it is loaded."""
+        writer = self.writer
+        if writer is None:
+            return False
+        async with self._restore_locks.hold(session_id):
+            if session_id in self.sessions:
+                return False
+            return await writer.wait_committed(writer.submit(MarkClosed(session_id)))
 
     async def close_session(self, session: Session, reason: str) -> None:
         """End ``session``; ``client_close`` (a client deleted it) also marks it closed in the

@@ -128,6 +128,19 @@ class DaemonCollector(Collector):
             yield GaugeMetricFamily("turnkeeper_transcript_bytes",
                                     "Size of the transcript on disk (database and its WAL)",
                                     value=_file_bytes(transcript))
+        retention = getattr(manager, "retention_stats", None)
+        if retention is not None:
+            yield CounterMetricFamily("turnkeeper_retention_sessions_removed",
+                                      "Stored sessions removed (closed, or let go by "
+                                      "--retain-days / --retain-bytes)",
+                                      value=retention.sessions_removed)
+            yield CounterMetricFamily("turnkeeper_retention_passes",
+                                      "Retention passes run", value=retention.passes)
+            yield CounterMetricFamily("turnkeeper_retention_passes",
+                                      "Retention passes run", value=retention.passes)
+            yield CounterMetricFamily("turnkeeper_retention_steps_cut",
+                                      "Retention steps cut short by a commit (taken again)",
+                                      value=retention.steps_cut)
         stats = self.cluster() if self.cluster is not None else None
         if stats is not None:
             leases, takeovers = stats

@@ -24,11 +24,13 @@ from . import bridge, malloc
 from .asgi import DaemonASGI
 from .config import DaemonConfig, program_name
 from .core.guards import Guard
+from .core.retention import RetentionPolicy
 from .errors import DaemonStartError as DaemonStartError  # re-exported: python -m daemon catches it
 from .http_api import create_app
 from .logs import ACCESS_LOG_FORMAT
 from .manager import SessionManager
 from .reclaimer import Reclaimer
+from .retention import Retention
 from .transcript_check import check_transcript
 from .transcript_store import TranscriptDamagedError, TranscriptSchemaError, TranscriptStore
 from .transcript_writer import TranscriptWriter
@@ -254,6 +256,13 @@ async def run_daemon(
             await root.start(reclaimer.run)
             root.start_soon(bridge.report_connection_refusals)
             manager = SessionManager(config, writer, root, on_published=reclaimer.note)
+            if writer is not None and cluster is None:
+                retention = Retention(writer, manager, RetentionPolicy(
+                    config.retain_days, config.retain_bytes),
+                    interval_s=config.retention_interval_ms / 1000)
+                manager.on_closed_for_good = retention.wake
+                manager.retention_stats = retention.stats
+                root.start_soon(retention.run)
             guard = Guard(token=config.token, loopback_bind=config.is_loopback,
                           bind_hostname=config.hostname,
                           allow_origins=frozenset(config.allow_origins),

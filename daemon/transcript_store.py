@@ -335,7 +335,9 @@ class TranscriptStore:
             }
         except sqlite3.DatabaseError as exc:
             conn.close()
-            if is_corruption(exc):
+            # A session id whose bytes are not UTF-8 any more is damage too (only ever written
+            # as text; a flipped byte in it fails the decode before any checksum is read).
+            if is_corruption(exc) or "Could not decode" in str(exc):
                 raise TranscriptDamagedError(
                     f"transcript database {self.path!r} is damaged ({exc})") from exc
             raise
@@ -404,6 +406,10 @@ class TranscriptStore:
                 pass
         conn = self._connect(temp)
         try:
+            # Before the file exists: pages freed by retention are then given back to the file
+            # system a bounded step at a time (daemon.transcript_retention).
+            conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
+            conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
             self._configure(conn)
             self._create_schema(conn)
         finally:
@@ -795,6 +801,16 @@ class TranscriptStore:
         return inserted
 
     # --- checking ---
+
+    def forget_session(self, session_id: str) -> None:
+        """The session's rows were deleted by retention's own SQL: it is no longer stored."""
+        self._stored.discard(session_id)
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """The one connection, for the modules that run their own SQL on the transcript in
+        the writer's thread (``daemon.transcript_retention``)."""
+        return self._conn
 
     def interrupt(self) -> None:
         """Cut the statement running now (from any thread): it raises ``interrupted``."""
