@@ -471,6 +471,7 @@ class SessionBus:
             return
         self._check_guard()
         self.ring.append(event)
+        totals.events_published += 1
         self._dirty = True
         handle: SegmentHandle | None = None
         try:
