@@ -77,7 +77,8 @@ async def test_an_unknown_outcome_is_reported_and_the_printed_resend_runs_it_onc
     with anyio.fail_after(DEADLINE_S):
         async with anyio.create_task_group() as nursery:
             await nursery.start(proxy.run)
-            code, out, err = await run_cli("--url", proxy.url, "prompt", sid, *text.split())
+            code, out, err = await run_cli("--url", proxy.url, "--json", "prompt", sid,
+                                           *text.split())
             nursery.cancel_scope.cancel()
     assert code == 8, (code, out, err)
     # The first send was admitted (the daemon answered it; the answer was cut on its way).
@@ -87,6 +88,10 @@ async def test_an_unknown_outcome_is_reported_and_the_printed_resend_runs_it_onc
     assert found is not None, err
     prompt_id, state = found.groups()
     assert state in ("queued", "running", "completed"), err
+    # --json: the same report as one object on stdout.
+    [report] = [json.loads(line) for line in out.splitlines()]
+    assert report["code"] == "prompt_outcome_unknown" and report["idempotencyKey"] == key
+    assert (report["admitted"], report["promptId"], report["state"]) == (True, prompt_id, state)
     resend = err.rsplit("follow it: ", 1)[1].strip()
     assert shlex.split(resend) == ["turnkeeper", "prompt", sid, *text.split(), "--key", key]
 

@@ -258,16 +258,18 @@ async def test_an_unreachable_daemon_is_retried_and_then_known_not_to_have_run()
 async def test_the_policys_timeout_bounds_a_call_that_names_none() -> None:
     script = Script([connect_error()] * 100)
     waits = Waits()
-    policy = PromptRetryPolicy(base_s=0.5, cap_s=0.5, jitter_low=1.0, jitter_high=1.0,
-                               timeout_s=2.0)
+    # Waits far longer than the sends take in real time (the injected sleep takes none, and a
+    # call's time spent is the larger of the two), so a loaded machine cannot change the count.
+    policy = PromptRetryPolicy(base_s=5.0, cap_s=5.0, jitter_low=1.0, jitter_high=1.0,
+                               timeout_s=20.0)
     async with DaemonClient("http://daemon", transport=httpx.MockTransport(script),
                             sleep=waits, prompt_retry=policy, timeout=30.0) as client:
         with pytest.raises(TransportError):
             await client.send_prompt(SID, "hi")
-        assert waits.waits == [0.5, 0.5, 0.5]
+        assert waits.waits == [5.0, 5.0, 5.0]
         with pytest.raises(TransportError):
-            await client.send_prompt(SID, "hi", timeout=1.2)  # the call's own wins
-        assert waits.waits == [0.5, 0.5, 0.5, 0.5, 0.5]
+            await client.send_prompt(SID, "hi", timeout=12.0)  # the call's own wins
+        assert waits.waits == [5.0, 5.0, 5.0, 5.0, 5.0]
 
 
 async def test_a_send_that_may_have_been_admitted_makes_giving_up_say_so() -> None:
