@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CORES := daemon sdk webui_model benchmarks
 STAMP := $(VENV)/.installed
 
-.PHONY: viewer-protocol serve demo test test-stress test-agents check unit bench bench-quick mutation \
+.PHONY: viewer-protocol serve demo test unit-fast test-stress test-agents check unit bench bench-quick mutation \
 	clean chaos-cluster chaos-prompts
 
 $(STAMP): pyproject.toml
@@ -59,6 +59,12 @@ unit: $(STAMP) $(BROWSER_STAMP) $(REDIS_STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -n auto $(PYTEST_ARGS)
 
 test: check unit
+
+# The tests that start no process (pytest.mark.processes marks those that do; tests/conftest.py
+# fails an unmarked test that starts one), with a few hypothesis examples each: a quick pass
+# while editing. Not a substitute for `make test`.
+unit-fast: $(STAMP)
+	HYPOTHESIS_PROFILE=fast $(PY) -m pytest -q -p no:cacheprovider -n 2 -m "not processes" $(PYTEST_ARGS)
 
 # The cluster fault suite (tests/test_cluster_faults.py, part of `make test` once) run again and
 # again: TK_CHAOS_ROUNDS rounds of every fault (default 10). Not part of `make test`.

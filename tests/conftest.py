@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import subprocess
 from typing import Any
 
 import pytest
@@ -17,6 +19,8 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile("dev", deadline=None, max_examples=100)
+# `make unit-fast`: a few examples per property, for a quick pass while editing.
+settings.register_profile("fast", deadline=None, max_examples=10)
 # `make mutation` runs the property tests once per mutant: fewer, still derandomized examples.
 settings.register_profile(
     "mutation",
@@ -52,3 +56,57 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("anyio") is not None:
             item.own_markers[:] = [m for m in item.own_markers if m.name != "trio"]
+
+
+# --- tests that start processes -----------------------------------------------------------------
+# A test module that starts a process (a daemon, an agent, redis-server, a browser, node, git, a
+# build) says ``pytestmark = pytest.mark.processes``; `make unit-fast` runs the others. So that
+# the marker cannot go stale, an unmarked test that starts one fails here, in every run: its
+# setup, call and teardown run with process creation refused.
+
+_UNMARKED_STARTS = "this test starts a process; mark its module with pytest.mark.processes"
+
+
+class _NoProcesses:
+    def __init__(self) -> None:
+        self.saved: list[tuple[Any, str, Any]] = []
+
+    def __enter__(self) -> None:
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError(_UNMARKED_STARTS)
+
+        for owner, name in ((subprocess.Popen, "_execute_child"), (os, "fork"),
+                            (os, "posix_spawn"), (os, "posix_spawnp"), (os, "execv"),
+                            (os, "execve")):
+            if hasattr(owner, name):
+                self.saved.append((owner, name, getattr(owner, name)))
+                setattr(owner, name, refuse)
+
+    def __exit__(self, *exc: object) -> None:
+        for owner, name, original in reversed(self.saved):
+            setattr(owner, name, original)
+        self.saved.clear()
+
+
+def _guarded(item: pytest.Item) -> contextlib.AbstractContextManager[None]:
+    if item.get_closest_marker("processes") is not None:
+        return contextlib.nullcontext()
+    return _NoProcesses()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Any:
+    with _guarded(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    with _guarded(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    with _guarded(item):
+        return (yield)

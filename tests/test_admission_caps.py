@@ -20,12 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
 from benchmarks.attack_clients import host_port, reset_peak_rss, rss_kib
 from tests.harness import RunningDaemon, running_daemon, start_daemon
 from tests.sse_client import Subscriber, is_terminal_for
 from tests.stalls import poll
+
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
 
 CAP = 48  # connections: one control client and 47 SSE readers fill it
 READERS = CAP - 1

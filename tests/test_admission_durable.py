@@ -30,6 +30,8 @@ from daemon.config import DaemonConfig, parse_config
 from daemon.transcript_store import AdmitPrompt, Op, TranscriptStore, UpsertSession
 from tests.harness import running_daemon, start_daemon
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 ROUNDS = 3
 FAST_TURN = "busy mock:chunks=1000000 mock:delay_ms=0"  # outlasts every round
 HELD_TURN = "held mock:gate=never"  # the mock waits for a gate file nobody creates

@@ -25,6 +25,8 @@ from daemon.agent import (
 )
 from daemon.core.splice import ChunkRun, plain_chunk_run
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 ROOT = Path(__file__).resolve().parent.parent
 MOCK = [sys.executable, "-m", "daemon.mock_agent"]
 LIB_AGENT = [sys.executable, str(ROOT / "tests" / "agents" / "acp_lib_agent.py")]

@@ -22,6 +22,8 @@ from sdk.events import DaemonEvent
 from tests.harness import RunningDaemon, running_daemon
 from tests.sse_client import Subscriber, chunk_kind, is_terminal_for, text_of
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 FAULTY_AGENT = Path(__file__).parent / "agents" / "faulty_agent.py"
 MODES = ("ok", "garbage", "oversized", "unknown-reply", "silent-init", "exit-on-init",
          "bad-init")

@@ -30,6 +30,8 @@ from sdk.events import DaemonEvent
 from tests.harness import RunningDaemon, running_daemon
 from tests.sse_client import Subscriber, chunk_kind, is_terminal_for, text_of
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 FAULTY_AGENT = Path(__file__).parent / "agents" / "faulty_agent.py"
 AGENT = f"{shlex.quote(sys.executable)} {shlex.quote(str(FAULTY_AGENT))}"
 CLIENT_TIMEOUT_S = 30.0

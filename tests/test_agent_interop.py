@@ -28,6 +28,8 @@ from tests.agents.interop_agent import COMMANDS, HELPER_PID_FILE, OTHER_USER_TEX
 from tests.harness import RunningDaemon, running_daemon, start_daemon
 from tests.sse_client import Subscriber, chunk_kind, is_terminal_for, text_of
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 AGENT = Path(__file__).parent / "agents" / "interop_agent.py"
 AGENT_CMD = shlex.join([sys.executable, str(AGENT)])
 TIMEOUT_S = 30.0

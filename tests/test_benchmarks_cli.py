@@ -29,6 +29,8 @@ from benchmarks.harness import Row, format_table, git_commit, run_meta
 from benchmarks.launcher import alive, processes_marked
 from sdk.protocol import __version__
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 ROOT = Path(__file__).resolve().parent.parent
 DEADLINE_S = 90.0  # a hang guard for each wait, not a timing bound
 

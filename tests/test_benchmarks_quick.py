@@ -45,6 +45,8 @@ from benchmarks.loadgen import LoadGenError, SSECounter, check_delivery, deliver
 from daemon.bus import BusLimits, SessionBus
 from sdk.protocol.events import SessionUpdateData
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # Each benchmark's rows, by a fragment of the row name (quick sizes change the rest).

@@ -27,6 +27,8 @@ from sdk import DaemonClient
 from tests.fault_proxy import Chaos, ChaosPlan, FaultProxy, Request
 from tests.harness import RunningDaemon, running_daemon
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 ROOT = Path(__file__).resolve().parents[1]
 DEADLINE_S = 60.0
 PROMPT_PATH = r"/session/[^/]+/prompt$"

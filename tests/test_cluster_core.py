@@ -41,6 +41,8 @@ from daemon.core.transcript_ops import (
 )
 from daemon.transcript_store import TranscriptStore
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 SID = "0b9c1d2e-0000-4000-8000-000000000001"
 ENTRY = DirectoryEntry("node-a", "http://127.0.0.1:1", "/w", "ep1", 3)
 

@@ -37,7 +37,7 @@ from tests.cluster_chaos import (
     start_node,
 )
 
-pytestmark = pytest.mark.skipif(not HAVE_REDIS, reason=SKIP_REASON)
+pytestmark = [pytest.mark.skipif(not HAVE_REDIS, reason=SKIP_REASON), pytest.mark.processes]
 coredis = pytest.importorskip("coredis", reason="coredis is not installed (pip install '.[cluster]')")
 
 ROUNDS = int(os.environ.get("TK_CHAOS_ROUNDS", "1"))

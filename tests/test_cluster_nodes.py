@@ -35,7 +35,7 @@ from sdk.client import DaemonClient
 from tests.harness import RunningDaemon, start_daemon
 from tests.sse_client import Subscriber, chunk_kind, is_terminal_for
 
-pytestmark = pytest.mark.skipif(not HAVE_REDIS, reason=SKIP_REASON)
+pytestmark = [pytest.mark.skipif(not HAVE_REDIS, reason=SKIP_REASON), pytest.mark.processes]
 coredis = pytest.importorskip("coredis", reason="coredis is not installed (pip install '.[cluster]')")
 
 LEASE_MS = 1500
@@ -469,7 +469,7 @@ async def test_webui_repair_episode_across_nodes(tmp_path: Path) -> None:
     B forwards both loads to A and serves the stream from A's Redis stream."""
     from sdk.client import DaemonClient
     from sdk.repair_driver import RepairOutcomeKind
-    from tests.test_webui_e2e import TWENTY, CountingTransport, chunk_counts, is_live_marker
+    from tests.builders.webui_e2e import TWENTY, CountingTransport, chunk_counts, is_live_marker
     from webui_model import WebUIProvider
 
     token = "cluster-repair"

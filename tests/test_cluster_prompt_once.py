@@ -37,7 +37,7 @@ from sdk import DaemonClient, PromptAccepted, PromptRetryPolicy
 from tests.cluster_chaos import LEASE_MS, TIMEOUT, prompts_run, resume, start_node
 from tests.fault_proxy import Chaos, FaultProxy, Request
 
-pytestmark = pytest.mark.skipif(not HAVE_REDIS, reason=SKIP_REASON)
+pytestmark = [pytest.mark.skipif(not HAVE_REDIS, reason=SKIP_REASON), pytest.mark.processes]
 pytest.importorskip("coredis", reason="coredis is not installed (pip install '.[cluster]')")
 
 PROMPT_PATH = r"^/session/[^/]+/prompt$"

@@ -20,7 +20,7 @@ from benchmarks.redis_launcher import (
 
 DAY = 86_400_000
 HOUR = 3_600_000
-pytestmark = pytest.mark.skipif(not HAVE_REDIS, reason=SKIP_REASON)
+pytestmark = [pytest.mark.skipif(not HAVE_REDIS, reason=SKIP_REASON), pytest.mark.processes]
 coredis = pytest.importorskip("coredis", reason="coredis is not installed (pip install '.[cluster]')")
 
 

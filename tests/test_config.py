@@ -11,6 +11,8 @@ import pytest
 
 from daemon.config import ConfigError, parse_config
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 
 def test_defaults() -> None:
     config = parse_config([], environ={})

@@ -17,6 +17,8 @@ import pytest
 
 from tests.conformance.generate import VECTORS, build_vectors, render
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

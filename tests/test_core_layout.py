@@ -29,6 +29,8 @@ import sdk
 import sdk.protocol
 import webui_model
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 DAEMON = Path(daemon.__file__).parent
 CORE = Path(daemon.core.__file__).parent
 SDK = Path(sdk.__file__).parent

@@ -14,6 +14,8 @@ import trio
 from tests.harness import RunningDaemon, running_daemon
 from tests.sse_client import Subscriber
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 TOKEN = "cors-test-token"
 APP = "http://app.example"
 EVIL = "http://evil.example"

@@ -17,6 +17,8 @@ from sdk.events import decode_events
 from tests.harness import RunningDaemon, running_daemon
 from tests.sse_client import Subscriber, chunk_kind, is_terminal_for, text_of
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 AGENT = Path(__file__).parent / "agents" / "acp_lib_agent.py"
 # Creating a session starts this agent, which imports the ACP library: seconds on a busy
 # machine, past httpx's 5 s default. A guard against hangs, not a bound on the start-up.

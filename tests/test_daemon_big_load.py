@@ -8,12 +8,15 @@ from pathlib import Path
 
 import httpx
 import msgspec
+import pytest
 import trio
 
 from daemon.http_api import SPLICED_WRITE_MIN_BYTES
 from sdk.events import decode_events
 from tests.harness import running_daemon
 from tests.sse_client import Subscriber, is_terminal_for, text_of
+
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
 
 CHUNKS = 3000
 PAD = 600  # 3,000 chunks of 600 bytes: a 1.8 MB journal, past the part-by-part threshold

@@ -29,6 +29,8 @@ from daemon.bridge import _sockets as sockets
 from tests.harness import answer_lifespan, start_daemon
 from tests.stalls import fd_count, holds_connection, open_stalled_sse, poll, run_turn, status
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 ROUNDS = 2
 PER_ROUND = 5  # ten cuts in all
 

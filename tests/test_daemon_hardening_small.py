@@ -27,6 +27,8 @@ from sdk.errors import InvalidTokenError
 from tests.harness import RunningDaemon, running_daemon, start_daemon
 from tests.sse_client import Subscriber, is_terminal_for, text_of
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 CLIENT_TIMEOUT_S = 15.0
 
 

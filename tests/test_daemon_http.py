@@ -13,6 +13,8 @@ import pytest
 
 from tests.harness import RunningDaemon, running_daemon
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 TOKEN = "s3cret-token"
 
 

@@ -25,6 +25,8 @@ from sdk.protocol.http import LoadSessionResponse
 from tests.harness import running_daemon, start_daemon
 from tests.sse_client import Subscriber, chunk_kind, is_terminal_for
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 ROUNDS = 3
 SEED = 20611
 FAST_TURN = "fast mock:chunks=1000000 mock:delay_ms=0"  # outlasts every kill moment

@@ -12,6 +12,8 @@ import trio
 from tests.harness import RunningDaemon, running_daemon
 from tests.sse_client import Subscriber, is_terminal_for, text_of
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:

@@ -15,6 +15,8 @@ from sdk.events import decode_events
 from tests.harness import running_daemon, start_daemon
 from tests.sse_client import Subscriber, is_terminal_for, text_of
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 async def test_signal_ends_prompts_flushes_and_exits_zero(tmp_path: Path, sig: int) -> None:

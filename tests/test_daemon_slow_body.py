@@ -21,6 +21,8 @@ from daemon.core.throttle import LogThrottle
 from tests.harness import RunningDaemon, running_daemon
 from tests.stalls import fd_count, host_port, poll
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 BODY_TIMEOUT_MS = 1000
 SLOW = 40
 BOUND_S = BODY_TIMEOUT_MS / 1000 + 5  # generous

@@ -27,6 +27,8 @@ from tests.harness import RunningDaemon, running_daemon
 from tests.sse_client import Subscriber, is_terminal_for
 from tests.stalls import TURN_TEXT, holds_connection, host_port, open_stalled_sse, poll, status
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 MAX_TURNS = 10  # the stalled socket is full after ~2; a turn more evicts it
 # Without the cut the stalled connection is held for good (its reader never reads), so a deadline
 # far past the 1 s grace period tells "cut" from "held" on any machine; how soon the cut comes is

@@ -15,6 +15,8 @@ from sdk.events import decode_events
 from tests.harness import RunningDaemon, running_daemon
 from tests.sse_client import Subscriber, chunk_kind, is_terminal_for, text_of
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 
 @pytest.fixture(scope="module")
 def tight_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:

@@ -29,6 +29,8 @@ from tests.stalls import (
     status,
 )
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 RING = 4000
 FILL = f"fill: mock:chunks={RING} mock:bytes=1000 mock:delay_ms=0"  # ~4.8 MB in the ring
 MORE = "more: mock:chunks=600 mock:bytes=100 mock:delay_ms=0"  # past the default 256 frames

@@ -17,6 +17,8 @@ from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_
 
 from tests.harness import RunningDaemon, running_daemon
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 TOKEN = "ws-token"
 
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 DEADLINE_S = 90.0
 STATUS = (
     "status: History truncated for live turn replay: kept the latest 1 source events and "

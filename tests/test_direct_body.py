@@ -32,9 +32,11 @@ from daemon.bridge._sockets import registry
 from daemon.bus import SessionBus
 from daemon.core.chunked import advance, chunk
 from daemon.streams import serve_sse
+from tests.builders.sse_gather import ID_LINE, new_bus, publish
 from tests.harness import answer_lifespan, start_daemon
 from tests.stalls import host_port, run_turn
-from tests.test_sse_gather import ID_LINE, new_bus, publish
+
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
 
 
 @pytest.fixture(autouse=True)

@@ -23,12 +23,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
 from daemon.server import TRANSCRIPT_FILE
 from sdk.events import DaemonEvent
 from tests.harness import running_daemon, start_daemon
 from tests.sse_client import Subscriber, chunk_kind, is_terminal_for, text_of
+
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
 
 TIMEOUT_S = 30.0
 ROOM_BYTES = 400 * 1024  # what the WAL may still grow by once the disk is "full"

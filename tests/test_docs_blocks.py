@@ -31,6 +31,8 @@ import pytest
 
 from tests.harness import RunningDaemon, start_daemon
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 DOC_URL = "http://127.0.0.1:4170"
@@ -96,7 +98,7 @@ def test_every_block_names_a_language_and_every_skip_says_why() -> None:
 
 
 def test_named_examples_are_the_ones_the_sdk_docs_test_checks() -> None:
-    from tests.test_sdk_docs import CHECKED
+    from tests.builders.sdk_docs import CHECKED
 
     named = {b.mark("example") for b in PYTHON} - {None}
     assert named == set(CHECKED)

@@ -23,6 +23,8 @@ from daemon.transcript_writer import TranscriptWriter
 from tests.harness import RunningDaemon, running_daemon, start_daemon
 from tests.stalls import poll, run_turn
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 
 def paged_transcript(client: httpx.Client, sid: str, limit: int = 3) -> list[Any]:
     """Every event of the paged route: newest page first, each page oldest first."""

@@ -35,6 +35,8 @@ from daemon.core.openapi import body_schema, response_schema
 from sdk.protocol.routes import ROUTES, Route
 from tests.harness import RunningDaemon, running_daemon
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 READ_TIMEOUT_S = 10.0
 HEARTBEAT = b": heartbeat\n\n"
 SPEC_5XX = {(502, "agent_start_failed"), (503, "prompt_queue_full")}

@@ -27,6 +27,8 @@ from daemon.bridge._http2 import SendBuffer, SendBufferComplete
 from tests.harness import RunningDaemon, running_daemon
 from tests.stalls import host_port, poll, run_turn, status
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 STREAMS = 64  # every reader slot of a session (MAX_SUBSCRIBERS)
 MAX_TURNS = 6  # the fixed daemon evicts them all in the first
 # Where the fixed daemon ends up (about +7-17 MiB with the turns' own allocations) and the

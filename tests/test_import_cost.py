@@ -7,6 +7,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 
 def test_the_daemon_does_not_load_the_sdks_client_libraries() -> None:
     code = ("import sys, daemon.server; "

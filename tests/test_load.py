@@ -24,6 +24,8 @@ from sdk.sse import SSEParser
 from tests.harness import RunningDaemon, running_daemon
 from tests.sse_client import chunk_kind, text_of
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 SESSIONS = 50
 SUBSCRIBERS = 4
 TURNS = 3

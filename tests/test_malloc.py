@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc malloc only")
 
 # A child process: (tune,) free one 2 MiB block, then allocate 64 more of them, each followed by a

@@ -19,6 +19,8 @@ from daemon.core.guards import Guard, is_loopback_peer
 from tests.harness import RunningDaemon, running_daemon
 from tests.stalls import TURN_TEXT, open_stalled_sse, poll, run_turn
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 TOKEN = "metrics-token-1234"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 

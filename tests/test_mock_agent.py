@@ -18,6 +18,8 @@ import trio
 from daemon.core.acp_codec import LineSplitter
 from daemon.mock_agent import PromptPlan, plan_for_prompt
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 ROOT = Path(__file__).resolve().parent.parent
 # Hang guard only; every wait is on a message or on the process exiting.
 GUARD_SECONDS = 20

@@ -8,7 +8,7 @@ from typing import Any
 
 from daemon.core.compactor import TurnCompactor
 from daemon.core.envelope import Event
-from tests.test_compactor import Feed, kinds, text_of, upd
+from tests.builders.compactor import Feed, kinds, text_of, upd
 
 
 def test_chunks_whose_content_is_not_text_are_kept_as_is() -> None:

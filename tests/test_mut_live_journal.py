@@ -8,7 +8,7 @@ import pytest
 
 from daemon.core.envelope import Event, JsonObject
 from daemon.core.live_journal import LiveJournal, LiveJournals, in_summary
-from tests.test_live_journal import chunk
+from tests.builders.live_journal import chunk
 
 
 def _merges(meta: JsonObject) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_webui_replay import agent, user
+from tests.builders.webui_replay import agent, user
 from webui_model.effects import Notice
 from webui_model.pagination import (
     HistoryPage,

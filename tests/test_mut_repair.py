@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from sdk.events import DaemonEvent
 from sdk.repair import EpisodeRegistry, RepairState, find_suffix_start, repair_signature
-from tests.test_sdk_repair import SID, P, done, make_episode, user
+from tests.builders.repair import SID, P, done, make_episode, user
 
 
 def test_a_fractional_count_is_written_as_is_in_the_signature() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_webui_repair_commit import (
+from tests.builders.repair_commit import (
     P2,
     P3,
     commands,

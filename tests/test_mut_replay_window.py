@@ -7,7 +7,7 @@ import msgspec
 import pytest
 
 from daemon.core.replay_window import ReplayWindow
-from tests.test_replay_window import size, turn
+from tests.builders.replay_window import size, turn
 
 
 def test_marker_reports_counts_cap_anchor_and_transcript_flag() -> None:

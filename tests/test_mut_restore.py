@@ -15,7 +15,7 @@ from daemon.core.restore import (
     interrupted_terminal,
     seed_segments,
 )
-from tests.test_restore_terminals import chunk, done, raw
+from tests.builders.restore import chunk, done, raw
 
 
 def _ids() -> itertools.count[int]:

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from daemon.core.ring import EventRing, decide_resume
-from tests.test_ring_resume import EPOCH, NOW, filled
+from tests.builders.ring import EPOCH, NOW, filled
 
 
 def test_a_cursor_just_two_below_the_oldest_held_id_is_a_gap() -> None:

@@ -7,7 +7,7 @@ import msgspec
 import pytest
 
 from sdk.events import DaemonEvent
-from tests.test_webui_store import update
+from tests.builders.webui_store import update
 from webui_model import MessageBlock, PaginationState, StoreState, ToolBlock, TranscriptStore
 from webui_model.blocks import Block, PermissionBlock
 from webui_model.draft import TranscriptDraft, append_block, bump_counters, prepend_blocks

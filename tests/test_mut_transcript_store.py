@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from daemon.transcript_store import InvalidCursor, TranscriptStore, UpsertSession
-from tests.test_transcript_store import S1, S2, append, finish, rec
+from tests.builders.transcript_store import S1, S2, append, finish, rec
 
 
 @pytest.fixture

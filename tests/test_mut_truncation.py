@@ -14,7 +14,7 @@ from sdk.truncation import (
     normalize_status_item,
     parse_truncation,
 )
-from tests.test_sdk_truncation import payload
+from tests.builders.truncation import payload
 
 
 @pytest.mark.parametrize("key", ["truncatedEvents", "maxEvents", "truncatedTurns"])

@@ -28,6 +28,8 @@ from sdk.protocol import http as wire
 from sdk.protocol.routes import ROUTES, Route
 from tests.harness import RunningDaemon, running_daemon
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 TOKEN = "openapi-test-token"
 
 # Every machine error code the daemon's routes, streams and agent side can answer with.

@@ -28,6 +28,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 ROOT = Path(__file__).resolve().parent.parent
 DEPS = sysconfig.get_paths()["purelib"]  # this environment: the dependencies, pytest, ruff
 STEP_S = 300

@@ -30,6 +30,8 @@ from daemon.server import TRANSCRIPT_FILE
 from tests.harness import RunningDaemon, running_daemon
 from tests.sse_client import Subscriber, is_terminal_for, text_of
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 TIMEOUT_S = 20.0
 POLL_S = 0.02
 

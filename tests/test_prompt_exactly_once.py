@@ -57,6 +57,8 @@ from sdk.protocol.terminals import terminal_of
 from tests.fault_proxy import CHAOS_KINDS, Chaos, FaultProxy, Request
 from tests.harness import RunningDaemon, running_daemon, start_daemon
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 CALLS = int(os.environ.get("TK_PROMPT_CHAOS_CALLS", "200"))
 SEED = int(os.environ.get("TK_PROMPT_CHAOS_SEED", "41"))
 SESSIONS = 16

@@ -32,6 +32,8 @@ import trio.testing
 from benchmarks.redis_launcher import HAVE_REDIS, SKIP_REASON, redis_server
 from tests.harness import RunningDaemon, running_daemon, start_daemon
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 TIMEOUT_S = 30.0
 POLL_S = 0.02
 KEY = "IDEMPOTENCY-KEY"

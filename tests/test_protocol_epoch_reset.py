@@ -19,7 +19,7 @@ from tests.harness import RunningDaemon, running_daemon
 
 WAIT_S = 30
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.processes]
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,8 @@ from daemon.reclaimer import Reclaimer
 from sdk.protocol.events import SessionUpdateData
 from tests.harness import running_daemon
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 MIB = 1024 * 1024
 
 

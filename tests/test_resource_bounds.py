@@ -35,6 +35,8 @@ from daemon.transcript_writer import TranscriptWriter
 from sdk.protocol.events import SessionUpdateData, TurnCompleteData
 from tests.harness import RunningDaemon, running_daemon
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 DEADLINE_S = 30.0
 
 

@@ -5,27 +5,10 @@ terminal truly did not commit gets the ``interrupted`` terminal."""
 from __future__ import annotations
 
 import itertools
-from typing import Any
 
-from daemon.core.envelope import decode_json, make_event
+from daemon.core.envelope import decode_json
 from daemon.core.restore import close_interrupted
-
-
-def raw(event_id: int, event_type: str, data: dict[str, Any], prompt_id: str) -> bytes:
-    event = make_event(event_id, event_type, data, now_ms=0, prompt_id=prompt_id)
-    assert event is not None
-    return event.raw
-
-
-def chunk(event_id: int, text: str, prompt_id: str) -> bytes:
-    return raw(event_id, "session_update", {"sessionId": "s", "update": {
-        "sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}},
-        prompt_id)
-
-
-def done(event_id: int, prompt_id: str, stop: str = "end_turn") -> bytes:
-    return raw(event_id, "turn_complete",
-               {"sessionId": "s", "stopReason": stop, "promptId": prompt_id}, prompt_id)
+from tests.builders.restore import chunk, done, raw
 
 
 def test_a_durable_terminal_keeps_its_turn_completed() -> None:

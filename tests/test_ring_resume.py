@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from daemon.core.envelope import Event, make_event
+from daemon.core.envelope import Event
 from daemon.core.ring import (
     DEFAULT_RING_BYTES,
     DEFAULT_RING_SIZE,
@@ -20,30 +20,7 @@ from daemon.core.ring import (
     decide_resume,
 )
 from daemon.core.subscriber import Eviction, SubscriberState
-
-EPOCH = "4b2d7775-0118-4dc1-96b7-f333ca18ab6e"
-NOW = 1796204640885
-
-
-def ev(event_id: int, pad: int = 0) -> Event:
-    event = make_event(
-        event_id,
-        "session_update",
-        {"sessionId": "s", "update": {"sessionUpdate": "agent_message_chunk",
-                                      "content": {"type": "text", "text": "w" * pad}}},
-        now_ms=1,
-        prompt_id="p",
-    )
-    assert event is not None
-    return event
-
-
-def filled(count: int, capacity: int = DEFAULT_RING_SIZE, *, start: int = 1,
-           pads: list[int] | None = None) -> EventRing:
-    ring = EventRing(capacity, next_id=start)
-    for i in range(count):
-        ring.append(ev(start + i, pads[i] if pads else 0))
-    return ring
+from tests.builders.ring import EPOCH, NOW, ev, filled
 
 
 def env(event: Event) -> dict[str, Any]:

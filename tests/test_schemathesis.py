@@ -29,6 +29,8 @@ import pytest
 from tests.harness import RunningDaemon, running_daemon
 from tests.schemathesis_hooks import state_dependent_refusal
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 TOKEN = "schemathesis-token"
 ROOT = Path(__file__).resolve().parent.parent
 MAX_EXAMPLES = 8

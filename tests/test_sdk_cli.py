@@ -22,6 +22,8 @@ import pytest
 
 from tests.harness import RunningDaemon, running_daemon, start_daemon
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 ROOT = Path(__file__).resolve().parents[1]
 WAIT_S = 30.0
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")

@@ -17,16 +17,14 @@ import pytest
 
 from tests.harness import RunningDaemon, running_daemon
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "sdk.md"
 EXAMPLE = re.compile(r"<!-- example: (\w+) -->\n(?:<!-- [^\n]* -->\n)*```python\n(.*?)```", re.S)
 DOC_URL = "http://127.0.0.1:4170"
 
 
-# The named examples this module runs and checks (tests/test_docs_blocks.py type-checks them and
-# runs every other block of docs/).
-CHECKED = ("trio", "asyncio", "sync", "agent", "sync_events", "load_marker", "repair",
-           "exactly_once")
 SMALL_JOURNAL = ["--max-journal-events", "3", "--max-journal-bytes", "300"]
 
 

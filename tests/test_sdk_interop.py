@@ -23,6 +23,8 @@ from sdk.ws import WebSocketEventStream
 from tests.harness import RunningDaemon, running_daemon
 from tests.sse_client import text_of
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 WAIT_S = 30.0
 CHUNKS = 20
 

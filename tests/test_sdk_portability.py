@@ -22,6 +22,8 @@ from packaging.utils import canonicalize_name
 
 from tests.harness import RunningDaemon, running_daemon
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 ROOT = Path(__file__).resolve().parent.parent
 OUR_PACKAGES = ("daemon", "sdk", "webui_model", "benchmarks")  # what `pip install --no-deps` ships
 

@@ -19,12 +19,12 @@ from sdk.client import DEFAULT_MAX_QUEUED, DaemonClient, route_name
 from sdk.errors import DaemonError, SessionNotFoundError, error_for_status
 from sdk.session import ReconnectPolicy, SessionHandle, SubscriptionState
 from sdk.sse import SSEParser
+from tests.builders.sdk_session import EventLog, RecordingSleep, Stops, sse, sse_body, update
 from tests.harness import RunningDaemon, running_daemon
-from tests.test_sdk_session import EventLog, RecordingSleep, Stops, sse, sse_body, update
 
 HIGH: Callable[[float, float], float] = lambda low, high: high  # noqa: E731
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.processes]
 
 
 # --- the parser and the policy (pure) ---------------------------------------------------------

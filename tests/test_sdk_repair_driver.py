@@ -24,15 +24,15 @@ from sdk.events import DaemonEvent
 from sdk.repair import DEGRADED_TEXT, INCOMPLETE_TEXT, NOTICE_CODE, NOTICE_MESSAGE, RepairNotice
 from sdk.repair_driver import RepairCandidate, RepairDriver, RepairOutcome, RepairOutcomeKind
 from sdk.session import SessionHandle, SubscriptionState
+from tests.builders.sdk_session import EventLog, gate_name
 from tests.fault_proxy import FaultProxy
 from tests.harness import RunningDaemon, running_daemon
 from tests.sse_client import chunk_kind, is_terminal_for, text_of
-from tests.test_sdk_session import EventLog, gate_name
 
 WAIT_S = 30
 TWENTY = [f"chunk-{i}" for i in range(20)]
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.processes]
 
 
 @pytest.fixture(scope="module")

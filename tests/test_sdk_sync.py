@@ -37,6 +37,8 @@ from sdk.session import SubscriptionState
 from tests.harness import RunningDaemon, running_daemon
 from tests.sse_client import chunk_kind, text_of
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 TOKEN = "sync-token"
 WAIT_S = 30.0
 ROOT = Path(__file__).resolve().parent.parent

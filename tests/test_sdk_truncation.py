@@ -16,27 +16,7 @@ from sdk.truncation import (
     status_text,
     truncation_marker,
 )
-
-_DROP = object()
-
-
-def payload(**overrides: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "reason": "replay_window_exceeded",
-        "scope": "live_journal",
-        "truncatedEvents": 4,
-        "retainedEvents": 2,
-        "maxBytes": 512,
-        "maxEvents": 10000,
-        "fullTranscriptAvailable": True,
-    }
-    for key, value in overrides.items():
-        if value is _DROP:
-            base.pop(key, None)
-        else:
-            base[key] = value
-    return base
-
+from tests.builders.truncation import _DROP, payload
 
 # --- rejected ---------------------------------------------------------------------------------
 

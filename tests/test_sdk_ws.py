@@ -13,14 +13,14 @@ from sdk.errors import AuthError, SessionNotFoundError
 from sdk.events import DaemonEvent
 from sdk.session import SessionHandle, SubscriptionState
 from sdk.ws import WebSocketEventStream, ws_url
+from tests.builders.sdk_session import EventLog, RecordingSleep, Stops, assert_contiguous
 from tests.fault_proxy import FaultProxy
 from tests.harness import RunningDaemon, running_daemon
 from tests.sse_client import is_terminal_for, text_of
-from tests.test_sdk_session import EventLog, RecordingSleep, Stops, assert_contiguous
 
 WAIT_S = 30
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.processes]
 
 
 @pytest.fixture(scope="module")

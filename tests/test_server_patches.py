@@ -17,6 +17,8 @@ import pytest
 from daemon import bridge as server_patches
 from tests.harness import RunningDaemon, running_daemon
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

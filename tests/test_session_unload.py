@@ -14,10 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
 from tests.harness import RunningDaemon, running_daemon
 from tests.sse_client import Subscriber, is_terminal_for
+
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
 
 IDLE_MS = 300
 ARGS = ["--session-idle-ms", str(IDLE_MS)]

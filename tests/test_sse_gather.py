@@ -7,7 +7,6 @@ sent; the publisher is this test's task, yielding between groups as the agent re
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -15,24 +14,10 @@ from typing import Any
 import trio
 import trio.testing
 
-from daemon.bus import BusLimits, SessionBus, Subscription
+from daemon.bus import SessionBus, Subscription
 from daemon.core.subscriber import SubscriberState
 from daemon.streams import GATHER_BYTES, GATHER_PASSES, EventPump, serve_sse
-from sdk.protocol.events import SessionUpdateData
-
-ID_LINE = re.compile(rb"^id: (\d+)$", re.M)
-
-
-def new_bus() -> SessionBus:
-    return SessionBus("s", BusLimits(10_000, 8 << 20, 4 << 20, 8000), None)
-
-
-def publish(bus: SessionBus, count: int, text_bytes: int = 8) -> None:
-    for _ in range(count):
-        bus.publish(SessionUpdateData(session_id="s", update={
-            "sessionUpdate": "agent_message_chunk",
-            "content": {"type": "text", "text": "x" * text_bytes}}), flush=False)
-    bus.flush()
+from tests.builders.sse_gather import ID_LINE, new_bus, publish
 
 
 class Recorder:

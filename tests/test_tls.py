@@ -24,6 +24,8 @@ from sdk.errors import TransportError
 from sdk.ws import WebSocketEventStream
 from tests.harness import RunningDaemon, running_daemon
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 CHUNKS = 40
 
 

@@ -42,6 +42,8 @@ from benchmarks.launcher import LaunchError
 from daemon.server import TRANSCRIPT_FILE
 from tests.harness import RunningDaemon, start_daemon
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 TIMEOUT_S = 30.0
 POLL_S = 0.02
 TABLES = ("sessions", "prompts", "records", "raw_events")

@@ -36,6 +36,8 @@ from sdk.truncation import parse_truncation, status_text
 from tests.fault_proxy import Chaos, ChaosKind, FaultProxy, Request
 from tests.harness import RunningDaemon, start_daemon
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed "
                                "(pip install -e '.[test]')")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -20,6 +20,8 @@ import pytest
 from sdk.protocol import constants, headers
 from webui_model import pagination, viewer_protocol
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 ROOT = Path(__file__).resolve().parent.parent
 UI = ROOT / "daemon" / "ui"
 PURE = ["protocol", "events", "sse", "truncation", "records", "draft", "reducer", "store",

@@ -10,67 +10,34 @@ means the whole daemon saw one prompt.
 from __future__ import annotations
 
 import json
-import re
-from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import anyio
-import httpx
 import pytest
 
 from sdk.client import DaemonClient
 from sdk.repair import RepairState
 from sdk.repair_driver import RepairOutcomeKind
+from tests.builders.webui_e2e import (
+    TWENTY,
+    CountingTransport,
+    chunk_counts,
+    is_live_marker,
+)
 from tests.harness import RunningDaemon, running_daemon
 from tests.sse_client import text_of
-from webui_model import Block, MessageBlock, TextBlock, WebUIProvider
+from webui_model import MessageBlock, TextBlock, WebUIProvider
 
 WAIT_S = 30
-CHUNK_RE = re.compile(r"chunk-(\d+)")
-TWENTY = Counter({n: 1 for n in range(20)})
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.processes]
 
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[RunningDaemon]:
     with running_daemon(tmp_path, ["--max-journal-events", "3", "--max-journal-bytes", "300"]) as d:
         yield d
-
-
-class CountingTransport(httpx.AsyncBaseTransport):
-    """The real network transport, recording ``(method, path)`` of every request."""
-
-    def __init__(self) -> None:
-        self.inner = httpx.AsyncHTTPTransport()
-        self.requests: list[tuple[str, str]] = []
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append((request.method, request.url.path))
-        return await self.inner.handle_async_request(request)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-    @property
-    def loads(self) -> int:
-        return sum(1 for method, path in self.requests if method == "POST" and path.endswith("/load"))
-
-
-def is_live_marker(block: Block) -> bool:
-    return (
-        isinstance(block, MessageBlock)
-        and block.source == "history_truncated"
-        and isinstance(block.data, dict)
-        and block.data.get("scope") == "live_journal"
-    )
-
-
-def chunk_counts(provider: WebUIProvider) -> Counter[int]:
-    """How often each ``chunk-N`` appears across the transcript's text blocks."""
-    text = "\n".join(b.text for b in provider.store.blocks if isinstance(b, TextBlock))
-    return Counter(int(n) for n in CHUNK_RE.findall(text))
 
 
 def prompt_lines(daemon: RunningDaemon) -> list[str]:

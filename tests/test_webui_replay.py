@@ -8,6 +8,15 @@ import msgspec
 import pytest
 
 from sdk.events import DaemonEvent
+from tests.builders.webui_replay import (
+    SID,
+    _paged_state,
+    agent,
+    done,
+    live_marker,
+    replay_marker,
+    user,
+)
 from webui_model import (
     HISTORY_FAILED_CODE,
     HistoryPage,
@@ -15,7 +24,6 @@ from webui_model import (
     PageError,
     PageRequest,
     PaginationState,
-    StoreState,
     TextBlock,
     TranscriptStore,
     apply_history_page,
@@ -27,62 +35,6 @@ from webui_model import (
     visible_blocks,
 )
 from webui_model.pagination import after_page_error, is_transient_page_error
-
-SID = "a2256628-5fe5-4cde-adc9-494eddf80516"
-
-
-def chunk(
-    kind: str,
-    text: str,
-    *,
-    id: int | None = None,
-    prompt: str | None = None,
-    record: str | None = None,
-    meta_style: str = "both",
-) -> DaemonEvent:
-    update: dict[str, Any] = {"sessionUpdate": kind, "content": {"type": "text", "text": text}}
-    if record is not None:
-        meta: dict[str, Any] = {}
-        if meta_style in ("both", "record"):
-            meta["qwen.session.recordId"] = record
-        if meta_style in ("both", "sources"):
-            meta["qwenTranscript"] = {"sourceRecordIds": [record]}
-        update["_meta"] = meta
-    return DaemonEvent(
-        type="session_update", id=id, prompt_id=prompt, data={"sessionId": SID, "update": update}
-    )
-
-
-def user(text: str, record: str, **kw: Any) -> DaemonEvent:
-    return chunk("user_message_chunk", text, record=record, **kw)
-
-
-def agent(text: str, record: str | None = None, **kw: Any) -> DaemonEvent:
-    return chunk("agent_message_chunk", text, record=record, **kw)
-
-
-def done(prompt: str, id: int | None = None) -> DaemonEvent:
-    return DaemonEvent(
-        type="turn_complete", id=id, prompt_id=prompt,
-        data={"sessionId": SID, "stopReason": "end_turn", "promptId": prompt},
-    )
-
-
-def replay_marker(**extra: Any) -> DaemonEvent:
-    data = {
-        "reason": "replay_window_exceeded", "truncatedEvents": 7, "retainedEvents": 5,
-        "maxBytes": 3000, "fullTranscriptAvailable": True, **extra,
-    }
-    return DaemonEvent(type="history_truncated", data=data)
-
-
-def live_marker(prompt: str | None = "p-live", **extra: Any) -> DaemonEvent:
-    data = {
-        "reason": "replay_window_exceeded", "scope": "live_journal", "truncatedEvents": 35,
-        "retainedEvents": 9, "maxBytes": 4096, "maxEvents": 4, "fullTranscriptAvailable": True,
-        **extra,
-    }
-    return DaemonEvent(type="history_truncated", prompt_id=prompt, data=data)
 
 
 def texts(blocks: Any) -> list[str]:
@@ -246,11 +198,6 @@ def test_load_more_asks_for_the_page_before_the_anchor_or_at_the_cursor() -> Non
 
 
 # --- pages ---------------------------------------------------------------------------------------
-
-
-def _paged_state(configured: int = 100) -> StoreState:
-    compacted = [replay_marker(recordId="r10"), user("q10", "r10", prompt="p10"), agent("a10", "r11", prompt="p10"), done("p10")]
-    return replay_snapshot(compacted, [], configured_max_blocks=configured, pagination_enabled=True).state
 
 
 def test_page_is_prepended_with_one_reset_keeping_existing_blocks() -> None:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from sdk.events import DaemonEvent
+from tests.builders.webui_store import P1, update
 from webui_model import (
     DEFAULT_MAX_BLOCKS,
     STORE_MAX_BLOCKS,
@@ -19,15 +18,6 @@ from webui_model import (
     TranscriptStore,
     replay_snapshot,
 )
-
-P1 = "prompt-1"
-
-
-def update(session_kind: str, /, *, prompt: str | None = P1, text: str | None = None, id: int | None = None, **fields: Any) -> DaemonEvent:
-    body: dict[str, Any] = {"sessionUpdate": session_kind, **fields}
-    if text is not None:
-        body["content"] = {"type": "text", "text": text}
-    return DaemonEvent(type="session_update", id=id, prompt_id=prompt, data={"sessionId": "s", "update": body})
 
 
 def tool(call_id: str, status: str = "pending") -> DaemonEvent:

@@ -38,6 +38,8 @@ from daemon.bridge import MAX_CLIENT_MESSAGE_BYTES
 from tests.harness import RunningDaemon, running_daemon
 from tests.stalls import holds_connection, host_port, poll
 
+pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+
 MIB = 1024 * 1024
 # Sizes the unfixed daemon pays in full (and then some): 128 MiB inflated from one frame of
 # ~128 KiB; 24 connections x 8 MiB of fragments. The fixed daemon stays within MARGIN of where
