@@ -66,21 +66,21 @@ test: check unit
 unit-fast: $(STAMP)
 	HYPOTHESIS_PROFILE=fast $(PY) -m pytest -q -p no:cacheprovider -n 2 -m "not processes" $(PYTEST_ARGS)
 
-# The cluster fault suite (tests/test_cluster_faults.py, part of `make test` once) run again and
+# The cluster fault suite (tests/cluster/test_cluster_faults.py, part of `make test` once) run again and
 # again: TK_CHAOS_ROUNDS rounds of every fault (default 10). Not part of `make test`.
 TK_CHAOS_ROUNDS ?= 10
 chaos-cluster: $(STAMP) $(REDIS_STAMP)
 	TK_CHAOS_ROUNDS=$(TK_CHAOS_ROUNDS) $(PY) -m pytest -q -p no:cacheprovider -n 2 \
-		tests/test_cluster_faults.py $(PYTEST_ARGS)
+		tests/cluster/test_cluster_faults.py $(PYTEST_ARGS)
 
-# The exactly-once proof (tests/test_prompt_exactly_once.py: 200 prompts in `make test`) at a
+# The exactly-once proof (tests/sdk/test_prompt_exactly_once.py: 200 prompts in `make test`) at a
 # larger scale: TK_PROMPT_CHAOS_CALLS prompts (default 1000) under the plan of seed
 # TK_PROMPT_CHAOS_SEED (default 41). Not part of `make test`.
 TK_PROMPT_CHAOS_CALLS ?= 1000
 TK_PROMPT_CHAOS_SEED ?= 41
 chaos-prompts: $(STAMP)
 	TK_PROMPT_CHAOS_CALLS=$(TK_PROMPT_CHAOS_CALLS) TK_PROMPT_CHAOS_SEED=$(TK_PROMPT_CHAOS_SEED) \
-		$(PY) -m pytest -q -p no:cacheprovider -s tests/test_prompt_exactly_once.py \
+		$(PY) -m pytest -q -p no:cacheprovider -s tests/sdk/test_prompt_exactly_once.py \
 		-k every_prompt $(PYTEST_ARGS)
 
 # The whole suite three times in a row while another process keeps one CPU busy (tests/stress.sh):

@@ -37,59 +37,84 @@ OUT = ROOT / ".mutation"
 # The packages copied into each workspace (importable from mutmut's `mutants/` tree).
 PACKAGES = ("daemon", "sdk", "webui_model", "benchmarks")
 
-# Core module -> the fast unit-test files that exercise it. `tests/test_mut_<stem>.py`, if any,
-# is added automatically.
+# Core module -> the fast unit-test files that exercise it. The edge tests of the module's
+# stem (EDGES, written to kill mutants) are added unless --baseline.
+EDGES: dict[str, tuple[str, ...]] = {
+    "acp_codec": ("acp/test_acp_codec_edges.py",),
+    "compactor": ("daemon/test_compactor_edges.py",),
+    "cursor": ("protocol/test_cursor_edges.py",),
+    "envelope": ("daemon/test_envelope_core_edges.py",),
+    "events": ("protocol/test_events_edges.py",),
+    "guards": ("daemon/test_guards_edges.py",),
+    "live_journal": ("daemon/test_live_journal_edges.py",),
+    "pagination": ("webui/test_pagination_edges.py",),
+    "protocol_envelope": ("protocol/test_envelope_edges.py",),
+    "reducer": ("webui/test_reducer_edges.py",),
+    "repair": ("sdk/test_repair_rules_edges.py",),
+    "repair_commit": ("webui/test_repair_commit_edges.py",),
+    "replay": ("webui/test_replay_edges.py",),
+    "replay_window": ("daemon/test_replay_window_edges.py",),
+    "restore": ("durability/test_restore_edges.py",),
+    "ring": ("streams/test_ring_resume_edges.py",),
+    "sse": ("protocol/test_sse_parser_edges.py",),
+    "sse_encoder": ("protocol/test_sse_encoder_edges.py",),
+    "store": ("webui/test_store_edges.py",),
+    "subscriber": ("streams/test_subscriber_edges.py",),
+    "terminals": ("protocol/test_terminals_edges.py",),
+    "transcript_store": ("durability/test_transcript_store_edges.py",),
+    "truncation": ("protocol/test_truncation_edges.py",),
+}
 TESTS: dict[str, tuple[str, ...]] = {
-    "daemon/core/envelope.py": ("test_envelope.py",),
-    "daemon/core/live_journal.py": ("test_live_journal.py", "test_live_journal_props.py"),
-    "daemon/core/compactor.py": ("test_compactor.py",),
-    "daemon/core/acp_codec.py": ("test_acp_codec.py",),
-    "daemon/core/acp_client.py": ("test_acp_client.py",),
-    "sdk/truncation.py": ("test_sdk_truncation.py", "test_sdk_events.py"),
-    "sdk/protocol/sse.py": ("test_sdk_sse.py", "test_mut_sse_encoder.py"),
+    "daemon/core/envelope.py": ("daemon/test_envelope_core.py",),
+    "daemon/core/live_journal.py": ("daemon/test_live_journal.py", "daemon/test_live_journal_props.py"),
+    "daemon/core/compactor.py": ("daemon/test_compactor.py",),
+    "daemon/core/acp_codec.py": ("acp/test_acp_codec.py",),
+    "daemon/core/acp_client.py": ("acp/test_acp_client.py",),
+    "sdk/truncation.py": ("sdk/test_truncation_text.py", "sdk/test_sdk_events.py"),
+    "sdk/protocol/sse.py": ("protocol/test_sse_parser.py", "protocol/test_sse_encoder_edges.py"),
     # The marker and payload rules (moved here from sdk/truncation.py and sdk/events.py).
     "sdk/protocol/events.py": (
-        "test_sdk_truncation.py", "test_sdk_events.py", "test_protocol.py", "test_mut_truncation.py",
+        "sdk/test_truncation_text.py", "sdk/test_sdk_events.py", "protocol/test_protocol.py", "protocol/test_truncation_edges.py",
     ),
     # The envelope (frame bytes -> DaemonEvent, and back), the resume cursor and the prompt
     # terminals (all moved into sdk/protocol/ with the marker rules).
     "sdk/protocol/envelope.py": (
-        "test_protocol.py", "test_sdk_events.py", "test_sdk_sse.py", "test_mut_protocol_envelope.py",
+        "protocol/test_protocol.py", "sdk/test_sdk_events.py", "protocol/test_sse_parser.py", "protocol/test_envelope_edges.py",
     ),
-    "sdk/protocol/cursor.py": ("test_protocol.py",),
-    "sdk/protocol/terminals.py": ("test_protocol.py", "test_webui_terminals.py"),
-    "sdk/repair.py": ("test_sdk_repair.py",),
+    "sdk/protocol/cursor.py": ("protocol/test_protocol.py",),
+    "sdk/protocol/terminals.py": ("protocol/test_protocol.py", "webui/test_webui_terminals.py"),
+    "sdk/repair.py": ("sdk/test_repair_rules.py",),
     "webui_model/store.py": (
-        "test_webui_store.py", "test_webui_reducer.py", "test_webui_replay.py",
-        "test_webui_repair_commit.py",
+        "webui/test_webui_store.py", "webui/test_webui_reducer.py", "webui/test_webui_replay.py",
+        "webui/test_webui_repair_commit.py",
     ),
     # The store's state value and draft (split out of store.py).
     "webui_model/draft.py": (
-        "test_webui_store.py", "test_webui_reducer.py", "test_webui_replay.py",
-        "test_webui_repair_commit.py",
+        "webui/test_webui_store.py", "webui/test_webui_reducer.py", "webui/test_webui_replay.py",
+        "webui/test_webui_repair_commit.py",
     ),
     "webui_model/reducer.py": (
-        "test_webui_reducer.py", "test_webui_store.py", "test_webui_replay.py",
-        "test_webui_repair_commit.py",
+        "webui/test_webui_reducer.py", "webui/test_webui_store.py", "webui/test_webui_replay.py",
+        "webui/test_webui_repair_commit.py",
     ),
-    "webui_model/replay.py": ("test_webui_replay.py",),
-    "webui_model/pagination.py": ("test_webui_replay.py",),
-    "webui_model/repair_commit.py": ("test_webui_repair_commit.py",),
-    "daemon/core/replay_window.py": ("test_replay_window.py",),
-    "daemon/core/ring.py": ("test_ring_resume.py", "test_guards_subscriber_restore.py"),
+    "webui_model/replay.py": ("webui/test_webui_replay.py",),
+    "webui_model/pagination.py": ("webui/test_webui_replay.py",),
+    "webui_model/repair_commit.py": ("webui/test_webui_repair_commit.py",),
+    "daemon/core/replay_window.py": ("daemon/test_replay_window.py",),
+    "daemon/core/ring.py": ("streams/test_ring_resume.py", "daemon/test_guards_subscriber_restore.py"),
     "daemon/core/subscriber.py": (
-        "test_guards_subscriber_restore.py", "test_ring_resume.py", "test_subscriber_replay.py",
+        "daemon/test_guards_subscriber_restore.py", "streams/test_ring_resume.py", "streams/test_subscriber_replay.py",
     ),
-    "daemon/core/guards.py": ("test_guards_subscriber_restore.py",),
-    "daemon/core/restore.py": ("test_guards_subscriber_restore.py", "test_restore_terminals.py"),
-    "daemon/transcript_store.py": ("test_transcript_store.py",),
-    "daemon/core/idempotency.py": ("test_idempotency_core.py",),
-    "daemon/core/checksum.py": ("test_transcript_checks.py",),
+    "daemon/core/guards.py": ("daemon/test_guards_subscriber_restore.py",),
+    "daemon/core/restore.py": ("daemon/test_guards_subscriber_restore.py", "durability/test_restore_terminals.py"),
+    "daemon/transcript_store.py": ("durability/test_transcript_store.py",),
+    "daemon/core/idempotency.py": ("daemon/test_idempotency_core.py",),
+    "daemon/core/checksum.py": ("durability/test_transcript_checks.py",),
 }
 
 # Tests too slow to run once per mutant (they measure scale, not logic; the same logic is
 # covered by the small tests in the same files).
-DESELECT = ("tests/test_webui_repair_commit.py::test_repair_on_a_200k_history_with_a_10k_live_journal_shares_blocks",)
+DESELECT = ("tests/webui/test_webui_repair_commit.py::test_repair_on_a_200k_history_with_a_10k_live_journal_shares_blocks",)
 
 # Equivalent mutants, excluded by source line (mutmut's `do_not_mutate_patterns`: every
 # mutation on a matching line is skipped). module -> [(line regex, why no mutation of it can
@@ -172,7 +197,7 @@ def test_files(module: str, *, baseline: bool = False) -> list[str]:
     if baseline:
         return files
     stem = {"draft": "store"}.get(Path(module).stem, Path(module).stem)
-    files += sorted(f"tests/{p.name}" for p in (ROOT / "tests").glob(f"test_mut_{stem}.py"))
+    files += [f"tests/{name}" for name in EDGES.get(stem, ())]
     return files
 
 
@@ -355,7 +380,7 @@ def main() -> int:
     parser.add_argument("--show-survivors", action="store_true", help="write survivors.diff per module")
     parser.add_argument(
         "--baseline", action="store_true",
-        help="leave out the tests/test_mut_* files (the score of the suite without them)",
+        help="leave out the edge tests (EDGES: the score of the suite without them)",
     )
     parser.add_argument("--min-score", type=float, default=90.0, help="fail below this score")
     args = parser.parse_args()

@@ -1,4 +1,4 @@
-"""Schemathesis hooks for ``tests/test_schemathesis.py`` (loaded through ``SCHEMATHESIS_HOOKS``).
+"""Schemathesis hooks for ``tests/daemon/test_schemathesis.py`` (loaded through ``SCHEMATHESIS_HOOKS``).
 
 Every check runs (``--checks all``). One kind of finding is dropped, and only in the exact form
 listed in :data:`STATE_DEPENDENT`: a schema-valid request refused with a 400 whose reason is

@@ -10,7 +10,7 @@ All replace or extend private Hypercorn code (``WSStream`` methods, its ``Handsh
 worker's ``TCPServer``, the protocol choice, the HTTP/2 stream buffers), so ``pyproject.toml``
 pins Hypercorn to the range they were tested on, each checks the shape it relies on before
 touching anything (and stays off, logging why, on a shape it does not know), and
-``tests/test_server_patches.py`` fails when that shape changes.
+``tests/daemon/test_server_patches.py`` fails when that shape changes.
 :func:`install` is called once, by ``daemon.server`` as the daemon starts (never at import),
 then :func:`probe_direct_body` (see :mod:`daemon.bridge._probe`); :func:`status` is what
 ``GET /daemon/status`` reports as ``server``.

@@ -53,7 +53,7 @@ def frames_of(events: list[Event]) -> bytes:
         # frame's template repeated ``count`` times, fed (id, envelope) pairs: the parsing,
         # the id formatting and the copy all happen in one C call, which measured ~40% less
         # time per event than formatting each head and joining heads, envelopes and
-        # separators (tests/test_sse_frames.py holds it to sse_chunks' bytes).
+        # separators (tests/streams/test_sse_frames.py holds it to sse_chunks' bytes).
         template = frame_format(kind)
         values: list[object] = [None] * (2 * count)
         values[0::2] = range(first, last + 1)

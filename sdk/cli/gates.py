@@ -4,7 +4,7 @@ The daemon gives its bundled mock agent a gate directory: ``$MOCK_ACP_GATE_DIR``
 ``gates`` in its data directory (``$TURNKEEPER_DATA_DIR``, else ``$XDG_STATE_HOME/turnkeeper``,
 else ``~/.local/state/turnkeeper``). A prompt saying ``mock:gate=NAME`` waits until the file
 ``NAME`` exists there; releasing the gate is creating that file. The same rules as the daemon's
-(tests/test_sdk_cli.py holds them equal), read here without importing the daemon.
+(tests/sdk/test_cli.py holds them equal), read here without importing the daemon.
 """
 
 from __future__ import annotations

@@ -313,7 +313,7 @@ def _encoded_names(*kinds: type[msgspec.Struct]) -> frozenset[str]:
 
 
 # Every wire member name these views read: a module outside sdk/protocol that digs one of them
-# out of a dict by hand is reading the wire around the protocol (tests/test_payload_reads.py).
+# out of a dict by hand is reading the wire around the protocol (tests/structure/test_payload_reads.py).
 ACP_WIRE_NAMES: Final[frozenset[str]] = _encoded_names(
     EnvelopeView, EnvelopeMetaView, SessionUpdateView, UpdateView, TextBlockView, UpdateMetaView,
     TranscriptMetaView, NewSessionResultView, PromptResultView, PermissionParamsView,
@@ -325,7 +325,7 @@ ACP_WIRE_NAMES: Final[frozenset[str]] = _encoded_names(
 # --- the mergeable text chunk, read from a dict at hand-written speed ------------------------
 # The same shape as :class:`MergeableChunk` with a text-chunk update, checked with dict lookups:
 # the live journal classifies every dict-built chunk, and a Struct conversion costs about three
-# times these lookups. tests/test_acp_views.py checks, over generated envelopes, that this gives
+# times these lookups. tests/protocol/test_acp_views.py checks, over generated envelopes, that this gives
 # exactly what the view gives.
 
 _MERGE_ENVELOPE_META_KEYS: Final = frozenset({"serverTimestamp", "timestamp"})

@@ -309,7 +309,7 @@ def envelope_fields(event_type: str, data: Any, *, event_id: int | None = None,
                     meta: dict[str, Any] | None = None) -> dict[str, Any]:
     """One envelope as a dict: the members :class:`DaemonEvent` encodes, in its order, absent
     ones left out (the daemon keeps its envelopes as dicts for its journals). Encoded, it is
-    :func:`encode_envelope`'s bytes (``tests/test_wire_contract.py`` holds the two together)."""
+    :func:`encode_envelope`'s bytes (``tests/protocol/test_wire_contract.py`` holds the two together)."""
     env: dict[str, Any] = {}
     if event_id is not None:
         env[_ID] = event_id

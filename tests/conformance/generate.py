@@ -3,7 +3,7 @@
 Each case is a list of wire frames (and loads, pages, live events) run through the real Python
 code (``sdk.truncation``, ``sdk.repair``, ``webui_model``); the expected rendered blocks, status
 texts, pagination states, repair targets, suffix starts, "is new" decisions and repaired states
-are written to ``vectors.json``. ``tests/test_conformance.py`` regenerates them in memory and
+are written to ``vectors.json``. ``tests/viewer/test_conformance.py`` regenerates them in memory and
 fails when the committed file is stale; ``viewer.test.mjs`` runs the same vectors against the
 viewer's ES modules under ``node --test``.
 

@@ -1,6 +1,6 @@
 // The sessions this browser remembers (daemon/ui/sidebar.js KnownSessions): a session closed
 // here never comes back, not even from a list answer that was already on its way when it closed.
-// Run: node --test tests/viewer_js/ (tests/test_viewer_modules.py does, in make test).
+// Run: node --test tests/viewer_js/ (tests/viewer/test_viewer_modules.py does, in make test).
 import assert from "node:assert/strict";
 import { test } from "node:test";
 

@@ -1,6 +1,6 @@
 // The viewer's Markdown subset (daemon/ui/markdown.js): what it renders, what it refuses to
 // make a link, and that hostile input stays text and costs linear time.
-// Run: node --test tests/viewer_js/ (tests/test_viewer_modules.py does, in make test).
+// Run: node --test tests/viewer_js/ (tests/viewer/test_viewer_modules.py does, in make test).
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
