@@ -73,6 +73,9 @@ class StreamingAgent:
     def detach(self, acp_session_id: str, sink: Any = None) -> None:
         self.sink = None
 
+    def group_lines_changed(self) -> None:
+        """The session says its subscribers changed; one sink, nothing to recompute."""
+
     async def prompt(self, acp_session_id: str, blocks: list[Any]) -> dict[str, Any]:
         for i in range(CHUNKS):
             # The channel hands its sink the agent's bytes of each update object.

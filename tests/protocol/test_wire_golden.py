@@ -88,6 +88,9 @@ class ScriptedAgent:
     def detach(self, acp_session_id: str, sink: Any = None) -> None:
         self.sink = None
 
+    def group_lines_changed(self) -> None:
+        """The session says its subscribers changed; one sink, nothing to recompute."""
+
     async def prompt(self, acp_session_id: str, blocks: list[Any]) -> dict[str, Any]:
         self.started += 1
         return await self.scripts.pop(0)(self)
