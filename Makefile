@@ -9,7 +9,8 @@ STAMP := $(VENV)/.installed
 .PHONY: viewer-protocol serve demo test unit-fast test-stress test-agents check unit bench bench-quick mutation \
 	clean chaos-cluster chaos-prompts
 
-$(STAMP): pyproject.toml
+# A new version reinstalls too: the installed metadata carries it.
+$(STAMP): pyproject.toml sdk/protocol/_version.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
