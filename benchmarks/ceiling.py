@@ -4,9 +4,9 @@ Run as ``python -m benchmarks.ceiling --chunks N``: a raw ASGI app under Hyperco
 (the daemon's HTTP server, with nothing of the daemon in front of it) that answers every
 ``GET`` with an SSE stream and, once ``POST /start`` arrives, writes to each open stream the
 frames the daemon would write for a turn of ``N`` mock chunks: ids 1..N of ``session_update``
-envelopes spliced exactly as the daemon splices them (``daemon.core.splice``), framed by
-``daemon.core.sse_frames``, pre-built before the start, published one dispatch group at a
-time (a quarter of ``--max-queued``, at most ``daemon.bus.DISPATCH_GROUP_MAX`` frames; 64 for
+envelopes spliced exactly as the daemon splices them (``daemon.core.frame_codec``), framed by
+``daemon.core.frame_codec``, pre-built before the start, published one dispatch group at a
+time (a quarter of ``--max-queued``, at most ``daemon.core.flow_control.DISPATCH_GROUP_MAX`` frames; 64 for
 ``maxQueued=2048``; ``--group`` overrides it) and written as the daemon writes them: one send
 per wake-up, a small one gathered over a few scheduler passes first (``daemon.streams``); then
 a ``turn_complete`` frame with id N+1. Its first stdout line is ``listening
@@ -38,19 +38,17 @@ from typing import Any, Literal
 
 import trio
 
-from daemon.bus import DISPATCH_GROUP_FRACTION, DISPATCH_GROUP_MAX
 from daemon.core.envelope import Event, encode_json
-from daemon.core.splice import EnvelopeSplicer
-from daemon.core.sse_frames import frames_of
-from daemon.streams import GATHER_BYTES, GATHER_PASSES
+from daemon.core.flow_control import GATHER_PASSES, dispatch_group_lines, worth_gathering
+from daemon.core.frame_codec import EnvelopeSplicer, sse_frames
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 def daemon_group(max_queued: int) -> int:
-    """Frames per wake-up of a daemon subscriber with ``max_queued`` (``SessionBus``'s rule)."""
-    return max(1, min(DISPATCH_GROUP_MAX, int(max_queued * DISPATCH_GROUP_FRACTION)))
+    """Frames per wake-up of a daemon subscriber with ``max_queued`` (the daemon's rule)."""
+    return dispatch_group_lines((max_queued,))
 
 
 def turn_segments(chunks: int, group: int) -> list[bytes]:
@@ -64,12 +62,12 @@ def turn_segments(chunks: int, group: int) -> list[bytes]:
                                 "content": {"type": "text", "text": f"chunk-{start + i}"}})
                    for i in range(count)]
         raws = splicer.envelopes(start + 1, updates)
-        segments.append(frames_of([Event.spliced(raw, start + 1 + i, "session_update", prompt)
+        segments.append(sse_frames([Event.spliced(raw, start + 1 + i, "session_update", prompt)
                                    for i, raw in enumerate(raws)]))
     terminal = Event.from_env({"id": chunks + 1, "v": 1, "type": "turn_complete",
                                "data": {"sessionId": session, "stopReason": "end_turn"},
                                "promptId": prompt})
-    segments.append(frames_of([terminal]))
+    segments.append(sse_frames([terminal]))
     return segments
 
 
@@ -120,8 +118,7 @@ class CeilingApp:
         if available >= len(self.segments):
             return False  # the turn is all published
         pending = self.ends[available - 1] - (self.ends[cursor - 1] if cursor else 0)
-        return (0 < pending < GATHER_BYTES
-                and (available - cursor) * self.group <= self.max_queued // 4)
+        return worth_gathering(pending, (available - cursor) * self.group, self.max_queued)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -155,7 +152,7 @@ class CeilingApp:
                     await self.lot.park()
                     continue
                 # A small write first lets the publisher run a few more passes, bounded as the
-                # daemon bounds it (daemon.streams.GATHER_BYTES), so the sends are as large.
+                # daemon bounds it (daemon.core.flow_control.GATHER_BYTES), so the sends are as large.
                 for _ in range(GATHER_PASSES):
                     if not self.worth_gathering(reader):
                         break

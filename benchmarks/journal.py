@@ -45,6 +45,7 @@ from daemon.core.live_journal import (
     LiveJournal,
     LiveJournals,
 )
+from daemon.core.updates import UpdateBatch
 from sdk.protocol.events import SessionUpdateData, TurnCompleteData
 
 SESSION = "6f1d2c3b-4a59-4e68-8f7a-0b1c2d3e4f50"
@@ -259,10 +260,9 @@ def _pipeline_trial(items: Sequence[SessionUpdateData],
 
         def loop() -> None:
             publish_updates = bus.publish_updates
-            flush = bus.flush
+            of = UpdateBatch.of  # what the agent channel's read finds (here: not timed apart)
             for batch in batches:
-                publish_updates(batch, prompt_id=PROMPT, originator_client_id=CLIENT)
-                flush()
+                publish_updates(of(batch), prompt_id=PROMPT, originator_client_id=CLIENT)
             bus.publish_terminal(terminal, prompt_id=PROMPT,
                                  originator_client_id=CLIENT, ledger_terminal="completed",
                                  stop_reason="end_turn")

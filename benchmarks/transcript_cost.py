@@ -36,7 +36,7 @@ from benchmarks.e2e import TurnRun, measure_turn
 from benchmarks.harness import Context, CpuUse, Row
 from benchmarks.launcher import start_daemon
 from daemon.core.envelope import encode_json
-from daemon.core.splice import EnvelopeSplicer
+from daemon.core.frame_codec import EnvelopeSplicer
 from daemon.transcript_store import AppendEvent, FinishTurn, TranscriptStore, UpsertSession
 from sdk.protocol.events import SessionUpdateData
 

@@ -58,9 +58,9 @@ from daemon.core.acp_client import (
     prompt_result,
     session_id_of,
 )
-from daemon.core.acp_codec import LineSplitter
-from daemon.core.splice import ChunkRun
+from daemon.core.acp_codec import LineSplitter, Read
 from daemon.core.throttle import LineBudget, LogThrottle
+from daemon.core.updates import UpdateBatch
 from sdk.protocol.acp import PermissionAnswer
 
 __all__ = [
@@ -70,6 +70,7 @@ __all__ = [
     "AgentRpcError",
     "AgentStartError",
     "ChannelClosed",
+    "Flow",
     "SessionIdInUse",
     "SessionSink",
 ]
@@ -77,8 +78,7 @@ __all__ = [
 log = logging.getLogger("daemon.agent")
 
 READ_CHUNK_BYTES: Final = 256 * 1024
-# Lines dispatched between two yields when no sink says otherwise (see
-# SessionSink.dispatch_group_lines).
+# Lines dispatched between two yields when no sink says otherwise (see Flow.group_lines).
 DISPATCH_GROUP_LINES: Final = 64
 PIPE_BYTES: Final = 1024 * 1024
 # How long a closing agent gets between stdin EOF and SIGKILL.
@@ -114,29 +114,28 @@ class ChannelClosed(Exception):
     """The agent process went away (or the channel was closed) while a request needed it."""
 
 
+class Flow(Protocol):
+    """A session's flow control, as the reader sees it (the session's bus)."""
+
+    #: How many stdout lines the reader may dispatch before it yields, so that the session's
+    #: subscribers write (and flow control checks them) at least that often. The channel
+    #: keeps the smallest over its sinks: when this may have changed (the session's
+    #: subscribers did), the session calls :meth:`AgentChannel.group_lines_changed`.
+    group_lines: int
+
+    async def wait_for_subscribers(self) -> None:
+        """After a publish: return once the session's subscribers can take more (bounded)."""
+
+
 class SessionSink(Protocol):
     """Where one ACP session's traffic goes (the daemon session implements it)."""
 
-    def on_updates(self, updates: list[bytes], chunks: ChunkRun | None) -> None:
-        """``session/update`` ``update`` objects of one read batch, in stdout order, from the
-        reader task: the agent's own JSON bytes of each object, without insignificant
-        whitespace (its strings and numbers spelled as the agent spelled them, never
-        re-encoded). ``chunks``, when not ``None``, is what ``splice.plain_chunk_run`` of
-        ``updates`` would return (they are all plain text chunks of that kind), already read."""
+    flow: Flow
 
-    def flush(self) -> None:
-        """End of one stdout read batch in which this sink received updates."""
+    def publish(self, batch: UpdateBatch) -> None:
+        """The session's updates of one stdout read, in stdout order, from the reader task:
+        published, and the session's subscribers woken, before it returns."""
 
-    async def wait_subscribers(self) -> None:
-        """After a flush: return once the session's subscribers can take more (flow
-        control; the sink bounds how long that may take)."""
-
-    def dispatch_group_lines(self) -> int:
-        """How many stdout lines the reader may dispatch before it yields, so that the
-        session's subscribers write (and flow control checks them) at least that often. The
-        channel keeps the smallest over its sinks: when this may have changed (the session's
-        subscribers did), the sink calls :meth:`AgentChannel.group_lines_changed`."""
-        ...
 
     def permission_asked(self, params: dict[str, Any]) -> Awaitable[PermissionAnswer]:
         """A ``session/request_permission`` for this session, called as it is read (after the
@@ -285,7 +284,7 @@ class AgentChannel:
         self._proc: trio.Process | None = None
         self._nursery: trio.Nursery | None = None
         self._client: AcpClient[SessionSink, _Slot] = AcpClient()
-        # The smallest dispatch_group_lines of the attached sinks (None: to be computed), so
+        # The smallest flow.group_lines of the attached sinks (None: to be computed), so
         # a read costs O(1) however many sessions are attached.
         self._group_lines: int | None = None
         self._outbox: deque[_Write] = deque()
@@ -467,7 +466,7 @@ class AgentChannel:
         ``attach`` of the same sink."""
         self._client.attach(acp_session_id, sink)
         if self._group_lines is not None:  # one more sink can only lower the smallest
-            self._group_lines = max(1, min(self._group_lines, sink.dispatch_group_lines()))
+            self._group_lines = max(1, min(self._group_lines, sink.flow.group_lines))
         if not hold:
             self._release_held(acp_session_id, sink)
 
@@ -479,8 +478,7 @@ class AgentChannel:
         if held:
             log.info("event=agent_updates_held pid=%s acp_session_id=%s count=%d",
                      self.pid, acp_session_id, len(held))
-            sink.on_updates(held, None)
-            sink.flush()
+            sink.publish(UpdateBatch.of(held))
 
     def is_attached(self, acp_session_id: str) -> bool:
         return self._client.is_attached(acp_session_id)
@@ -490,11 +488,11 @@ class AgentChannel:
         self._client.detach(acp_session_id, sink)
         # One sink fewer: the smallest changes only if it was that sink's.
         if sink is None or (self._group_lines is not None
-                            and sink.dispatch_group_lines() <= self._group_lines):
+                            and sink.flow.group_lines <= self._group_lines):
             self._group_lines = None
 
     def group_lines_changed(self) -> None:
-        """A sink's :meth:`SessionSink.dispatch_group_lines` may have changed."""
+        """A sink's ``flow.group_lines`` may have changed."""
         self._group_lines = None
 
     async def new_session(self, cwd: str) -> str:
@@ -621,8 +619,6 @@ class AgentChannel:
         assert proc.stdout is not None
         stream = proc.stdout
         splitter = LineSplitter()
-        discarded = 0
-        carried_spaced = False
         try:
             while True:
                 try:
@@ -631,21 +627,11 @@ class AgentChannel:
                     break
                 if not data:
                     break
-                chunk = bytes(data)
-                lines = splitter.feed(chunk)
-                # Update bytes are handed on compact. Agents that write compact JSON (most)
-                # put whitespace only inside strings, and a read without any spares each of
-                # its lines the check; the first line may have started in the previous read.
-                spaced = b" " in chunk or b"\t" in chunk or b"\r" in chunk
-                may_be_spaced, carried_spaced = spaced or carried_spaced, spaced
-                if splitter.discarded_lines != discarded:
+                read = splitter.read(bytes(data))
+                if read.discarded:
                     log.warning(
                         "event=agent_line_discarded pid=%s reason=line_over_%d_bytes count=%d",
-                        proc.pid,
-                        splitter.max_line_bytes,
-                        splitter.discarded_lines - discarded,
-                    )
-                    discarded = splitter.discarded_lines
+                        proc.pid, splitter.max_line_bytes, read.discarded)
                 # Dispatch in small groups and yield between them, so subscribers are woken
                 # and write while a large read is still being published: a burst never
                 # builds up more lag than one group. A session whose subscribers fell behind
@@ -653,12 +639,14 @@ class AgentChannel:
                 # large as the attached sessions allow: each group costs a flush, a wake-up
                 # and a write per subscriber, whatever its size.
                 step = self._dispatch_group_lines()
+                lines = read.lines
                 for start in range(0, len(lines), step):
                     if start:
                         await trio.lowlevel.checkpoint()
-                    group = lines[start:start + step]
-                    for sink in self._dispatch(group, spaced=may_be_spaced):
-                        await sink.wait_subscribers()
+                    group = read if len(lines) <= step else Read(
+                        lines[start:start + step], read.spaced)
+                    for sink in self._dispatch(group):
+                        await sink.flow.wait_for_subscribers()
                     await self._wait_reply_backlog()
             # Stdout ended: the agent is usually exiting. Learn how before failing the pending
             # requests, so the session can say which signal or exit code ended it.
@@ -682,7 +670,7 @@ class AgentChannel:
             sinks = self._client.attached()
             if not sinks:
                 return DISPATCH_GROUP_LINES
-            self._group_lines = max(1, min(sink.dispatch_group_lines() for sink in sinks))
+            self._group_lines = max(1, min(sink.flow.group_lines for sink in sinks))
         return self._group_lines
 
     def _end_of_stdout(self, reason: str) -> None:
@@ -705,26 +693,18 @@ class AgentChannel:
         log.warning("event=agent_stdout_held_open pid=%s", proc.pid)
         self._end_of_stdout(f"agent pid {proc.pid} exited")
 
-    def _dispatch(self, lines: list[bytes], *, spaced: bool = True) -> list[SessionSink]:
-        """Handle one read batch without yielding, then flush each sink that got updates;
-        returns those sinks. ``spaced=False`` promises that no line holds a space, tab or CR
-        (so no update needs making compact)."""
-        batch = self._client.receive(lines, spaced=spaced)
+    def _dispatch(self, read: Read) -> list[SessionSink]:
+        """Handle one read (or one group of it) without yielding: each session's updates are
+        published (its subscribers woken) in the order the sessions appear, then the rest is
+        carried out; returns the sinks that got updates."""
+        batch = self._client.receive(read)
         updates = batch.updates
-        chunks = batch.chunks
-        for session_id, (sink, raws) in updates.items():
+        for session_id, (sink, published) in updates.items():
             try:
-                sink.on_updates(raws, chunks.get(session_id))
+                sink.publish(published)
             except Exception:
                 log.exception("event=sink_update_failed pid=%s acp_session_id=%s",
                               self.pid, session_id)
-        for session_id, (sink, _) in updates.items():
-            try:
-                sink.flush()
-            except Exception:
-                log.exception(
-                    "event=sink_flush_failed pid=%s acp_session_id=%s", self.pid, session_id
-                )
         # After the updates: a permission request is published behind the updates read with
         # it, and a reply wakes its waiter (which runs later) with all of them published.
         for event in batch.events:

@@ -1,20 +1,23 @@
 """The session bus: the publish pipeline and subscriber wake-ups. Trio shell.
 
-Publishing takes a typed payload (:mod:`sdk.protocol.events`), assigns the id, encodes once
-(``envelope.typed_event``), appends to the ring, feeds
-both live journals and the compactor, hands the bytes to the transcript writer and, once per
-batch (``flush``), wakes every subscriber and applies the slow-client rules. Subscribers read
-the shared ring through their own cursor; nothing is copied per subscriber.
+Publishing takes a typed payload (:mod:`sdk.protocol.events`) or one read's agent updates (a
+:class:`~daemon.core.updates.UpdateBatch`), assigns the ids, encodes once (the frame codec,
+:mod:`daemon.core.frame_codec`, splices plain text chunks), appends to the ring, feeds both live
+journals and the compactor, hands the bytes to the transcript writer and, once per batch
+(``flush``), wakes every subscriber and applies the slow-client rules. Subscribers read the
+shared ring through their own cursor; nothing is copied per subscriber. The flow-control rules
+are the pure :mod:`daemon.core.flow_control`; the bus only does the waiting. A bus may also be
+fed events numbered elsewhere (a cluster mirror: :meth:`SessionBus.append_numbered`).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Protocol
 
 import msgspec
 import trio
@@ -28,22 +31,22 @@ from sdk.protocol.events import (
     TurnErrorData,
 )
 
+from .clock import now_ms
 from .core.compactor import TurnCompactor, stamp_record
-from .core.envelope import (
-    Event,
-    JsonObject,
-    decode_json,
-    spliced_events,
-    typed_event,
-    typed_synthetic,
+from .core.envelope import Event, JsonObject, decode_json, typed_event, typed_synthetic
+from .core.flow_control import (
+    FLOW_STALL_S,
+    WaitBudget,
+    behind,
+    dispatch_group_lines,
 )
-from .core.live_journal import LiveJournals, plain_chunk_key
+from .core.frame_codec import Splicer
+from .core.live_journal import LiveJournals
 from .core.replay_window import Record, ReplayWindow, SegmentHandle, SpilledTurn
 from .core.ring import DEFAULT_RING_BYTES, EventRing
-from .core.splice import ChunkRun, EnvelopeSplicer, plain_chunk, plain_chunk_run
-from .core.sse_frames import SharedFrames
+from .core.shared_frames import SharedFrames
 from .core.subscriber import Eviction, SubscriberState, Warning
-from .malloc import trim
+from .core.updates import UpdateBatch, plain_chunk
 from .metrics import totals
 from .transcript_store import (
     AppendEvent,
@@ -55,37 +58,6 @@ from .transcript_writer import TranscriptWriter
 
 log = logging.getLogger("daemon.bus")
 
-# Flow control. A subscriber whose write is in flight while it is this far towards its caps
-# (frames or bytes) is *behind*: the agent reader waits for that write to finish before it
-# publishes more, so a reader that keeps reading sets the pace instead of being evicted for
-# a moment of not being scheduled. A write that does not finish within FLOW_STALL_S is
-# stalled: its subscriber is not waited for again until one of its writes completes, so a
-# peer that stopped reading costs the turn FLOW_STALL_S once and then reaches its caps and
-# is evicted as before.
-FLOW_FRACTION = 0.5
-FLOW_STALL_S = 0.5
-# The waiting itself is rationed per session, so that readers who keep reading, but slowly (or a
-# hostile one that reads just fast enough never to stall), cannot pace the agent: the publisher
-# earns FLOW_BUDGET_RATE seconds of waiting per second of wall time and holds at most
-# FLOW_BUDGET_MAX of it. Over any stretch of time T the whole session waits at most
-# FLOW_BUDGET_MAX + FLOW_BUDGET_RATE * T; past that, slow subscribers meet their caps as they
-# would without flow control.
-FLOW_BUDGET_RATE = 0.1
-FLOW_BUDGET_MAX = FLOW_STALL_S
-# The agent reader publishes at most this many lines of a read before it yields so that
-# subscribers write (SessionBus.dispatch_group_lines): a quarter of the smallest subscriber's
-# maxQueued, so that one group moves a subscriber that flow control let through (under half
-# its cap) to under three quarters of it, never over; and never more than DISPATCH_GROUP_MAX:
-# larger groups let one load generator feeding 64 subscribers fall behind until flow
-# control's budget ran out and readers were evicted (the e2e benchmark's 64-subscriber row).
-# Every group costs a flush, a wake-up and a write per subscriber whatever its size, so the
-# largest safe group is the cheapest.
-DISPATCH_GROUP_FRACTION = 0.25
-DISPATCH_GROUP_MAX = 64
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
 
 @dataclass(frozen=True)
 class BusLimits:
@@ -96,41 +68,34 @@ class BusLimits:
     event_ring_bytes: int = DEFAULT_RING_BYTES
 
 
-class Subscription:
-    """One SSE/WS reader of the bus: its ring cursor, warning latch and the scope that stops it."""
+class BusReader(Protocol):
+    """What the bus needs of one of its SSE/WS readers (``daemon.streams.Subscription``)."""
 
-    __slots__ = ("_idle", "abort", "evicted", "flow_stalled_at", "pending_warning", "scope",
-                 "sending", "state", "writes_done")
-
-    def __init__(self, state: SubscriberState) -> None:
-        self.state = state
-        self.scope: trio.CancelScope | None = None
-        # Cuts the transport when a write is stalled (the server does not let it be cancelled).
-        self.abort: Callable[[], object] | None = None
-        self.pending_warning: Warning | None = None
-        # True while a write is in flight. Only then can lag build up: an idle subscriber
-        # takes every new event the moment it runs (they are handed over in one write).
-        self.sending = False
-        # Writes completed so far: one that stays in flight with this count unchanged is
-        # stalled (see streams.watch_stalled_writes).
-        self.writes_done = 0
-        # writes_done when flow control last found a write of this subscriber stalled.
-        self.flow_stalled_at: int | None = None
-        self._idle = trio.Event()
-        self.evicted = trio.Event()
-
-    def begin_write(self) -> None:
-        self.sending = True
-        self._idle = trio.Event()
-
-    def end_write(self) -> None:
-        self.sending = False
-        self._idle.set()
+    state: SubscriberState
+    # True while a write is in flight (only then can lag build up); writes completed so far;
+    # writes_done when flow control last found a write stalled.
+    sending: bool
+    writes_done: int
+    flow_stalled_at: int | None
+    pending_warning: Warning | None
+    # Stops its stream; cuts its transport (a stalled write cannot be cancelled).
+    scope: trio.CancelScope | None
+    abort: Callable[[], object] | None
+    evicted: trio.Event
 
     async def wait_idle(self) -> None:
         """Return once no write is in flight."""
-        if self.sending:
-            await self._idle.wait()
+
+
+class HeapReclaimer(Protocol):
+    """Where freed heap goes back to the OS (``daemon.reclaimer.Reclaimer``)."""
+
+    def note(self, nbytes: int) -> None:
+        """``nbytes`` were published (they will leave the ring and the journals one day)."""
+
+    def trim_now(self, reason: str) -> bool:
+        """Many pieces of heap were just freed: trim at once; True if memory went back."""
+        ...
 
 
 Spawn = Callable[[Callable[[], Awaitable[None]]], None]
@@ -165,7 +130,7 @@ class SessionBus:
         first_id: int = 1,
         clock_ms: Callable[[], int] = now_ms,
         spawn: Spawn | None = None,
-        on_published: Callable[[int], None] | None = None,
+        reclaimer: HeapReclaimer | None = None,
         guard: Callable[[], bool] | None = None,
         epoch: str | None = None,
     ) -> None:
@@ -177,9 +142,9 @@ class SessionBus:
         # Runs background work of this bus (spilling an over-cap turn once it is committed);
         # without it over-cap turns stay in memory.
         self._spawn = spawn
-        # Told, at each flush, the bytes published since the last one (the daemon's
-        # Reclaimer: events pushed out of the ring and the journals leave heap holes).
-        self._on_published = on_published
+        # Told, at each flush, the bytes published since the last one (events pushed out of
+        # the ring and the journals leave heap holes), and asked to trim after a spill.
+        self._reclaimer = reclaimer
         self._published_noted = self.ring.appended_bytes
         self.journals = LiveJournals(limits.max_journal_events, limits.max_journal_bytes)
         self.compactor = TurnCompactor()
@@ -194,8 +159,11 @@ class SessionBus:
         # A terminal written to the transcript but not shown yet (publish_terminal's hold):
         # the event, the turn's records and the seq of their FinishTurn.
         self._held: tuple[Event, list[Record], int | None] | None = None
-        self.subscribers: set[Subscription] = set()
-        # Called whenever the subscribers change (so dispatch_group_lines may have): the agent
+        self.subscribers: set[BusReader] = set()
+        # How many agent lines the reader may publish between two yields (flow control),
+        # kept up to date as subscribers come and go.
+        self.group_lines = dispatch_group_lines(())
+        # Called whenever the subscribers change (so group_lines may have): the agent
         # channel keeps the smallest over its sessions instead of asking each on every read;
         # a cluster mirror reports its reader count.
         self.on_subscribers_changed: list[Callable[[], None]] = []
@@ -208,18 +176,18 @@ class SessionBus:
         self.last_activity_ms: int | None = None
         self._lot = trio.lowlevel.ParkingLot()
         self._dirty = False
-        # Subscribers the last flush found behind (see FLOW_FRACTION).
-        self._behind: list[Subscription] = []
-        self._flow_budget = FLOW_BUDGET_MAX
-        self._flow_budget_at: float | None = None
+        # Subscribers the last flush found behind (daemon.core.flow_control).
+        self._behind: list[BusReader] = []
+        self._flow_budget = WaitBudget()
         self.flow_wait_s = 0.0  # total time the publisher spent waiting for subscribers
-        # The last envelope template and what it was made for (see _splicer).
-        self._splicer_cache: tuple[tuple[str | None, str | None, int], EnvelopeSplicer] | None = None
+        # The envelopes of spliced runs (the frame codec keeps the template of the moment).
+        self._splicer = Splicer(session_id)
         # Cluster mode: True while this node certainly owns the session (the lease clock); a
         # publish that finds it False first cuts every subscriber. None: no check.
         self.guard = guard
-        # Frames to send a subscriber before its next events (see move_to_epoch).
-        self._resyncs: dict[Subscription, Event] = {}
+        # Frames to send a subscriber before its next events (see move_to_epoch); read it,
+        # take from it with take_resync.
+        self.resyncs: dict[BusReader, Event] = {}
         if writer is not None:
             writer.reset_durable(session_id)
 
@@ -271,43 +239,40 @@ class SessionBus:
 
     def publish_updates(
         self,
-        updates: list[bytes],
+        batch: UpdateBatch,
         *,
         prompt_id: str | None,
         originator_client_id: str | None,
-        chunks: ChunkRun | None = None,
     ) -> None:
-        """Publish agent ``session/update`` updates, given as the agent's JSON bytes of each
-        ``update`` object in compact form (``splice.compact``; the agent channel hands them on
-        so), in order, as ``session_update`` events (``data = {sessionId, update}``); the
-        caller flushes.
+        """Publish one read's agent ``session/update`` updates, in order, as
+        ``session_update`` events (``data = {sessionId, update}``), then :meth:`flush`.
 
-        Plain text chunks (``daemon.core.splice``) are spliced, not re-encoded, and handled a run at
-        a time: one envelope template, one transcript op per run, the journals and the
-        compactor fed without classifying each event again. Every other update is decoded and
-        published like :meth:`publish`; one that is not a JSON object is dropped.
-
-        ``chunks``, when given, must be what ``plain_chunk_run(updates)`` returns (the agent
-        channel read it with the lines: ``splice.plain_chunk_lines``); it is not read again.
+        Plain text chunks are spliced (:mod:`daemon.core.frame_codec`), not re-encoded, and
+        handled a run at a time: one envelope template, one transcript op per run, the
+        journals and the compactor fed without classifying each event again. The batch says
+        whether it is one such run (the usual read, found as the agent channel read it); in a
+        mixed batch each stretch of text chunks of one kind between the other updates is one
+        run. Every other update is decoded and published like :meth:`publish`; one that is not
+        a JSON object is dropped.
         """
         if self.closed:
             return
-        run = chunks if chunks is not None else plain_chunk_run(updates)
+        now = self.clock_ms()
+        run = batch.run
         if run is not None:
-            # The usual read: nothing but text chunks of one kind, found in one decode.
-            self._publish_spliced_run(run[0], updates, run[1], prompt_id, originator_client_id)
+            self._publish_spliced_run(run[0], batch.updates, run[1], prompt_id,
+                                      originator_client_id, now)
+            self.flush(now)
             return
-        # A mixed read: each stretch of text chunks of one kind between the other updates is
-        # published as one run, the same way.
         run_kind: str | None = None
         run_updates: list[bytes] = []
         run_texts: list[str] = []
-        for update in updates:
+        for update in batch.updates:
             chunk = plain_chunk(update)
             if chunk is None or chunk[0] != run_kind:
                 if run_updates:
                     self._publish_spliced_run(run_kind or "", run_updates, run_texts, prompt_id,
-                                              originator_client_id)
+                                              originator_client_id, now)
                     run_updates, run_texts = [], []
                 if chunk is None:
                     run_kind = None
@@ -318,37 +283,24 @@ class SessionBus:
             run_texts.append(chunk[1])
         if run_updates:
             self._publish_spliced_run(run_kind or "", run_updates, run_texts, prompt_id,
-                                      originator_client_id)
-
-    def _splicer(self, prompt_id: str | None,
-                 originator_client_id: str | None) -> EnvelopeSplicer:
-        """The envelope template for chunks published now: the last one while the prompt, the
-        originator and the clock's millisecond are the same (a turn's reads come several to a
-        millisecond, and a template costs several envelopes to make), a new one else."""
-        key = (prompt_id, originator_client_id, self.clock_ms())
-        cached = self._splicer_cache
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        splicer = EnvelopeSplicer(self.session_id, prompt_id, originator_client_id, key[2])
-        self._splicer_cache = (key, splicer)
-        return splicer
+                                      originator_client_id, now)
+        self.flush(now)
 
     def _publish_spliced_run(self, kind: str, updates: list[bytes], texts: list[str],
-                             prompt_id: str | None, originator_client_id: str | None) -> None:
+                             prompt_id: str | None, originator_client_id: str | None,
+                             now: int) -> None:
         """A run of plain text chunks of one ``kind`` (``texts``: theirs): the envelopes
         formatted in one pass around the agent's bytes, the ring filled a slice at a time, and
         the journals, the compactor and the transcript fed once for the run."""
         self._show_held()
         self._check_guard()
         first = self.ring.next_id
-        splicer = self._splicer(prompt_id, originator_client_id)
-        events = spliced_events(splicer.envelopes(first, updates), first, "session_update",
-                                prompt_id)
+        events, template = self._splicer.run(prompt_id, originator_client_id, now, first,
+                                             updates)
         offsets = self.ring.extend(events)
         totals.events_published += len(events)
-        self.journals.append_chunks(
-            events, texts,
-            plain_chunk_key(kind, prompt_id, originator_client_id, self.session_id), offsets)
+        self.journals.append_run(events, texts, kind, prompt_id, originator_client_id,
+                                 self.session_id, offsets)
         try:
             self.compactor.add_plain_chunks(kind, events, texts, prompt_id, originator_client_id)
         except Exception:
@@ -358,7 +310,7 @@ class SessionBus:
             # updates rather than the envelopes: a quarter of the bytes.
             self.last_write_seq = self.writer.submit(
                 AppendEvent(self.session_id, events[-1].id or 0, prompt_id,
-                            b"\n".join(updates), splicer.template(first)))
+                            b"\n".join(updates), template))
         self._dirty = True
 
     def _publish_decoded_update(self, update: bytes, prompt_id: str | None,
@@ -496,7 +448,8 @@ class SessionBus:
         size = self.window.total_bytes
         if self.window.spill(handle):
             # The turn's text was freed in many pieces: give the pages back to the OS.
-            released = trim()
+            released = (self._reclaimer.trim_now("replay_turn_spilled")
+                        if self._reclaimer is not None else False)
             log.info("event=replay_turn_spilled session=%s bytes=%d trimmed=%s",
                      self.session_id, size, released)
 
@@ -505,18 +458,19 @@ class SessionBus:
             log.exception("event=replay_degraded session=%s where=%s", self.session_id, where)
         self.degraded = True
 
-    def flush(self) -> None:
-        """Wake subscribers once for everything published since the last flush."""
+    def flush(self, now: int | None = None) -> None:
+        """Wake subscribers once for everything published since the last flush (``now``: the
+        clock's milliseconds, if the caller just read it)."""
         if not self._dirty:
             return
         self._dirty = False
-        self.last_activity_ms = self.clock_ms()
+        self.last_activity_ms = now if now is not None else self.clock_ms()
         ring = self.ring
-        if self._on_published is not None:
+        if self._reclaimer is not None:
             published = ring.appended_bytes
-            self._on_published(published - self._published_noted)
+            self._reclaimer.note(published - self._published_noted)
             self._published_noted = published
-        self._behind = behind = []
+        self._behind = lagging = []
         for sub in tuple(self.subscribers):
             if not sub.sending:
                 continue
@@ -532,50 +486,37 @@ class SessionBus:
                          "queued_bytes=%s", self.session_id, warned.threshold,
                          warned.queue_size, warned.queued_bytes)
                 sub.pending_warning = verdict
-            if (ring.last_id - state.cursor >= FLOW_FRACTION * state.max_queued
-                    or ring.bytes_since(state.cursor)
-                    >= FLOW_FRACTION * state.max_queued_bytes):
-                behind.append(sub)
+            if behind(ring.next_id - 1 - state.cursor, ring.bytes_since(state.cursor),
+                      state.max_queued, state.max_queued_bytes):
+                lagging.append(sub)
         self._lot.unpark_all()
-
-    def dispatch_group_lines(self) -> int:
-        """How many agent lines may be published between two yields to the subscribers (see
-        DISPATCH_GROUP_FRACTION)."""
-        subscribers = self.subscribers
-        if not subscribers:
-            return DISPATCH_GROUP_MAX
-        smallest = min(sub.state.max_queued for sub in subscribers)
-        return max(1, min(DISPATCH_GROUP_MAX, int(smallest * DISPATCH_GROUP_FRACTION)))
 
     async def wait_for_subscribers(self, stall_s: float = FLOW_STALL_S) -> None:
         """Flow control for the publisher (the agent reader): wait for the writes in flight
-        of the subscribers the last flush found behind, skipping stalled ones (see
-        FLOW_STALL_S). Returns at once when none is behind."""
-        behind = self._behind
-        if not behind:
+        of the subscribers the last flush found behind, skipping stalled ones, within the
+        bus's ration of waiting (:mod:`daemon.core.flow_control`). Returns at once when none
+        is behind."""
+        lagging = self._behind
+        if not lagging:
             return
         self._behind = []
-        now = trio.current_time()
-        if self._flow_budget_at is not None:
-            self._flow_budget = min(
-                FLOW_BUDGET_MAX,
-                self._flow_budget + (now - self._flow_budget_at) * FLOW_BUDGET_RATE)
-        self._flow_budget_at = now
-        for sub in behind:
+        budget = self._flow_budget
+        budget.refill(trio.current_time())
+        for sub in lagging:
             if sub not in self.subscribers or sub.flow_stalled_at == sub.writes_done:
                 continue
-            if self._flow_budget <= 0:
+            limit = budget.allowance(stall_s)
+            if limit <= 0:
                 return  # rationed out: the slow-client caps decide from here
-            limit = min(stall_s, self._flow_budget)
             started = trio.current_time()
             with trio.move_on_after(limit) as scope:
                 await sub.wait_idle()
             waited = trio.current_time() - started
-            self._flow_budget -= waited
+            budget.spend(waited)
             self.flow_wait_s += waited
             if scope.cancelled_caught and limit >= stall_s:
                 sub.flow_stalled_at = sub.writes_done
-        self._flow_budget_at = trio.current_time()
+        budget.at = trio.current_time()  # time spent waiting earns nothing
 
     def _check_guard(self) -> None:
         """Before an event enters the ring: if this node may no longer be the session's owner
@@ -600,7 +541,7 @@ class SessionBus:
         self.frames.clear()
         self._subscribers_changed()
 
-    def evict(self, sub: Subscription) -> None:
+    def evict(self, sub: BusReader) -> None:
         """Drop a subscriber that fell behind; its stream ends with ``client_evicted``."""
         if sub in self.subscribers:
             self.subscribers.discard(sub)
@@ -625,17 +566,17 @@ class SessionBus:
 
     # -- subscribers ----------------------------------------------------------------------------
 
-    def take_resync(self, sub: Subscription) -> Event | None:
+    def take_resync(self, sub: BusReader) -> Event | None:
         """A frame to send ``sub`` before its next events: the resync of
         :meth:`move_to_epoch`, once."""
-        return self._resyncs.pop(sub, None) if self._resyncs else None
+        return self.resyncs.pop(sub, None)
 
-    def add_subscriber(self, sub: Subscription) -> None:
+    def add_subscriber(self, sub: BusReader) -> None:
         self.subscribers.add(sub)
         self._subscribers_changed()
 
-    def remove_subscriber(self, sub: Subscription) -> None:
-        self._resyncs.pop(sub, None)
+    def remove_subscriber(self, sub: BusReader) -> None:
+        self.resyncs.pop(sub, None)
         self.subscribers.discard(sub)
         self._subscribers_changed()
         if not self.subscribers:
@@ -671,7 +612,7 @@ class SessionBus:
         stamp = self.clock_ms()
         for sub in self.subscribers:
             state = sub.state
-            self._resyncs[sub] = typed_synthetic(StateResyncRequiredData(
+            self.resyncs[sub] = typed_synthetic(StateResyncRequiredData(
                 reason=RESYNC_EPOCH_RESET, detail=RESYNC_EPOCH_MISMATCH,
                 last_delivered_id=state.cursor, earliest_available_id=self.ring.next_id,
             ), now_ms=stamp)
@@ -680,6 +621,7 @@ class SessionBus:
         self.flush()
 
     def _subscribers_changed(self) -> None:
+        self.group_lines = dispatch_group_lines(sub.state.max_queued for sub in self.subscribers)
         for told in self.on_subscribers_changed:
             told()
 

@@ -24,7 +24,7 @@ from sdk.protocol import headers, routes
 from sdk.protocol import http as wire
 
 from . import bridge
-from .bus import now_ms
+from .clock import now_ms
 from .config import DaemonConfig
 from .core.envelope import decode_json, encode_json, spliced_parts, write_groups
 from .core.idempotency import Conflict, KeyedAdmission, Replay, decide, request_digest

@@ -42,7 +42,8 @@ from sdk.protocol import __version__
 from sdk.protocol.http import SessionCounts, TranscriptRecovery
 
 from .agent import AgentChannel, AgentStartError, SessionIdInUse
-from .bus import BusLimits, SessionBus, now_ms
+from .bus import BusLimits, HeapReclaimer, SessionBus
+from .clock import now_ms
 from .config import MOCK_GATE_ENV, DaemonConfig
 from .core.clients import ClientRegistry
 from .core.restore import close_interrupted, seed_segments
@@ -177,10 +178,10 @@ class SessionManager:
         nursery: trio.Nursery,
         *,
         agent_env: Mapping[str, str] | None = None,
-        on_published: Callable[[int], None] | None = None,
+        reclaimer: HeapReclaimer | None = None,
     ) -> None:
         self.config = config
-        self.on_published = on_published  # given to every bus (see SessionBus)
+        self.reclaimer = reclaimer  # given to every bus (see SessionBus)
         self.writer = writer
         self.nursery = nursery
         self.agent_env = dict(os.environ if agent_env is None else agent_env)
@@ -641,7 +642,7 @@ class SessionManager:
                  first_id: int = 1) -> SessionBus:
         guard = self.publish_guard(session_id) if self.publish_guard is not None else None
         return SessionBus(session_id, self.limits, writer, first_id=first_id, spawn=self._spawn,
-                          on_published=self.on_published, guard=guard)
+                          reclaimer=self.reclaimer, guard=guard)
 
     def _session(self, session_id: str, cwd: str, created_at: str, agent: AgentChannel,
                  acp_session_id: str, bus: SessionBus, *, keys_complete: bool) -> Session:

@@ -1,5 +1,7 @@
 """The Trio shell of :mod:`daemon.core.reclaim`: buses report the bytes they publish, one task
-trims the C heap when the policy says it is due. One per daemon, in the root nursery."""
+trims the C heap when the policy says it is due. One per daemon, in the root nursery, and the
+daemon's only caller of :func:`daemon.malloc.trim`: what wants a trim at once (the end of
+start-up, a spilled turn) asks it (:meth:`Reclaimer.trim_now`)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ log = logging.getLogger(__name__)
 
 class Reclaimer:
     """``note`` is what a bus calls on each flush with the bytes it published since the last
-    one; ``run`` is the task that trims."""
+    one; ``run`` is the task that trims; ``trim_now`` trims at once."""
 
     def __init__(self, policy: ReclaimPolicy | None = None,
                  trim: Callable[[], bool] = malloc.trim) -> None:
@@ -32,6 +34,23 @@ class Reclaimer:
         if self.policy.note(nbytes, trio.current_time()):
             self._due.set()
 
+    def trim_now(self, reason: str, *, quiet: bool = False) -> bool:
+        """Trim now (``reason`` goes to the log line, unless ``quiet``): a lot of heap was
+        freed in many pieces at once. True if memory went back to the OS. The count of
+        published bytes starts again."""
+        return self._trim_logged(reason, quiet=quiet)
+
+    def _trim_logged(self, reason: str, *, quiet: bool = False) -> bool:
+        self.trims += 1
+        released = self._trim()
+        if released:
+            self.released += 1
+        if not quiet:
+            log.info("event=heap_trimmed reason=%s published_bytes=%d released=%s", reason,
+                     self.policy.churn, released)
+        self.policy.trimmed()
+        return released
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:
         task_status.started()
@@ -42,11 +61,5 @@ class Reclaimer:
             # stops moving.
             while (due := policy.due_at()) is not None and due > trio.current_time():
                 await trio.sleep_until(due)
-            self.trims += 1
-            released = self._trim()
-            if released:
-                self.released += 1
-            log.info("event=heap_trimmed published_bytes=%d released=%s", policy.churn,
-                     released)
-            policy.trimmed()
+            self._trim_logged("churn")
             self._due = trio.Event()

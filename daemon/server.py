@@ -20,7 +20,7 @@ import trio
 from hypercorn.config import Config as HyperConfig
 from hypercorn.trio import serve
 
-from . import bridge, malloc
+from . import bridge
 from .asgi import DaemonASGI
 from .config import DaemonConfig, program_name
 from .core.guards import Guard
@@ -255,7 +255,7 @@ async def run_daemon(
             reclaimer = Reclaimer()
             await root.start(reclaimer.run)
             root.start_soon(bridge.report_connection_refusals)
-            manager = SessionManager(config, writer, root, on_published=reclaimer.note)
+            manager = SessionManager(config, writer, root, reclaimer=reclaimer)
             if writer is not None and cluster is None:
                 retention = Retention(writer, manager, RetentionPolicy(
                     config.retain_days, config.retain_bytes),
@@ -304,7 +304,7 @@ async def run_daemon(
                       f"{config.cluster_redis}", file=stream, flush=True)
             # Start-up (imports, the schema, the app and its OpenAPI document) left freed heap
             # pages behind, below live objects where glibc never returns them on its own.
-            malloc.trim()
+            reclaimer.trim_now("startup", quiet=True)
             print(f"turnkeeper daemon listening on {url}", file=stream, flush=True)
             print(startup_hint(config), file=stream, flush=True)
             print(banner(config, url, gates), file=stream, flush=True)

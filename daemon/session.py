@@ -60,8 +60,9 @@ from sdk.protocol.events import (
 from sdk.protocol.http import PermissionOutcome, PromptAccepted, PromptTerminal
 from sdk.protocol.terminals import CHANNEL_CLOSED
 
-from .agent import AgentChannel, AgentRpcError, ChannelClosed
-from .bus import SessionBus, now_ms
+from .agent import AgentChannel, AgentRpcError, ChannelClosed, Flow
+from .bus import SessionBus
+from .clock import now_ms
 from .core.idempotency import AdmissionKeys, KeyedAdmission
 from .core.prompt_echo import USER_CHUNK, PromptEcho
 from .core.prompt_lifecycle import (
@@ -78,7 +79,7 @@ from .core.prompt_lifecycle import (
     after_close,
     terminal_for,
 )
-from .core.splice import ChunkRun
+from .core.updates import UpdateBatch
 from .transcript_store import AdmitPrompt
 
 log = logging.getLogger("daemon.session")
@@ -207,8 +208,10 @@ class Session:
         self.ended = trio.Event()
         self._close_started = trio.Event()  # set by close()
         self._wake = trio.Event()
-        # Agent updates of the current stdout batch, published at its flush.
-        self._updates: list[tuple[list[bytes], ChunkRun | None]] = []
+        # The agent channel's reader asks the bus directly how to pace itself (SessionSink).
+        self.flow: Flow = bus
+        # Updates handed one at a time (on_update), published at the next flush.
+        self._updates: list[bytes] = []
         # The running prompt as the agent may echo it back (only while a prompt runs).
         self._echo: PromptEcho | None = None
 
@@ -671,32 +674,34 @@ class Session:
 
     # -- SessionSink (the agent channel calls these) -------------------------------------------
 
-    def on_updates(self, updates: list[bytes], chunks: ChunkRun | None) -> None:
+    def publish(self, batch: UpdateBatch) -> None:
+        """Publish one read's updates (the agent's own echo of the running prompt left out:
+        the daemon published the prompt itself) and wake the subscribers."""
         echo = self._echo
         if echo is not None and echo.open:
-            updates, chunks = self._without_echo(echo, updates, chunks)
-            if not updates:
-                return
-        # Gathered for the end of the read batch: the bus publishes them as one batch.
-        self._updates.append((updates, chunks))
+            batch = self._without_echo(echo, batch)
+        if batch.updates:
+            prompt = self.active
+            self.bus.publish_updates(
+                batch, prompt_id=prompt.prompt_id if prompt is not None else None,
+                originator_client_id=prompt.client_id if prompt is not None else None)
+        else:
+            self.bus.flush()
 
     @staticmethod
-    def _without_echo(echo: PromptEcho, updates: list[bytes], chunks: ChunkRun | None
-                      ) -> tuple[list[bytes], ChunkRun | None]:
-        """The updates without the agent's own echo of the running prompt (the daemon has
-        published the prompt itself)."""
-        if chunks is not None:  # one kind of text chunks, already read
-            kind, texts = chunks
+    def _without_echo(echo: PromptEcho, batch: UpdateBatch) -> UpdateBatch:
+        """The batch without the agent's own echo of the running prompt."""
+        if batch.run is not None:  # one kind of text chunks, already read
+            kind, texts = batch.run
             if kind != USER_CHUNK:
                 echo.take(kind, None)
-                return updates, chunks
+                return batch
             echoed = echo.take_texts(kind, texts)
             if not any(echoed):
-                return updates, chunks
-            kept = [i for i, dropped in enumerate(echoed) if not dropped]
-            return [updates[i] for i in kept], (kind, [texts[i] for i in kept])
-        out = []
-        for raw in updates:
+                return batch
+            return batch.keep([i for i, dropped in enumerate(echoed) if not dropped])
+        kept = []
+        for i, raw in enumerate(batch.updates):
             if echo.open:
                 try:
                     found = _decode_update(raw)
@@ -704,35 +709,18 @@ class Session:
                     found = None
                 if found is not None and echo.take(found.session_update, found.content):
                     continue
-            out.append(raw)
-        return out, None
+            kept.append(i)
+        return batch if len(kept) == len(batch.updates) else batch.keep(kept)
 
     def on_update(self, update: bytes) -> None:
-        """One update (:meth:`on_updates` of one), for callers that have them one at a time:
-        gathered with the updates before it into one batch, as the agent channel's are."""
-        pending = self._updates
-        if pending and pending[-1][1] is None:
-            pending[-1][0].append(update)
-        else:
-            pending.append(([update], None))
+        """One update, for callers that have them one at a time (a scripted agent in a test):
+        gathered with the updates before it, and published as one batch at :meth:`flush`."""
+        self._updates.append(update)
 
     def flush(self) -> None:
-        pending = self._updates
-        if pending:
-            self._updates = []
-            prompt = self.active
-            prompt_id = prompt.prompt_id if prompt is not None else None
-            client_id = prompt.client_id if prompt is not None else None
-            for updates, chunks in pending:
-                self.bus.publish_updates(updates, prompt_id=prompt_id,
-                                         originator_client_id=client_id, chunks=chunks)
-        self.bus.flush()
-
-    async def wait_subscribers(self) -> None:
-        await self.bus.wait_for_subscribers()
-
-    def dispatch_group_lines(self) -> int:
-        return self.bus.dispatch_group_lines()
+        """Publish the updates gathered by :meth:`on_update`, and wake the subscribers."""
+        updates, self._updates = self._updates, []
+        self.publish(UpdateBatch.of(updates))
 
     def permission_asked(self, params: dict[str, Any]) -> Awaitable[PermissionAnswer]:
         # Synchronous, in stdout order: the request is published, and registered for a vote,

@@ -24,14 +24,18 @@ from sdk.protocol.constants import MAX_EVENT_ID
 from sdk.protocol.sse import SSE_HEARTBEAT, sse_retry
 
 from .bridge import BodyGone, DirectBody, direct_body, shutdown_connection
-from .bus import SessionBus, Subscription, now_ms
-from .core.envelope import Event, encode_json, sse_chunks
+from .bus import SessionBus
+from .clock import now_ms
+from .core.envelope import Event, encode_json
+from .core.flow_control import GATHER_PASSES, worth_gathering
+from .core.frame_codec import sse_chunks
 from .core.ring import ResumePlan, decide_resume
 from .core.subscriber import (
     MAX_QUEUED_DEFAULT,
     MAX_QUEUED_MAX,
     MAX_QUEUED_MIN,
     SubscriberState,
+    Warning,
     client_evicted_event,
     slow_client_warning_event,
 )
@@ -55,19 +59,44 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 MAX_SUBSCRIBERS = 64
 EPOCH_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 EVICTED_FRAME_TIMEOUT_S = 0.5
-# A live write that would be small first lets the publisher run a few more scheduler passes
-# (EventPump.worth_gathering; never a timed wait): every write costs the server the same fixed
-# price (the ASGI message, Hypercorn's and h11's framing, a send lock, a socket send, a wake-up
-# of the reader) whatever its size, so a write that carries three dispatch groups instead of one
-# pays it a third as often per event. Bounded by bytes (128 KiB, about 350 chunk frames) and by
-# frames (a quarter of maxQueued, so that with the next group the subscriber stays under half
-# its cap, where flow control starts), and to GATHER_PASSES passes per write: when the publisher
-# has nothing more to run, a pass costs microseconds. Measured in-process (cachegrind, real
-# Hypercorn, a publisher yielding between 64-line groups): 1 pass below 64 KiB took the
-# instructions per event per extra subscriber from ~2,390 to ~2,000, 3 passes below 128 KiB
-# to ~1,650.
-GATHER_BYTES = 128 * 1024
-GATHER_PASSES = 3
+
+
+class Subscription:
+    """One SSE/WS reader of a bus: its ring cursor, warning latch and the scope that stops it
+    (what the bus needs of it: :class:`daemon.bus.BusReader`)."""
+
+    __slots__ = ("_idle", "abort", "evicted", "flow_stalled_at", "pending_warning", "scope",
+                 "sending", "state", "writes_done")
+
+    def __init__(self, state: SubscriberState) -> None:
+        self.state = state
+        self.scope: trio.CancelScope | None = None
+        # Cuts the transport when a write is stalled (the server does not let it be cancelled).
+        self.abort: Callable[[], object] | None = None
+        self.pending_warning: Warning | None = None
+        # True while a write is in flight. Only then can lag build up: an idle subscriber
+        # takes every new event the moment it runs (they are handed over in one write).
+        self.sending = False
+        # Writes completed so far: one that stays in flight with this count unchanged is
+        # stalled (see watch_stalled_writes).
+        self.writes_done = 0
+        # writes_done when flow control last found a write of this subscriber stalled.
+        self.flow_stalled_at: int | None = None
+        self._idle = trio.Event()
+        self.evicted = trio.Event()
+
+    def begin_write(self) -> None:
+        self.sending = True
+        self._idle = trio.Event()
+
+    def end_write(self) -> None:
+        self.sending = False
+        self._idle.set()
+
+    async def wait_idle(self) -> None:
+        """Return once no write is in flight."""
+        if self.sending:
+            await self._idle.wait()
 
 
 class StreamRequestError(Exception):
@@ -221,9 +250,11 @@ class EventPump:
         return False
 
     def _take_warning(self) -> Event | None:
-        resync = self.bus.take_resync(self.sub)  # a cluster mirror moved to a new epoch
-        if resync is not None:
-            return resync
+        bus = self.bus
+        if bus.resyncs:  # the bus moved to a new epoch (a cluster mirror)
+            resync = bus.take_resync(self.sub)
+            if resync is not None:
+                return resync
         warning = self.sub.pending_warning
         self.sub.pending_warning = None
         if warning is None:
@@ -231,17 +262,18 @@ class EventPump:
         return slow_client_warning_event(warning, now_ms())
 
     def worth_gathering(self) -> bool:
-        """True when the subscriber's next live write would be small (events pending, under
-        GATHER_BYTES and a quarter of its maxQueued frames) and more may come: the caller
-        then yields once, so the publisher, if it has more read, publishes another group first
-        and the write carries both. The caller asks at most GATHER_PASSES times per write:
-        never a wait for events that do not come (an idle publisher has nothing to run)."""
-        if self.bus.closed:
+        """True when the subscriber's next live write would be small and more may come
+        (:func:`daemon.core.flow_control.worth_gathering`): the caller then yields once, so
+        the publisher, if it has more read, publishes another group first and the write
+        carries both. The caller asks at most GATHER_PASSES times per write: never a wait for
+        events that do not come (an idle publisher has nothing to run)."""
+        bus = self.bus
+        if bus.closed:
             return False
-        ring, state = self.bus.ring, self.sub.state
-        pending = ring.bytes_since(state.cursor)
-        return (0 < pending < GATHER_BYTES
-                and ring.last_id - state.cursor <= state.max_queued // 4)
+        ring, state = bus.ring, self.sub.state
+        pending = ring.last_id - state.cursor
+        return pending > 0 and worth_gathering(ring.bytes_since(state.cursor), pending,
+                                               state.max_queued)
 
     def next_batch(self) -> list[Event] | None:
         """Live events after the cursor (with a pending warning first); ``None`` when evicted.
@@ -273,9 +305,10 @@ class EventPump:
         if warning is not None:
             out.append(warning.sse_frame)
         cursor = state.cursor
-        frames, state.cursor = self.bus.frames.since(ring, cursor)
-        totals.events_delivered += max(0, state.cursor - cursor)
-        out += frames
+        if ring.last_id > cursor:
+            frames, state.cursor = self.bus.frames.since(ring, cursor)
+            totals.events_delivered += state.cursor - cursor
+            out += frames
         return out
 
     async def wait(self) -> bool:
@@ -378,7 +411,7 @@ async def serve_sse(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
         sub.writes_done += 1
 
     body: Callable[[bytes], Awaitable[None]] = through_server
-    gone = False
+    gone: list[BodyGone] = []  # the connection went away under a direct write
     try:
         async with trio.open_nursery() as nursery:
             sub.scope = nursery.cancel_scope
@@ -391,12 +424,7 @@ async def serve_sse(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
             direct = direct_body(scope)
             if direct is not None:
                 body = partial(_direct_write, direct, sub)
-            try:
-                await _stream_sse(sub, pump, plan, body)
-            except BodyGone as exc:
-                log.info("event=sse_connection_gone reason=%s", exc)
-                gone = True
-            nursery.cancel_scope.cancel()
+            nursery.start_soon(_run_sse, sub, pump, plan, body, nursery.cancel_scope, gone)
     finally:
         bus.remove_subscriber(sub)
         totals.subscribers["sse"] -= 1
@@ -411,6 +439,20 @@ async def serve_sse(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
             eviction, now_ms()).sse_frame})
     closing.append({"type": "http.response.body", "body": b"", "more_body": False})
     await final_send(sub, send, closing, EVICTED_FRAME_TIMEOUT_S)
+
+
+async def _run_sse(sub: Subscription, pump: EventPump, plan: ResumePlan,
+                   body: Callable[[bytes], Awaitable[None]], scope: trio.CancelScope,
+                   gone: list[BodyGone]) -> None:
+    """:func:`_stream_sse` in a task of its own (so that each wake-up resumes the stream's
+    frames only, not the server's and the application's above it); when it ends, everything
+    else of the stream (``scope``: its watchers) stops too."""
+    try:
+        await _stream_sse(sub, pump, plan, body)
+    except BodyGone as exc:
+        log.info("event=sse_connection_gone reason=%s", exc)
+        gone.append(exc)
+    scope.cancel()
 
 
 async def _direct_write(direct: DirectBody, sub: Subscription, data: bytes) -> None:
@@ -430,7 +472,7 @@ async def _stream_sse(sub: Subscription, pump: EventPump, plan: ResumePlan,
             await body(chunk)
     sub.end_write()
     while True:
-        for _ in range(GATHER_PASSES):  # see GATHER_BYTES
+        for _ in range(GATHER_PASSES):  # see daemon.core.flow_control
             if not pump.worth_gathering():
                 break
             await trio.lowlevel.checkpoint()

@@ -44,7 +44,7 @@ from typing import Any, Final, Literal
 import msgspec
 
 from daemon.core.checksum import row_crc
-from daemon.core.splice import run_envelopes
+from daemon.core.frame_codec import run_envelopes
 from daemon.core.transcript_ops import (
     TERMINAL_STATES,
     AdmitPrompt,

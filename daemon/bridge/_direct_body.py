@@ -5,7 +5,7 @@ chunked framing (which copies the piece into a new bytes object with its chunk h
 a send lock and a Trio stream. For an SSE subscriber that is paid on every write, once per
 subscriber, and it cost the daemon more than the socket send itself. Once Hypercorn has sent the
 response head and the first body piece, the stream's later pieces go to the socket directly,
-framed as the same chunks (:mod:`daemon.core.chunked`): one vectored ``writev`` per write, the
+framed as the same chunks (:mod:`daemon.core.frame_codec`): one vectored ``writev`` per write, the
 shared frames never copied. Hypercorn still owns the connection and ends the body (its last
 chunk): it writes on a connection only when its application asks it to, so nothing else writes
 to the socket while the stream's task does.
@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import trio
 
-from ..core.chunked import advance, chunk
+from ..core.frame_codec import advance, chunk
 from ._sockets import addr, registry
 
 __all__ = ["BodyGone", "DirectBody", "direct_body", "enable", "enabled", "find_direct_body"]
@@ -71,6 +71,7 @@ class DirectBody:
         """Write ``data`` (not empty) as one chunk; returns once the kernel has all of it.
         Raises :class:`BodyGone` if the connection is closed or broken."""
         buffers = chunk(data)
+        left = sum(map(len, buffers))
         sock = self._sock
         with trio.CancelScope(shield=True):
             while True:
@@ -87,8 +88,10 @@ class DirectBody:
                     continue
                 except OSError as exc:
                     raise BodyGone(f"the connection broke: {exc!r}") from exc
-                if not advance(buffers, sent):
+                left -= sent
+                if not left:
                     return
+                advance(buffers, sent)  # a partial write: the rest goes next
 
 
 def direct_body(scope: Mapping[str, Any]) -> DirectBody | None:

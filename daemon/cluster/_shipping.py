@@ -23,7 +23,7 @@ import trio
 
 from sdk.protocol.http import TranscriptRecovery
 
-from ..bus import now_ms
+from ..clock import now_ms
 from ..core.cluster import (
     Compaction,
     LogTail,

@@ -37,7 +37,7 @@ waiter for one reply; the core stores both and never calls them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
 from sdk.protocol import __version__
@@ -56,6 +56,7 @@ from .acp_codec import (
     Notification,
     Pending,
     PendingRequests,
+    Read,
     Request,
     Response,
     encode_error,
@@ -69,7 +70,7 @@ from .acp_codec import (
     update_prefix,
 )
 from .envelope import encode_json
-from .splice import ChunkRun, compact, compact_chunks, plain_chunk_lines
+from .updates import UpdateBatch, compact, compact_chunks, plain_chunk_lines
 
 __all__ = [
     "DEFAULT_CLIENT_INFO",
@@ -343,17 +344,14 @@ Event = (
 class Batch(Generic[S, W]):
     """What one read batch meant.
 
-    ``updates`` maps each session that got updates to its sink and those updates (the agent's
-    compact JSON bytes of each ``update`` object, in stdout order), in the order the sessions
-    first appeared; ``events`` is everything else, in line order. ``chunks`` has, for a
-    session whose updates are all plain text chunks of one kind (``splice.plain_chunk_run``
-    of them), their kind and texts, read in the same decode that checked the lines, so that
-    nobody decodes them again.
+    ``updates`` maps each session that got updates to its sink and those updates (an
+    :class:`~daemon.core.updates.UpdateBatch`: the agent's compact JSON bytes of each
+    ``update`` object, in stdout order, with what the read found out about them), in the order
+    the sessions first appeared; ``events`` is everything else, in line order.
     """
 
-    updates: dict[str, tuple[S, list[bytes]]]
+    updates: dict[str, tuple[S, UpdateBatch]]
     events: list[Event[S, W]]
-    chunks: dict[str, ChunkRun] = field(default_factory=dict)
 
 
 class _Held:
@@ -387,12 +385,12 @@ class _Held:
 class AcpClient(Generic[S, W]):
     """The client side of one agent connection: sessions, outstanding requests, loads."""
 
-    __slots__ = ("_asking", "_by_prefix", "_held", "_load_of", "_loading", "_sinks",
-                 "pending")
+    __slots__ = ("_asking", "_by_prefix", "_held", "_load_of", "_loading", "pending", "sinks")
 
     def __init__(self) -> None:
         self.pending: PendingRequests[W] = PendingRequests()
-        self._sinks: dict[str, S] = {}
+        # The attached sinks by session id (read it, change it through attach and detach).
+        self.sinks: dict[str, S] = {}
         # Unanswered permission requests per session id (only while there are some).
         self._asking: dict[str, int] = {}
         # The attached sessions by what their update lines start with (acp_codec.update_prefix):
@@ -411,12 +409,12 @@ class AcpClient(Generic[S, W]):
         """Route the session's updates and permission requests to ``sink``. Raises
         :class:`SessionIdInUse` if another sink is attached under that id (attaching the same
         sink again is a no-op)."""
-        current = self._sinks.get(acp_session_id)
+        current = self.sinks.get(acp_session_id)
         if current is not None:
             if current is sink:
                 return
             raise SessionIdInUse(acp_session_id)
-        self._sinks[acp_session_id] = sink
+        self.sinks[acp_session_id] = sink
         self._by_prefix[update_prefix(acp_session_id)] = acp_session_id
 
     def take_held(self, acp_session_id: str) -> list[bytes]:
@@ -430,27 +428,27 @@ class AcpClient(Generic[S, W]):
         return acp_session_id in self._held
 
     def _hold(self, acp_session_id: str) -> None:
-        if acp_session_id in self._sinks or acp_session_id in self._held:
+        if acp_session_id in self.sinks or acp_session_id in self._held:
             return
         while len(self._held) >= MAX_HELD_SESSIONS:  # never attached: the oldest goes
             del self._held[next(iter(self._held))]
         self._held[acp_session_id] = _Held()
 
     def is_attached(self, acp_session_id: str) -> bool:
-        return acp_session_id in self._sinks
+        return acp_session_id in self.sinks
 
     def detach(self, acp_session_id: str, sink: S | None = None) -> None:
         """Stop routing ``acp_session_id``; with ``sink``, only if that sink is the one
         attached (a session never detaches another's id)."""
-        if sink is not None and self._sinks.get(acp_session_id) is not sink:
+        if sink is not None and self.sinks.get(acp_session_id) is not sink:
             return
-        self._sinks.pop(acp_session_id, None)
+        self.sinks.pop(acp_session_id, None)
         self._by_prefix.pop(update_prefix(acp_session_id), None)
         self._held.pop(acp_session_id, None)
 
     def attached(self) -> list[S]:
         """The sinks attached now."""
-        return list(self._sinks.values())
+        return list(self.sinks.values())
 
     def is_loading(self, acp_session_id: str) -> bool:
         return acp_session_id in self._loading
@@ -492,9 +490,10 @@ class AcpClient(Generic[S, W]):
 
     # Reading
 
-    def receive(self, lines: list[bytes], *, spaced: bool = True) -> Batch[S, W]:
-        """What a batch of complete lines means, read in order. ``spaced=False`` promises that
-        no line holds a space, tab or CR (so no update needs making compact)."""
+    def receive(self, read: Read) -> Batch[S, W]:
+        """What a read's complete lines mean, read in order (a read whose ``spaced`` is False
+        holds no space, tab or CR: no update needs making compact)."""
+        lines, spaced = read.lines, read.spaced
         if lines:
             # The usual read: one session's updates, each line the session's prefix, an
             # update object and "}}". Checked for all lines at once; else line by line.
@@ -506,7 +505,7 @@ class AcpClient(Generic[S, W]):
                     raws, run = plain
                     if spaced:
                         raws = compact_chunks(raws, run[1])
-                    return self._route_one(session_id, raws, run)
+                    return self._route_one(session_id, raws, UpdateBatch(raws, run))
                 spliced = splice_updates(lines, prefix)
                 if spliced is not None:
                     if spaced:
@@ -514,7 +513,7 @@ class AcpClient(Generic[S, W]):
                     return self._route_one(session_id, spliced)
         updates: dict[str, tuple[S, list[bytes]]] = {}
         events: list[Event[S, W]] = []
-        sinks = self._sinks
+        sinks = self.sinks
         loading = self._loading
         # The session of the previous routed update and its list: most reads are one session's.
         last_id: str | None = None
@@ -572,19 +571,21 @@ class AcpClient(Generic[S, W]):
                 entry = updates[session_id] = (sink, [])
             last_id, last = session_id, entry[1]
             last.append(raw)
-        return Batch(updates, events)
+        return Batch({session_id: (sink, UpdateBatch.of(raws))
+                      for session_id, (sink, raws) in updates.items()}, events)
 
     def _route_one(self, session_id: str, raws: list[bytes],
-                   run: ChunkRun | None = None) -> Batch[S, W]:
-        """A batch of updates all for one attached session (the usual read)."""
+                   batch: UpdateBatch | None = None) -> Batch[S, W]:
+        """A read's updates all for one attached session (the usual read); ``batch``: theirs,
+        when the read already found their run."""
         if session_id in self._loading:
             return Batch({}, [])  # session/load replay: the daemon already has this history.
         held = self._held.get(session_id)
         if held is not None:  # attached, but the session is not ready yet
             return Batch({}, [drop for raw in raws
                               if (drop := held.add(session_id, raw)) is not None])
-        return Batch({session_id: (self._sinks[session_id], raws)}, [],
-                     {} if run is None else {session_id: run})
+        return Batch({session_id: (self.sinks[session_id],
+                                   batch if batch is not None else UpdateBatch.of(raws))}, [])
 
     def _resolve(self, response: Response) -> Replied[W] | ReplyUnknown:
         pending = self.pending.resolve(response)
@@ -621,7 +622,7 @@ class AcpClient(Generic[S, W]):
         params = request.params
         found = view(params, PermissionParamsView)
         session_id = None if found is None else found.session_id
-        sink = self._sinks.get(session_id) if type(session_id) is str else None
+        sink = self.sinks.get(session_id) if type(session_id) is str else None
         if sink is None:
             reply = encode_error(request.id, INVALID_PARAMS, f"unknown session {session_id!r}")
             return UnroutedPermission(session_id, reply)

@@ -36,6 +36,7 @@ __all__ = [
     "Notification",
     "Pending",
     "PendingRequests",
+    "Read",
     "Request",
     "RequestId",
     "Response",
@@ -70,6 +71,20 @@ _EXCERPT_BYTES: Final = 200
 # Line splitting
 
 
+class Read(msgspec.Struct, frozen=True, gc=False):
+    """What one read of a stream gives: its complete lines and what the reading learnt.
+
+    ``spaced`` is False only when no line holds a space, tab or CR (then no ``update`` in them
+    needs making compact: agents that write compact JSON put whitespace only inside strings,
+    and a read without any spares each of its lines the check); ``discarded`` counts the lines
+    over the cap this read dropped (see :class:`LineSplitter`).
+    """
+
+    lines: list[bytes]
+    spaced: bool = True
+    discarded: int = 0
+
+
 class LineSplitter:
     """Cuts a byte stream into lines, tolerating CRLF and bounding memory per line.
 
@@ -81,7 +96,7 @@ class LineSplitter:
     caller reports it by comparing the counter before and after a feed.
     """
 
-    __slots__ = ("_buffer", "_discarding", "discarded_lines", "max_line_bytes")
+    __slots__ = ("_buffer", "_discarding", "_spaced_tail", "discarded_lines", "max_line_bytes")
 
     def __init__(self, max_line_bytes: int = MAX_LINE_BYTES) -> None:
         if max_line_bytes < 1:
@@ -90,6 +105,17 @@ class LineSplitter:
         self.discarded_lines = 0
         self._buffer = bytearray()
         self._discarding = False
+        self._spaced_tail = False  # the last read held whitespace (its unfinished line may)
+
+    def read(self, data: bytes) -> Read:
+        """:meth:`feed` of ``data``, as a :class:`Read`: the lines, whether any of them may hold
+        a space, tab or CR (the first line may have started in the previous read), and how
+        many lines this read discarded."""
+        discarded = self.discarded_lines
+        lines = self.feed(data)
+        spaced = b" " in data or b"\t" in data or b"\r" in data
+        may_be_spaced, self._spaced_tail = spaced or self._spaced_tail, spaced
+        return Read(lines, may_be_spaced, self.discarded_lines - discarded)
 
     @property
     def buffered_bytes(self) -> int:
@@ -250,7 +276,7 @@ def parse_message(line: bytes) -> Message:
 
 class _UpdateParams(msgspec.Struct):
     sessionId: str
-    # Kept as the agent's bytes: the daemon splices them into the envelope (daemon.core.splice).
+    # Kept as the agent's bytes: the daemon splices them into the envelope (daemon.core.frame_codec).
     update: msgspec.Raw
 
 

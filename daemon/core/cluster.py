@@ -22,7 +22,7 @@ from typing import Any, Final, TypeAlias
 
 import msgspec
 
-from .splice import run_envelopes
+from .frame_codec import run_envelopes
 from .transcript_ops import (
     AdmitPrompt,
     AppendEvent,

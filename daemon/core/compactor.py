@@ -276,7 +276,7 @@ class TurnCompactor:
     def add_plain_chunks(self, kind: str, events: list[Event], texts: list[str],
                          prompt_id: str | None, originator: str | None) -> None:
         """:meth:`add` of each event of a run of plain top-level text chunks of one ``kind``
-        (``daemon.core.splice``: no ``_meta``, so no parent and no source records), whose texts
+        (``daemon.core.frame_codec``: no ``_meta``, so no parent and no source records), whose texts
         are ``texts`` and whose envelopes carry ``prompt_id`` and ``originator``."""
         self.pending_events += len(events)
         slots = self._slots

@@ -17,8 +17,6 @@ Pure: no clock (callers pass ``now_ms``), no I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from itertools import repeat
 from typing import Any, Final
 
 import msgspec
@@ -65,7 +63,7 @@ class Event(msgspec.Struct, gc=False, eq=False):
     and the journals hold only the bytes; a later ``env`` read decodes them again.
 
     A Struct rather than a plain class because a turn makes one per agent chunk: msgspec
-    builds it in C from positional fields (:func:`spliced_events` maps the class over a run),
+    builds it in C from positional fields (:meth:`daemon.core.frame_codec.EnvelopeSplicer.run` maps the class over a run),
     which is about a third of a Python ``__init__``'s cost. Build one with
     :meth:`with_env`, :meth:`from_env` or :meth:`spliced`; the positional fields are
     ``raw, size, id, type, prompt_id`` and ``size`` must be ``len(raw)``. ``gc=False``: an
@@ -101,7 +99,7 @@ class Event(msgspec.Struct, gc=False, eq=False):
 
     @classmethod
     def spliced(cls, raw: bytes, event_id: int, event_type: str, prompt_id: str | None) -> Event:
-        """An event whose encoding was built without a dict (``daemon.core.splice``): ``raw`` must
+        """An event whose encoding was built without a dict (``daemon.core.frame_codec``): ``raw`` must
         be a valid compact envelope carrying these id, type and prompt id. ``env`` decodes it
         when someone asks."""
         return cls(raw, len(raw), event_id, event_type, prompt_id)
@@ -129,36 +127,12 @@ class Event(msgspec.Struct, gc=False, eq=False):
 
     @property
     def sse_frame(self) -> bytes:
-        """The whole SSE frame (for single frames; batches use :func:`sse_chunks`)."""
+        """The whole SSE frame (for single frames; batches use
+        :func:`daemon.core.frame_codec.sse_chunks`)."""
         return self.sse_head + self.raw + SSE_FRAME_END
 
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
         return f"Event(id={self.id}, type={self.type!r}, size={self.size})"
-
-
-def spliced_events(raws: list[bytes], first_id: int, event_type: str,
-                   prompt_id: str | None) -> list[Event]:
-    """:meth:`Event.spliced` of each of ``raws``, the ids counting up from ``first_id``: the
-    Struct mapped over the run, with no Python call per event."""
-    return list(map(Event, raws, map(len, raws), range(first_id, first_id + len(raws)),
-                    repeat(event_type), repeat(prompt_id)))
-
-
-def sse_chunks(events: Iterable[Event], max_chunk: int = 1024 * 1024) -> list[bytes]:
-    """SSE frames of ``events`` joined into as few writes as possible (each about
-    ``max_chunk`` bytes at most, one frame at least)."""
-    out: list[bytes] = []
-    parts: list[bytes] = []
-    size = 0
-    for event in events:
-        parts += (event.sse_head, event.raw, SSE_FRAME_END)
-        size += event.size + 64
-        if size >= max_chunk:
-            out.append(b"".join(parts))
-            parts, size = [], 0
-    if parts:
-        out.append(b"".join(parts))
-    return out
 
 
 def _lifted_timestamp(data: Any) -> float | int | None:

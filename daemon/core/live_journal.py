@@ -89,7 +89,7 @@ def merge_key(env: JsonObject) -> MergeKey | None:
 def plain_chunk_key(
     kind: str, prompt_id: str | None, originator_client_id: str | None, session_id: str
 ) -> MergeKey:
-    """The merge key :func:`merge_key` gives a spliced plain text chunk (``daemon.core.splice``):
+    """The merge key :func:`merge_key` gives a spliced plain text chunk (``daemon.core.frame_codec``):
     an envelope with ``_meta`` = ``{serverTimestamp}`` only, ``data`` = ``{sessionId, update}``
     and an update without ``_meta``, so without parent tool call or source records."""
     return (
@@ -475,6 +475,16 @@ class LiveJournals:
             offsets = list(accumulate([event.size for event in events], initial=0))
         self.full._push_run(events, texts, key, offsets)
         self.summary._push_run(events, texts, key, offsets)
+
+    def append_run(self, events: list[Event], texts: list[str], kind: str,
+                   prompt_id: str | None, originator_client_id: str | None, session_id: str,
+                   offsets: list[int] | None = None) -> None:
+        """:meth:`append_chunks` of a run of spliced plain text chunks of ``kind``, published
+        for ``prompt_id`` by ``originator_client_id`` in ``session_id`` (their merge key is
+        :func:`plain_chunk_key` of those)."""
+        self.append_chunks(events, texts,
+                           plain_chunk_key(kind, prompt_id, originator_client_id, session_id),
+                           offsets)
 
     def reset(self) -> None:
         self.full.reset()

@@ -53,7 +53,7 @@ class UpsertSession(msgspec.Struct, frozen=True):
 class RunTemplate(msgspec.Struct, frozen=True, array_like=True):
     """The envelope every event of a run of spliced text chunks shares: event ``i`` of the run
     is ``{"id":<first_id + i>`` + ``head`` + its ``update`` bytes + ``tail`` (see
-    :mod:`daemon.core.splice`)."""
+    :mod:`daemon.core.frame_codec`)."""
 
     first_id: int
     head: bytes

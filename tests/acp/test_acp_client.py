@@ -53,11 +53,13 @@ from daemon.core.acp_codec import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
+    Read,
     parse_update,
     prefix_of,
     splice_updates,
     update_prefix,
 )
+from daemon.core.updates import plain_chunk_run
 
 Client = AcpClient[str, str]
 
@@ -78,9 +80,10 @@ def reply(request_id: Any, result: Any = None, **extra: Any) -> bytes:
 
 def texts(batch: Batch[str, str], session_id: str) -> list[str]:
     """The texts routed to one session in a batch (and check the sink is the attached one)."""
-    sink, raws = batch.updates[session_id]
+    sink, published = batch.updates[session_id]
     assert sink == f"sink-{session_id}"
-    return [json.loads(raw)["content"]["text"] for raw in raws]
+    assert published.run == plain_chunk_run(published.updates)  # the batch's facts hold
+    return [json.loads(raw)["content"]["text"] for raw in published.updates]
 
 
 def attached(*session_ids: str) -> Client:
@@ -167,8 +170,8 @@ def test_request_bodies() -> None:
 
 def test_updates_are_routed_by_session_in_stdout_order() -> None:
     client = attached("a", "b")
-    batch = client.receive([update("b", "1"), update("a", "2"), update("b", "3"),
-                            update("a", "4"), update("a", "5")], spaced=False)
+    batch = client.receive(Read([update("b", "1"), update("a", "2"), update("b", "3"),
+                            update("a", "4"), update("a", "5")], spaced=False))
     assert list(batch.updates) == ["b", "a"]  # first-appearance order: the flush order
     assert texts(batch, "b") == ["1", "3"]
     assert texts(batch, "a") == ["2", "4", "5"]
@@ -177,15 +180,15 @@ def test_updates_are_routed_by_session_in_stdout_order() -> None:
 
 def test_an_update_for_an_unknown_session_is_dropped_and_reported() -> None:
     client = attached("a")
-    batch = client.receive([update("ghost", "x"), update("a", "1"), update("ghost", "y")])
+    batch = client.receive(Read([update("ghost", "x"), update("a", "1"), update("ghost", "y")]))
     assert texts(batch, "a") == ["1"]
     assert batch.events == [UnroutedUpdate("ghost"), UnroutedUpdate("ghost")]
     client.detach("a")
     client.detach("never-attached")
-    batch = client.receive([update("a", "2")])
+    batch = client.receive(Read([update("a", "2")]))
     assert batch.updates == {} and batch.events == [UnroutedUpdate("a")]
     client.attach("a", "other")
-    assert client.receive([update("a", "3")]).updates["a"][0] == "other"
+    assert client.receive(Read([update("a", "3")])).updates["a"][0] == "other"
 
 
 def test_updates_after_a_session_new_reply_are_held_until_the_session_is_attached() -> None:
@@ -193,24 +196,24 @@ def test_updates_after_a_session_new_reply_are_held_until_the_session_is_attache
     # daemon has not attached the session yet when the rest of that read is routed.
     client = attached("a")
     request_id, _ = client.request("session/new", new_session_params("/w"), "w")
-    batch = client.receive([reply(request_id, {"sessionId": "n"}), update("n", "first"),
-                            update("a", "other"), update("ghost", "x")])
+    batch = client.receive(Read([reply(request_id, {"sessionId": "n"}), update("n", "first"),
+                            update("a", "other"), update("ghost", "x")]))
     assert batch.events == [Replied("w", "session/new", {"sessionId": "n"}, None),
                             UnroutedUpdate("ghost")]
     assert list(batch.updates) == ["a"] and client.holding("n")
-    assert client.receive([update("n", "second")]).updates == {}  # a later read: held too
+    assert client.receive(Read([update("n", "second")])).updates == {}  # a later read: held too
     client.attach("n", "sink-n")
     # Attached but not ready: still held, so nothing overtakes the held ones (either path).
-    assert client.receive([update("n", "third")]).updates == {}
-    assert client.receive([update("n", "4th"), update("a", "x")]).updates.keys() == {"a"}
+    assert client.receive(Read([update("n", "third")])).updates == {}
+    assert client.receive(Read([update("n", "4th"), update("a", "x")])).updates.keys() == {"a"}
     held = client.take_held("n")
     assert [json.loads(raw)["content"]["text"] for raw in held] == [
         "first", "second", "third", "4th"]
     assert not client.holding("n") and client.take_held("n") == []
-    assert texts(client.receive([update("n", "5th")]), "n") == ["5th"]
+    assert texts(client.receive(Read([update("n", "5th")])), "n") == ["5th"]
     # A session set up and dropped before it was ready leaves nothing held.
     request_id, _ = client.request("session/new", {}, "w")
-    client.receive([reply(request_id, {"sessionId": "gone"}), update("gone", "x")])
+    client.receive(Read([reply(request_id, {"sessionId": "gone"}), update("gone", "x")]))
     client.attach("gone", "sink-gone")
     client.detach("gone")
     assert not client.holding("gone")
@@ -220,8 +223,8 @@ def test_updates_after_a_session_load_reply_are_held_and_the_replay_still_consum
     client = attached()
     request_id, _ = client.request("session/load", load_session_params("l", "/w"), "w",
                                    loading="l")
-    batch = client.receive([update("l", "replayed"), reply(request_id, None),
-                            update("l", "commands")])
+    batch = client.receive(Read([update("l", "replayed"), reply(request_id, None),
+                            update("l", "commands")]))
     assert batch.updates == {} and len(batch.events) == 1
     client.attach("l", "sink-l")
     assert [json.loads(raw)["content"]["text"] for raw in client.take_held("l")] == [
@@ -233,12 +236,12 @@ def test_nothing_is_held_after_a_failed_create_or_load_or_for_an_attached_sessio
     failed_new, _ = client.request("session/new", {}, "w")
     failed_load, _ = client.request("session/load", {}, "w", loading="x")
     error = {"code": -32603, "message": "Internal error"}
-    client.receive([reply(failed_new, error=error), reply(failed_load, error=error)])
+    client.receive(Read([reply(failed_new, error=error), reply(failed_load, error=error)]))
     reload, _ = client.request("session/load", {}, "w", loading="a")
     prompt, _ = client.request("session/prompt", {}, "w")
-    batch = client.receive([reply(reload, None), update("a", "live"),
+    batch = client.receive(Read([reply(reload, None), update("a", "live"),
                             reply(prompt, {"sessionId": "p"}), update("p", "x"),
-                            update("x", "y")])
+                            update("x", "y")]))
     assert texts(batch, "a") == ["live"]
     assert [e for e in batch.events if isinstance(e, UnroutedUpdate)] == [
         UnroutedUpdate("p"), UnroutedUpdate("x")]
@@ -248,28 +251,29 @@ def test_nothing_is_held_after_a_failed_create_or_load_or_for_an_attached_sessio
 def test_the_hold_is_bounded_in_updates_bytes_and_sessions() -> None:
     client = attached()
     request_id, _ = client.request("session/new", {}, "w")
-    client.receive([reply(request_id, {"sessionId": "n"})])
-    batch = client.receive([update("n", str(i)) for i in range(MAX_HELD_UPDATES + 5)])
+    client.receive(Read([reply(request_id, {"sessionId": "n"})]))
+    batch = client.receive(Read([update("n", str(i)) for i in range(MAX_HELD_UPDATES + 5)]))
     assert batch.events == [HeldUpdatesDropped("n", f"over_{MAX_HELD_UPDATES}_updates")]
     held = client.take_held("n")
     assert [json.loads(raw)["content"]["text"] for raw in held] == [
         str(i) for i in range(MAX_HELD_UPDATES)]
     request_id, _ = client.request("session/new", {}, "w")
-    client.receive([reply(request_id, {"sessionId": "big"})])
+    client.receive(Read([reply(request_id, {"sessionId": "big"})]))
     big = "x" * (MAX_HELD_BYTES // 3)
-    batch = client.receive([update("big", big) for _ in range(4)])
+    batch = client.receive(Read([update("big", big) for _ in range(4)]))
     assert batch.events == [HeldUpdatesDropped("big", f"over_{MAX_HELD_BYTES}_bytes")]
     assert len(client.take_held("big")) == 2
     for n in range(MAX_HELD_SESSIONS + 1):  # never attached: the oldest is let go
         request_id, _ = client.request("session/new", {}, "w")
-        client.receive([reply(request_id, {"sessionId": f"s{n}"})])
+        client.receive(Read([reply(request_id, {"sessionId": f"s{n}"})]))
     assert not client.holding("s0") and client.holding("s1")
     assert client.holding(f"s{MAX_HELD_SESSIONS}")
 
 
 def test_spaced_updates_are_handed_on_compact() -> None:
     client = attached("a")
-    raws = client.receive([update("a", "two words", spaced=True)], spaced=True).updates["a"][1]
+    raws = client.receive(Read([update("a", "two words", spaced=True)],
+                               spaced=True)).updates["a"][1].updates
     assert raws == [b'{"sessionUpdate":"agent_message_chunk",'
                     b'"content":{"type":"text","text":"two words"}}']
 
@@ -278,8 +282,8 @@ def test_an_update_off_the_fast_path_is_routed_the_same() -> None:
     # "update" is not an object at the front of the Raw here: the slow path decodes and routes.
     client = attached("a")
     line = b'{"method":"session/update","params":{"update":{"k":[1, 2]},"sessionId":"a"},"x":1}'
-    batch = client.receive([line])
-    assert batch.updates["a"][1] == [b'{"k":[1,2]}']
+    batch = client.receive(Read([line]))
+    assert batch.updates["a"][1].updates == [b'{"k":[1,2]}']
 
 
 @pytest.mark.parametrize(
@@ -292,13 +296,13 @@ def test_an_update_off_the_fast_path_is_routed_the_same() -> None:
     ],
 )
 def test_a_bad_update_is_reported_with_an_excerpt(line: bytes) -> None:
-    batch = attached("a").receive([line])
+    batch = attached("a").receive(Read([line]))
     assert batch.updates == {} and batch.events == [BadUpdate(line[:200])]
 
 
 def test_other_notifications_and_malformed_lines_are_reported() -> None:
-    batch = attached("a").receive([b'{"jsonrpc":"2.0","method":"x/ping","params":{}}',
-                                   b"not json", b'{"jsonrpc":"1.0","method":"m"}'])
+    batch = attached("a").receive(Read([b'{"jsonrpc":"2.0","method":"x/ping","params":{}}',
+                                   b"not json", b'{"jsonrpc":"1.0","method":"m"}']))
     assert batch.events[0] == NotificationIgnored("x/ping")
     assert isinstance(batch.events[1], MalformedLine)
     assert batch.events[1].reason.startswith("invalid JSON") and batch.events[1].excerpt == b"not json"
@@ -314,8 +318,8 @@ def test_updates_replayed_during_a_load_are_consumed_until_its_reply() -> None:
     request_id, line = client.request("session/load", load_session_params("a", "/w"), "w",
                                       loading="a")
     assert json.loads(line)["method"] == "session/load" and client.is_loading("a")
-    batch = client.receive([update("a", "old-1"), update("b", "live"), update("a", "old-2"),
-                            reply(request_id), update("a", "new")])
+    batch = client.receive(Read([update("a", "old-1"), update("b", "live"), update("a", "old-2"),
+                            reply(request_id), update("a", "new")]))
     # Only the update after the reply is routed; the other session is not affected.
     assert texts(batch, "a") == ["new"]
     assert texts(batch, "b") == ["live"]
@@ -327,8 +331,8 @@ def test_a_failed_load_also_ends_the_suppression_at_its_reply() -> None:
     client = attached("a")
     request_id, _ = client.request("session/load", {}, "w", loading="a")
     error = {"code": -32002, "message": "no such session"}
-    batch = client.receive([update("a", "old"), reply(request_id, error=error),
-                            update("a", "new")])
+    batch = client.receive(Read([update("a", "old"), reply(request_id, error=error),
+                            update("a", "new")]))
     assert texts(batch, "a") == ["new"]
     (event,) = batch.events
     assert isinstance(event, Replied) and isinstance(event.error, AgentRpcError)
@@ -338,11 +342,11 @@ def test_a_failed_load_also_ends_the_suppression_at_its_reply() -> None:
 def test_a_load_whose_caller_gave_up_stops_suppressing() -> None:
     client = attached("a")
     request_id, _ = client.request("session/load", {}, "w", loading="a")
-    assert client.receive([update("a", "old")]).updates == {}
+    assert client.receive(Read([update("a", "old")])).updates == {}
     client.finished(request_id)  # cancelled: no reply was read
-    assert texts(client.receive([update("a", "new")]), "a") == ["new"]
+    assert texts(client.receive(Read([update("a", "new")])), "a") == ["new"]
     # Its late reply is then unknown, and changes nothing.
-    batch = client.receive([reply(request_id), update("a", "after")])
+    batch = client.receive(Read([reply(request_id), update("a", "after")]))
     assert batch.events == [ReplyUnknown(request_id)] and texts(batch, "a") == ["after"]
 
 
@@ -350,11 +354,11 @@ def test_overlapping_loads_of_one_session_suppress_until_the_last_ends() -> None
     client = attached("a")
     first, _ = client.request("session/load", {}, "w1", loading="a")
     second, _ = client.request("session/load", {}, "w2", loading="a")
-    batch = client.receive([reply(first), update("a", "still-replayed")])
+    batch = client.receive(Read([reply(first), update("a", "still-replayed")]))
     assert batch.updates == {}
     client.finished(first)  # the first caller's own cleanup must not end the second load
-    assert client.receive([update("a", "still-replayed")]).updates == {}
-    batch = client.receive([reply(second), update("a", "new")])
+    assert client.receive(Read([update("a", "still-replayed")])).updates == {}
+    batch = client.receive(Read([reply(second), update("a", "new")]))
     assert texts(batch, "a") == ["new"]
     client.finished(second)
     assert not client.is_loading("a")
@@ -364,15 +368,15 @@ def test_a_closed_connection_keeps_suppressing_until_the_load_caller_finishes() 
     client = attached("a")
     request_id, _ = client.request("session/load", {}, "w", loading="a")
     assert [p.waiter for p in client.drain()] == ["w"]
-    assert client.receive([update("a", "old")]).updates == {}
+    assert client.receive(Read([update("a", "old")])).updates == {}
     client.finished(request_id)
-    assert texts(client.receive([update("a", "new")]), "a") == ["new"]
+    assert texts(client.receive(Read([update("a", "new")])), "a") == ["new"]
 
 
 def test_other_requests_do_not_suppress_anything() -> None:
     client = attached("a")
     client.request("session/prompt", prompt_params("a", []), "w")
-    assert texts(client.receive([update("a", "1")]), "a") == ["1"]
+    assert texts(client.receive(Read([update("a", "1")])), "a") == ["1"]
 
 
 # -- replies -------------------------------------------------------------------------------------
@@ -384,9 +388,9 @@ def test_interleaved_replies_reach_their_own_waiters() -> None:
            [("session/new", "w-new"), ("session/prompt", "w-prompt"), ("session/new", "w-2")]]
     assert len(set(ids)) == 3
     error = {"code": -32603, "message": "boom"}
-    batch = client.receive([reply(ids[2], {"sessionId": "s2"}), update("a", "mid"),
+    batch = client.receive(Read([reply(ids[2], {"sessionId": "s2"}), update("a", "mid"),
                             reply(ids[0], {"sessionId": "s1"}), reply(ids[1], error=error),
-                            reply(ids[1], {})])
+                            reply(ids[1], {})]))
     first, second, third, fourth = batch.events
     assert first == Replied("w-2", "session/new", {"sessionId": "s2"}, None)
     assert second == Replied("w-new", "session/new", {"sessionId": "s1"}, None)
@@ -403,11 +407,11 @@ def test_a_reply_nobody_waits_for_is_reported() -> None:
     assert json.loads(line) == {"jsonrpc": "2.0", "id": request_id, "method": "initialize",
                                 "params": {}}
     parse_error = {"code": -32700, "message": "Parse error"}
-    batch = client.receive([reply(999), reply(str(request_id)), reply(None, error=parse_error)])
+    batch = client.receive(Read([reply(999), reply(str(request_id)), reply(None, error=parse_error)]))
     assert batch.events == [ReplyUnknown(999), ReplyUnknown(str(request_id)), ReplyUnknown(None)]
     assert request_id in client.pending
     client.finished(request_id)
-    assert client.receive([reply(request_id)]).events == [ReplyUnknown(request_id)]
+    assert client.receive(Read([reply(request_id)])).events == [ReplyUnknown(request_id)]
 
 
 def test_ids_are_never_reused() -> None:
@@ -429,7 +433,7 @@ def _permission(session_id: Any, request_id: Any = 7) -> bytes:
 
 def test_a_permission_request_goes_to_the_session_it_names() -> None:
     client = attached("a")
-    (event,) = client.receive([_permission("a")]).events
+    (event,) = client.receive(Read([_permission("a")])).events
     assert isinstance(event, PermissionAsked)
     assert (event.session_id, event.sink, event.params) == (
         "a", "sink-a", {"sessionId": "a", "options": []})
@@ -443,37 +447,37 @@ def test_a_permission_request_goes_to_the_session_it_names() -> None:
 @pytest.mark.parametrize("session_id", ["ghost", 5, None])
 def test_a_permission_request_for_no_session_gets_invalid_params(session_id: Any) -> None:
     client = attached("a")
-    (target,) = client.receive([_permission(session_id, "r")]).events
+    (target,) = client.receive(Read([_permission(session_id, "r")])).events
     assert isinstance(target, UnroutedPermission) and target.session_id == session_id
     assert json.loads(target.reply) == {"jsonrpc": "2.0", "id": "r", "error": {
         "code": INVALID_PARAMS, "message": f"unknown session {session_id!r}"}}
     no_params = b'{"jsonrpc": "2.0", "id": 1, "method": "session/request_permission"}'
-    (event,) = client.receive([no_params]).events
+    (event,) = client.receive(Read([no_params])).events
     assert isinstance(event, UnroutedPermission) and event.session_id is None
 
 
 def test_a_permission_request_after_the_session_detached_gets_invalid_params() -> None:
     client = attached("a")
     client.detach("a")
-    (event,) = client.receive([_permission("a")]).events
+    (event,) = client.receive(Read([_permission("a")])).events
     assert isinstance(event, UnroutedPermission)
 
 
 def test_permission_requests_over_the_cap_are_refused_until_answers_go_out() -> None:
     client = attached("a", "b")
-    asked = client.receive([_permission("a", i) for i in range(MAX_PENDING_PERMISSIONS)]).events
+    asked = client.receive(Read([_permission("a", i) for i in range(MAX_PENDING_PERMISSIONS)])).events
     assert all(isinstance(e, PermissionAsked) for e in asked)
     assert client.pending_permissions("a") == MAX_PENDING_PERMISSIONS
-    (refused,) = client.receive([_permission("a", "over")]).events
+    (refused,) = client.receive(Read([_permission("a", "over")])).events
     assert isinstance(refused, PermissionRefused) and refused.session_id == "a"
     error = json.loads(refused.reply)
     assert error["id"] == "over" and error["error"]["code"] == TOO_MANY_REQUESTS
     assert f"limit {MAX_PENDING_PERMISSIONS}" in error["error"]["message"]
     # The cap is per session, and an answer frees one place.
-    (other,) = client.receive([_permission("b")]).events
+    (other,) = client.receive(Read([_permission("b")])).events
     assert isinstance(other, PermissionAsked)
     client.permission_answered("a")
-    (again,) = client.receive([_permission("a", "again")]).events
+    (again,) = client.receive(Read([_permission("a", "again")])).events
     assert isinstance(again, PermissionAsked)
     for _ in range(MAX_PENDING_PERMISSIONS):
         client.permission_answered("a")
@@ -490,14 +494,14 @@ def test_a_session_id_attached_to_one_sink_is_refused_to_another() -> None:
     with pytest.raises(SessionIdInUse) as caught:
         client.attach("dup", second)
     assert caught.value.acp_session_id == "dup" and "'dup'" in str(caught.value)
-    assert client.receive([update("dup", "x")]).updates["dup"][0] == first
+    assert client.receive(Read([update("dup", "x")])).updates["dup"][0] == first
     client.detach("dup", second)  # not its id: the first keeps it
     assert client.is_attached("dup")
-    assert client.receive([update("dup", "y")]).updates["dup"][0] == first
+    assert client.receive(Read([update("dup", "y")])).updates["dup"][0] == first
     client.detach("dup", first)
     assert not client.is_attached("dup")
     client.attach("dup", second)  # free again once its holder detached
-    assert client.receive([update("dup", "z")]).updates["dup"][0] == second
+    assert client.receive(Read([update("dup", "z")])).updates["dup"][0] == second
 
 
 @pytest.mark.parametrize("method", ["fs/read_text_file", "session/request_permissions",
@@ -505,7 +509,7 @@ def test_a_session_id_attached_to_one_sink_is_refused_to_another() -> None:
 def test_any_other_agent_request_gets_method_not_found(method: str) -> None:
     line = json.dumps({"jsonrpc": "2.0", "id": "q", "method": method,
                        "params": {"sessionId": "a"}}).encode()
-    (event,) = attached("a").receive([line]).events
+    (event,) = attached("a").receive(Read([line])).events
     assert isinstance(event, UnsupportedRequest)
     assert (event.method, event.id) == (method, "q")
     assert json.loads(event.reply) == {"jsonrpc": "2.0", "id": "q", "error": {
@@ -539,8 +543,8 @@ def _one_by_one(lines: list[bytes]) -> tuple[list[tuple[str, list[bytes]]], list
     routed: list[tuple[str, list[bytes]]] = []
     events: list[Any] = []
     for line in lines:
-        batch = client.receive([line])
-        routed += [(sid, raws) for sid, (_, raws) in batch.updates.items()]
+        batch = client.receive(Read([line]))
+        routed += [(sid, published.updates) for sid, (_, published) in batch.updates.items()]
         events += batch.events
     return routed, events
 
@@ -556,9 +560,10 @@ def _merged(routed: list[tuple[str, list[bytes]]]) -> dict[str, list[bytes]]:
 @pytest.mark.parametrize("size", [1, 2, 3, 5, len(_MIXED)])
 def test_a_batch_means_what_its_lines_mean_one_by_one(start: int, size: int) -> None:
     lines = (_MIXED * 2)[start:start + size]
-    batch = attached("a", "b").receive(lines)
+    batch = attached("a", "b").receive(Read(lines))
     routed, events = _one_by_one(lines)
-    assert {sid: raws for sid, (_, raws) in batch.updates.items()} == _merged(routed)
+    assert {sid: published.updates
+            for sid, (_, published) in batch.updates.items()} == _merged(routed)
     assert batch.events == events
 
 
@@ -570,19 +575,19 @@ def test_a_read_of_one_sessions_plain_updates_is_checked_at_once() -> None:
                                              for line in lines]
     assert splice_updates(lines, update_prefix("b")) is None
     assert splice_updates([], prefix) == []
-    batch = attached("a", "b").receive(lines)
+    batch = attached("a", "b").receive(Read(lines))
     assert texts(batch, "a") == ["1", "2", "3 4"] and batch.events == []
     # An agent that puts spaces between the members is read line by line, made compact.
     spaced = [update("a", "1", spaced=True), update("a", "2 3", spaced=True)]
     assert not spaced[0].startswith(prefix)
-    assert attached("a").receive(spaced, spaced=True).updates["a"][1] == [
+    assert attached("a").receive(Read(spaced, spaced=True)).updates["a"][1].updates == [
         b'{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"1"}}',
         b'{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"2 3"}}']
 
 
 def test_spaces_inside_the_updates_of_a_prefixed_read_are_made_compact() -> None:
     line = update_prefix("a") + b'{"k": [1, 2]}}}'
-    assert attached("a").receive([line, line], spaced=True).updates["a"][1] == [
+    assert attached("a").receive(Read([line, line], spaced=True)).updates["a"][1].updates == [
         b'{"k":[1,2]}', b'{"k":[1,2]}']
 
 
@@ -594,9 +599,10 @@ def test_a_line_that_only_looks_like_the_prefix_is_read_alone(middle: bytes) -> 
     good = update("a", "1")
     line = update_prefix("a") + middle + b"}}"
     assert splice_updates([good, line], update_prefix("a")) is None
-    batch = attached("a").receive([good, line])
+    batch = attached("a").receive(Read([good, line]))
     routed, events = _one_by_one([good, line])
-    assert {sid: raws for sid, (_, raws) in batch.updates.items()} == _merged(routed)
+    assert {sid: published.updates
+            for sid, (_, published) in batch.updates.items()} == _merged(routed)
     assert batch.events == events
 
 
@@ -606,7 +612,7 @@ def test_lines_that_are_json_only_when_joined_are_still_malformed() -> None:
     prefix = update_prefix("a")
     lines = [prefix + b'{"k":1},{"k":[{}' + b"}}", prefix + b'{}]}' + b"}}"]
     assert splice_updates(lines, prefix) is None
-    batch = attached("a").receive(lines)
+    batch = attached("a").receive(Read(lines))
     assert batch.updates == {}
     assert [type(event) for event in batch.events] == [MalformedLine, MalformedLine]
     # The same with whitespace making room for the brackets and the commas.
@@ -617,10 +623,10 @@ def test_lines_that_are_json_only_when_joined_are_still_malformed() -> None:
 def test_a_read_for_a_session_being_loaded_is_consumed() -> None:
     client = attached("a")
     client.request("session/load", {}, "w", loading="a")
-    assert client.receive([update("a", "1"), update("a", "2")]) == Batch({}, [])
+    assert client.receive(Read([update("a", "1"), update("a", "2")])) == Batch({}, [])
     client.finished(1)
     client.detach("a")
-    batch = client.receive([update("a", "1"), update("a", "2")])
+    batch = client.receive(Read([update("a", "1"), update("a", "2")]))
     assert batch.updates == {} and batch.events == [UnroutedUpdate("a")] * 2
 
 
@@ -629,9 +635,10 @@ def test_a_prefixed_line_must_end_as_the_prefix_opened_it(tail: bytes) -> None:
     good = update("a", "1")
     line = update_prefix("a") + b'{"k":1}' + tail
     assert splice_updates([good, line], update_prefix("a")) is None
-    batch = attached("a").receive([good, line])
+    batch = attached("a").receive(Read([good, line]))
     routed, events = _one_by_one([good, line])
-    assert {sid: raws for sid, (_, raws) in batch.updates.items()} == _merged(routed)
+    assert {sid: published.updates
+            for sid, (_, published) in batch.updates.items()} == _merged(routed)
     assert batch.events == events
 
 
@@ -648,7 +655,7 @@ def test_prefix_of_cuts_the_update_prefix_of_any_session_id(session_id: str) -> 
 
 
 def _lines_run(client: AcpClient[str, str], lines: list[bytes]) -> tuple[Any, int]:
-    """``client.receive(lines)`` and how many lines of the ACP client and codec it ran."""
+    """``client.receive(Read(lines))`` and how many lines of the ACP client and codec it ran."""
     count = 0
     files = {acp_client_module.__file__, acp_codec_module.__file__}
 
@@ -662,7 +669,7 @@ def _lines_run(client: AcpClient[str, str], lines: list[bytes]) -> tuple[Any, in
 
     sys.settrace(tracer)
     try:
-        batch = client.receive(lines)
+        batch = client.receive(Read(lines))
     finally:
         sys.settrace(None)
     return batch, count
@@ -681,6 +688,7 @@ def test_a_read_is_routed_without_looking_at_the_other_sessions() -> None:
             client.attach(f"other-{i}", f"sink-{i}")
         client.attach("target", "target-sink")  # attached last: a scan would try it last
         batch, count = _lines_run(client, lines)
-        assert batch.updates == {"target": ("target-sink", [chunk] * 8)}
+        (sink, got), = batch.updates.values()
+        assert sink == "target-sink" and got.updates == [chunk] * 8
         counts.append(count)
     assert counts[0] == counts[1], counts

@@ -23,7 +23,7 @@ from daemon.agent import (
     AgentStartError,
     ChannelClosed,
 )
-from daemon.core.splice import ChunkRun, plain_chunk_run
+from daemon.core.updates import ChunkRun, UpdateBatch, plain_chunk_run
 
 pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
 
@@ -51,6 +51,7 @@ class RecordingSink:
     def __init__(self, permission_result: dict[str, Any] | None = None,
                  group_lines: int = 64) -> None:
         self.group_lines = group_lines
+        self.flow = self  # the channel paces its reads by it (SessionSink.flow)
         self.updates: list[dict[str, Any]] = []
         self.raw_updates: list[bytes] = []
         self.chunk_runs: list[ChunkRun | None] = []
@@ -61,26 +62,21 @@ class RecordingSink:
         }
         self._changed = trio.Event()
 
-    def on_updates(self, updates: list[bytes], chunks: ChunkRun | None) -> None:
-        # The channel hands on the agent's bytes of each update object, undecoded, and the
+    def publish(self, batch: UpdateBatch) -> None:
+        # The channel hands on the agent's bytes of each update object, undecoded, with the
         # kind and texts of a run of plain text chunks it read on the way.
-        assert chunks is None or chunks == plain_chunk_run(updates)
-        for update in updates:
+        assert batch.run == plain_chunk_run(batch.updates)
+        for update in batch.updates:
             assert type(update) is bytes
             self.raw_updates.append(update)
             self.updates.append(msgspec.json.decode(update))
-        self.chunk_runs.append(chunks)
-
-    def flush(self) -> None:
+        self.chunk_runs.append(batch.run)
         self.flushed_at.append(len(self.updates))
         self._changed.set()
         self._changed = trio.Event()
 
-    async def wait_subscribers(self) -> None:
+    async def wait_for_subscribers(self) -> None:
         pass
-
-    def dispatch_group_lines(self) -> int:
-        return self.group_lines
 
     def permission_asked(self, params: dict[str, Any]) -> Awaitable[dict[str, Any]]:
         self.permission_requests.append(params)
@@ -596,12 +592,18 @@ class CountingSink(RecordingSink):
     """Counts how often the channel asks it for its group size."""
 
     def __init__(self, group_lines: int = 64) -> None:
+        self.asked = 0
         super().__init__(group_lines=group_lines)
         self.asked = 0
 
-    def dispatch_group_lines(self) -> int:
+    @property  # type: ignore[override]
+    def group_lines(self) -> int:
         self.asked += 1
-        return self.group_lines
+        return self._group_lines
+
+    @group_lines.setter
+    def group_lines(self, value: int) -> None:
+        self._group_lines = value
 
 
 async def test_idle_sessions_are_not_asked_on_every_read(tmp_path: Path) -> None:

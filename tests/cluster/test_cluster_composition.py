@@ -18,10 +18,10 @@ import trio
 import trio.testing
 
 import daemon
-from daemon.bus import BusLimits, SessionBus, Subscription
+from daemon.bus import BusLimits, SessionBus
 from daemon.core.envelope import Event, make_event
 from daemon.core.subscriber import SubscriberState
-from daemon.streams import EventPump
+from daemon.streams import EventPump, Subscription
 from daemon.transcript_store import AppendEvent, Op, TranscriptStore, UpsertSession
 from daemon.transcript_writer import TranscriptWriter
 

@@ -13,12 +13,11 @@ from daemon.core.envelope import (
     Event,
     build_envelope,
     make_event,
-    spliced_events,
     spliced_parts,
-    sse_chunks,
     synthetic,
     write_groups,
 )
+from daemon.core.frame_codec import sse_chunks
 from sdk.protocol import http as wire
 
 
@@ -82,17 +81,6 @@ def test_with_env_reads_the_head_from_the_dict() -> None:
         except TypeError:
             continue
         raise AssertionError(f"{bad} accepted")
-
-
-def test_spliced_events_are_spliced_one_by_one() -> None:
-    raws = [b'{"id":%d,"v":1,"type":"session_update"}' % i + b" " * i for i in range(5, 9)]
-    events = spliced_events(raws, 5, "session_update", "p")
-    singles = [Event.spliced(raw, 5 + k, "session_update", "p") for k, raw in enumerate(raws)]
-    fields = [(e.raw, e.size, e.id, e.type, e.prompt_id, e.sse_head) for e in events]
-    assert fields == [(e.raw, e.size, e.id, e.type, e.prompt_id, e.sse_head) for e in singles]
-    assert [e.size for e in events] == [len(raw) for raw in raws]
-    assert events[0].env == {"id": 5, "v": 1, "type": "session_update"}  # decoded on demand
-    assert spliced_events([], 9, "session_update", None) == []
 
 
 def test_events_compare_and_hash_by_identity() -> None:

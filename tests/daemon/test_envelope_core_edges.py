@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import msgspec
 
-from daemon.core.envelope import Event, make_event, sse_chunks, synthetic
+from daemon.core.envelope import Event, make_event, synthetic
+from daemon.core.frame_codec import sse_chunks
 
 
 def test_event_reads_id_type_and_prompt_id_from_its_envelope() -> None:

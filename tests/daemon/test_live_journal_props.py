@@ -254,8 +254,8 @@ def test_append_chunks_fills_entries_to_256_sources_across_runs() -> None:
 
 def check_runs_against_each(pads: list[int], runs: list[int], max_events: int, max_bytes: int,
                             user_first: bool, shift: int | None = None) -> list[Any]:
+    from daemon.core.frame_codec import EnvelopeSplicer
     from daemon.core.live_journal import plain_chunk_key
-    from daemon.core.splice import EnvelopeSplicer
 
     session, prompt, client = "s1", "p1", "c1"
     splicer = EnvelopeSplicer(session, prompt, client, 1)

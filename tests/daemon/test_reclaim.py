@@ -104,8 +104,15 @@ async def test_the_task_trims_after_a_burst_and_under_a_steady_stream(
 
 def test_a_bus_reports_every_byte_it_publishes_once_per_flush() -> None:
     noted: list[int] = []
-    bus = SessionBus("s", BusLimits(10_000, 8 * MIB, 4 * MIB, 100), None,
-                     on_published=noted.append)
+
+    class Noting:
+        def note(self, nbytes: int) -> None:
+            noted.append(nbytes)
+
+        def trim_now(self, reason: str, *, quiet: bool = False) -> bool:
+            raise AssertionError("no spill here")
+
+    bus = SessionBus("s", BusLimits(10_000, 8 * MIB, 4 * MIB, 100), None, reclaimer=Noting())
     sizes = 0
     for batch in range(3):
         for i in range(50):

@@ -18,9 +18,10 @@ from daemon.bus import BusLimits, SessionBus
 from daemon.core.acp_codec import splice_updates, update_prefix
 from daemon.core.cluster import event_run
 from daemon.core.envelope import decode_json, encode_json, make_event
+from daemon.core.frame_codec import EnvelopeSplicer
 from daemon.core.live_journal import LiveJournal, merge_key, plain_chunk_key
-from daemon.core.splice import (
-    EnvelopeSplicer,
+from daemon.core.updates import (
+    UpdateBatch,
     compact,
     compact_chunks,
     plain_chunk,
@@ -116,7 +117,7 @@ def publish_both(updates: list[dict[str, Any]], max_events: int, max_bytes: int,
             raws = [encode_json(u) for u in updates]
             if batch_path:
                 for start in range(0, len(raws), batch):
-                    bus.publish_updates(raws[start:start + batch], prompt_id=prompt_id,
+                    bus.publish_updates(UpdateBatch.of(raws[start:start + batch]), prompt_id=prompt_id,
                                         originator_client_id=client_id)
             else:
                 for update in updates:
@@ -191,7 +192,7 @@ def test_batch_path_journals_match_the_general_path_mid_turn(
     ref, _ = new_bus(max_events, max_bytes)
     raws = [encode_json(u) for u in updates]
     for start in range(0, len(raws), batch):
-        fast.publish_updates(raws[start:start + batch], prompt_id=PROMPT,
+        fast.publish_updates(UpdateBatch.of(raws[start:start + batch]), prompt_id=PROMPT,
                              originator_client_id=CLIENT)
         for update in updates[start:start + batch]:
             ref.publish(SessionUpdateData(session_id=SID, update=update),
@@ -273,8 +274,8 @@ def test_agent_whitespace_is_removed_and_its_spelling_kept() -> None:
     assert compact(b'{"a":1}') == b'{"a":1}'
     escaped = json.dumps(update).encode()  # "\u00e9": the agent's spelling stays
     bus, writer = new_bus(100, 1 << 20)
-    bus.publish_updates([compact(raw) for raw in (
-        spaced, escaped, b'{"sessionUpdate": "plan", "entries": [ ]}')],
+    bus.publish_updates(UpdateBatch.of([compact(raw) for raw in (
+        spaced, escaped, b'{"sessionUpdate": "plan", "entries": [ ]}')]),
         prompt_id=PROMPT, originator_client_id=CLIENT)
     events = bus.ring.since(0)
     assert len(events) == 3
@@ -292,8 +293,8 @@ def test_agent_whitespace_is_removed_and_its_spelling_kept() -> None:
 
 def test_an_update_that_is_not_an_object_is_dropped_without_an_id() -> None:
     bus, _ = new_bus(100, 1 << 20)
-    bus.publish_updates([b"[1,2]", b'"x"', b"{bad", encode_json(text_chunk(
-        "agent_message_chunk", "ok"))], prompt_id=None, originator_client_id=None)
+    bus.publish_updates(UpdateBatch.of([b"[1,2]", b'"x"', b"{bad", encode_json(text_chunk(
+        "agent_message_chunk", "ok"))]), prompt_id=None, originator_client_id=None)
     events = bus.ring.since(0)
     assert [e.id for e in events] == [1]
     assert decode_json(events[0].raw)["data"]["update"]["content"]["text"] == "ok"
@@ -302,7 +303,7 @@ def test_an_update_that_is_not_an_object_is_dropped_without_an_id() -> None:
 def test_plain_chunk_key_is_the_merge_key_of_a_spliced_chunk() -> None:
     for prompt_id, client_id in ((PROMPT, CLIENT), (None, None)):
         bus, _ = new_bus(100, 1 << 20)
-        bus.publish_updates([encode_json(text_chunk("agent_thought_chunk", "t"))],
+        bus.publish_updates(UpdateBatch.of([encode_json(text_chunk("agent_thought_chunk", "t"))]),
                             prompt_id=prompt_id, originator_client_id=client_id)
         event = bus.ring.since(0)[0]
         assert merge_key(decode_json(event.raw)) == plain_chunk_key(
@@ -318,7 +319,7 @@ def test_long_runs_fill_merged_entries_to_their_event_limit_like_the_general_pat
         updates = [text_chunk("agent_message_chunk", f"chunk-{i}") for i in range(1500)]
         raws = [encode_json(u) for u in updates]
         for start in range(0, len(raws), 100):
-            fast.publish_updates(raws[start:start + 100], prompt_id=PROMPT,
+            fast.publish_updates(UpdateBatch.of(raws[start:start + 100]), prompt_id=PROMPT,
                                  originator_client_id=CLIENT)
         for update in updates:
             ref.publish(SessionUpdateData(session_id=SID, update=update),
@@ -429,8 +430,8 @@ def test_the_envelope_template_follows_the_prompt_the_originator_and_the_clock()
              (PROMPT, None, 1_001), ("p2", None, 1_001), ("p2", CLIENT, 1_001)]
     for prompt_id, client_id, at in steps:
         now[0] = at
-        bus.publish_updates(chunk, prompt_id=prompt_id, originator_client_id=client_id)
-        bus.publish_updates(chunk * 2, prompt_id=prompt_id, originator_client_id=client_id)
+        bus.publish_updates(UpdateBatch.of(chunk), prompt_id=prompt_id, originator_client_id=client_id)
+        bus.publish_updates(UpdateBatch.of(chunk * 2), prompt_id=prompt_id, originator_client_id=client_id)
     envs = [decode_json(raw) for _, raw in writer.stored_events()]
     assert [(e.get("promptId"), e.get("originatorClientId"), e["_meta"]["serverTimestamp"])
             for e in envs] == [step for step in steps for _ in range(3)]

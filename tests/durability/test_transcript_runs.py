@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.core.splice import EnvelopeSplicer
+from daemon.core.frame_codec import EnvelopeSplicer
 from daemon.transcript_store import (
     ROW_MAX_BYTES,
     SCHEMA_VERSION,

@@ -10,9 +10,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from daemon.core.envelope import Event, make_event, sse_chunks, synthetic, typed_event
-from daemon.core.splice import EnvelopeSplicer, run_envelopes
-from daemon.core.sse_frames import frames_of
+from daemon.core.envelope import Event, make_event, synthetic, typed_event
+from daemon.core.frame_codec import EnvelopeSplicer, run_envelopes, sse_chunks, sse_frames
 from sdk.protocol.envelope import (
     HOLE,
     DaemonEvent,
@@ -139,7 +138,7 @@ def sse_frame_by_hand(event: Event) -> bytes:
 
 
 def test_every_sse_writer_formats_the_one_frame() -> None:
-    """``frames_of`` (a run of one type, and mixed types), ``sse_chunks``, ``Event.sse_frame``
+    """``sse_frames`` (a run of one type, and mixed types), ``sse_chunks``, ``Event.sse_frame``
     and ``encode_sse_frame`` all write :data:`SSE_FRAME`, which a parser reads back."""
     run = [Event.from_env(envelope_fields("session_update", {"n": n}, event_id=n))
            for n in range(1, 6)]
@@ -149,7 +148,7 @@ def test_every_sse_writer_formats_the_one_frame() -> None:
         expected = b"".join(
             SSE_FRAME % (event.id, event.type.encode(), event.raw) for event in events)
         assert expected == b"".join(map(sse_frame_by_hand, events))
-        assert frames_of(events) == expected
+        assert sse_frames(events) == expected
         assert b"".join(sse_chunks(events)) == expected
         assert b"".join(event.sse_frame for event in events) == expected
         assert b"".join(encode_sse_frame(e.raw, e.type, e.id) for e in events) == expected

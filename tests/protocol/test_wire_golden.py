@@ -31,12 +31,12 @@ import daemon.bus
 import daemon.session
 from daemon.agent import AgentRpcError, ChannelClosed
 from daemon.bus import BusLimits, SessionBus
-from daemon.core.envelope import Event, sse_chunks
+from daemon.core.envelope import Event
+from daemon.core.frame_codec import sse_chunks, sse_frames
 from daemon.core.live_journal import LiveJournal
 from daemon.core.replay_window import Record, ReplayWindow
 from daemon.core.restore import close_interrupted
 from daemon.core.ring import EventRing, decide_resume
-from daemon.core.sse_frames import frames_of
 from daemon.core.subscriber import (
     Eviction,
     SubscriberState,
@@ -332,7 +332,7 @@ def _sse_frames(published: list[bytes]) -> dict[str, list[bytes]]:
     frame, and the stream's opening and idle frames."""
     events = [Event.from_env(json.loads(raw)) for raw in published[:3]]
     resync = decide_resume(EventRing(4), 9, None, "epoch", now_ms=NOW).before[0]
-    return {"sse": [events[0].sse_frame, frames_of(events), b"".join(sse_chunks(events)),
+    return {"sse": [events[0].sse_frame, sse_frames(events), b"".join(sse_chunks(events)),
                     resync.sse_frame, SSE_RETRY, SSE_HEARTBEAT]}
 
 

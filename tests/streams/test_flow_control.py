@@ -6,16 +6,15 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from daemon.bus import (
+from daemon.bus import BusLimits, SessionBus
+from daemon.core.flow_control import (
     DISPATCH_GROUP_MAX,
     FLOW_BUDGET_MAX,
     FLOW_BUDGET_RATE,
     FLOW_STALL_S,
-    BusLimits,
-    SessionBus,
-    Subscription,
 )
 from daemon.core.subscriber import SubscriberState
+from daemon.streams import Subscription
 from sdk.protocol.events import SessionUpdateData
 
 
@@ -121,18 +120,18 @@ async def test_slow_but_steady_readers_cannot_pace_the_agent(
 
 def test_the_dispatch_group_is_a_quarter_of_the_smallest_cap() -> None:
     bus = SessionBus("s", BusLimits(10_000, 8 << 20, 4 << 20, 8000), None)
-    assert bus.dispatch_group_lines() == DISPATCH_GROUP_MAX  # nobody to fall behind
+    assert bus.group_lines == DISPATCH_GROUP_MAX  # nobody to fall behind
     wide = Subscription(SubscriberState(0, max_queued=2048))
     bus.add_subscriber(wide)
-    assert bus.dispatch_group_lines() == DISPATCH_GROUP_MAX == 64  # a quarter would be 512
+    assert bus.group_lines == DISPATCH_GROUP_MAX == 64  # a quarter would be 512
     narrow = Subscription(SubscriberState(0, max_queued=128))
     bus.add_subscriber(narrow)
-    assert bus.dispatch_group_lines() == 32  # the smallest cap decides
+    assert bus.group_lines == 32  # the smallest cap decides
     bus.add_subscriber(Subscription(SubscriberState(0, max_queued=16)))
-    assert bus.dispatch_group_lines() == 4
+    assert bus.group_lines == 4
     bus.remove_subscriber(narrow)
     bus.add_subscriber(Subscription(SubscriberState(0, max_queued=1)))
-    assert bus.dispatch_group_lines() == 1  # never zero
+    assert bus.group_lines == 1  # never zero
 
 
 def test_a_group_never_takes_a_checked_subscriber_past_its_cap() -> None:
@@ -146,7 +145,7 @@ def test_a_group_never_takes_a_checked_subscriber_past_its_cap() -> None:
         sub.begin_write()
         chunk(bus, max_queued // 2 - 1)  # just under half: not behind
         assert not bus._behind
-        chunk(bus, bus.dispatch_group_lines())
+        chunk(bus, bus.group_lines)
         assert sub.state.evicted is None and sub in bus.subscribers
 
 
@@ -155,7 +154,7 @@ def test_the_bus_says_when_its_group_may_have_changed() -> None:
     # bus says its subscribers changed: every way one comes or goes must say so.
     bus = SessionBus("s", BusLimits(10_000, 8 << 20, 4 << 20, 8000), None)
     told: list[int] = []
-    bus.on_subscribers_changed.append(lambda: told.append(bus.dispatch_group_lines()))
+    bus.on_subscribers_changed.append(lambda: told.append(bus.group_lines))
     narrow = Subscription(SubscriberState(0, max_queued=16))
     bus.add_subscriber(narrow)
     bus.remove_subscriber(narrow)

@@ -6,9 +6,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.core.envelope import Event, sse_chunks
+from daemon.core.envelope import Event
+from daemon.core.frame_codec import sse_chunks, sse_frames
 from daemon.core.ring import EventRing
-from daemon.core.sse_frames import SharedFrames
+from daemon.core.shared_frames import SharedFrames
 
 
 def event(event_id: int, size: int = 10) -> Event:
@@ -76,12 +77,11 @@ def test_clear_forgets_every_segment() -> None:
 @given(st.lists(st.sampled_from(["session_update", "session_update", "turn_complete", "x%d"]),
                 max_size=20),
        st.integers(1, 50), st.booleans())
-def test_frames_of_is_the_frames_of_each(types: list[str], start: int, gap: bool) -> None:
+def test_sse_frames_is_the_frames_of_each(types: list[str], start: int, gap: bool) -> None:
     # The one-type fast path and the general one both give exactly sse_chunks' bytes, for
     # consecutive ids and (should a caller pass them) ids with a gap.
-    from daemon.core.sse_frames import frames_of
 
     ids = [start + i + (5 if gap and i >= len(types) // 2 else 0) for i in range(len(types))]
     events = [Event.from_env({"id": i, "v": 1, "type": t, "data": "%d" * i})
               for i, t in zip(ids, types, strict=True)]
-    assert frames_of(events) == b"".join(sse_chunks(events))
+    assert sse_frames(events) == b"".join(sse_chunks(events))

@@ -14,9 +14,10 @@ from typing import Any
 import trio
 import trio.testing
 
-from daemon.bus import SessionBus, Subscription
+from daemon.bus import SessionBus
+from daemon.core.flow_control import GATHER_BYTES, GATHER_PASSES
 from daemon.core.subscriber import SubscriberState
-from daemon.streams import GATHER_BYTES, GATHER_PASSES, EventPump, serve_sse
+from daemon.streams import EventPump, Subscription, serve_sse
 from tests.builders.sse_gather import ID_LINE, new_bus, publish
 
 

@@ -7,11 +7,10 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from daemon.bus import Subscription
 from daemon.core.envelope import Event, make_event
 from daemon.core.ring import EventRing
 from daemon.core.subscriber import Eviction, SubscriberState
-from daemon.streams import replay_events, replay_groups, watch_stalled_writes
+from daemon.streams import Subscription, replay_events, replay_groups, watch_stalled_writes
 
 
 def event(i: int, size: int = 100) -> Event:

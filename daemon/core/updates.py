@@ -1,13 +1,15 @@
-"""Agent updates spliced into envelopes: the agent's bytes are the event's ``update``.
+"""What one agent read gives a session: an :class:`UpdateBatch`, the updates and their facts.
 
 The hot path of a turn is a long run of text chunks. Decoding each one into dicts and encoding
 the envelope again costs more than everything else the daemon does with it, so a *plain text
 chunk* (an ``agent_message_chunk`` / ``agent_thought_chunk`` update with exactly
-``sessionUpdate`` and ``content: {type: "text", text}``, nothing else) is never re-encoded: its
-envelope is the bytes the bus would have encoded (same members, same order) with the agent's
-``update`` bytes copied in, made compact first if the agent wrote whitespace. Only the two
-fields merging and compaction need (the kind and the text) are decoded, into a typed struct.
-Every other update takes the general path (decoded, published as a dict, encoded once).
+``sessionUpdate`` and ``content: {type: "text", text}``, nothing else) is never re-encoded: the
+frame codec (:mod:`daemon.core.frame_codec`) splices the agent's ``update`` bytes into the
+envelope, made compact first if the agent wrote whitespace. Only the two fields merging and
+compaction need (the kind and the text) are decoded, into a typed struct. This module reads
+them: it recognises plain text chunks (for a whole read at once where it can) and makes updates
+compact, and :class:`UpdateBatch` carries what it found with the updates, so that nobody reads
+them again.
 
 Pure: no trio, no clock, no I/O.
 """
@@ -21,12 +23,8 @@ from typing import Final, Literal
 
 import msgspec
 
-from daemon.core.transcript_ops import RunTemplate
-from sdk.protocol.envelope import HOLE, envelope_template
-from sdk.protocol.events import SessionUpdateData
-
-__all__ = ["TEXT_CHUNK_KINDS", "ChunkRun", "EnvelopeSplicer", "compact", "compact_chunks",
-           "plain_chunk", "plain_chunk_lines", "plain_chunk_run", "run_envelopes"]
+__all__ = ["TEXT_CHUNK_KINDS", "ChunkRun", "UpdateBatch", "compact", "compact_chunks",
+           "plain_chunk", "plain_chunk_lines", "plain_chunk_run"]
 
 TEXT_CHUNK_KINDS: Final = frozenset({"agent_message_chunk", "agent_thought_chunk"})
 
@@ -193,62 +191,30 @@ def plain_chunk_lines(lines: list[bytes], prefix: bytes) -> tuple[list[bytes], C
     return None
 
 
-class EnvelopeSplicer:
-    """Builds ``session_update`` envelopes around pre-encoded ``update`` bytes.
+class UpdateBatch(msgspec.Struct, frozen=True, gc=False):
+    """One read's ``session/update`` updates for one session, in stdout order, with what the
+    read found out about them.
 
-    The result is exactly what :func:`daemon.core.envelope.make_event` encodes for
-    ``data = {sessionId, update}`` with the given prompt and originator ids and
-    ``_meta.serverTimestamp = now_ms`` when ``update`` is in msgspec's compact form, and the
-    same envelope with the agent's spelling of ``update`` otherwise. The bytes around the id
-    and the update are the protocol's envelope encoded once with holes there
-    (:func:`sdk.protocol.envelope.envelope_template`), never written by hand.
+    ``updates``: the agent's own JSON bytes of each ``update`` object, compact (no
+    insignificant whitespace; strings and numbers spelled as the agent spelled them, never
+    re-encoded). ``run``: ``(kind, texts)`` when every update is a plain text chunk and all are
+    of one kind, else ``None``; always exactly what :func:`plain_chunk_run` of ``updates``
+    returns. Make one with :meth:`of` (which reads the updates) unless the read already did
+    (the agent channel's reader, :func:`plain_chunk_lines`).
     """
 
-    __slots__ = ("_format", "_head", "_tail")
+    updates: list[bytes]
+    run: ChunkRun | None
 
-    def __init__(
-        self, session_id: str, prompt_id: str | None, originator_client_id: str | None,
-        now_ms: int,
-    ) -> None:
-        # The id leads every envelope, so the piece before it is always _ID_START (a run's
-        # RunTemplate keeps only the two pieces after it).
-        _, self._head, self._tail = envelope_template(
-            "session_update", SessionUpdateData(session_id=session_id, update=HOLE),
-            prompt_id=prompt_id, originator_client_id=originator_client_id,
-            meta={"serverTimestamp": now_ms})
-        self._format = _envelope_format(self._head, self._tail)
+    @classmethod
+    def of(cls, updates: list[bytes]) -> UpdateBatch:
+        """The batch of ``updates`` (compact already), read once to find its run."""
+        return cls(updates, plain_chunk_run(updates))
 
-    def envelope(self, event_id: int, update: bytes) -> bytes:
-        return b"%b%d%b%b%b" % (_ID_START, event_id, self._head, update, self._tail)
-
-    def envelopes(self, first_id: int, updates: list[bytes]) -> list[bytes]:
-        """:meth:`envelope` of each update, the ids counting up from ``first_id``."""
-        return _formatted(self._format, first_id, updates)
-
-    def template(self, first_id: int) -> RunTemplate:
-        """What :func:`run_envelopes` needs to make the envelopes of a run from its updates
-        again, the run's ids counting up from ``first_id``."""
-        return RunTemplate(first_id, self._head, self._tail)
-
-
-#: What an envelope with an id starts with, before the id's digits (``{"id":``).
-_ID_START: Final = envelope_template("", None)[0]
-
-
-def _envelope_format(head: bytes, tail: bytes) -> bytes:
-    """The ``%``-format of one envelope: its id (``%d``) and its update (``%b``) go in."""
-    return _ID_START + b"%d" + head.replace(b"%", b"%%") + b"%b" + tail.replace(b"%", b"%%")
-
-
-def run_envelopes(run: RunTemplate, updates: list[bytes]) -> list[bytes]:
-    """The envelopes of a run of spliced chunks: exactly what
-    ``EnvelopeSplicer.envelopes(run.first_id, updates)`` returned for the splicer
-    ``run`` came from."""
-    return _formatted(_envelope_format(run.head, run.tail), run.first_id, updates)
-
-
-def _formatted(envelope_format: bytes, first_id: int, updates: list[bytes]) -> list[bytes]:
-    """``envelope_format`` filled with each of ``updates``, the ids counting up from
-    ``first_id``: one C call per envelope."""
-    return list(map(envelope_format.__mod__,
-                    zip(range(first_id, first_id + len(updates)), updates, strict=True)))
+    def keep(self, kept: list[int]) -> UpdateBatch:
+        """The batch of the updates at the positions ``kept`` (ascending)."""
+        updates = [self.updates[i] for i in kept]
+        if self.run is None:
+            return UpdateBatch.of(updates)
+        kind, texts = self.run
+        return UpdateBatch(updates, (kind, [texts[i] for i in kept]) if kept else None)
