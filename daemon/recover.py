@@ -33,13 +33,13 @@ from pathlib import Path
 from typing import Any, Final, TextIO
 
 from .core.checksum import row_crc
+from .core.transcript_rows import events_are_json
 from .server import TRANSCRIPT_FILE, DaemonStartError, acquire_lock
 from .transcript_store import (
     CHECKED_TABLES,
     TranscriptDamagedError,
     TranscriptSchemaError,
     TranscriptStore,
-    events_are_json,
 )
 
 __all__ = ["RecoveryReport", "recover_transcript", "run_recovery", "salvage_rows"]

@@ -14,7 +14,8 @@ What is stored, per session:
   schema version 1 wrote), or, when the batch has runs of spliced chunks
   (``AppendEvent.run``), a MessagePack array of segments ``[first_id, head, tail, joined]``:
   a run's template and its updates joined by newlines, or ``first_id`` 0 and envelopes joined
-  by newlines. Either form reads back as the same envelopes, byte for byte.
+  by newlines. Either form reads back as the same envelopes, byte for byte. The row codec (and
+  the page cursor) is the pure :mod:`daemon.core.transcript_rows`; this module runs the SQL.
 - ``records``: the compacted, record-stamped events of completed turns, each with its
   ``record_id`` and its per-session ``turn`` number (so seeding can keep whole turns and count the
   turns it leaves out).
@@ -32,19 +33,16 @@ what makes group commit atomic.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from os import PathLike
 from typing import Any, Final, Literal
 
 import msgspec
 
 from daemon.core.checksum import row_crc
-from daemon.core.frame_codec import run_envelopes
 from daemon.core.transcript_ops import (
     TERMINAL_STATES,
     AdmitPrompt,
@@ -60,6 +58,16 @@ from daemon.core.transcript_ops import (
     TerminalState,
     TranscriptPage,
     UpsertSession,
+)
+from daemon.core.transcript_rows import (
+    InvalidCursor,
+    RawRow,
+    decode_cursor,
+    encode_cursor,
+    event_rows,
+    events_are_json,
+    op_runs,
+    row_events,
 )
 from daemon.malloc import MMAP_THRESHOLD
 from sdk.protocol.http import PromptTerminal
@@ -102,7 +110,6 @@ SCHEMA_VERSION: Final = 3
 # far below anything that would make the writer look hung.
 _BUSY_TIMEOUT_MS: Final = 1000
 
-_CURSOR_PREFIX: Final = "tc1."
 
 # Pages per row of the zeros that overwrite the free pages when a session is deleted.
 _WIPE_ROW_PAGES: Final = 2048
@@ -278,26 +285,6 @@ def _checked(row: Sequence[Any], table: str, session_id: str | None = None) -> S
         raise DamagedRow(sid, table, int(row[0]) if isinstance(row[0], int) else -1,
                          "no checksum" if crc is None else "checksum mismatch")
     return row
-
-
-class InvalidCursor(ValueError):
-    """A page cursor or ``beforeRecordId`` that names no record of the session."""
-
-
-def _encode_cursor(record_id: str) -> str:
-    token = base64.urlsafe_b64encode(record_id.encode()).rstrip(b"=").decode("ascii")
-    return _CURSOR_PREFIX + token
-
-
-def _decode_cursor(cursor: str) -> str:
-    if not cursor.startswith(_CURSOR_PREFIX):
-        raise InvalidCursor(f"invalid transcript cursor {cursor!r}")
-    token = cursor[len(_CURSOR_PREFIX) :]
-    try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-        return raw.decode()
-    except (binascii.Error, ValueError) as exc:
-        raise InvalidCursor(f"invalid transcript cursor {cursor!r}") from exc
 
 
 class TranscriptStore:
@@ -583,10 +570,10 @@ class TranscriptStore:
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for group in _runs(ops):
+            for group in op_runs(ops):
                 first = group[0]
                 if isinstance(first, AppendEvent):
-                    self._insert_events(_event_rows(group),  # type: ignore[arg-type]
+                    self._insert_events(event_rows(group, ROW_MAX_BYTES),  # type: ignore[arg-type]
                                         checked=False)
                 else:
                     self._apply_one(first)
@@ -610,7 +597,7 @@ class TranscriptStore:
         for, against the event loop. Outside an explicit transaction such a statement needs no
         statement journal: if it fails, the whole (implicit) transaction is rolled back."""
         stored = self._stored
-        rows = [row for row in _event_rows(ops) if row[0] in stored]
+        rows = [row for row in event_rows(ops, ROW_MAX_BYTES) if row[0] in stored]
         if not rows:
             return
         if len(rows) == 1:
@@ -638,7 +625,7 @@ class TranscriptStore:
             except sqlite3.Error:
                 pass  # the original error is the one worth reporting
 
-    def _insert_events(self, rows: list[_RawRow], *, checked: bool) -> None:
+    def _insert_events(self, rows: list[RawRow], *, checked: bool) -> None:
         # A plain one-row INSERT, the session's existence checked first (in SQL, in this
         # transaction, unless the caller already checked: an earlier op of the batch that
         # deleted it counts): the INSERT ... SELECT ... WHERE EXISTS it replaces is a
@@ -930,7 +917,7 @@ class TranscriptStore:
         for row in rows:
             _checked(row, "raw_events", session_id)
             try:
-                events.extend(_row_events(bytes(row[4])))
+                events.extend(row_events(bytes(row[4])))
             except ValueError as exc:  # its checksum matched: what was written was not events
                 raise DamagedRow(session_id, "raw_events", row[0], str(exc)) from None
         return events
@@ -1012,7 +999,7 @@ class TranscriptStore:
             raise ValueError(f"page limit must be >= 1, got {limit}")
         if cursor is not None and before_record_id is not None:
             raise InvalidCursor("give either a cursor or beforeRecordId, not both")
-        anchor = _decode_cursor(cursor) if cursor is not None else before_record_id
+        anchor = decode_cursor(cursor) if cursor is not None else before_record_id
         conn = self._conn
         if anchor is None:
             rows = conn.execute(
@@ -1042,7 +1029,7 @@ class TranscriptStore:
         events = [bytes(_checked(row, "records", session_id)[5]) for row in rows]
         if anchor is None:
             events.extend(self.raw_events(session_id))
-        next_cursor = _encode_cursor(rows[0][2]) if has_more else None
+        next_cursor = encode_cursor(rows[0][2]) if has_more else None
         return TranscriptPage(events=events, next_cursor=next_cursor, has_more=has_more)
 
     def newest_turns(
@@ -1117,106 +1104,4 @@ def _session_row(row: Sequence[Any]) -> SessionRow:
     )
 
 
-Segment = tuple[int, bytes, bytes, bytes]
-_encode_segments: Final = msgspec.msgpack.Encoder().encode
-_decode_segments: Final = msgspec.msgpack.Decoder(list[Segment]).decode
-# What a segment adds to its bytes: the MessagePack headers of the array and its four members.
-_SEGMENT_OVERHEAD: Final = 24
 
-
-def _segment(op: AppendEvent) -> Segment:
-    run = op.run
-    if run is None:
-        return (0, b"", b"", op.raw)
-    return (run.first_id, run.head, run.tail, op.raw)
-
-
-def _op_size(op: AppendEvent) -> int:
-    run = op.run
-    return len(op.raw) + (0 if run is None else len(run.head) + len(run.tail) + _SEGMENT_OVERHEAD)
-
-
-# A raw_events row as written: session_id, event_id, prompt_id, raw, crc.
-_RawRow = tuple[str, int, str | None, bytes, int]
-
-
-def _event_rows(ops: Sequence[AppendEvent]) -> list[_RawRow]:
-    """One ``raw_events`` row per run of a session's events among ``ops``, split where it would
-    pass ``ROW_MAX_BYTES``, with the row's last id and prompt. A 100,000-chunk turn costs a few
-    hundred rows, not 100,000, which keeps the transcript off the daemon's throughput budget.
-
-    A row of ops none of which is a run of spliced chunks is their JSON joined with newlines
-    (compact JSON never contains one); any other row is their segments (see the module
-    docstring). Each row carries its checksum."""
-    rows: list[_RawRow] = []
-    start = 0
-    count = len(ops)
-    while start < count:
-        session_id = ops[start].session_id
-        size = _op_size(ops[start])
-        runs = ops[start].run is not None
-        end = start + 1
-        while end < count and ops[end].session_id == session_id:
-            size += 1 + _op_size(ops[end])
-            if size > ROW_MAX_BYTES:
-                break
-            runs = runs or ops[end].run is not None
-            end += 1
-        last = ops[end - 1]
-        if runs:
-            raw = _encode_segments([_segment(op) for op in ops[start:end]])
-        elif end == start + 1:
-            raw = ops[start].raw
-        else:
-            raw = b"\n".join([op.raw for op in ops[start:end]])
-        rows.append((session_id, last.event_id, last.prompt_id, raw,
-                     row_crc(session_id, last.event_id, last.prompt_id, raw)))
-        start = end
-    return rows
-
-
-def _row_events(raw: bytes) -> list[bytes]:
-    """The envelopes a ``raw_events`` row holds, in order (see :func:`_event_rows`). Raises
-    ``ValueError`` for a row that is neither form: a reader must not be handed bytes that are
-    not an event."""
-    if raw[:1] == b"{":
-        return raw.split(b"\n")
-    try:
-        segments = _decode_segments(raw)
-    except msgspec.DecodeError as exc:
-        raise ValueError(f"a raw_events row that is neither form ({exc})") from None
-    events: list[bytes] = []
-    for first_id, head, tail, joined in segments:
-        if first_id == 0:
-            events.extend(joined.split(b"\n"))
-        else:
-            events.extend(run_envelopes(RunTemplate(first_id, head, tail), joined.split(b"\n")))
-    return events
-
-
-_decode_object: Final = msgspec.json.Decoder(dict[str, Any]).decode
-
-
-def events_are_json(raw: bytes, *, whole_row: bool) -> bool:
-    """Does ``raw`` (a raw_events row when ``whole_row``, else one record) hold nothing but
-    JSON objects?"""
-    try:
-        for event in (_row_events(raw) if whole_row else [raw]):
-            _decode_object(event)
-    except (ValueError, msgspec.DecodeError):
-        return False
-    return True
-
-
-def _runs(ops: Sequence[Op]) -> Iterator[Sequence[Op]]:
-    """Split ``ops`` into runs: consecutive AppendEvents together (one executemany), every
-    other op alone. Order is preserved."""
-    start = 0
-    n = len(ops)
-    while start < n:
-        end = start + 1
-        if isinstance(ops[start], AppendEvent):
-            while end < n and isinstance(ops[end], AppendEvent):
-                end += 1
-        yield ops[start:end]
-        start = end
