@@ -272,7 +272,9 @@ async def run_daemon(
                               config.heartbeat_ms / 1000)
             if cluster is not None:
                 assert writer is not None
-                asgi.cluster = cluster.attach(manager, writer, token=config.token)
+                asgi.cluster = router = cluster.attach(manager, writer, token=config.token)
+                manager.cluster_stats = lambda: (len(cluster.membership.leases),
+                                                 router.takeovers)
             stop_http = trio.Event()
             hconf = hypercorn_config(config)
             check_tls(hconf)

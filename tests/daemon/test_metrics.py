@@ -171,3 +171,33 @@ def test_the_loopback_exemption_is_for_loopback_peers_and_metrics_only() -> None
     assert denied is not None and denied.status == 401
     assert is_loopback_peer(("127.0.0.1", 5)) and is_loopback_peer(("::1", 5))
     assert not is_loopback_peer(("10.0.0.1", 5)) and not is_loopback_peer(None)
+
+
+async def test_cluster_leases_and_takeovers(tmp_path: Path) -> None:
+    """Two nodes on a real redis-server: the owner holds the session's lease; once it is killed
+    and its lease ran out, the other node takes the session over and counts it."""
+    from benchmarks.redis_launcher import HAVE_REDIS, SKIP_REASON, redis_server
+
+    if not HAVE_REDIS:
+        pytest.skip(SKIP_REASON)
+    pytest.importorskip("coredis", reason="coredis is not installed (pip install '.[cluster]')")
+    from tests.cluster_chaos import nodes
+
+    with redis_server(tmp_path / "redis") as redis, \
+            nodes(tmp_path, redis.url, "AB", lease_ms=1000) as (a, b):
+        async with httpx.AsyncClient(base_url=a.url, timeout=30) as ca, \
+                httpx.AsyncClient(base_url=b.url, timeout=30) as cb:
+            sid = (await ca.post("/session", json={})).json()["sessionId"]
+            assert value(await scrape(ca), "turnkeeper_cluster_leases") == 1
+            before = await scrape(cb)
+            assert value(before, "turnkeeper_cluster_leases") == 0
+            a.kill()
+
+            async def taken_over() -> bool:
+                resp = await cb.post(f"/session/{sid}/load", json={})
+                return resp.status_code == 200
+            await poll(taken_over, 30, "node B to take the session over")
+            after = await scrape(cb)
+    assert value(after, "turnkeeper_cluster_leases") == 1
+    assert value(after, "turnkeeper_cluster_takeovers_total") \
+        == value(before, "turnkeeper_cluster_takeovers_total") + 1
