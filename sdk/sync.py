@@ -31,6 +31,7 @@ import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
 from functools import partial
 from queue import SimpleQueue
 from types import TracebackType
@@ -316,6 +317,31 @@ class SyncDaemonClient:
     ) -> PermissionVote:
         return self._call(self.client.vote_permission, session_id, request_id, option_id,
                           cancelled)
+
+    @contextmanager
+    def export_session(
+        self, session_id: str, format: Literal["jsonl", "markdown"] = "jsonl"
+    ) -> Iterator[Iterator[bytes]]:
+        """The session's whole transcript as the daemon streams it; ``with
+        client.export_session(sid) as chunks: for chunk in chunks`` (see
+        :meth:`DaemonClient.export_session`). Each chunk is read when the loop asks for it."""
+        opened = self.client.export_session(session_id, format)
+        chunks = self._call(opened.__aenter__)
+
+        def read() -> Iterator[bytes]:
+            while True:
+                try:
+                    yield self._call(chunks.__anext__)
+                except StopAsyncIteration:
+                    return
+
+        try:
+            yield read()
+        except BaseException as exc:
+            if not self._call(opened.__aexit__, type(exc), exc, exc.__traceback__):
+                raise
+        else:
+            self._call(opened.__aexit__, None, None, None)
 
     def transcript_page(
         self,

@@ -25,7 +25,13 @@ import trio
 
 from sdk.protocol import routes
 from sdk.protocol.headers import CLUSTER_NODE, CLUSTER_PROBE, lower
-from sdk.protocol.http import ErrorBody, route_not_found, session_not_found, view_session_id
+from sdk.protocol.http import (
+    CreateSessionResponse,
+    ErrorBody,
+    route_not_found,
+    session_not_found,
+    view_session_id,
+)
 
 from ..bus import BusLimits, SessionBus
 from ..core import cluster_auth
@@ -39,6 +45,8 @@ from ._membership import Membership
 from ._mirror import Mirrors
 from ._redis import ClusterUnavailable, Redis
 from ._shipping import Shipping
+
+_decode_created = msgspec.json.Decoder(CreateSessionResponse).decode
 
 log = logging.getLogger("daemon.cluster")
 # httpx logs each forwarded request at info: the daemon's own lines say what matters.
@@ -211,12 +219,12 @@ class ClusterRouter:
         """The ``POST /session`` that made the session ``answer`` names was answered 503: a
         session it created (not one it attached to) is closed for good."""
         try:
-            created = decode_json(answer)
-        except Exception:  # not the app's JSON answer: nothing to close
+            created = _decode_created(answer)
+        except msgspec.DecodeError:  # not the app's session answer: nothing to close
             return
-        if not isinstance(created, dict) or created.get("attached") is not False:
+        if created.attached:
             return
-        session = self.manager.sessions.get(str(created.get("sessionId")))
+        session = self.manager.sessions.get(created.session_id)
         if session is None:
             return
         log.warning("event=session_refused session=%s reason=not_in_redis_in_time",

@@ -10,20 +10,37 @@ paragraph, so :class:`MarkdownTranscript` keeps the kind of the last block it wr
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
+
+from sdk.protocol.acp import EnvelopeView, PermissionOptionView, view
+from sdk.protocol.events import (
+    AcpUpdate,
+    AgentMessageChunk,
+    AgentThoughtChunk,
+    ContentChunk,
+    PermissionResolvedData,
+    Plan,
+    SessionUpdateData,
+    ToolCall,
+    ToolCallUpdate,
+    TurnCompleteData,
+    TurnErrorData,
+    UserMessageChunk,
+    payload_from_data,
+)
 
 __all__ = ["MarkdownTranscript"]
 
-_decode = msgspec.json.Decoder()
+_decode_envelope = msgspec.json.Decoder(EnvelopeView)
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, dict) and isinstance(content.get("text"), str):
-        return str(content["text"])
-    if isinstance(content, dict) and content.get("type") == "resource_link":
-        return f"[{content.get('name') or content.get('uri')}]({content.get('uri')})"
+def _text(content: ContentChunk | None) -> str:
+    if content is None:
+        return ""
+    if isinstance(content.text, str):
+        return content.text
+    if content.type == "resource_link":
+        return f"[{content.name or content.uri}]({content.uri})"
     return ""
 
 
@@ -47,51 +64,47 @@ class MarkdownTranscript:
         return f"\n\n{heading}\n\n"
 
     def event(self, raw: bytes) -> str:
-        envelope = _decode.decode(raw)
-        if not isinstance(envelope, dict):
+        try:
+            envelope = _decode_envelope.decode(raw)
+        except msgspec.ValidationError:
+            return ""  # not an envelope object
+        kind = envelope.type
+        if not isinstance(kind, str):
             return ""
-        kind = envelope.get("type")
-        found = envelope.get("data")
-        data: dict[str, Any] = found if isinstance(found, dict) else {}
+        payload = payload_from_data(kind, envelope.data)
         if kind == "session_update":
-            return self._update(data.get("update"))
+            return self._update(payload.acp) if isinstance(payload, SessionUpdateData) else ""
         self._block = None
-        if kind == "turn_complete":
-            return f"\n*Turn ended: {data.get('stopReason', 'end_turn')}.*\n"
-        if kind == "turn_error":
-            return f"\n*Turn failed: {data.get('code') or data.get('message') or 'error'}.*\n"
-        if kind == "permission_resolved":
-            outcome = data.get("outcome")
-            chosen = outcome.get("optionId") if isinstance(outcome, dict) else outcome
+        if isinstance(payload, TurnCompleteData):
+            return f"\n*Turn ended: {payload.stop_reason}.*\n"
+        if isinstance(payload, TurnErrorData):
+            return f"\n*Turn failed: {payload.code or payload.message or 'error'}.*\n"
+        if isinstance(payload, PermissionResolvedData):
+            option = view(payload.outcome, PermissionOptionView)
+            chosen = option.option_id if option is not None else payload.outcome
             return f"\n*Permission: {chosen or 'resolved'}.*\n"
         return ""
 
-    def _update(self, update: Any) -> str:
-        if not isinstance(update, dict):
-            return ""
-        kind = update.get("sessionUpdate")
-        if kind == "user_message_chunk":
+    def _update(self, update: AcpUpdate) -> str:
+        if isinstance(update, UserMessageChunk):
             if self._block != "user":
                 self._turns += 1
             head = self._open("user", f"## Turn {self._turns}\n\n**User**")
-            return head + _text(update.get("content"))
-        if kind == "agent_message_chunk":
-            return self._open("agent", "**Agent**") + _text(update.get("content"))
-        if kind == "agent_thought_chunk":
-            text = _text(update.get("content")).replace("\n", "\n> ")
+            return head + _text(update.content)
+        if isinstance(update, AgentMessageChunk):
+            return self._open("agent", "**Agent**") + _text(update.content)
+        if isinstance(update, AgentThoughtChunk):
+            text = _text(update.content).replace("\n", "\n> ")
             if self._block == "thought":
                 return text
             self._block = "thought"
             return "\n\n> " + text
         self._block = None
-        if kind == "plan":
-            listed = update.get("entries")
-            entries: list[Any] = listed if isinstance(listed, list) else []
-            lines = [f"- [{'x' if e.get('status') == 'completed' else ' '}] {e.get('content')}"
-                     for e in entries if isinstance(e, dict)]
+        if isinstance(update, Plan):
+            lines = [f"- [{'x' if done else ' '}] {content}" for done, content in update.checklist]
             return "\n\n**Plan**\n\n" + "\n".join(lines) + "\n" if lines else ""
-        if kind in ("tool_call", "tool_call_update"):
-            title = update.get("title") or update.get("toolCallId") or "tool call"
-            status = update.get("status")
+        if isinstance(update, (ToolCall, ToolCallUpdate)):
+            title = update.title or update.tool_call_id or "tool call"
+            status = update.status
             return f"\n\n- Tool: {title}" + (f" ({status})" if status else "") + "\n"
         return ""

@@ -125,6 +125,9 @@ class ContentChunk(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
     type: str
     text: Any = None
+    # A ``resource_link`` block's target and its label (absent for text).
+    uri: Any = None
+    name: Any = None
 
     @property
     def display_text(self) -> str:
@@ -207,6 +210,12 @@ class Plan(_Update, frozen=True, tag="plan"):
     def completed(self) -> bool:
         """Every entry is ``completed`` (and there is at least one)."""
         return bool(self.entries) and all(e.get("status") == "completed" for e in self.entries)
+
+    @property
+    def checklist(self) -> tuple[tuple[bool, str], ...]:
+        """Each entry as ``(completed, its content)``; entries that are not objects are skipped."""
+        return tuple((e.get("status") == "completed", str(e.get("content")))
+                     for e in self.entries if isinstance(e, dict))
 
 
 class AvailableCommandsUpdate(_Update, frozen=True, tag="available_commands_update"):

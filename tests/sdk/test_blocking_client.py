@@ -7,6 +7,7 @@ Ctrl-C (a real SIGINT to a real subprocess) stops a blocked stream and a blocked
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import selectors
 import signal
@@ -98,6 +99,27 @@ def test_every_async_client_method_has_a_blocking_twin_with_the_same_parameters(
 
 
 # --- request/response -------------------------------------------------------------------------
+
+
+def test_export_streams_the_whole_transcript_with_a_plain_for_loop(
+    client: SyncDaemonClient,
+) -> None:
+    created = client.create_session(scope="thread")
+    accepted = client.send_prompt(created.session_id, "exported mock:chunks=3")
+    with client.events(created.session_id, 0) as stream:
+        for event in stream:
+            if event.type == "turn_complete" and event.prompt_id == accepted.prompt_id:
+                break
+    with client.export_session(created.session_id) as chunks:
+        body = b"".join(chunks)
+    types = [json.loads(line)["type"] for line in body.splitlines()]
+    assert types[-1] == "turn_complete" and "session_update" in types
+    with client.export_session(created.session_id, "markdown") as chunks:
+        text = b"".join(chunks).decode()
+    assert text.startswith(f"# Session {created.session_id}") and "chunk-0chunk-1chunk-2" in text
+    with pytest.raises(SessionNotFoundError), client.export_session("no-such-session"):
+        pass
+
 
 
 def test_methods_return_the_async_clients_typed_results(
