@@ -332,6 +332,7 @@ class TranscriptStore:
             conn.close()
             raise
         self._conn = conn
+        self._cut = False  # a cut asked of the running interruptible job (see interrupt)
 
     @staticmethod
     def _connect(path: str) -> sqlite3.Connection:
@@ -800,8 +801,17 @@ class TranscriptStore:
         return self._conn
 
     def interrupt(self) -> None:
-        """Cut the statement running now (from any thread): it raises ``interrupted``."""
+        """Cut the statement running now (from any thread): it raises ``interrupted``. Inside
+        an :meth:`interruptible` job the cut also reaches a statement that has not started yet
+        (SQLite's own interrupt is lost when no statement is running at that moment)."""
+        self._cut = True
         self._conn.interrupt()
+
+    def interruptible(self, on: bool) -> None:
+        """Arm (``on``) or disarm :meth:`interrupt` for a maintenance job's statements: a
+        progress check every 1,000 SQLite steps ends the statement once a cut was asked."""
+        self._cut = False
+        self._conn.set_progress_handler((lambda: self._cut) if on else None, 1000)
 
     def integrity_problems(self) -> list[str] | None:
         """SQLite's full ``integrity_check`` (pages, b-trees, and every index against its

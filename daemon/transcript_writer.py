@@ -303,12 +303,14 @@ class TranscriptWriter:
         connection meanwhile cuts it (:meth:`TranscriptStore.interrupt`; ``fn`` must expect
         that), so a long check never holds back the daemon's work. A cancellation cuts it too."""
         async with self._db_lock:
+            self.store.interruptible(interruptible)
             self._maintaining = interruptible
             try:
                 return await in_worker_thread(partial(fn, self.store),
                                               on_abort=self.store.interrupt)
             finally:
                 self._maintaining = False
+                self.store.interruptible(False)
 
     def _yield_maintenance(self) -> None:
         if self._maintaining:

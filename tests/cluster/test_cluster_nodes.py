@@ -444,9 +444,15 @@ async def test_one_flow_on_a_redis_cluster(tmp_path: Path) -> None:
                 assert resp.status_code == 202, resp.text
                 done = await sub.wait_for(is_terminal_for(resp.json()["promptId"]))
                 assert done.type == "turn_complete"
-                _, status = await wait_status(cb, sid)
+                # The owner shows a terminal once Redis holds it, so B's mirror can see it a
+                # moment before the owner's status counts it as published: wait for both.
+                with trio.fail_after(20):
+                    while True:
+                        _, status = await wait_status(cb, sid)
+                        if status["durableEventId"] == status["lastEventId"]:
+                            break
+                        await trio.sleep(0.05)
                 assert status["ownerNodeId"] == "A"
-                assert status["durableEventId"] == status["lastEventId"]
                 # POST /session naming it, on B: attached to A's session, not a new one.
                 attached = (await cb.post("/session", json={"sessionId": sid})).json()
                 assert attached["attached"] is True and attached["sessionId"] == sid
