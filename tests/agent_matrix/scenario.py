@@ -46,6 +46,8 @@ from tests.agent_matrix.install import skipped_reason
 from tests.harness import RunningDaemon, start_daemon
 from tests.sse_client import Subscriber, chunk_kind, is_terminal_for, text_of
 
+pytestmark = pytest.mark.processes  # starts the daemon and real agents
+
 STEPS = ("create", "turn 1", "turn 2", "restart", "load", "turn 3", "replay")
 PROBES = ("tkprobe-one", "tkprobe-two", "tkprobe-three")
 # Agents start node or Python programs of their own: seconds each, more on a busy machine.
