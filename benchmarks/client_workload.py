@@ -15,7 +15,7 @@ before the SDK ran on anyio is measured on ``trio`` only):
 - ``model_sse``: the SSE body of ``--frames`` realistic frames (one long agent turn: a bridge
   echo of the prompt, a live ``history_truncated`` marker, thought runs, tool calls and their
   updates, answer text chunks, usage-only chunks, one unknown event type, the terminal), fed
-  in 64 KiB reads to ``sdk.sse.SSEParser`` and every event dispatched into a
+  in 64 KiB reads to ``sdk.SSEParser`` and every event dispatched into a
   ``webui_model.TranscriptStore`` (the WebUI model's live path, without the network);
 - ``sdk_handle``: the same body served by an ``httpx.MockTransport`` to a real
   ``sdk.SessionHandle`` subscription (EventStream, parser, cursor, taps, callback), timed from
@@ -30,7 +30,7 @@ before the SDK ran on anyio is measured on ``trio`` only):
 - ``load_replay``: the same snapshot as a load answer's bytes, through
   ``DaemonClient.load_session`` (``httpx.MockTransport``) and then replayed the same way.
 
-Only names that existed before the typed protocol are used (``sdk.sse``, ``sdk.events``,
+Only names that existed before the typed protocol are used (``sdk.SSEParser``, ``sdk.DaemonEvent``,
 ``sdk.DaemonClient``, ``sdk.SessionHandle``, ``webui_model``), and subscriptions run in an anyio
 task group (a Trio nursery underneath on ``trio``), so the same workload measures an old
 checkout and a new one. Each row also reports a digest of what it built (block count and
@@ -188,7 +188,7 @@ def _digest(blocks: Any) -> dict[str, int]:
 
 
 def model_sse(body: bytes) -> Measured:
-    from sdk.sse import SSEParser
+    from sdk import SSEParser
     from webui_model import DEFAULT_MAX_BLOCKS, TranscriptStore
 
     reads = _reads(body)
@@ -346,7 +346,7 @@ class Server:
 
 def _scale_events(history_n: int, live_n: int) -> tuple[list[Any], list[Any]]:
     """The events of ``benchmarks/repair_cost.py``'s scale row, built the same way."""
-    from sdk.events import DaemonEvent
+    from sdk import DaemonEvent
 
     scale_sid = "00000000-0000-4000-8000-0000000000aa"
     scale_prompt = "00000000-0000-4000-8000-0000000000bb"

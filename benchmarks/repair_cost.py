@@ -34,7 +34,7 @@ import trio
 from benchmarks.harness import MIB, Context, CpuMeter, CpuUse, Row
 from benchmarks.launcher import Daemon, gate_name, start_daemon
 from sdk import DaemonClient, RepairOutcomeKind
-from sdk.events import DaemonEvent
+from sdk.protocol.envelope import DaemonEvent
 from webui_model import (
     DEFAULT_MAX_BLOCKS,
     Block,

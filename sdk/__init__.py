@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from sdk.errors import (
+from sdk._errors import (
     AuthError,
     DaemonError,
     DaemonHTTPError,
@@ -23,11 +23,45 @@ from sdk.errors import (
     error_for_status,
     is_retriable,
 )
-from sdk.events import (
-    KNOWN_EVENT_TYPES,
-    TERMINAL_TYPES,
-    ClientEvictedData,
+from sdk._repair import (
+    EpisodeRegistry,
+    RepairEpisode,
+    RepairGuards,
+    RepairNotice,
+    RepairState,
+    RepairTarget,
+    RepairValidationError,
+    SuffixResult,
+    find_repair_target,
+    find_suffix_start,
+    is_new_event,
+    repair_failure_notice,
+    repair_signature,
+    validate_fresh_snapshot,
+)
+from sdk._truncation import (
+    DaemonHistoryTruncatedData,
+    TruncationDebugItem,
+    TruncationStatusItem,
+    normalize_status_item,
+    parse_truncation,
+    status_text,
+    truncation_marker,
+)
+from sdk.protocol.constants import TERMINAL_TYPES
+from sdk.protocol.envelope import (
     DaemonEvent,
+    UnknownEventCounter,
+    decode_event,
+    decode_events,
+    event_from_mapping,
+    event_prompt_id,
+    normalize_page_event,
+    typed_data,
+)
+from sdk.protocol.events import (
+    KNOWN_EVENT_TYPES,
+    ClientEvictedData,
     KnownEventData,
     PendingPromptAddedData,
     PendingPromptCompletedData,
@@ -45,43 +79,11 @@ from sdk.events import (
     StreamErrorData,
     TurnCompleteData,
     TurnErrorData,
-    UnknownEventCounter,
-    decode_event,
-    decode_events,
-    event_from_mapping,
-    event_prompt_id,
-    normalize_page_event,
-    typed_data,
 )
-from sdk.repair import (
-    EpisodeRegistry,
-    RepairEpisode,
-    RepairGuards,
-    RepairNotice,
-    RepairState,
-    RepairTarget,
-    RepairValidationError,
-    SuffixResult,
-    find_repair_target,
-    find_suffix_start,
-    is_new_event,
-    repair_failure_notice,
-    repair_signature,
-    validate_fresh_snapshot,
-)
-from sdk.sse import SSEParser, parse_sse
-from sdk.truncation import (
-    DaemonHistoryTruncatedData,
-    TruncationDebugItem,
-    TruncationStatusItem,
-    normalize_status_item,
-    parse_truncation,
-    status_text,
-    truncation_marker,
-)
+from sdk.protocol.sse import SSEParser, parse_sse
 
 if TYPE_CHECKING:
-    from sdk.client import (
+    from sdk._client import (
         Capabilities,
         DaemonClient,
         DaemonStatus,
@@ -99,30 +101,30 @@ if TYPE_CHECKING:
         SessionSummary,
         TranscriptPage,
     )
-    from sdk.repair_driver import (
+    from sdk._repair_driver import (
         RepairCandidate,
         RepairDriver,
         RepairOutcome,
         RepairOutcomeKind,
     )
-    from sdk.session import (
+    from sdk._session import (
         DEFAULT_MAX_QUEUED,
         HandleClosedError,
         ReconnectPolicy,
         SessionHandle,
         SubscriptionState,
     )
-    from sdk.sync import SyncDaemonClient, SyncEventStream, SyncSessionHandle
-    from sdk.ws import WebSocketEventStream
+    from sdk._sync import SyncDaemonClient, SyncEventStream, SyncSessionHandle
+    from sdk._ws import WebSocketEventStream
 
 # The async/HTTP parts load on first use, so that importing the pure protocol (the daemon does,
 # for sdk.protocol) does not pull in httpx, anyio and wsproto.
 _LAZY: dict[str, str] = {
-    **dict.fromkeys(('Capabilities', 'DaemonClient', 'DaemonStatus', 'EventStream', 'Health', 'LoadResult', 'PermissionVote', 'PromptAccepted', 'PromptByKeyResponse', 'PromptRetryPolicy', 'PromptTerminal', 'ResumeResult', 'SessionCreated', 'SessionStatus', 'SessionSummary', 'TranscriptPage'), "sdk.client"),
-    **dict.fromkeys(('RepairCandidate', 'RepairDriver', 'RepairOutcome', 'RepairOutcomeKind'), "sdk.repair_driver"),
-    **dict.fromkeys(('DEFAULT_MAX_QUEUED', 'HandleClosedError', 'ReconnectPolicy', 'SessionHandle', 'SubscriptionState'), "sdk.session"),
-    **dict.fromkeys(('WebSocketEventStream',), "sdk.ws"),
-    **dict.fromkeys(('SyncDaemonClient', 'SyncEventStream', 'SyncSessionHandle'), "sdk.sync"),
+    **dict.fromkeys(('Capabilities', 'DaemonClient', 'DaemonStatus', 'EventStream', 'Health', 'LoadResult', 'PermissionVote', 'PromptAccepted', 'PromptByKeyResponse', 'PromptRetryPolicy', 'PromptTerminal', 'ResumeResult', 'SessionCreated', 'SessionStatus', 'SessionSummary', 'TranscriptPage'), "sdk._client"),
+    **dict.fromkeys(('RepairCandidate', 'RepairDriver', 'RepairOutcome', 'RepairOutcomeKind'), "sdk._repair_driver"),
+    **dict.fromkeys(('DEFAULT_MAX_QUEUED', 'HandleClosedError', 'ReconnectPolicy', 'SessionHandle', 'SubscriptionState'), "sdk._session"),
+    **dict.fromkeys(('WebSocketEventStream',), "sdk._ws"),
+    **dict.fromkeys(('SyncDaemonClient', 'SyncEventStream', 'SyncSessionHandle'), "sdk._sync"),
 }
 
 

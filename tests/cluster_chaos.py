@@ -32,7 +32,7 @@ import trio
 
 from daemon.core.cluster import decode_op, session_keys
 from daemon.core.transcript_ops import FinishTurn
-from sdk.sse import SSEParser
+from sdk.protocol.sse import SSEParser
 from tests.harness import RunningDaemon, start_daemon
 
 LEASE_MS = 1200

@@ -70,9 +70,9 @@ TESTS: dict[str, tuple[str, ...]] = {
     "daemon/core/compactor.py": ("daemon/test_compactor.py",),
     "daemon/core/acp_codec.py": ("acp/test_acp_codec.py",),
     "daemon/core/acp_client.py": ("acp/test_acp_client.py",),
-    "sdk/truncation.py": ("sdk/test_truncation_text.py", "sdk/test_sdk_events.py"),
+    "sdk/_truncation.py": ("sdk/test_truncation_text.py", "sdk/test_sdk_events.py"),
     "sdk/protocol/sse.py": ("protocol/test_sse_parser.py", "protocol/test_sse_encoder_edges.py"),
-    # The marker and payload rules (moved here from sdk/truncation.py and sdk/events.py).
+    # The marker and payload rules (moved here from the SDK's truncation and events modules).
     "sdk/protocol/events.py": (
         "sdk/test_truncation_text.py", "sdk/test_sdk_events.py", "protocol/test_protocol.py", "protocol/test_truncation_edges.py",
     ),
@@ -83,7 +83,7 @@ TESTS: dict[str, tuple[str, ...]] = {
     ),
     "sdk/protocol/cursor.py": ("protocol/test_protocol.py",),
     "sdk/protocol/terminals.py": ("protocol/test_protocol.py", "webui/test_webui_terminals.py"),
-    "sdk/repair.py": ("sdk/test_repair_rules.py",),
+    "sdk/_repair.py": ("sdk/test_repair_rules.py",),
     "webui_model/store.py": (
         "webui/test_webui_store.py", "webui/test_webui_reducer.py", "webui/test_webui_replay.py",
         "webui/test_webui_repair_commit.py",

@@ -8,8 +8,8 @@ from collections.abc import Callable
 import httpx
 import trio
 
-from sdk.events import DaemonEvent
-from sdk.sse import SSEParser
+from sdk.protocol.envelope import DaemonEvent
+from sdk.protocol.sse import SSEParser
 
 
 class Subscriber:

@@ -36,17 +36,18 @@ from typing import Any, Final, TextIO
 import anyio
 from anyio.abc import Process
 
+from sdk._client import DaemonClient
 from sdk._lines import LineReader
-from sdk.client import DaemonClient
-from sdk.events import TERMINAL_TYPES, DaemonEvent, typed_data
+from sdk._repair_driver import RepairOutcomeKind
+from sdk._truncation import LIVE_JOURNAL_SCOPE, parse_truncation, status_text
+from sdk.protocol.constants import TERMINAL_TYPES
+from sdk.protocol.envelope import DaemonEvent, typed_data
 from sdk.protocol.events import (
     AgentMessageChunk,
     AgentThoughtChunk,
     SessionUpdateData,
     UserMessageChunk,
 )
-from sdk.repair_driver import RepairOutcomeKind
-from sdk.truncation import LIVE_JOURNAL_SCOPE, parse_truncation, status_text
 from webui_model import Block, MessageBlock, TextBlock, WebUIProvider
 
 __all__ = ["main"]

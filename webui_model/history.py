@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from sdk.errors import DaemonError
+from sdk._errors import DaemonError
 from webui_model.pagination import (
     PageError,
     PaginationState,

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from functools import partial
 
-from sdk.client import LoadResult
-from sdk.errors import DaemonError
+from sdk._client import LoadResult
+from sdk._errors import DaemonError
+from sdk._repair_driver import RepairDriver
+from sdk._session import SessionHandle, SubscriptionState
 from sdk.protocol.constants import TERMINAL_TYPES
 from sdk.protocol.envelope import DaemonEvent
-from sdk.repair_driver import RepairDriver
-from sdk.session import SessionHandle, SubscriptionState
 from webui_model.effects import Notice
 from webui_model.pagination import PAGINATION_CAPABILITY
 from webui_model.provider_core import (

@@ -10,7 +10,7 @@ from typing import Self
 import anyio
 from anyio.abc import TaskStatus
 
-from sdk.client import LoadResult
+from sdk._client import LoadResult
 from webui_model.loading import Loading
 from webui_model.provider_core import ConnectionState, OpenSession, log
 

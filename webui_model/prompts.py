@@ -27,9 +27,9 @@ class Prompts(RepairGlue):
     ) -> TurnCompleteData:
         """Send a prompt from this UI and wait for its terminal (a repair waits meanwhile).
 
-        The prompt is submitted exactly once (:meth:`sdk.client.DaemonClient.send_prompt`: one
+        The prompt is submitted exactly once (:meth:`sdk._client.DaemonClient.send_prompt`: one
         ``Idempotency-Key``, fresh unless ``idempotency_key`` names it, for all its sends);
-        :class:`~sdk.errors.PromptOutcomeUnknownError` says it may have been admitted. Raises :class:`~sdk.errors.TurnError` on ``turn_error``, the subscription's final error
+        :class:`~sdk._errors.PromptOutcomeUnknownError` says it may have been admitted. Raises :class:`~sdk._errors.TurnError` on ``turn_error``, the subscription's final error
         if it stops first, :class:`SessionAbandonedError` on navigation.
         """
         session = self._require_session()

@@ -25,7 +25,7 @@ Live-journal repair
 ===================
 
 A snapshot whose live journal starts with a recoverable live marker starts an episode in the
-session's :class:`~sdk.repair_driver.RepairDriver`; the provider keeps the episode's
+session's :class:`~sdk._repair_driver.RepairDriver`; the provider keeps the episode's
 :class:`~webui_model.repair_commit.Checkpoint` (the store just before the marker block) in the
 episode's ``ui_state`` and mirrors loaded history pages and provider-local status blocks into
 it. The driver arms on the target's terminal; the provider's guards hold the attempt back while
@@ -42,7 +42,7 @@ notice (the driver's).
 An attempt ends in one step: ``episode`` (None, or the next episode), ``repair_attempts``,
 ``repair_outcomes``, the notice and ``connection`` change together, so a task woken by
 :meth:`wait_for` sees them consistent. ``await provider.wait_repair()`` waits for the current
-episode and returns the attempt's :class:`~sdk.repair_driver.RepairOutcome`, or None when there
+episode and returns the attempt's :class:`~sdk._repair_driver.RepairOutcome`, or None when there
 is no episode or it ended without an attempt.
 
 Layout
@@ -87,6 +87,6 @@ class WebUIProvider(Navigation, Prompts, HistoryPaging):
     ``max_blocks`` is the configured store cap; ``history_page_size`` the ``historyPageSize``
     of ordinary (configured) loads, ``None`` for memory replay; ``page_size`` the ``limit`` of
     :meth:`load_more`. ``load_warnings`` is called after every (re)load, including a repair
-    commit. ``handle_options`` go to every :class:`~sdk.session.SessionHandle` (transport,
+    commit. ``handle_options`` go to every :class:`~sdk._session.SessionHandle` (transport,
     reconnect policy, ...). ``detach_timeout`` bounds the courtesy detach of a dropped handle.
     """

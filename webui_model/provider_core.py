@@ -13,13 +13,13 @@ from typing import Any, Final
 import anyio
 from anyio.abc import TaskGroup
 
-from sdk.client import DaemonClient
-from sdk.errors import AuthError, DaemonError, SessionNotFoundError
+from sdk._client import DaemonClient
+from sdk._errors import AuthError, DaemonError, SessionNotFoundError
+from sdk._repair import EpisodeRegistry
+from sdk._repair_driver import RepairDriver, RepairOutcome
+from sdk._session import SessionHandle
 from sdk.protocol.envelope import DaemonEvent
 from sdk.protocol.terminals import TerminalOutcome, terminal_of
-from sdk.repair import EpisodeRegistry
-from sdk.repair_driver import RepairDriver, RepairOutcome
-from sdk.session import SessionHandle
 from webui_model.effects import Notice, SideEffect
 from webui_model.pagination import DEFAULT_PAGE_SIZE
 from webui_model.repair_commit import Checkpoint

@@ -86,6 +86,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
 import msgspec
 
+from sdk._truncation import MALFORMED_REASON, TruncationStatusItem, normalize_status_item
 from sdk.protocol.constants import BRIDGE_ECHO, RECORD_ID_META_KEY, TERMINAL_TYPES
 from sdk.protocol.envelope import DaemonEvent, event_prompt_id, server_timestamp
 from sdk.protocol.events import (
@@ -121,7 +122,6 @@ from sdk.protocol.events import (
     UserMessageChunk,
 )
 from sdk.protocol.terminals import terminal_fields
-from sdk.truncation import MALFORMED_REASON, TruncationStatusItem, normalize_status_item
 from webui_model.blocks import (
     TERMINAL_TOOL_STATUSES,
     Block,

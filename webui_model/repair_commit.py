@@ -24,8 +24,8 @@ from collections.abc import Callable, Collection, Sequence
 
 import msgspec
 
+from sdk._repair import is_new_event
 from sdk.protocol.envelope import DaemonEvent, event_prompt_id
-from sdk.repair import is_new_event
 from webui_model.blocks import Block
 from webui_model.draft import StoreState, TranscriptDraft, append_block, prepend_blocks
 from webui_model.effects import SideEffect
@@ -93,7 +93,7 @@ def mirror_status(checkpoint: Checkpoint, block: Block) -> Checkpoint:
 def make_is_new(
     observed_ids: Collection[int], watermark: int | None, highest_live_id: int | None
 ) -> IsNew:
-    """The "is this event new" rule as a predicate over events (the SDK's :func:`sdk.repair.is_new_event`)."""
+    """The "is this event new" rule as a predicate over events (the SDK's :func:`sdk._repair.is_new_event`)."""
 
     def is_new(event: DaemonEvent) -> bool:
         return is_new_event(event.id, observed_ids, watermark, highest_live_id)

@@ -1,6 +1,6 @@
 """Repair glue: the provider's side of the live-journal repair.
 
-The :class:`~sdk.repair_driver.RepairDriver` decides *when*; this job answers its guards, keeps
+The :class:`~sdk._repair_driver.RepairDriver` decides *when*; this job answers its guards, keeps
 the episode's :class:`~webui_model.repair_commit.Checkpoint` (adopting the one a commit computed
 for the next episode, mirroring loaded pages and provider status blocks into it), and commits a
 candidate with one ``store.reset``.
@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
+from sdk._repair import RepairEpisode, RepairGuards, RepairNotice
+from sdk._repair_driver import RepairCandidate, RepairOutcome, RepairOutcomeKind
 from sdk.protocol.constants import TERMINAL_TYPES
-from sdk.repair import RepairEpisode, RepairGuards, RepairNotice
-from sdk.repair_driver import RepairCandidate, RepairOutcome, RepairOutcomeKind
 from webui_model.blocks import MessageBlock
 from webui_model.provider_core import (
     PROVIDER_SOURCE,

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Final
 
-from sdk.repair import RepairNotice
+from sdk._repair import RepairNotice
 from webui_model.effects import (
     ConnectionMetadata,
     FollowUpSuggestion,

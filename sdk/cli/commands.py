@@ -15,6 +15,17 @@ from typing import Any, Final, TypeVar
 import anyio
 import msgspec
 
+from sdk._client import (
+    DaemonClient,
+    LoadResult,
+    PromptAccepted,
+    PromptByKeyResponse,
+    SessionStatus,
+)
+from sdk._errors import DaemonError, PromptOutcomeUnknownError, TransportError, TurnError
+from sdk._session import SessionHandle, Transport
+from sdk._submission import check_idempotency_key
+from sdk._truncation import parse_truncation, status_text
 from sdk.cli.gates import gate_dir, gate_name
 from sdk.cli.output import Output, ago, chunk_text, table, wire_bytes
 from sdk.cli.parser import (
@@ -27,20 +38,9 @@ from sdk.cli.parser import (
     UsageError,
 )
 from sdk.cli.permissions import CLEANUP_S, Permissions, stdin_is_tty
-from sdk.client import (
-    DaemonClient,
-    LoadResult,
-    PromptAccepted,
-    PromptByKeyResponse,
-    SessionStatus,
-)
-from sdk.errors import DaemonError, PromptOutcomeUnknownError, TransportError, TurnError
-from sdk.events import DaemonEvent
 from sdk.protocol.constants import AGENT_CONTEXT_LOST, TERMINAL_TYPES
+from sdk.protocol.envelope import DaemonEvent
 from sdk.protocol.http import ErrorBody, SessionStatusResponse
-from sdk.session import SessionHandle, Transport
-from sdk.submission import check_idempotency_key
-from sdk.truncation import parse_truncation, status_text
 
 _T = TypeVar("_T")
 
@@ -53,7 +53,7 @@ async def restoring(
     The daemon brings a persisted session back on ``resume`` (as on ``load``, without sending
     a replay); a 404 from the restore itself means the session really does not exist.
     """
-    from sdk.errors import SessionNotFoundError
+    from sdk._errors import SessionNotFoundError
 
     try:
         return await call()

@@ -14,6 +14,14 @@ from collections.abc import Sequence
 import anyio
 import httpx
 
+from sdk._client import TOKEN_ENV, DaemonClient
+from sdk._errors import (
+    AuthError,
+    DaemonError,
+    InvalidTokenError,
+    SessionNotFoundError,
+    TransportError,
+)
 from sdk.cli.commands import COMMANDS, cmd_release
 from sdk.cli.output import Output
 from sdk.cli.parser import (
@@ -26,14 +34,6 @@ from sdk.cli.parser import (
     EXIT_USAGE,
     UsageError,
     build_parser,
-)
-from sdk.client import TOKEN_ENV, DaemonClient
-from sdk.errors import (
-    AuthError,
-    DaemonError,
-    InvalidTokenError,
-    SessionNotFoundError,
-    TransportError,
 )
 
 START_HINT = "is turnkeeper-daemon running? start it with make serve (or turnkeeper-daemon)"

@@ -13,8 +13,8 @@ from typing import Any, Final, TextIO
 
 import msgspec
 
-from sdk.events import DaemonEvent, event_prompt_id
-from sdk.protocol.envelope import encode_envelope
+from sdk._truncation import status_text
+from sdk.protocol.envelope import DaemonEvent, encode_envelope, event_prompt_id
 from sdk.protocol.events import (
     AgentMessageChunk,
     AgentThoughtChunk,
@@ -25,7 +25,6 @@ from sdk.protocol.events import (
     UserMessageChunk,
 )
 from sdk.protocol.terminals import terminal_fields
-from sdk.truncation import status_text
 
 _encode = msgspec.json.Encoder().encode
 

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Final, NoReturn
 
-from sdk.client import TOKEN_ENV
+from sdk._client import TOKEN_ENV
 from sdk.protocol import __version__
 
 DEFAULT_URL: Final = "http://127.0.0.1:4170"

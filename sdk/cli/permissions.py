@@ -15,13 +15,13 @@ import anyio
 import msgspec
 from anyio.abc import TaskGroup
 
+from sdk._client import DaemonClient
+from sdk._errors import DaemonError, SessionNotFoundError
 from sdk._lines import LineReader
 from sdk.cli.output import Output
 from sdk.cli.parser import APPROVE_KINDS
-from sdk.client import DaemonClient
-from sdk.errors import DaemonError, SessionNotFoundError
-from sdk.events import DaemonEvent
 from sdk.protocol.constants import PERMISSION_TIMEOUT
+from sdk.protocol.envelope import DaemonEvent
 from sdk.protocol.events import PermissionOption, PermissionRequestData, PermissionResolvedData
 
 # Bounds the courtesy calls made while giving up (cancel on timeout, cancel on a refused

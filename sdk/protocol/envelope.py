@@ -64,6 +64,7 @@ __all__ = [
     "read_payload",
     "record_ids_of",
     "server_timestamp",
+    "typed_data",
     "valid_event_id",
 ]
 
@@ -143,6 +144,12 @@ class _Missing:
 
 
 _MISSING: Final = _Missing()
+
+
+def typed_data(event: DaemonEvent) -> EventPayload | None:
+    """The payload as its typed Struct (:attr:`DaemonEvent.payload`); ``None`` for an unknown
+    type or a payload that does not fit. Never raises."""
+    return event.payload
 
 
 def event_prompt_id(event: DaemonEvent) -> str | None:

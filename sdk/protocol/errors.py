@@ -4,7 +4,7 @@
     ├── SSEBufferOverflow                        an SSE frame over the parser's buffer cap
     └── TurnError(code, message, prompt_id)      a prompt ended with a ``turn_error`` terminal
 
-The SDK builds its HTTP and transport errors on :class:`DaemonError` (``sdk.errors``), so one
+The SDK builds its HTTP and transport errors on :class:`DaemonError` (``sdk._errors``), so one
 ``except DaemonError`` catches everything the protocol and the SDK raise on purpose.
 
 Pure: no I/O.

@@ -564,7 +564,7 @@ class DaemonHistoryTruncatedData(
     Decodes straight from the wire (``msgspec.convert(payload, DaemonHistoryTruncatedData)``,
     a ``ValidationError`` when malformed) with the rules of the module docstring; direct
     construction enforces the same invariants and raises ``ValueError``. ``extra`` holds the
-    keys this type does not name (:func:`sdk.truncation.parse_truncation` fills it).
+    keys this type does not name (:func:`sdk._truncation.parse_truncation` fills it).
 
     The daemon builds its markers from this type; encoded, the fields are in the wire order
     and the ones that are None (or an empty ``extra``) are left out.

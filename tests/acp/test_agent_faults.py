@@ -18,7 +18,7 @@ import httpx
 import pytest
 import trio
 
-from sdk.events import DaemonEvent
+from sdk.protocol.envelope import DaemonEvent
 from tests.harness import RunningDaemon, running_daemon
 from tests.sse_client import Subscriber, chunk_kind, is_terminal_for, text_of
 

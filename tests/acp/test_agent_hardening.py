@@ -26,7 +26,7 @@ import trio
 
 from daemon.core.acp_client import MAX_PENDING_PERMISSIONS, TOO_MANY_REQUESTS
 from daemon.core.throttle import LineBudget
-from sdk.events import DaemonEvent
+from sdk.protocol.envelope import DaemonEvent
 from tests.harness import RunningDaemon, running_daemon
 from tests.sse_client import Subscriber, chunk_kind, is_terminal_for, text_of
 

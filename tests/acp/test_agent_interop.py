@@ -22,8 +22,8 @@ import pytest
 import trio
 
 from benchmarks.launcher import alive, descendants
-from sdk.events import DaemonEvent, decode_events
 from sdk.protocol.constants import AGENT_CONTEXT_LOST
+from sdk.protocol.envelope import DaemonEvent, decode_events
 from tests.agents.interop_agent import COMMANDS, HELPER_PID_FILE, OTHER_USER_TEXT, reply_text
 from tests.harness import RunningDaemon, running_daemon, start_daemon
 from tests.sse_client import Subscriber, chunk_kind, is_terminal_for, text_of

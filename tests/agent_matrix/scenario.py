@@ -39,7 +39,7 @@ import pytest
 import trio
 
 from benchmarks.launcher import alive, descendants
-from sdk.events import DaemonEvent, decode_events
+from sdk.protocol.envelope import DaemonEvent, decode_events
 from tests.agent_matrix.agents import AGENTS, CACHE, AgentSpec, agent_env
 from tests.agent_matrix.fake_models import FakeModels, reply_for, serving
 from tests.agent_matrix.install import skipped_reason

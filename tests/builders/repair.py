@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sdk.events import DaemonEvent
-from sdk.repair import (
+from sdk._repair import (
     EpisodeRegistry,
     RepairEpisode,
     find_repair_target,
 )
+from sdk.protocol.envelope import DaemonEvent
 
 SID = "sess-1"
 

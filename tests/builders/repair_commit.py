@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sdk.events import DaemonEvent
+from sdk.protocol.envelope import DaemonEvent
 from webui_model import (
     Checkpoint,
     HistoryPage,

@@ -10,10 +10,10 @@ import anyio.lowlevel
 import httpx
 import msgspec
 
-from sdk.errors import (
+from sdk._errors import (
     DaemonError,
 )
-from sdk.events import DaemonEvent, event_prompt_id
+from sdk.protocol.envelope import DaemonEvent, event_prompt_id
 from tests.sse_client import chunk_kind, text_of
 
 WAIT_S = 30  # a guard against hangs, never a synchronisation device

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sdk.events import DaemonEvent
+from sdk.protocol.envelope import DaemonEvent
 from webui_model import (
     StoreState,
     replay_snapshot,

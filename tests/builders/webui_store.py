@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sdk.events import DaemonEvent
+from sdk.protocol.envelope import DaemonEvent
 
 P1 = "prompt-1"
 

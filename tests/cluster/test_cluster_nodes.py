@@ -31,7 +31,7 @@ from benchmarks.redis_launcher import HAVE_REDIS, SKIP_REASON, redis_cluster, re
 from daemon.core.cluster import decode_op, event_run, session_keys
 from daemon.core.envelope import decode_json
 from daemon.core.transcript_ops import AppendEvent, FinishTurn
-from sdk.client import DaemonClient
+from sdk._client import DaemonClient
 from tests.harness import RunningDaemon, start_daemon
 from tests.sse_client import Subscriber, chunk_kind, is_terminal_for
 
@@ -473,8 +473,8 @@ async def test_one_flow_on_a_redis_cluster(tmp_path: Path) -> None:
 async def test_webui_repair_episode_across_nodes(tmp_path: Path) -> None:
     """The WebUI model's repair of a truncated live turn (its tab on B, the prompt on A):
     B forwards both loads to A and serves the stream from A's Redis stream."""
-    from sdk.client import DaemonClient
-    from sdk.repair_driver import RepairOutcomeKind
+    from sdk._client import DaemonClient
+    from sdk._repair_driver import RepairOutcomeKind
     from tests.builders.webui_e2e import TWENTY, CountingTransport, chunk_counts, is_live_marker
     from webui_model import WebUIProvider
 

@@ -12,8 +12,8 @@ import httpx
 import msgspec
 import pytest
 
-from sdk.client import DaemonClient
-from sdk.errors import PromptOutcomeUnknownError, PromptQueueFullError, ServerError
+from sdk._client import DaemonClient
+from sdk._errors import PromptOutcomeUnknownError, PromptQueueFullError, ServerError
 
 SID = "0b9c1d2e-0000-4000-8000-000000000001"
 STATUS = {"v": 1, "sessionId": SID, "workspaceCwd": "/w", "hasActivePrompt": False,

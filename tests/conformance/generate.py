@@ -1,7 +1,7 @@
 """Conformance vectors: the Python WebUI model's answers, for the browser viewer to match.
 
 Each case is a list of wire frames (and loads, pages, live events) run through the real Python
-code (``sdk.truncation``, ``sdk.repair``, ``webui_model``); the expected rendered blocks, status
+code (``sdk._truncation``, ``sdk._repair``, ``webui_model``); the expected rendered blocks, status
 texts, pagination states, repair targets, suffix starts, "is new" decisions and repaired states
 are written to ``vectors.json``. ``tests/viewer/test_conformance.py`` regenerates them in memory and
 fails when the committed file is stale; ``viewer.test.mjs`` runs the same vectors against the
@@ -18,15 +18,15 @@ from typing import Any
 
 import msgspec
 
-from sdk.events import DaemonEvent, decode_events, normalize_page_event
-from sdk.repair import (
+from sdk._repair import (
     RepairEpisode,
     RepairValidationError,
     find_repair_target,
     repair_failure_notice,
     validate_fresh_snapshot,
 )
-from sdk.truncation import parse_truncation, status_text
+from sdk._truncation import parse_truncation, status_text
+from sdk.protocol.envelope import DaemonEvent, decode_events, normalize_page_event
 from webui_model.blocks import Block
 from webui_model.pagination import HistoryPage, PaginationState
 from webui_model.reducer import SideEffect

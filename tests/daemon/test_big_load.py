@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from daemon.http_api import SPLICED_WRITE_MIN_BYTES
-from sdk.events import decode_events
+from sdk.protocol.envelope import decode_events
 from tests.harness import running_daemon
 from tests.sse_client import Subscriber, is_terminal_for, text_of
 

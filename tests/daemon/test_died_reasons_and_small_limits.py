@@ -22,8 +22,8 @@ import httpx
 import pytest
 import trio
 
-from sdk.client import DaemonClient
-from sdk.errors import InvalidTokenError
+from sdk._client import DaemonClient
+from sdk._errors import InvalidTokenError
 from tests.harness import RunningDaemon, running_daemon, start_daemon
 from tests.sse_client import Subscriber, is_terminal_for, text_of
 

@@ -19,8 +19,8 @@ import httpx
 import pytest
 import trio
 
-from sdk.events import DaemonEvent
-from sdk.sse import SSEParser
+from sdk.protocol.envelope import DaemonEvent
+from sdk.protocol.sse import SSEParser
 from tests.harness import RunningDaemon, running_daemon
 from tests.sse_client import chunk_kind, text_of
 

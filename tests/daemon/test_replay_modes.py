@@ -9,7 +9,7 @@ import httpx
 import pytest
 import trio
 
-from sdk.events import decode_events
+from sdk.protocol.envelope import decode_events
 from tests.harness import RunningDaemon, running_daemon
 from tests.sse_client import Subscriber, chunk_kind, is_terminal_for, text_of
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import trio
 
-from sdk.events import decode_events
+from sdk.protocol.envelope import decode_events
 from tests.harness import running_daemon, start_daemon
 from tests.sse_client import Subscriber, is_terminal_for, text_of
 

@@ -20,8 +20,8 @@ import pytest
 import trustme
 
 from sdk import DaemonClient
-from sdk.errors import TransportError
-from sdk.ws import WebSocketEventStream
+from sdk._errors import TransportError
+from sdk._ws import WebSocketEventStream
 from tests.harness import RunningDaemon, running_daemon
 
 pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast

@@ -125,7 +125,7 @@ def test_the_doc_starts_the_daemon_with_the_caps_the_examples_need() -> None:
 
 
 def test_the_load_example_prints_the_marker_and_its_status_text(small_daemon: RunningDaemon) -> None:
-    from sdk.truncation import LIVE_JOURNAL_SCOPE
+    from sdk._truncation import LIVE_JOURNAL_SCOPE
 
     lines = run_example("load_marker", small_daemon).splitlines()
     assert lines[0] == "turn running: True"

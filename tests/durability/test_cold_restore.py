@@ -20,7 +20,7 @@ import trio
 from daemon.core.envelope import decode_json
 from daemon.server import TRANSCRIPT_FILE
 from daemon.transcript_store import TranscriptStore
-from sdk.events import DaemonEvent, decode_events
+from sdk.protocol.envelope import DaemonEvent, decode_events
 from sdk.protocol.http import LoadSessionResponse
 from tests.harness import running_daemon, start_daemon
 from tests.sse_client import Subscriber, chunk_kind, is_terminal_for

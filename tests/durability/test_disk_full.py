@@ -27,7 +27,7 @@ import pytest
 import trio
 
 from daemon.server import TRANSCRIPT_FILE
-from sdk.events import DaemonEvent
+from sdk.protocol.envelope import DaemonEvent
 from tests.harness import running_daemon, start_daemon
 from tests.sse_client import Subscriber, chunk_kind, is_terminal_for, text_of
 

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from daemon.core.envelope import build_envelope, encode_json, synthetic
-from sdk.errors import TurnError
+from sdk._errors import TurnError
 from sdk.protocol import cursor as cursor_mod
 from sdk.protocol.constants import MAX_EVENT_ID
 from sdk.protocol.cursor import ResumeCursor, check_cursor
@@ -280,11 +280,11 @@ def test_cursor_values_are_checked(bad: Any) -> None:
 
 
 def test_the_sdk_streams_and_handle_share_one_cursor_type() -> None:
-    import sdk.client
-    import sdk.session
-    import sdk.ws
+    import sdk._client
+    import sdk._session
+    import sdk._ws
 
-    for module in (sdk.client, sdk.ws, sdk.session):
+    for module in (sdk._client, sdk._ws, sdk._session):
         assert module.ResumeCursor is cursor_mod.ResumeCursor
 
 
@@ -328,7 +328,7 @@ def test_terminal_for_matches_data_prompt_id_strictly() -> None:
 async def test_load_and_page_frames_decode_from_the_answer_bytes() -> None:
     import httpx
 
-    from sdk.client import DaemonClient
+    from sdk._client import DaemonClient
 
     error = {"v": 1, "type": "turn_error", "id": 3,
              "data": {"sessionId": "s", "message": "boom", "code": "channel_closed",

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sdk.errors import SSEBufferOverflow
-from sdk.events import DaemonEvent
-from sdk.sse import MAX_BUFFER_BYTES, SSEParser, parse_sse
+from sdk._errors import SSEBufferOverflow
+from sdk.protocol.envelope import DaemonEvent
+from sdk.protocol.sse import MAX_BUFFER_BYTES, SSEParser, parse_sse
 
 
 def frame(env: dict[str, Any], nl: str = "\n") -> bytes:

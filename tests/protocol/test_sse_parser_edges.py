@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from sdk.errors import SSEBufferOverflow
-from sdk.sse import SSEParser, parse_sse
+from sdk._errors import SSEBufferOverflow
+from sdk.protocol.sse import SSEParser, parse_sse
 
 BOM = b"\xef\xbb\xbf"
 ONE = b'{"v":1,"type":"a","id":1}'

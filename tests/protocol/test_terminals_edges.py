@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from sdk.errors import TurnError
+from sdk._errors import TurnError
 from sdk.protocol.envelope import DaemonEvent, decode_event, encode_envelope
 from sdk.protocol.events import TurnCompleteData, TurnErrorData
 from sdk.protocol.terminals import (

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from sdk.events import DaemonEvent
-from sdk.truncation import (
+from sdk._truncation import (
     DaemonHistoryTruncatedData,
     TruncationStatusItem,
     normalize_status_item,
     parse_truncation,
 )
+from sdk.protocol.envelope import DaemonEvent
 from tests.builders.truncation import payload
 
 

@@ -34,7 +34,7 @@ from sdk import (
     TransportError,
     TurnError,
 )
-from sdk.session import SubscriptionState
+from sdk._session import SubscriptionState
 from tests.harness import RunningDaemon, running_daemon
 from tests.sse_client import chunk_kind, text_of
 

@@ -13,14 +13,14 @@ from typing import Any
 import httpx
 import pytest
 
-from sdk.client import (
+from sdk._client import (
     DaemonClient,
     LoadResult,
     PromptAccepted,
     SessionCreated,
     TranscriptPage,
 )
-from sdk.errors import (
+from sdk._errors import (
     AuthError,
     DaemonError,
     DaemonHTTPError,

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 import anyio
 import pytest
 
-from sdk.client import DaemonClient, EventStream
-from sdk.events import DaemonEvent
-from sdk.session import SessionHandle
-from sdk.ws import WebSocketEventStream
+from sdk._client import DaemonClient, EventStream
+from sdk._session import SessionHandle
+from sdk._ws import WebSocketEventStream
+from sdk.protocol.envelope import DaemonEvent
 from tests.harness import RunningDaemon, running_daemon
 
 WAIT_S = 30

@@ -1,4 +1,4 @@
-"""A prompt's submission, unit by unit: the pure rules of :mod:`sdk.submission` exhaustively,
+"""A prompt's submission, unit by unit: the pure rules of :mod:`sdk._submission` exhaustively,
 then :meth:`DaemonClient.send_prompt` and :meth:`DaemonClient.find_prompt` against a scripted
 ``httpx.MockTransport`` (the waits are recorded, not slept). The same rules against a real
 daemon through a fault-injecting proxy: tests/sdk/test_prompt_exactly_once.py.
@@ -34,8 +34,8 @@ from sdk import (
     TransportError,
     is_retriable,
 )
-from sdk.errors import DaemonError, DaemonHTTPError, error_for_status
-from sdk.submission import Submission, check_idempotency_key, refused, resendable
+from sdk._errors import DaemonError, DaemonHTTPError, error_for_status
+from sdk._submission import Submission, check_idempotency_key, refused, resendable
 
 pytestmark = pytest.mark.anyio
 

@@ -15,10 +15,10 @@ import httpx
 import pytest
 
 from sdk import DEFAULT_MAX_QUEUED as EXPORTED_MAX_QUEUED
-from sdk.client import DEFAULT_MAX_QUEUED, DaemonClient, route_name
-from sdk.errors import DaemonError, SessionNotFoundError, error_for_status
-from sdk.session import ReconnectPolicy, SessionHandle, SubscriptionState
-from sdk.sse import SSEParser
+from sdk._client import DEFAULT_MAX_QUEUED, DaemonClient, route_name
+from sdk._errors import DaemonError, SessionNotFoundError, error_for_status
+from sdk._session import ReconnectPolicy, SessionHandle, SubscriptionState
+from sdk.protocol.sse import SSEParser
 from tests.builders.sdk_session import EventLog, RecordingSleep, Stops, sse, sse_body, update
 from tests.harness import RunningDaemon, running_daemon
 

@@ -18,12 +18,12 @@ import anyio
 import pytest
 from anyio.abc import TaskGroup
 
-from sdk.client import DaemonClient, LoadResult
-from sdk.errors import DaemonHTTPError
-from sdk.events import DaemonEvent
-from sdk.repair import DEGRADED_TEXT, INCOMPLETE_TEXT, NOTICE_CODE, NOTICE_MESSAGE, RepairNotice
-from sdk.repair_driver import RepairCandidate, RepairDriver, RepairOutcome, RepairOutcomeKind
-from sdk.session import SessionHandle, SubscriptionState
+from sdk._client import DaemonClient, LoadResult
+from sdk._errors import DaemonHTTPError
+from sdk._repair import DEGRADED_TEXT, INCOMPLETE_TEXT, NOTICE_CODE, NOTICE_MESSAGE, RepairNotice
+from sdk._repair_driver import RepairCandidate, RepairDriver, RepairOutcome, RepairOutcomeKind
+from sdk._session import SessionHandle, SubscriptionState
+from sdk.protocol.envelope import DaemonEvent
 from tests.builders.sdk_session import EventLog, gate_name
 from tests.fault_proxy import FaultProxy
 from tests.harness import RunningDaemon, running_daemon

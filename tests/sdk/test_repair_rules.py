@@ -6,8 +6,7 @@ from typing import Any
 
 import pytest
 
-from sdk.events import DaemonEvent
-from sdk.repair import (
+from sdk._repair import (
     EpisodeRegistry,
     RepairGuards,
     RepairNotice,
@@ -22,6 +21,7 @@ from sdk.repair import (
     repair_signature,
     validate_fresh_snapshot,
 )
+from sdk.protocol.envelope import DaemonEvent
 from tests.builders.repair import SID, P, chunk, done, make_episode, marker, user
 
 Q = "prompt-B"

@@ -4,8 +4,8 @@ initial and final slots."""
 
 from __future__ import annotations
 
-from sdk.events import DaemonEvent
-from sdk.repair import EpisodeRegistry, RepairState, find_suffix_start, repair_signature
+from sdk._repair import EpisodeRegistry, RepairState, find_suffix_start, repair_signature
+from sdk.protocol.envelope import DaemonEvent
 from tests.builders.repair import SID, P, done, make_episode, user
 
 

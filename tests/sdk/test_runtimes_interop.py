@@ -18,8 +18,8 @@ import pytest
 import trio
 
 from sdk import DaemonClient, DaemonEvent, SyncDaemonClient
-from sdk.client import EventStream
-from sdk.ws import WebSocketEventStream
+from sdk._client import EventStream
+from sdk._ws import WebSocketEventStream
 from tests.harness import RunningDaemon, running_daemon
 from tests.sse_client import text_of
 

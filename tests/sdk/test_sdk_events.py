@@ -7,10 +7,19 @@ from typing import Any
 import msgspec
 import pytest
 
-from sdk.events import (
-    MAX_EVENT_ID,
-    ClientEvictedData,
+from sdk._truncation import DaemonHistoryTruncatedData
+from sdk.protocol.constants import MAX_EVENT_ID
+from sdk.protocol.envelope import (
     DaemonEvent,
+    UnknownEventCounter,
+    decode_event,
+    decode_events,
+    event_prompt_id,
+    normalize_page_event,
+    typed_data,
+)
+from sdk.protocol.events import (
+    ClientEvictedData,
     PermissionRequestData,
     PromptCancelledData,
     ReplayCompleteData,
@@ -21,14 +30,7 @@ from sdk.events import (
     StateResyncRequiredData,
     TurnCompleteData,
     TurnErrorData,
-    UnknownEventCounter,
-    decode_event,
-    decode_events,
-    event_prompt_id,
-    normalize_page_event,
-    typed_data,
 )
-from sdk.truncation import DaemonHistoryTruncatedData
 
 # A frame as the reference daemon sends it (samples/sse-frames.txt, turn_complete).
 TURN_COMPLETE = (

@@ -15,17 +15,17 @@ import anyio.lowlevel
 import httpx
 import pytest
 
-from sdk.client import DaemonClient, EventStream, PromptAccepted
-from sdk.errors import (
+from sdk._client import DaemonClient, EventStream, PromptAccepted
+from sdk._errors import (
     AuthError,
     DaemonError,
     ServerError,
     SessionNotFoundError,
     TurnError,
 )
-from sdk.events import DaemonEvent, event_prompt_id
-from sdk.session import ReconnectPolicy, SessionHandle, SubscriptionState
-from sdk.ws import WebSocketEventStream
+from sdk._session import ReconnectPolicy, SessionHandle, SubscriptionState
+from sdk._ws import WebSocketEventStream
+from sdk.protocol.envelope import DaemonEvent, event_prompt_id
 from tests.builders.sdk_session import (
     WAIT_S,
     EventLog,

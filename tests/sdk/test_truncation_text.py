@@ -6,8 +6,7 @@ from typing import Any
 
 import pytest
 
-from sdk.events import DaemonEvent
-from sdk.truncation import (
+from sdk._truncation import (
     DaemonHistoryTruncatedData,
     TruncationDebugItem,
     TruncationStatusItem,
@@ -16,6 +15,7 @@ from sdk.truncation import (
     status_text,
     truncation_marker,
 )
+from sdk.protocol.envelope import DaemonEvent
 from tests.builders.truncation import _DROP, payload
 
 # --- rejected ---------------------------------------------------------------------------------

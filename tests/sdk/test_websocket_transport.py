@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator, Iterator
 import anyio
 import pytest
 
-from sdk.client import DaemonClient
-from sdk.errors import AuthError, SessionNotFoundError
-from sdk.events import DaemonEvent
-from sdk.session import SessionHandle, SubscriptionState
-from sdk.ws import WebSocketEventStream, ws_url
+from sdk._client import DaemonClient
+from sdk._errors import AuthError, SessionNotFoundError
+from sdk._session import SessionHandle, SubscriptionState
+from sdk._ws import WebSocketEventStream, ws_url
+from sdk.protocol.envelope import DaemonEvent
 from tests.builders.sdk_session import EventLog, RecordingSleep, Stops, assert_contiguous
 from tests.fault_proxy import FaultProxy
 from tests.harness import RunningDaemon, running_daemon

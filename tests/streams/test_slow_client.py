@@ -21,8 +21,8 @@ import httpx
 import pytest
 import trio
 
-from sdk.events import DaemonEvent
-from sdk.sse import SSEParser
+from sdk.protocol.envelope import DaemonEvent
+from sdk.protocol.sse import SSEParser
 from tests.harness import RunningDaemon, running_daemon
 from tests.sse_client import Subscriber, is_terminal_for
 from tests.stalls import TURN_TEXT, holds_connection, host_port, open_stalled_sse, poll, status

@@ -42,14 +42,14 @@ ROOT = DAEMON.parent
 _ALLOWED_FROM_DAEMON = {"daemon.core"}
 # The pure packages: (config directory, where a probe that must pass the rule sits).
 PURE = {"daemon/core": (CORE, DAEMON / "_probe.py"),
-        "sdk/protocol": (PROTOCOL, SDK / "client.py"),
-        "sdk": (SDK, SDK / "client.py"),
+        "sdk/protocol": (PROTOCOL, SDK / "_client.py"),
+        "sdk": (SDK, SDK / "_client.py"),
         "webui_model": (MODEL, MODEL / "provider.py")}
 # The model's modules that must stay pure (a per-file exemption for one of them is a mistake).
 _MODEL_PURE = {"blocks", "draft", "effects", "pagination", "records", "reducer", "repair_commit",
                "replay", "side_channels", "store"}
 # The SDK's top-level modules that must stay pure.
-_SDK_PURE = {"errors", "events", "repair", "sse", "submission", "truncation"}
+_SDK_PURE = {"_errors", "_repair", "_submission", "_truncation"}
 
 
 def _ruff() -> str:
@@ -135,7 +135,7 @@ def test_a_core_module_that_imports_io_fails_the_lint(line: str) -> None:
         "import os",
         "from time import monotonic",
         "import logging",
-        "from sdk.client import DaemonClient",
+        "from sdk._client import DaemonClient",
         "from daemon.core.envelope import encode_json",
     ],
 )
@@ -205,7 +205,7 @@ def test_every_sdk_shell_is_banned_from_the_protocol_and_the_model() -> None:
     io = _banned(PROTOCOL)
     # sdk/__init__.py only names the shells' types for lazy import; importing it runs none.
     shells = {f"sdk.{p.stem}" for p in SDK.glob("*.py") if p.stem != "__init__" and _uses(p, io)}
-    assert {"sdk.client", "sdk.ws", "sdk.session"} <= shells
+    assert {"sdk._client", "sdk._ws", "sdk._session"} <= shells
     assert shells - _banned(PROTOCOL) == set()
     assert shells - _banned(MODEL) == set()
     assert shells - _banned(SDK) == set()
@@ -214,7 +214,7 @@ def test_every_sdk_shell_is_banned_from_the_protocol_and_the_model() -> None:
 
 @pytest.mark.parametrize("module", sorted(_SDK_PURE))
 def test_an_sdk_pure_module_that_imports_io_fails_the_lint(module: str) -> None:
-    for line in ("import trio", "import os", "from sdk.client import DaemonClient"):
+    for line in ("import trio", "import os", "from sdk._client import DaemonClient"):
         result = _lint(f"from __future__ import annotations\n\n{line}\n", SDK / f"{module}.py")
         assert result.returncode == 1, result.stdout + result.stderr
 
@@ -222,7 +222,7 @@ def test_an_sdk_pure_module_that_imports_io_fails_the_lint(module: str) -> None:
 def test_the_sdk_shells_are_the_readers_and_nothing_pure_is_exempt() -> None:
     shells = _sdk_shells()
     assert shells & _SDK_PURE == set()
-    assert {"client", "ws", "session", "repair_driver"} <= shells
+    assert {"_client", "_ws", "_session", "_repair_driver"} <= shells
     # A module that does Trio or I/O work is exempt by name or it fails the lint.
     io = {name for name in _banned(SDK) if not name.startswith("sdk.")}
     doing_io = {p.stem for p in SDK.glob("*.py") if _uses(p, io)}

@@ -8,6 +8,7 @@ Adding or removing a public name is a decision: change the list here in the same
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 import pytest
 
@@ -84,15 +85,6 @@ def test_public_names_are_pinned_and_importable(package: object, expected: list[
 
 # Names other modules and tests import from a module path that is now a re-export.
 MOVED = {
-    "sdk.events": ["DaemonEvent", "TurnCompleteData", "TurnErrorData", "SessionUpdateData",
-                   "UnknownEventCounter", "decode_event", "decode_events", "event_from_mapping",
-                   "event_prompt_id", "normalize_page_event", "typed_data", "KNOWN_EVENT_TYPES",
-                   "TERMINAL_TYPES", "MAX_EVENT_ID", "PAYLOAD_TYPES"],
-    "sdk.sse": ["SSEParser", "parse_sse", "MAX_BUFFER_BYTES", "SSEBufferOverflow"],
-    "sdk.truncation": ["DaemonHistoryTruncatedData", "parse_truncation", "status_text",
-                       "normalize_status_item", "TruncationStatusItem", "TruncationDebugItem",
-                       "LIVE_JOURNAL_SCOPE", "MALFORMED_REASON", "MALFORMED_TEXT",
-                       "REPLAY_WINDOW_EXCEEDED"],
     "webui_model.reducer": ["Notice", "SideEffect", "WorkspaceSignal", "FollowUpSuggestion",
                             "InjectedMessage", "PendingPromptPublication", "ConnectionMetadata",
                             "apply_event", "apply_events", "first_record_id",
@@ -115,15 +107,32 @@ def test_moved_names_still_import_from_their_old_paths(module: str) -> None:
 
 
 def test_the_protocol_package_is_the_one_definition() -> None:
-    import sdk.events
-    import sdk.sse
-    import sdk.truncation
     from sdk.protocol import envelope, events, sse
 
-    assert sdk.events.DaemonEvent is envelope.DaemonEvent
-    assert sdk.events.TurnErrorData is events.TurnErrorData
-    assert sdk.truncation.DaemonHistoryTruncatedData is events.DaemonHistoryTruncatedData
-    assert sdk.sse.SSEParser is sse.SSEParser
+    assert sdk.DaemonEvent is envelope.DaemonEvent
+    assert sdk.TurnErrorData is events.TurnErrorData
+    assert sdk.DaemonHistoryTruncatedData is events.DaemonHistoryTruncatedData
+    assert sdk.SSEParser is sse.SSEParser
+    assert sdk.typed_data is envelope.typed_data
+
+
+# The SDK's public face is the package itself (and its wire contract, sdk.protocol, and the
+# command line, sdk.cli); every other module of it is an implementation module, named _x.
+SDK_PUBLIC_MODULES = {"__init__", "__main__", "cli", "protocol"}
+
+
+def test_the_sdk_has_one_public_face() -> None:
+    root = Path(sdk.__file__).parent
+    public = {path.stem for path in root.iterdir()
+              if (path.suffix == ".py" or (path / "__init__.py").exists())
+              and not path.stem.startswith("_")} | {"__init__", "__main__"}
+    assert public == SDK_PUBLIC_MODULES
+
+
+@pytest.mark.parametrize("shim", ["sdk.events", "sdk.sse", "sdk.client", "sdk.truncation"])
+def test_no_compatibility_shim_is_left(shim: str) -> None:
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(shim)
 
 
 def test_dir_of_sdk_lists_the_public_names_for_completion() -> None:

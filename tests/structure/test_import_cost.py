@@ -14,7 +14,7 @@ pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
 
 def test_the_daemon_does_not_load_the_sdks_client_libraries() -> None:
     code = ("import sys, daemon.server; "
-            "print(sorted(m for m in ('httpx', 'httpcore', 'sdk.client', 'sdk.ws', 'sdk.sync') "
+            "print(sorted(m for m in ('httpx', 'httpcore', 'sdk._client', 'sdk._ws', 'sdk._sync') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
@@ -23,9 +23,9 @@ def test_the_daemon_does_not_load_the_sdks_client_libraries() -> None:
 
 def test_lazy_sdk_names_resolve_to_their_modules() -> None:
     import sdk
-    from sdk.client import DaemonClient
-    from sdk.session import SessionHandle
-    from sdk.ws import WebSocketEventStream
+    from sdk._client import DaemonClient
+    from sdk._session import SessionHandle
+    from sdk._ws import WebSocketEventStream
 
     assert sdk.DaemonClient is DaemonClient
     assert sdk.SessionHandle is SessionHandle
@@ -36,7 +36,7 @@ def test_lazy_sdk_names_resolve_to_their_modules() -> None:
 def test_the_headless_model_loads_no_runtime_no_http_client_and_no_provider() -> None:
     """``import webui_model`` is the pure model: trio, anyio, httpx and the provider (the async
     shell) load when a provider name is first used, not before."""
-    shells = ("trio", "anyio", "httpx", "httpcore", "sdk.client", "webui_model.provider")
+    shells = ("trio", "anyio", "httpx", "httpcore", "sdk._client", "webui_model.provider")
     code = ("import sys, webui_model; "
             f"print(sorted(m for m in {shells!r} if m in sys.modules)); "
             "webui_model.WebUIProvider; "

@@ -31,8 +31,8 @@ import httpx
 import pytest
 import trio
 
+from sdk._truncation import parse_truncation, status_text
 from sdk.protocol.constants import AGENT_CONTEXT_LOST
-from sdk.truncation import parse_truncation, status_text
 from tests.fault_proxy import Chaos, ChaosKind, FaultProxy, Request
 from tests.harness import RunningDaemon, start_daemon
 

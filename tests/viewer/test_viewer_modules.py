@@ -85,7 +85,7 @@ def test_protocol_module_matches_the_python_protocol() -> None:
 
 
 def http_event_types() -> list[str]:
-    from sdk.events import KNOWN_EVENT_TYPES
+    from sdk.protocol.events import KNOWN_EVENT_TYPES
     return sorted(KNOWN_EVENT_TYPES)
 
 

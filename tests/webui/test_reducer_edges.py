@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sdk.events import DaemonEvent
+from sdk.protocol.envelope import DaemonEvent
 from webui_model import MessageBlock, ToolBlock, TranscriptStore
 from webui_model.effects import ConnectionMetadata, Notice, WorkspaceSignal
 

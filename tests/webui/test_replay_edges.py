@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from sdk.events import DaemonEvent
+from sdk.protocol.envelope import DaemonEvent
 from tests.builders.webui_replay import SID, _paged_state, agent, done, live_marker, user
 from webui_model import HistoryPage, apply_history_page, replay_snapshot
 from webui_model.effects import WorkspaceSignal

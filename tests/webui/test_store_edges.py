@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from sdk.events import DaemonEvent
+from sdk.protocol.envelope import DaemonEvent
 from tests.builders.webui_store import update
 from webui_model import MessageBlock, PaginationState, StoreState, ToolBlock, TranscriptStore
 from webui_model.blocks import Block, PermissionBlock

@@ -16,9 +16,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from sdk.client import DaemonClient
-from sdk.repair import RepairState
-from sdk.repair_driver import RepairOutcomeKind
+from sdk._client import DaemonClient
+from sdk._repair import RepairState
+from sdk._repair_driver import RepairOutcomeKind
 from tests.builders.webui_e2e import (
     TWENTY,
     CountingTransport,

@@ -22,12 +22,12 @@ import httpx
 import msgspec
 import pytest
 
-from sdk.client import DaemonClient
-from sdk.errors import TurnError
-from sdk.events import DaemonEvent
-from sdk.repair import NOTICE_CODE, NOTICE_MESSAGE, RepairState
-from sdk.repair_driver import RepairOutcomeKind
-from sdk.session import SubscriptionState
+from sdk._client import DaemonClient
+from sdk._errors import TurnError
+from sdk._repair import NOTICE_CODE, NOTICE_MESSAGE, RepairState
+from sdk._repair_driver import RepairOutcomeKind
+from sdk._session import SubscriptionState
+from sdk.protocol.envelope import DaemonEvent
 from webui_model import (
     HISTORY_FAILED_CODE,
     Block,

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from sdk.events import DaemonEvent
+from sdk.protocol.envelope import DaemonEvent
 from webui_model import (
     ConnectionMetadata,
     FollowUpSuggestion,

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from sdk.events import DaemonEvent
-from sdk.repair import find_suffix_start
+from sdk._repair import find_suffix_start
+from sdk.protocol.envelope import DaemonEvent
 from tests.builders.repair_commit import (
     P2,
     P3,

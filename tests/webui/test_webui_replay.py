@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from sdk.events import DaemonEvent
+from sdk.protocol.envelope import DaemonEvent
 from tests.builders.webui_replay import (
     SID,
     _paged_state,

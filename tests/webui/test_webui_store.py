@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sdk.events import DaemonEvent
+from sdk.protocol.envelope import DaemonEvent
 from tests.builders.webui_store import P1, update
 from webui_model import (
     DEFAULT_MAX_BLOCKS,

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from sdk.client import DaemonClient
-from sdk.errors import TurnError
-from sdk.events import DaemonEvent, TurnCompleteData
+from sdk._client import DaemonClient
+from sdk._errors import TurnError
+from sdk.protocol.envelope import DaemonEvent
+from sdk.protocol.events import TurnCompleteData
 from sdk.protocol.terminals import TerminalOutcome
 from webui_model.provider import WebUIProvider
 from webui_model.provider_core import OpenSession

@@ -2,9 +2,9 @@
 
 One :class:`DaemonClient` owns one ``httpx.AsyncClient`` (one connection pool); like httpx it
 runs on anyio, so under ``trio.run`` and ``asyncio.run`` alike. Every route returns a typed
-msgspec Struct; every failure is mapped to the hierarchy in :mod:`sdk.errors`.
+msgspec Struct; every failure is mapped to the hierarchy in :mod:`sdk._errors`.
 :meth:`DaemonClient.events` opens an :class:`EventStream` that parses SSE with
-:class:`sdk.sse.SSEParser` and tracks the cursor and epoch.
+:class:`sdk.protocol.sse.SSEParser` and tracks the cursor and epoch.
 
 Session handles, reconnecting subscriptions, the WebSocket variant and the repair driver build
 on this module; it deliberately holds no background tasks.
@@ -29,8 +29,7 @@ import anyio
 import httpx
 import msgspec
 
-from sdk._httpcore import load_httpcore
-from sdk.errors import (
+from sdk._errors import (
     DaemonError,
     DaemonHTTPError,
     InvalidTokenError,
@@ -40,13 +39,14 @@ from sdk.errors import (
     error_for_status,
     is_retriable,
 )
-from sdk.events import DaemonEvent, decode_events, normalize_page_event
+from sdk._httpcore import load_httpcore
+from sdk._submission import PromptRetryPolicy, Submission, check_idempotency_key
 from sdk.protocol import headers as wire_headers
 from sdk.protocol import routes
 from sdk.protocol.cursor import FollowsCursor, ResumeCursor
+from sdk.protocol.envelope import DaemonEvent, decode_events, normalize_page_event
 from sdk.protocol.http import PromptAccepted, PromptByKeyResponse
 from sdk.protocol.sse import SSEParser
-from sdk.submission import PromptRetryPolicy, Submission, check_idempotency_key
 
 __all__ = [
     "DEFAULT_MAX_QUEUED",
@@ -641,19 +641,19 @@ class DaemonClient:
         The prompt is admitted at most once: every send carries one ``Idempotency-Key`` (a
         fresh UUID per call unless ``idempotency_key`` names one, e.g. to resend a prompt whose
         outcome was unknown), and a failed send is sent again with the same key after a
-        :class:`~sdk.submission.PromptRetryPolicy` wait when that may succeed (network
-        failures, timeouts, 408/429/502/503/504; see :mod:`sdk.submission`). A send the daemon
+        :class:`~sdk._submission.PromptRetryPolicy` wait when that may succeed (network
+        failures, timeouts, 408/429/502/503/504; see :mod:`sdk._submission`). A send the daemon
         already admitted is answered with the first 202 body. The whole call ends within
         ``timeout`` seconds (default: the policy's ``timeout_s``, else the client's
         ``timeout``), each send within the client's ``timeout`` and the time left.
 
-        Raises :class:`~sdk.errors.PromptOutcomeUnknownError` (with the key and session id)
+        Raises :class:`~sdk._errors.PromptOutcomeUnknownError` (with the key and session id)
         when a send may have been admitted and none was answered: ask
         :meth:`find_prompt`, or call again with ``idempotency_key=`` that key. Any other error
         means nothing was admitted: a refusal (a 4xx, e.g.
-        :class:`~sdk.errors.IdempotencyKeyReusedError`, or
-        :class:`~sdk.errors.PromptQueueFullError`), or a daemon that could not be reached at
-        all (:class:`~sdk.errors.TransportError`). If you cancel the call, the outcome is
+        :class:`~sdk._errors.IdempotencyKeyReusedError`, or
+        :class:`~sdk._errors.PromptQueueFullError`), or a daemon that could not be reached at
+        all (:class:`~sdk._errors.TransportError`). If you cancel the call, the outcome is
         unknown: pass your own key to be able to ask.
         """
         budget = timeout if timeout is not None else self.prompt_retry.timeout_s or self.timeout
@@ -837,7 +837,7 @@ class DaemonClient:
 
         ``epoch`` is sent only together with a cursor (``last_event_id``), as the daemon
         ignores an epoch without one. ``max_queued`` is sent as ``maxQueued`` (the same default
-        as :class:`~sdk.session.SessionHandle`); ``None`` leaves it to the daemon.
+        as :class:`~sdk._session.SessionHandle`); ``None`` leaves it to the daemon.
         """
         return EventStream(self, session_id, last_event_id, epoch, max_queued=max_queued)
 

@@ -43,7 +43,7 @@ import anyio.lowlevel
 import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from sdk.client import (
+from sdk._client import (
     DEFAULT_MAX_QUEUED,
     DaemonClient,
     EventStream,
@@ -53,7 +53,7 @@ from sdk.client import (
     ResumeResult,
     SessionCreated,
 )
-from sdk.errors import (
+from sdk._errors import (
     AuthError,
     DaemonError,
     PromptOutcomeUnknownError,
@@ -61,11 +61,11 @@ from sdk.errors import (
     TurnError,
     is_retriable,
 )
+from sdk._ws import WebSocketEventStream
 from sdk.protocol.cursor import FollowsCursor, ResumeCursor
 from sdk.protocol.envelope import DaemonEvent, names_prompt
 from sdk.protocol.events import TurnCompleteData
 from sdk.protocol.terminals import terminal_for
-from sdk.ws import WebSocketEventStream
 
 __all__ = [
     "DEFAULT_MAX_QUEUED",
@@ -563,14 +563,14 @@ class SessionHandle(FollowsCursor):
         The prompt is submitted exactly once (:meth:`DaemonClient.send_prompt`): one
         ``Idempotency-Key`` for all its sends, a fresh one unless ``idempotency_key`` names it,
         kept across a restore. Before ``on_accepted`` is called an error means nothing was
-        admitted, except :class:`~sdk.errors.PromptOutcomeUnknownError` (ask
+        admitted, except :class:`~sdk._errors.PromptOutcomeUnknownError` (ask
         :meth:`DaemonClient.find_prompt` with its key); an error after it leaves an admitted
         prompt behind.
 
         With an active subscription the terminal is taken from it (other prompts' events may
         interleave); otherwise a temporary stream is opened from the 202's cursor and epoch,
         with the same reconnect rules. ``on_accepted`` gets the daemon's 202
-        (:class:`~sdk.client.PromptAccepted`: ``prompt_id``, cursor, epoch) as soon as it
+        (:class:`~sdk._client.PromptAccepted`: ``prompt_id``, cursor, epoch) as soon as it
         arrives, before any event is awaited: the way to learn the prompt id early (to cancel,
         to vote on its permissions, to log it). ``on_update`` sees every event of this prompt,
         the terminal included, in order. Raises :class:`TurnError` on ``turn_error``.

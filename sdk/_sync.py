@@ -2,9 +2,9 @@
 :class:`SyncSessionHandle`, the async API driven through an anyio blocking portal.
 
 A :class:`SyncDaemonClient` starts one event loop in a thread of its own (asyncio by default,
-``backend="trio"`` works too) and runs the very same :class:`~sdk.client.DaemonClient` there:
+``backend="trio"`` works too) and runs the very same :class:`~sdk._client.DaemonClient` there:
 every method has the async one's arguments, returns the same typed results and raises the same
-:mod:`sdk.errors`, with the same timeouts. Events come through a plain ``for`` loop::
+:mod:`sdk._errors`, with the same timeouts. Events come through a plain ``for`` loop::
 
     with SyncDaemonClient("http://127.0.0.1:4170") as client:
         created = client.create_session(scope="thread")
@@ -43,7 +43,7 @@ import httpx
 from anyio.from_thread import BlockingPortal
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from sdk.client import (
+from sdk._client import (
     DEFAULT_MAX_QUEUED,
     Capabilities,
     ClientStatistics,
@@ -62,11 +62,11 @@ from sdk.client import (
     SessionSummary,
     TranscriptPage,
 )
+from sdk._session import SessionHandle, SubscriptionState, Transport
+from sdk._ws import WebSocketEventStream
 from sdk.protocol.cursor import FollowsCursor, ResumeCursor
 from sdk.protocol.envelope import DaemonEvent
 from sdk.protocol.events import TurnCompleteData
-from sdk.session import SessionHandle, SubscriptionState, Transport
-from sdk.ws import WebSocketEventStream
 
 __all__ = ["SyncDaemonClient", "SyncEventStream", "SyncSessionHandle"]
 
@@ -156,7 +156,7 @@ class _Task(Generic[_T]):
 
 
 class SyncDaemonClient:
-    """The blocking twin of :class:`~sdk.client.DaemonClient` (see the module docstring).
+    """The blocking twin of :class:`~sdk._client.DaemonClient` (see the module docstring).
 
     The constructor takes the async client's arguments, plus ``backend`` (``"asyncio"`` or
     ``"trio"``) and ``backend_options`` (``anyio.run``'s) for the loop it runs in. Use it as a
@@ -463,7 +463,7 @@ async def _next_batch(stream: EventStream | WebSocketEventStream) -> list[Daemon
 
 
 class SyncSessionHandle(FollowsCursor):
-    """The blocking twin of :class:`~sdk.session.SessionHandle` for one session: ``prompt()``
+    """The blocking twin of :class:`~sdk._session.SessionHandle` for one session: ``prompt()``
     waits for the prompt's terminal, :meth:`follow` is the reconnecting subscription as a
     ``for`` loop. Make one with :meth:`create` or :meth:`load`; ``options`` are the session
     handle's (``transport``, ``max_queued``, ``policy``, ``restore``)."""

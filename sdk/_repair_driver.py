@@ -1,6 +1,6 @@
 """The driver of a live-journal repair episode (anyio: Trio and asyncio alike).
 
-The rules are pure and live in :mod:`sdk.repair`; this module owns the lifetimes. A
+The rules are pure and live in :mod:`sdk._repair`; this module owns the lifetimes. A
 :class:`RepairDriver` follows one session for a UI (the WebUI model's provider, a CLI, a test):
 
 1. :meth:`RepairDriver.begin` with a load snapshot: a recoverable live marker starts an episode;
@@ -39,10 +39,9 @@ from typing import Final, TypeAlias
 
 import anyio
 
-from sdk.client import LoadResult
-from sdk.errors import AuthError, DaemonError, SessionNotFoundError
-from sdk.events import DaemonEvent
-from sdk.repair import (
+from sdk._client import LoadResult
+from sdk._errors import AuthError, DaemonError, SessionNotFoundError
+from sdk._repair import (
     EpisodeRegistry,
     RepairEpisode,
     RepairGuards,
@@ -54,7 +53,8 @@ from sdk.repair import (
     repair_failure_notice,
     validate_fresh_snapshot,
 )
-from sdk.session import SessionHandle, SubscriptionState, TaskSpawner, spawn
+from sdk._session import SessionHandle, SubscriptionState, TaskSpawner, spawn
+from sdk.protocol.envelope import DaemonEvent
 
 __all__ = [
     "CommitFn",

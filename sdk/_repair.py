@@ -19,10 +19,11 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from sdk.errors import DaemonError
-from sdk.events import TERMINAL_TYPES, DaemonEvent, event_prompt_id
+from sdk._errors import DaemonError
+from sdk._truncation import DaemonHistoryTruncatedData, parse_truncation
+from sdk.protocol.constants import TERMINAL_TYPES
+from sdk.protocol.envelope import DaemonEvent, event_prompt_id
 from sdk.protocol.events import SessionUpdateData
-from sdk.truncation import DaemonHistoryTruncatedData, parse_truncation
 
 HISTORY_TRUNCATED: Final = "history_truncated"
 

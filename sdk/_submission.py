@@ -10,7 +10,7 @@ and decides what the caller may say when it gives up:
 - any other failure (the connection broke after the request was written, no answer in time,
   a 5xx, a 2xx whose body is unreadable) may have been admitted, and a request stuck on its
   way may still arrive later. Once one send is like that, only a 202 settles it: giving up
-  raises :class:`~sdk.errors.PromptOutcomeUnknownError` with the key.
+  raises :class:`~sdk._errors.PromptOutcomeUnknownError` with the key.
 
 Which failures are worth sending again (:func:`resendable`): network failures and timeouts,
 408, 429, 502, 503 and 504 (gateways and a cluster's unavailable owner), and any answer whose
@@ -26,7 +26,7 @@ from typing import Final
 
 import msgspec
 
-from sdk.errors import (
+from sdk._errors import (
     DaemonError,
     DaemonHTTPError,
     PromptOutcomeUnknownError,
@@ -56,7 +56,7 @@ class PromptRetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
     """How one prompt's sends are spaced and bounded: ``min(base_s · 2^(n−1), cap_s) ×
     uniform[jitter_low, jitter_high]`` before send n+1, at least the answer's ``Retry-After``
     when it had one; the whole submission ends within ``timeout_s`` (``None``: the client's
-    ``timeout``) unless the call names its own (:meth:`sdk.client.DaemonClient.send_prompt`).
+    ``timeout``) unless the call names its own (:meth:`sdk._client.DaemonClient.send_prompt`).
     Each send gets at most the client's ``timeout`` of that."""
 
     base_s: float = 0.1

@@ -3,9 +3,9 @@
 ``GET /session/{id}/ws?lastEventId=&epoch=&maxQueued=`` carries the same envelopes as the SSE
 stream, one JSON text message each, with the same resume algorithm. The cursor travels in the
 query (a browser cannot set headers on an upgrade). Errors on the upgrade are plain HTTP answers
-and map to the same :mod:`sdk.errors` hierarchy as :class:`sdk.client.EventStream`.
+and map to the same :mod:`sdk._errors` hierarchy as :class:`sdk._client.EventStream`.
 
-The upgrade is an ordinary request of the :class:`~sdk.client.DaemonClient`'s httpx pool (its
+The upgrade is an ordinary request of the :class:`~sdk._client.DaemonClient`'s httpx pool (its
 token, client id, TLS settings and proxies apply as to every other request); after the ``101``
 the connection's byte stream is framed by wsproto's sans-IO :class:`~wsproto.connection.Connection`
 right here, pulled by the reader: no background task, so a stream can be opened and closed
@@ -34,9 +34,9 @@ from wsproto.connection import Connection, ConnectionState, ConnectionType
 from wsproto.events import CloseConnection, Message, Ping
 from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
+from sdk._client import DEFAULT_MAX_QUEUED, DaemonClient
+from sdk._errors import TransportError, error_for_status
 from sdk._httpcore import load_httpcore
-from sdk.client import DEFAULT_MAX_QUEUED, DaemonClient
-from sdk.errors import TransportError, error_for_status
 from sdk.protocol import headers as wire_headers
 from sdk.protocol import routes
 from sdk.protocol.cursor import FollowsCursor, ResumeCursor
