@@ -9,7 +9,12 @@ Runs instead of the daemon (no Trio, no server), under the data directory's lock
    order; a stretch it cannot read (a damaged page, or a damaged interior page and everything
    below it) is stepped over and counted.
 3. A row is kept only if it is what was written: its checksum matches (a file from before
-   checksums: its events are JSON), and its session was kept. Everything else is dropped and
+   checksums: its events are JSON), and its session was kept. A raw event row must also not
+   belong to a prompt whose kept ledger row shows it ended: the turn boundary that latches a
+   terminal deletes the session's raw events in the same transaction, so such a row is one
+   that was deleted. Its bytes can still be read when damage makes the table point into a
+   page SQLite had freed (``secure_delete=FAST`` leaves freed pages as they were), and kept it
+   would come back as a second copy of a finished turn. Everything else is dropped and
    counted, per session where the row still names one.
 4. The kept rows go into a new transcript with their original keys (so the order of events is
    kept), which is then moved into place; the damaged file and its log are renamed
@@ -32,8 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TextIO
 
+import msgspec
+
 from .core.checksum import row_crc
-from .core.transcript_rows import events_are_json
+from .core.transcript_rows import events_are_json, row_events
 from .server import TRANSCRIPT_FILE, DaemonStartError, acquire_lock
 from .transcript_store import (
     CHECKED_TABLES,
@@ -246,7 +253,13 @@ def salvage_rows(path: Path) -> dict[str, TableSalvage]:
 def _readable_rows(conn: sqlite3.Connection, table: str,
                    salvage: TableSalvage) -> Iterator[tuple[Any, ...]]:
     """The rows of ``table`` in rowid order, each once; a stretch that cannot be read is
-    stepped over (:func:`_next_readable`) and counted."""
+    stepped over (:func:`_next_readable`) and counted.
+
+    Damage can leave a b-tree whose keys are out of order (a page pointing into a page of
+    another part of the tree, or into a freed one): SQLite then answers ``rowid > p`` with
+    rows at or below ``p``. Only rows above the last one kept are taken, so the read always
+    moves forward; an answer with none is the end of what can be read in order (the rest is
+    counted as an unreadable stretch), never the same rows read again without end."""
     position = -1  # read rows with rowid > position
     careful = False  # next to a damaged stretch: one row per query
     while True:
@@ -266,9 +279,14 @@ def _readable_rows(conn: sqlite3.Connection, table: str,
             continue
         if not rows:
             return
+        start = position
         for row in rows:
-            yield tuple(row)
-        position = int(rows[-1][0])
+            if isinstance(row[0], int) and row[0] > position:
+                position = row[0]
+                yield tuple(row)
+        if position == start:
+            salvage.unreadable_stretches += 1
+            return
         careful = False
 
 
@@ -335,6 +353,34 @@ def _intact(table: str, salvage: TableSalvage, row: Sequence[Any],
     return values, None
 
 
+class _PromptOf(msgspec.Struct, rename="camel"):
+    prompt_id: str | None = None
+
+
+_PROMPT_OF: Final = msgspec.json.Decoder(_PromptOf)
+
+
+def _of_ended_prompt(values: Sequence[Any], ended: set[tuple[str, str]]) -> bool:
+    """Does a raw_events row (its checksummed values) hold an event of a prompt whose ledger
+    row shows it ended? The row's own prompt is its last event's; its events are read too,
+    as a row may begin with another prompt's."""
+    session_id, _, prompt_id, raw = values
+    if (session_id, prompt_id) in ended:
+        return True
+    try:
+        envelopes = row_events(bytes(raw))
+    except (ValueError, TypeError):
+        return False  # the checksum vouched for it: its form is the reader's to refuse
+    for envelope in envelopes:
+        try:
+            of = _PROMPT_OF.decode(envelope).prompt_id
+        except msgspec.DecodeError:
+            continue
+        if of is not None and (session_id, of) in ended:
+            return True
+    return False
+
+
 def _rebuild(fresh: Path, salvage: dict[str, TableSalvage], report: RecoveryReport) -> None:
     """Write the intact rows of ``salvage`` into a new transcript at ``fresh``."""
     for table, part in salvage.items():
@@ -344,6 +390,7 @@ def _rebuild(fresh: Path, salvage: dict[str, TableSalvage], report: RecoveryRepo
     store = TranscriptStore(fresh)
     try:
         sessions: set[str] = set()
+        ended: set[tuple[str, str]] = set()  # (session, prompt) the kept ledger shows ended
         for table, columns in CHECKED_TABLES.items():
             names = [name.strip() for name in columns.split(",")]
             part = salvage[table]
@@ -353,6 +400,11 @@ def _rebuild(fresh: Path, salvage: dict[str, TableSalvage], report: RecoveryRepo
                 session_id = values[0]
                 if why is None and table != "sessions" and session_id not in sessions:
                     why = "orphaned"  # its session was not kept
+                if why is None and table == "raw_events" and _of_ended_prompt(values, ended):
+                    # Deleted at its turn's boundary, read back from a freed page: not a
+                    # loss of the session's, a row that must not come back.
+                    report.dropped[f"{table} (of an ended prompt)"] += 1
+                    continue
                 if why is not None:
                     report.dropped[f"{table} ({why})"] += 1
                     if table == "sessions" and isinstance(session_id, str):
@@ -367,5 +419,8 @@ def _rebuild(fresh: Path, salvage: dict[str, TableSalvage], report: RecoveryRepo
                 report.dropped[f"{table} (duplicate)"] += len(keep) - kept
             if table == "sessions":
                 sessions = {values[0] for _, values in keep}
+            elif table == "prompts":
+                ended = {(values[0], values[1]) for _, values in keep
+                         if values[2] != "in_flight"}
     finally:
         store.close()

@@ -9,6 +9,7 @@ The daemon-level proofs (a real daemon refusing, degrading and recovering) are i
 from __future__ import annotations
 
 import io
+import shutil
 import sqlite3
 import threading
 import uuid
@@ -24,7 +25,7 @@ from msgspec import to_builtins
 
 from daemon import transcript_store
 from daemon.core.checksum import row_crc
-from daemon.recover import recover_transcript, run_recovery
+from daemon.recover import recover_transcript, run_recovery, salvage_rows
 from daemon.server import TRANSCRIPT_FILE, acquire_lock
 from daemon.transcript_check import check_transcript
 from daemon.transcript_store import (
@@ -445,3 +446,74 @@ def test_recovery_waits_for_no_daemon_and_refuses_a_newer_file(data_dir: Path) -
     assert run_recovery(data_dir, out) == 1
     assert "schema_version 99" in out.getvalue()
     assert (data_dir / TRANSCRIPT_FILE).read_bytes() == before
+
+
+def test_recovery_does_not_bring_back_raw_events_a_turn_boundary_deleted(tmp_path: Path) -> None:
+    """A finished turn's raw events, deleted at its boundary, still lie in the pages SQLite
+    freed (``secure_delete=FAST`` leaves a freed page as it was). Damage that makes the table
+    point into such a page (here: the raw_events root, an empty leaf after the boundary,
+    rewritten as an interior page whose only child is the freed leaf) hands recovery rows
+    whose checksums match: they must not come back, the prompt's ledger row shows it ended."""
+    data = tmp_path / "data"
+    data.mkdir()
+    db = data / TRANSCRIPT_FILE
+    store = TranscriptStore(db)
+    p2 = "0b1c2d3e-4f50-4a6b-8c7d-8e9fa0b1c2d3"
+    store.apply([UpsertSession(S1, "/w", 1), UpsertSession(S2, "/w", 2),
+                 AdmitPrompt(S1, P1, 3)])
+    for n in range(1, 400):  # one row per commit, like a slow turn: several leaves
+        store.apply([AppendEvent(S1, n, P1, msgspec.json.encode(
+            {"id": n, "v": 1, "type": "x", "promptId": P1, "data": f"STALE{n:05d}" + "y" * 300}))])
+    conn = store.connection
+    leaves = [row[0] for row in conn.execute(
+        "SELECT pageno FROM dbstat WHERE name = 'raw_events' AND pagetype = 'leaf'")]
+    assert len(leaves) >= 2
+    store.apply([FinishTurn(S1, P1, "completed", "end_turn", 4, [record(1)]),
+                 AdmitPrompt(S2, p2, 5)])
+    root = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'raw_events'"
+                        ).fetchone()[0]
+    assert conn.execute("SELECT count(*) FROM raw_events").fetchone()[0] == 0
+    store.close()  # checkpoints: everything is in the file
+
+    raw = bytearray(db.read_bytes())
+    size = transcript_store.PAGE_SIZE
+
+    def page(n: int) -> bytearray:
+        return raw[(n - 1) * size:n * size]
+
+    # Freed leaves that still hold the deleted rows, as SQLite left them.
+    stale = [n for n in leaves if page(n)[0] == 0x0D and b"STALE" in page(n)]
+    assert len(stale) >= 2
+    at = (root - 1) * size
+    assert raw[at] == 0x0D and raw[at + 3:at + 5] == b"\x00\x00"  # an empty table leaf
+    # Now an interior table page (SQLite takes one without cells for damage): one cell, left
+    # child the first stale leaf below key 16383, right child the second.
+    cell = stale[0].to_bytes(4, "big") + b"\xff\x7f"
+    raw[at:at + 14] = (bytes([0x05, 0, 0, 0, 1]) + (size - len(cell)).to_bytes(2, "big")
+                       + bytes([0]) + stale[1].to_bytes(4, "big")
+                       + (size - len(cell)).to_bytes(2, "big"))
+    raw[at + size - len(cell):at + size] = cell
+    db.write_bytes(bytes(raw))
+    # What recovery reads: rows whose checksums match, of a prompt the ledger ended.
+    salvaged = salvage_rows(Path(shutil.copyfile(db, tmp_path / "peek.sqlite3")))
+    columns = salvaged["raw_events"].columns
+    back = [row for row in salvaged["raw_events"].rows
+            if row[1 + columns.index("crc")] == row_crc(*row[2:6])]
+    assert back and all(row[1 + columns.index("prompt_id")] == P1 for row in back)
+
+    report = recover_transcript(data)
+    assert report is not None, "the damage was not found"
+    assert report.dropped["raw_events (of an ended prompt)"] == len(back)
+    assert report.kept["raw_events"] == 0
+    assert S1 not in report.sessions_with_losses
+    store = TranscriptStore(db, quick_check_s=60)
+    try:
+        assert store.integrity_problems() == []
+        assert store.raw_events(S1) == []
+        assert store.get_prompt(S1, P1) is not None
+        assert store.get_prompt(S1, P1).state == "completed"  # type: ignore[union-attr]
+        assert store.record_count(S1) == 1
+        assert store.in_flight_prompts(S2) == [p2]
+    finally:
+        store.close()
+    assert b"STALE" not in db.read_bytes()
