@@ -34,6 +34,8 @@ from .transcript_retention import (
     stored_sessions,
     used_bytes,
     vacuum_step,
+    wipe_done,
+    wipe_step,
 )
 from .transcript_store import TranscriptStore
 from .transcript_writer import TranscriptWriter
@@ -49,7 +51,7 @@ T = TypeVar("T")
 
 #: Event rows one deletion step removes.
 DELETE_ROWS: Final = 256
-#: Pages one vacuum step gives back (64 KiB pages: 4 MiB).
+#: Pages one vacuum step gives back, or one wipe step overwrites (64 KiB pages: 4 MiB).
 VACUUM_PAGES: Final = 64
 DEFAULT_INTERVAL_S: Final = 60.0
 # A step cut this many times in a row runs once without being cut (a daemon that commits
@@ -133,6 +135,8 @@ class Retention:
                     removed += await self._remove(session_id, closed=session_id in closed)
         await self._vacuum()
         if removed:
+            await self._wipe()
+            await self._vacuum()  # the wipe's pages, free again (a file with auto_vacuum)
             log.info("event=retention_pass removed=%d used_bytes=%d", removed,
                      await self._step(used_bytes))
         return removed
@@ -149,6 +153,16 @@ class Retention:
         log.info("event=session_removed session=%s reason=%s", session_id,
                  "closed" if closed else "retention")
         return 1
+
+    async def _wipe(self) -> None:
+        """Overwrite the free pages a removal left (see :mod:`daemon.transcript_retention`)."""
+        previous: int | None = None
+        while True:
+            left = await self._step(partial(wipe_step, pages=VACUUM_PAGES))
+            if left == 0 or left == previous:
+                break
+            previous = left
+        await self._step(wipe_done)
 
     async def _vacuum(self) -> None:
         previous: int | None = await self._step(free_pages)

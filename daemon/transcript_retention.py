@@ -11,6 +11,13 @@ Space: a transcript file made by this version uses ``auto_vacuum=INCREMENTAL``, 
 deletion frees are given back to the file system by the vacuum steps (the file shrinks at the
 next WAL checkpoint). An older file (``auto_vacuum`` off) reuses its free pages for new rows,
 so it stops growing but does not shrink, until ``turnkeeper-daemon prune`` rewrites it.
+
+Bytes: a removed session leaves none of its text in the file. Deleted cells are zeroed in the
+pages that stay in use (``secure_delete=FAST``), but whole pages freed (a session's overflow
+pages, and the pages its raw events were freed from at every turn boundary) keep what they
+held. A file with ``auto_vacuum=INCREMENTAL`` gives those pages back; whatever free pages are
+left after a pass that removed a session (all of them in an older file) are overwritten with
+zeros, a bounded step at a time (:func:`wipe_step`).
 """
 
 from __future__ import annotations
@@ -18,11 +25,12 @@ from __future__ import annotations
 import sqlite3
 from typing import Final
 
+from .core.checksum import row_crc
 from .core.retention import StoredSession
 from .transcript_store import TranscriptStore
 
 __all__ = ["AUTO_VACUUM_INCREMENTAL", "auto_vacuum", "delete_step", "free_pages",
-           "stored_sessions", "used_bytes", "vacuum_step"]
+           "stored_sessions", "used_bytes", "vacuum_step", "wipe_done", "wipe_step"]
 
 #: ``PRAGMA auto_vacuum`` of a file whose freed pages the vacuum steps give back.
 AUTO_VACUUM_INCREMENTAL: Final = 2
@@ -107,3 +115,46 @@ def vacuum_step(store: TranscriptStore, pages: int) -> int:
             conn.execute("ROLLBACK")
         raise
     return _pragma(conn, "freelist_count")
+
+
+# The rows that hold free pages while they are overwritten: no session is named '' (no reader
+# asks for it), and they carry their checksum, so a check that reads them meanwhile (or after
+# a crash between two steps) finds nothing damaged; recovery drops them (no session owns them).
+_FILLER: Final = ""
+
+
+def wipe_step(store: TranscriptStore, pages: int) -> int:
+    """Overwrite at most ``pages`` free pages with zeros: one row of zeros that takes them
+    (SQLite gives a new row's pages from the free list first), committed. Returns the free
+    pages left; :func:`wipe_done` removes the rows once none is."""
+    conn = store.connection
+    free = _pragma(conn, "freelist_count")
+    if not free:
+        return 0
+    # An overflow page holds page_size - 4 bytes of a row.
+    zeros = bytes(min(free, pages) * (_pragma(conn, "page_size") - 4))
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute("INSERT INTO raw_events (session_id, event_id, prompt_id, raw, crc) "
+                     "VALUES (?, 0, NULL, ?, ?)", (_FILLER, zeros, row_crc(_FILLER, 0, None,
+                                                                             zeros)))
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return _pragma(conn, "freelist_count")
+
+
+def wipe_done(store: TranscriptStore) -> None:
+    """Remove the rows :func:`wipe_step` wrote: their pages go back to the free list holding
+    zeros."""
+    conn = store.connection
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute("DELETE FROM raw_events WHERE session_id = ?", (_FILLER,))
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise

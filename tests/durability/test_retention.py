@@ -327,3 +327,41 @@ async def test_a_commit_cuts_a_retention_step_which_is_taken_again(
     assert not store.has_session("doomed"), (retention.stats, store.get_session("doomed"))
     assert store.raw_events("live") == [b'{"id":1,"type":"x"}']
     store.close()
+
+
+@pytest.mark.parametrize("auto_vacuum", ["incremental", "none"])
+async def test_a_deleted_session_leaves_none_of_its_bytes_in_the_file(
+        tmp_path: Path, auto_vacuum: str) -> None:
+    """After DELETE /session and the removal, no byte of the session's text is left in the
+    database file: not in its rows' pages, not in the pages its finished turns' raw events were
+    freed from at each turn boundary. A kept session's text stays. ``none``: a file made by an
+    earlier version (no auto_vacuum), whose free pages are reused, never given back."""
+    data = tmp_path / "data"
+    if auto_vacuum == "none":
+        with running_daemon(tmp_path, data_dir=data, tag="made"):
+            pass
+        conn = sqlite3.connect(data / "transcript.sqlite3")
+        conn.execute("PRAGMA auto_vacuum=NONE")
+        conn.execute("VACUUM")
+        assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 0
+        conn.close()
+    secret, keep = b"NEEDLE-SECRET-71c9", b"NEEDLE-KEPT-5e02"
+    with running_daemon(tmp_path, data_dir=data) as daemon:
+        async with httpx.AsyncClient(base_url=daemon.url, timeout=60) as client:
+            kept = await new_session(client)
+            await run_turn(client, kept, f"{keep.decode()} mock:chunks=5")
+            sid = await new_session(client)
+            for n in range(3):  # each turn boundary frees pages of raw events holding it
+                await run_turn(client, sid, f"{secret.decode()} {n} mock:chunks=200 "
+                               "mock:bytes=600")
+            assert (await client.delete(f"/session/{sid}")).status_code == 204
+
+            async def removed() -> bool:
+                return await metric(client, "turnkeeper_retention_sessions_removed_total") >= 1
+            await poll(removed, 60, "the session's removal")
+    db = data / "transcript.sqlite3"
+    assert not Path(f"{db}-wal").exists()  # the stop checkpointed everything into the file
+    content = db.read_bytes()
+    assert rows_of(db, {sid}) == {"sessions": 0, "records": 0, "raw_events": 0, "prompts": 0}
+    assert keep in content
+    assert content.count(secret) == 0, f"{content.count(secret)} copies left"
