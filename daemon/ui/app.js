@@ -32,8 +32,8 @@ class Viewer {
     this.paginationEnabled = false;
     this.attempted = new Set();   // repair signatures already attempted (at most once each)
     this.notices = [];
-    this.rendered = new Map();    // block id -> {block, node}
-    this.renderedIds = [];
+    this.renderedBlocks = [];     // the blocks shown, in order
+    this.renderedNodes = [];      // their nodes, by the same index
     this.pendingRender = null;
     this.lastRepair = null;
     this.started = false;
@@ -177,8 +177,8 @@ class Viewer {
     this.disarmClose();
     if (this.view) this.view.close();
     this.view = null;
-    this.rendered.clear();
-    this.renderedIds = [];
+    this.renderedBlocks = [];
+    this.renderedNodes = [];
     $("blocks").replaceChildren();
     this.notices = [];
     this.renderNotices();
@@ -453,9 +453,12 @@ class Viewer {
     const box = $("transcript");
     if (box.scrollHeight - box.clientHeight - box.scrollTop <= BOTTOM_THRESHOLD_PX) return { bottom: true };
     const edge = box.getBoundingClientRect().top;
-    for (const node of $("blocks").children) {
-      const rect = node.getBoundingClientRect();
-      if (rect.bottom > edge) return { bottom: false, id: node.dataset.id, offset: rect.top - edge };
+    for (const chunk of $("blocks").children) {
+      if (chunk.getBoundingClientRect().bottom <= edge) continue;
+      for (const node of chunk.children) {
+        const rect = node.getBoundingClientRect();
+        if (rect.bottom > edge) return { bottom: false, id: node.dataset.id, offset: rect.top - edge };
+      }
     }
     return { bottom: true };
   }
@@ -463,10 +466,10 @@ class Viewer {
   restoreAnchor(anchor) {
     const box = $("transcript");
     if (anchor.bottom) { this.scrollToBottom(); return; }
-    const entry = this.rendered.get(anchor.id);
-    if (!entry) return;
+    const index = this.renderedBlocks.findIndex((b) => b.id === anchor.id);
+    if (index < 0) return;
     const edge = box.getBoundingClientRect().top;
-    box.scrollTop += entry.node.getBoundingClientRect().top - edge - anchor.offset;
+    box.scrollTop += this.renderedNodes[index].getBoundingClientRect().top - edge - anchor.offset;
   }
 
   scrollToBottom() {
@@ -479,50 +482,115 @@ class Viewer {
     if (this.pendingRender === null) this.pendingRender = setTimeout(() => this.render(), 0);
   }
 
-  // Only changed blocks are rebuilt; blocks added at the end are appended and a history page
-  // is inserted before the first node, so a long transcript costs one pass over the block list
-  // (no DOM work) plus the changed nodes.
+  // Only changed blocks are rebuilt (a block is frozen: a changed block is a new object). When
+  // the blocks shown before are still there in order, with new ones after them (a turn goes on)
+  // or before them (a history page), only the changed and new nodes are touched, so an append
+  // to a long transcript costs a few comparisons per block and no allocation per block. Block
+  // nodes live in chunks of CHUNK_BLOCKS (see appendToChunks).
   render() {
     if (this.pendingRender !== null) { clearTimeout(this.pendingRender); this.pendingRender = null; }
     this.stats.renders += 1;
     const list = $("blocks");
     const following = this.following;
     const blocks = visibleBlocks(this.store.blocks, this.store.pagination);
-    const next = new Map();
-    const nodes = new Array(blocks.length);
+    const oldBlocks = this.renderedBlocks;
+    const n = blocks.length;
+    const m = oldBlocks.length;
+    const alignedAt = (offset) => {
+      for (let i = 0; i < m; i += 1) if (blocks[i + offset].id !== oldBlocks[i].id) return false;
+      return true;
+    };
+    let offset = null;
+    if (n >= m && alignedAt(0)) offset = 0;
+    else if (n > m && alignedAt(n - m)) offset = n - m;
     let changed = false;
-    for (let i = 0; i < blocks.length; i += 1) {
-      const b = blocks[i];
-      const cached = this.rendered.get(b.id);
-      let node;
-      if (cached && cached.block === b) node = cached.node;
-      else {
-        node = renderBlock(b, this.actions);
-        if (cached) cached.node.replaceWith(node);
+    if (offset === null) {
+      const at = new Map(oldBlocks.map((b, i) => [b.id, i]));
+      const nodes = blocks.map((b) => {
+        const i = at.get(b.id);
+        return i !== undefined && oldBlocks[i] === b ? this.renderedNodes[i] : renderBlock(b, this.actions);
+      });
+      list.replaceChildren(...chunked(nodes));
+      this.renderedNodes = nodes;
+      changed = true;
+    } else {
+      const nodes = this.renderedNodes;
+      for (let i = 0; i < m; i += 1) {
+        const b = blocks[i + offset];
+        if (b === oldBlocks[i]) continue;
+        const node = renderBlock(b, this.actions);
+        nodes[i].replaceWith(node);
+        nodes[i] = node;
         changed = true;
       }
-      next.set(b.id, { block: b, node });
-      nodes[i] = node;
+      if (n > m) {
+        const fresh = (offset === 0 ? blocks.slice(m) : blocks.slice(0, n - m))
+          .map((b) => renderBlock(b, this.actions));
+        if (offset === 0) {
+          appendToChunks(list, fresh);
+          for (const node of fresh) nodes.push(node);
+        } else {
+          prependToChunks(list, fresh);
+          this.renderedNodes = fresh.concat(nodes);
+        }
+        changed = true;
+      }
     }
-    const old = this.renderedIds;
-    const n = blocks.length;
-    let same = n === old.length;
-    for (let i = 0; same && i < n; i += 1) same = blocks[i].id === old[i];
-    if (!same) {
-      const shift = n - old.length;
-      const appended = shift > 0 && old.every((id, j) => blocks[j].id === id);
-      const prepended = !appended && shift > 0 && old.every((id, j) => blocks[j + shift].id === id);
-      if (appended) list.append(...nodes.slice(old.length));
-      else if (prepended) list.prepend(...nodes.slice(0, shift));
-      else list.replaceChildren(...nodes);
-      changed = true;
-    }
-    this.rendered = next;
-    this.renderedIds = blocks.map((b) => b.id);
+    this.renderedBlocks = blocks;
     const p = this.store.pagination;
     $("load-older").hidden = !(p.has_more || p.pagination_error !== null);
     $("empty-session").hidden = !(this.view !== null && !this.view.missing && n === 0);
     if (following && changed) this.scrollToBottom();
+  }
+}
+
+// Block nodes are grouped in chunks (<ol class="chunk">, CHUNK_BLOCKS blocks each) and the
+// browser skips a chunk's layout and paint while it is off screen (content-visibility: auto on
+// the chunk). Per-block skipping cost the browser work per block on every frame (visibility
+// checks, the column's layout, paint) and made a 10,000-block transcript scroll at a few frames
+// a second; per chunk it is a few hundred boxes. Off-screen text stays in the DOM, so the
+// browser's find-in-page and copy still see all of it.
+const CHUNK_BLOCKS = 50;
+
+function newChunk() {
+  return el("ol", { class: "chunk" });
+}
+
+function chunked(nodes) {
+  const chunks = [];
+  for (let i = 0; i < nodes.length; i += CHUNK_BLOCKS) {
+    const chunk = newChunk();
+    chunk.append(...nodes.slice(i, i + CHUNK_BLOCKS));
+    chunks.push(chunk);
+  }
+  return chunks;
+}
+
+// New blocks at the end fill the last chunk, then new chunks.
+function appendToChunks(list, nodes) {
+  let chunk = list.lastElementChild;
+  for (let i = 0; i < nodes.length;) {
+    if (chunk === null || chunk.childElementCount >= CHUNK_BLOCKS) {
+      chunk = newChunk();
+      list.append(chunk);
+    }
+    const take = Math.min(CHUNK_BLOCKS - chunk.childElementCount, nodes.length - i);
+    chunk.append(...nodes.slice(i, i + take));
+    i += take;
+  }
+}
+
+// An older page fills the first chunk from its end, then new chunks before it.
+function prependToChunks(list, nodes) {
+  let chunk = list.firstElementChild;
+  for (let j = nodes.length; j > 0;) {
+    if (chunk === null || chunk.childElementCount >= CHUNK_BLOCKS) {
+      chunk = newChunk();
+      list.prepend(chunk);
+    }
+    const take = Math.min(CHUNK_BLOCKS - chunk.childElementCount, j);
+    chunk.prepend(...nodes.slice(j - take, j));
+    j -= take;
   }
 }
 

@@ -244,7 +244,7 @@ def session_row(page: Any, sid: str) -> Any:
 def blocks(page: Any, kind: str) -> list[str]:
     # textContent: innerText is empty for blocks the browser skips while off screen
     # (content-visibility: auto).
-    return list(page.locator(f"#blocks > li[data-kind='{kind}'] .text").all_text_contents())
+    return list(page.locator(f"#blocks li.block[data-kind='{kind}'] .text").all_text_contents())
 
 
 def stats(page: Any) -> dict[str, int]:
@@ -474,6 +474,58 @@ def test_history_pages_load_as_the_user_scrolls_up(page: Any, proxy: ProxyThread
     assert users == ["turn-1", "turn-2", "turn-3", "turn-4"]
     assert proxy.call(proxy.proxy.count, "GET", rf"^/session/{sid}/transcript") >= 2
     assert proxy.loads(sid) == 1
+
+
+def test_a_long_transcript_is_chunked_in_order_through_every_kind_of_change(
+        page: Any, proxy: ProxyThread, api: httpx.Client) -> None:
+    """Block nodes are grouped in chunks of at most 50 (the browser skips an off-screen chunk);
+    whatever changes, the nodes are the store's blocks in the store's order: a first render,
+    a history page before (filling the first chunk, then new ones), a block changed in place,
+    blocks added at the end, and blocks taken out of the middle (everything regrouped)."""
+    open_viewer(page, proxy, new_session(api))
+    report = page.evaluate("""async () => {
+      const { eventFromMapping } = await import("/ui/events.js");
+      const { TranscriptStore } = await import("/ui/store.js");
+      const viewer = window.turnkeeperViewer;
+      const scratch = new TranscriptStore(100000);
+      let id = 0;
+      const say = (kind, i) => scratch.dispatch(eventFromMapping({
+        v: 1, id: ++id, type: "session_update", sessionId: "s", promptId: `p-${i}`,
+        data: { sessionId: "s", update: { sessionUpdate: kind,
+                                          content: { type: "text", text: `${kind} ${i}` } } } }));
+      for (let i = 0; i < 140; i++) { say("user_message_chunk", i); say("agent_message_chunk", i); }
+      const all = scratch.snapshotState();
+      const shown = () => [...document.querySelectorAll("#blocks li.block")].map((li) => li.dataset.id);
+      const sizes = () => [...document.getElementById("blocks").children].map((c) => c.children.length);
+      const steps = [];
+      const show = (name, blocks) => {
+        viewer.store.reset({ ...all, blocks: Object.freeze(blocks) });
+        viewer.render();
+        steps.push({ name, want: blocks.map((b) => b.id), got: shown(), sizes: sizes(),
+                     texts: [...document.querySelectorAll("#blocks li.block .text")].map((n) => n.textContent) });
+      };
+      const blocks = [...all.blocks];
+      show("first", blocks.slice(170, 230));
+      show("history page", blocks.slice(100, 230));
+      show("older history page", blocks.slice(0, 230));
+      const changed = [...blocks.slice(0, 230)];
+      changed[7] = Object.freeze({ ...changed[7], text: "changed in place" });
+      show("changed", changed);
+      show("appended", [...changed, ...blocks.slice(230)]);
+      show("middle removed", [...changed.slice(0, 60), ...blocks.slice(120)]);
+      return steps;
+    }""")
+    assert [step["name"] for step in report] == ["first", "history page", "older history page",
+                                                  "changed", "appended", "middle removed"]
+    for step in report:
+        assert step["got"] == step["want"], step["name"]
+        assert all(1 <= size <= 50 for size in step["sizes"]), (step["name"], step["sizes"])
+        assert len(step["sizes"]) <= -(-len(step["want"]) // 50) + 2, (step["name"], step["sizes"])
+    # The history pages filled the first chunk (60 blocks shown: 50 + 10), then new ones.
+    assert report[0]["sizes"] == [50, 10]
+    assert report[1]["sizes"] == [20, 50, 50, 10]
+    assert "changed in place" in report[3]["texts"]
+    assert report[5]["sizes"] == [50, 50, 50, 50, 20]
 
 
 def test_after_a_restart_the_open_session_comes_back_and_others_wait_in_archived(
