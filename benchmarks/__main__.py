@@ -48,6 +48,7 @@ from benchmarks import (
     stall_cut,
     transcript_cost,
     viewer,
+    ws_cost,
 )
 from benchmarks.harness import (
     Context,
@@ -162,6 +163,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               metrics_cost.run, in_default_run=False),
     # Needs chromium and a browser page per size: only when named.
     Benchmark(viewer.NAME, viewer.TITLE, viewer.add_arguments, viewer.run, in_default_run=False),
+    # Four turns per trial on one daemon (a minute at 100,000 chunks): only when named.
+    Benchmark(ws_cost.NAME, ws_cost.TITLE, ws_cost.add_arguments, ws_cost.run,
+              in_default_run=False),
     # Needs redis-server and starts three nodes: only when named.
     Benchmark(cluster.NAME, cluster.TITLE, cluster.add_arguments, cluster.run,
               in_default_run=False),

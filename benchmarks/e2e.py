@@ -83,15 +83,18 @@ class TurnRun:
 
 
 def measure_turn(daemon: Daemon, chunks: int, subscribers: int, max_queued: int = 2048,
-                 timeout: float = 600.0) -> TurnRun:
-    """Run one turn of ``chunks`` chunks to ``subscribers`` SSE readers and time it.
+                 timeout: float = 600.0, *, transport: str = "sse",
+                 reconnect: bool = True) -> TurnRun:
+    """Run one turn of ``chunks`` chunks to ``subscribers`` SSE readers (``transport="ws"``:
+    WebSocket readers) and time it.
 
     Every subscriber must have received every event published for the turn, ids contiguous,
     the terminal last (:func:`benchmarks.loadgen.check_delivery`), or this raises: a figure
     for a turn that was not delivered whole is no figure. An evicted subscriber resumes from
     its last id (it is counted in ``evicted``), so eviction costs time, never events, unless it
     comes back after its next event has left the ring: the daemon then announces the gap and
-    this raises :class:`EvictedPastRing`.
+    this raises :class:`EvictedPastRing`. Without ``reconnect`` an evicted subscriber misses
+    the rest of the turn, and this raises.
     """
     session_id, client_id = daemon.create_session()
     host, port = daemon.host_port
@@ -100,7 +103,8 @@ def measure_turn(daemon: Daemon, chunks: int, subscribers: int, max_queued: int 
     before = int(daemon.status(session_id)["lastEventId"])
     meter = CpuMeter(daemon.pid, daemon.agent_pids())
     loadgen = LoadGen(host, port, session_id, subscribers=subscribers, max_queued=max_queued,
-                      until="turn_complete", timeout=timeout, reconnect=True)
+                      until="turn_complete", timeout=timeout, reconnect=reconnect,
+                      transport=transport)
 
     def start() -> None:
         daemon.prompt(session_id, f"mock:chunks={chunks} mock:delay_ms=0", client_id)

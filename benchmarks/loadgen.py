@@ -23,12 +23,17 @@ Protocol on stdout, one JSON object per line:
   and times are ``time.monotonic()`` values (CLOCK_MONOTONIC is system-wide, so the benchmark
   compares them with its own clock).
 
+With ``--transport ws`` the subscribers are WebSockets (``GET /session/{id}/ws``, the cursor
+and epoch in the query): :class:`WSCounter` reads each text message's id and type from the
+start of its envelope and checks them exactly as an SSE frame's, and answers pings.
+
 Stdlib and the protocol's header names only, no trio: it starts fast and measures only itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import re
@@ -37,8 +42,10 @@ import socket
 import subprocess
 import sys
 import time
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import IO, Any
 from urllib.parse import quote
 
@@ -58,6 +65,14 @@ LOOKBACK = 4096
 # An id line, found by its literal prefix (fast); ``(?=\n)``: only a complete one.
 ID_LINE = re.compile(rb"\nid: (\d+)(?=\n)")
 MARKER_WINDOW = 16 * 1024
+# The start of a WebSocket message's envelope: its id (if it has one), then its type.
+WS_ENVELOPE_HEAD = re.compile(rb'\{(?:"id":(\d+),)?"v":\d+,"type":"([^"\\]+)"')
+WS_HEAD_BYTES = 256  # how much of a message the envelope's head is looked for in
+# A whole text frame's head (FIN, opcode 1, unmasked; its length in one of three forms) and the
+# head of the envelope it carries, in one match.
+WS_TEXT_FRAME = re.compile(
+    rb'\x81(?:([\x00-\x7d])|\x7e(..)|\x7f(........))'
+    rb'\{(?:"id":(\d+),)?"v":\d+,"type":"([^"\\]+)"', re.DOTALL)
 
 
 def _cpu_seconds() -> float:
@@ -283,6 +298,161 @@ class SSECounter:
                 f"{reason.group(1).decode(errors='replace') if reason else '?'})")
 
 
+class WSCounter(SSECounter):
+    """:class:`SSECounter` for a WebSocket: after the handshake's answer (101), each text
+    message becomes the SSE lines of its id and type (``id: N``, ``event: T``), which the SSE
+    checks then read as they read a frame's; the envelope itself is never decoded. A close
+    frame ends the stream (its code in :attr:`close_code`); a ping's pong is queued in
+    :attr:`replies` for the caller to send."""
+
+    def _reset_response(self) -> None:
+        super()._reset_response()
+        self._frames = bytearray()
+        self.replies = bytearray()
+        self.close_code: int | None = None
+
+    def feed(self, data: bytes | bytearray, length: int | None = None) -> None:
+        n = len(data) if length is None else length
+        if self.status is None:
+            self._head += bytes(data[:n])
+            end = self._head.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head, rest = self._head[:end], self._head[end + 4:]
+            self._head = b""
+            self._parse_head(head)
+            if self.status != 101:
+                self.error = f"HTTP {self.status}: {rest[:300].decode(errors='replace')}"
+                return
+            self._frames += rest
+        else:
+            self._frames += memoryview(data)[:n]
+        self.bytes += n
+        self._read_frames()
+
+    def _read_frames(self) -> None:
+        buf = self._frames
+        messages: list[tuple[bytes | None, bytes]] = []
+        pos = self._bulk(buf, messages)
+        if pos is None:  # not a plain run of text messages: frame by frame
+            pos = self._one_by_one(buf, messages)
+        del buf[:pos]
+        if messages:
+            self._messages(messages)
+
+    @staticmethod
+    def _bulk(buf: bytearray, messages: list[tuple[bytes | None, bytes]]) -> int | None:
+        """The usual read, a run of whole text messages (and maybe the start of the next):
+        every frame head found in one scan, the frames' bounds checked to follow each other
+        from the start of the buffer. Where the whole ones end, or ``None`` when the read holds
+        anything else (a control frame, a head not in view yet: :meth:`_one_by_one`)."""
+        heads = WS_TEXT_FRAME.findall(buf)
+        if not heads or buf[0] != 0x81:
+            return None
+        ends = list(accumulate([
+            2 + short[0] if short else 4 + int.from_bytes(medium, "big") if medium
+            else 10 + int.from_bytes(long_, "big")
+            for short, medium, long_, _, _ in heads]))
+        size = len(buf)
+        whole = bisect_right(ends, size)
+        if whole == 0:
+            return None
+        # Each whole frame must start where the one before it ended; a head found inside a
+        # payload, or a frame the scan skipped, breaks that.
+        if any(buf[end] != 0x81 for end in ends[:whole - 1]):
+            return None
+        if whole < len(heads) and ends[whole - 1] < size and buf[ends[whole - 1]] != 0x81:
+            return None
+        # (findall gives b"" for a group that did not take part: a message without an id)
+        messages.extend((msg_id or None, kind) for _, _, _, msg_id, kind in heads[:whole])
+        return ends[whole - 1]
+
+    def _one_by_one(self, buf: bytearray, messages: list[tuple[bytes | None, bytes]]) -> int:
+        size = len(buf)
+        pos = 0
+        match = WS_TEXT_FRAME.match
+        while True:
+            found = match(buf, pos)  # a text message, the daemon's envelope
+            if found is not None:
+                short, medium, long_, msg_id, kind = found.groups()
+                end = found.end(3 if long_ is not None else 2 if medium is not None else 1) + (
+                    short[0] if short is not None else int.from_bytes(medium or long_, "big"))
+                if end > size:
+                    break
+                messages.append((msg_id, kind))
+                pos = end
+                continue
+            step = self._other_frame(buf, pos, size, messages)
+            if step is None:
+                break
+            pos = step
+        return pos
+
+    def _messages(self, messages: list[tuple[bytes | None, bytes]]) -> None:
+        """Check the ids of a read's messages and look for the finishing ones, as
+        :meth:`SSECounter._body` does for frames."""
+        found = [msg_id for msg_id, _ in messages if msg_id is not None]
+        finishing = self.until[len(b"event: "):-1]
+        if found:
+            first, last = int(found[0]), int(found[-1])
+            clean = ((self.last_id is None or first == self.last_id + 1)
+                     and last - first == len(found) - 1)
+            # The SSE lines of the messages, searched only to explain a gap (_announcement).
+            frames = b"" if clean else b"".join(
+                b"\nid: %b\nevent: %b\n" % (i, k) if i is not None else b"\nevent: %b\n" % k
+                for i, k in messages)
+            self._check_ids(found, frames)
+        for msg_id, kind in messages[-64:]:
+            if kind == finishing:
+                self.done = True
+                self.terminal_id = int(msg_id) if msg_id is not None else None
+            elif kind == b"client_evicted":
+                self.evicted = True
+
+    def _other_frame(self, buf: bytearray, pos: int, size: int,
+                     messages: list[tuple[bytes | None, bytes]]) -> int | None:
+        """A frame the fast path did not take (a control frame, a message whose head is not
+        all in view yet, or anything unexpected): where the next one starts, ``None`` until
+        it is whole (or once the stream is in error)."""
+        if size - pos < 2:
+            return None
+        opcode, length = buf[pos] & 0x0F, buf[pos + 1] & 0x7F
+        head = 2
+        if length == 126:
+            if size - pos < 4:
+                return None
+            length, head = int.from_bytes(buf[pos + 2:pos + 4], "big"), 4
+        elif length == 127:
+            if size - pos < 10:
+                return None
+            length, head = int.from_bytes(buf[pos + 2:pos + 10], "big"), 10
+        start = pos + head
+        if size - start < length:
+            return None
+        if opcode == 1:
+            found = WS_ENVELOPE_HEAD.match(buf, start, start + min(length, WS_HEAD_BYTES))
+            if buf[pos] != 0x81 or found is None:
+                self.error = (f"not a whole text message with an envelope: "
+                              f"{bytes(buf[pos:pos + 80])!r}")
+                self.ended = True
+                return None
+            msg_id, kind = found.groups()
+            messages.append((msg_id, kind))
+        elif opcode == 8:
+            self.close_code = int.from_bytes(buf[start:start + 2], "big") if length >= 2 \
+                else None
+            self.ended = True
+        elif opcode == 9:  # a ping: answer with a masked pong of the same payload
+            key = os.urandom(4)
+            payload = bytes(b ^ key[i % 4] for i, b in enumerate(buf[start:start + length]))
+            self.replies += bytes((0x8A, 0x80 | length)) + key + payload
+        else:
+            self.error = f"an unexpected frame (opcode {opcode})"
+            self.ended = True
+            return None
+        return start + length
+
+
 @dataclass
 class Subscriber:
     sock: socket.socket
@@ -317,6 +487,25 @@ def _request(host: str, port: int, session: str, max_queued: int, last_event_id:
     return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
 
 
+def _ws_request(host: str, port: int, session: str, max_queued: int,
+                last_event_id: int | None, epoch: str | None) -> bytes:
+    query = f"maxQueued={max_queued}"
+    if last_event_id is not None:
+        query += f"&lastEventId={last_event_id}"
+        if epoch:
+            query += f"&epoch={quote(epoch)}"
+    key = base64.b64encode(os.urandom(16)).decode()
+    lines = [
+        f"GET /session/{quote(session)}/ws?{query} HTTP/1.1",
+        f"Host: {host}:{port}",
+        "Upgrade: websocket",
+        "Connection: Upgrade",
+        f"Sec-WebSocket-Key: {key}",
+        "Sec-WebSocket-Version: 13",
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
+
+
 def _connect(args: argparse.Namespace, request: bytes) -> socket.socket:
     sock = socket.create_connection((args.host, args.port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -333,8 +522,10 @@ def run_round(args: argparse.Namespace, out: IO[str], announce: bool, deadline: 
     stream's epoch, as a client must, and is finished only by ``--until`` or the
     end of a stream; its report then says ``evicted`` and how many times it reconnected.
     """
-    request = _request(args.host, args.port, args.session, args.max_queued, args.last_event_id,
-                       args.epoch)
+    make_request = _ws_request if args.transport == "ws" else _request
+    counter_class = WSCounter if args.transport == "ws" else SSECounter
+    request = make_request(args.host, args.port, args.session, args.max_queued,
+                           args.last_event_id, args.epoch)
     until = f"event: {args.until}\n".encode()
     subs: list[Subscriber] = []
     # One receive buffer for every socket: a fresh 1 MiB bytes object per read would cost more
@@ -343,7 +534,7 @@ def run_round(args: argparse.Namespace, out: IO[str], announce: bool, deadline: 
     with selectors.DefaultSelector() as sel:
         for _ in range(args.subscribers):
             t_start = time.monotonic()
-            sub = Subscriber(_connect(args, request), SSECounter(until), t_start)
+            sub = Subscriber(_connect(args, request), counter_class(until), t_start)
             subs.append(sub)
             sel.register(sub.sock, selectors.EVENT_READ, sub)
         open_count = len(subs)
@@ -375,6 +566,9 @@ def run_round(args: argparse.Namespace, out: IO[str], announce: bool, deadline: 
                         counter.feed(buf, length)
                         if not had_headers and counter.has_headers:
                             sub.t_headers = now
+                        if isinstance(counter, WSCounter) and counter.replies:
+                            sub.sock.sendall(counter.replies)
+                            counter.replies.clear()
                     else:
                         counter.eof()
                     if not counter.finished:
@@ -389,7 +583,7 @@ def run_round(args: argparse.Namespace, out: IO[str], announce: bool, deadline: 
                             cursor = counter.last_id if counter.last_id is not None \
                                 else args.last_event_id
                             counter.restart()
-                            sub.sock = _connect(args, _request(
+                            sub.sock = _connect(args, make_request(
                                 args.host, args.port, args.session, args.max_queued,
                                 cursor if cursor is not None else 0,
                                 counter.epoch or args.epoch))
@@ -422,6 +616,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reconnect", action="store_true",
                         help="resume an evicted subscriber from its last id")
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--transport", choices=("sse", "ws"), default="sse",
+                        help="SSE subscribers (GET /session/{id}/events) or WebSockets")
     args = parser.parse_args(argv)
     deadline = time.monotonic() + args.timeout
     cpu0 = _cpu_seconds()
@@ -486,11 +682,11 @@ class LoadGen:
                  max_queued: int = 2048, until: str = "turn_complete",
                  last_event_id: int | None = None, epoch: str | None = None,
                  rounds: int = 1, announce_ready: bool = True, timeout: float = 300.0,
-                 reconnect: bool = False) -> None:
+                 reconnect: bool = False, transport: str = "sse") -> None:
         argv = [sys.executable, "-m", "benchmarks.loadgen", "--host", host, "--port", str(port),
                 "--session", session, "--subscribers", str(subscribers),
                 "--max-queued", str(max_queued), "--until", until, "--rounds", str(rounds),
-                "--timeout", str(timeout)]
+                "--timeout", str(timeout), "--transport", transport]
         if last_event_id is not None:
             argv += ["--last-event-id", str(last_event_id)]
         if epoch is not None:

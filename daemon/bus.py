@@ -40,7 +40,7 @@ from .core.flow_control import (
     behind,
     dispatch_group_lines,
 )
-from .core.frame_codec import Splicer
+from .core.frame_codec import Splicer, ws_frames
 from .core.live_journal import LiveJournals
 from .core.replay_window import Record, ReplayWindow, SegmentHandle, SpilledTurn
 from .core.ring import DEFAULT_RING_BYTES, EventRing
@@ -167,8 +167,10 @@ class SessionBus:
         # channel keeps the smallest over its sessions instead of asking each on every read;
         # a cluster mirror reports its reader count.
         self.on_subscribers_changed: list[Callable[[], None]] = []
-        # SSE frames of the newest events, built once for all SSE subscribers.
+        # SSE frames of the newest events, built once for all SSE subscribers; the same
+        # events as WebSocket messages, built once for all WebSocket subscribers.
         self.frames = SharedFrames()
+        self.ws_frames = SharedFrames(build=ws_frames)
         self.slow_client_warnings = 0
         self.clients_evicted = 0
         # When the last event was published (ms; None before the first): GET /daemon/status's
@@ -539,6 +541,7 @@ class SessionBus:
             if sub.abort is not None:
                 sub.abort()
         self.frames.clear()
+        self.ws_frames.clear()
         self._subscribers_changed()
 
     def evict(self, sub: BusReader) -> None:
@@ -581,6 +584,7 @@ class SessionBus:
         self._subscribers_changed()
         if not self.subscribers:
             self.frames.clear()  # nobody left to share them with
+            self.ws_frames.clear()
 
     # -- events numbered elsewhere (a cluster mirror of another node's bus) --------------------
 
@@ -609,6 +613,7 @@ class SessionBus:
         self.ring = EventRing(old.capacity, next_id=max(1, first_id), max_bytes=old.max_bytes)
         self.epoch = epoch
         self.frames.clear()  # built for the old epoch's ids
+        self.ws_frames.clear()
         stamp = self.clock_ms()
         for sub in self.subscribers:
             state = sub.state

@@ -23,13 +23,21 @@ from sdk.protocol import http as wire
 from sdk.protocol.constants import MAX_EVENT_ID
 from sdk.protocol.sse import SSE_HEARTBEAT, sse_retry
 
-from .bridge import BodyGone, DirectBody, direct_body, shutdown_connection
+from .bridge import (
+    BodyGone,
+    DirectBody,
+    DirectWebSocket,
+    direct_body,
+    direct_ws,
+    shutdown_connection,
+)
 from .bus import SessionBus
 from .clock import now_ms
 from .core.envelope import Event, encode_json
 from .core.flow_control import GATHER_PASSES, worth_gathering
-from .core.frame_codec import sse_chunks
+from .core.frame_codec import sse_chunks, ws_chunks, ws_frames
 from .core.ring import ResumePlan, decide_resume
+from .core.shared_frames import SharedFrames
 from .core.subscriber import (
     MAX_QUEUED_DEFAULT,
     MAX_QUEUED_MAX,
@@ -297,16 +305,25 @@ class EventPump:
     def next_sse(self) -> list[bytes] | None:
         """:meth:`next_batch` as SSE bytes to write: the frames shared by the bus's SSE
         subscribers (``bus.frames``), so a wake-up's events are framed once for all of them."""
+        return self._next_frames(self.bus.frames, _sse_frame)
+
+    def next_ws(self) -> list[bytes] | None:
+        """:meth:`next_batch` as WebSocket frames to write, one text message per event: the
+        frames shared by the bus's WebSocket subscribers (``bus.ws_frames``)."""
+        return self._next_frames(self.bus.ws_frames, _ws_frame)
+
+    def _next_frames(self, shared: SharedFrames, frame: Callable[[Event], bytes]
+                     ) -> list[bytes] | None:
         if self._evicted():
             return None
         ring, state = self.bus.ring, self.sub.state
         out: list[bytes] = []
         warning = self._take_warning()
         if warning is not None:
-            out.append(warning.sse_frame)
+            out.append(frame(warning))
         cursor = state.cursor
         if ring.last_id > cursor:
-            frames, state.cursor = self.bus.frames.since(ring, cursor)
+            frames, state.cursor = shared.since(ring, cursor)
             totals.events_delivered += state.cursor - cursor
             out += frames
         return out
@@ -317,6 +334,14 @@ class EventPump:
             await self.bus.wait_for_events(self.sub.state.cursor)
             return True
         return False
+
+
+def _sse_frame(event: Event) -> bytes:
+    return event.sse_frame
+
+
+def _ws_frame(event: Event) -> bytes:
+    return ws_frames([event])
 
 
 REPLAY_CHUNK_BYTES = 1024 * 1024
@@ -368,9 +393,9 @@ async def _sse_group(body: Callable[[bytes], Awaitable[None]], group: Sequence[E
         await body(chunk)
 
 
-async def _ws_group(text: Callable[[Event], Awaitable[None]], group: Sequence[Event]) -> None:
-    for event in group:
-        await text(event)
+async def _ws_group(write: Callable[[Sequence[Event]], Awaitable[None]],
+                    group: Sequence[Event]) -> None:
+    await write(group)
 
 
 async def send_json_error(send: Send, err: StreamRequestError) -> None:
@@ -512,43 +537,30 @@ async def serve_ws(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
     pump = EventPump(bus, sub, heartbeat_s)
     await send({"type": "websocket.accept",
                 "headers": [(_EPOCH_BYTES, bus.epoch.encode())]})
-
-    async def text(event: Event) -> None:
-        await send({"type": "websocket.send", "text": event.raw.decode()})
-
+    # The server has written the handshake's answer: the messages may go straight to the
+    # socket from here on (daemon.bridge's direct WebSocket writer), framed once per wake-up
+    # for every WebSocket subscriber of the bus; else one ASGI message per event.
+    direct = direct_ws(scope)
+    writer: _WsWriter = (_DirectWs(direct, sub) if direct is not None
+                         else _AsgiWs(send, sub))
     close_code = 1000
     disconnected = False
+    gone: list[BodyGone] = []  # the connection went away under a direct write
     try:
         async with trio.open_nursery() as nursery:
             sub.scope = nursery.cancel_scope
             nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope,
                                "websocket.disconnect")
             nursery.start_soon(watch_eviction, sub)
-            sub.begin_write()
-            for event in plan.before:
-                await text(event)
-            if await replay_events(sub, plan.replay, partial(_ws_group, text)):
-                for event in plan.after:
-                    await text(event)
-            sub.end_write()
-            while True:
-                batch = pump.next_batch()
-                if batch is None:
-                    break
-                if batch:
-                    sub.begin_write()
-                    for event in batch:
-                        await text(event)
-                    sub.end_write()
-                    continue
-                if bus.closed:
-                    break
-                await pump.wait()
-            nursery.cancel_scope.cancel()
+            nursery.start_soon(_run_ws, sub, pump, plan, writer, nursery.cancel_scope, gone)
         disconnected = not bus.closed and sub.state.evicted is None
     finally:
         bus.remove_subscriber(sub)
         totals.subscribers["ws"] -= 1
+    if gone:
+        if sub.abort is not None:
+            sub.abort()  # the server learns the connection is over; nothing more is written
+        return
     eviction = sub.state.evicted
     if eviction is not None:
         close_code = 1008
@@ -560,6 +572,101 @@ async def serve_ws(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
             eviction, now_ms()).raw.decode()})
     closing.append({"type": "websocket.close", "code": close_code})
     await final_send(sub, send, closing, EVICTED_FRAME_TIMEOUT_S)
+
+
+class _WsWriter:
+    """How a WebSocket stream's events reach its connection (one message per event)."""
+
+    async def events(self, events: Sequence[Event]) -> None:
+        """Send ``events`` (a resume plan's or a replay's), in order."""
+        raise NotImplementedError
+
+    async def live(self, pump: EventPump) -> bool | None:
+        """Send the live events after the cursor (with a pending warning first): whether
+        anything was sent, ``None`` once the subscriber is evicted."""
+        raise NotImplementedError
+
+
+class _AsgiWs(_WsWriter):
+    """Through the server: one ASGI ``websocket.send`` per event."""
+
+    def __init__(self, send: Send, sub: Subscription) -> None:
+        self._send = send
+        self._sub = sub
+
+    async def events(self, events: Sequence[Event]) -> None:
+        for event in events:
+            await self._send({"type": "websocket.send", "text": event.raw.decode()})
+        self._sub.writes_done += 1
+
+    async def live(self, pump: EventPump) -> bool | None:
+        batch = pump.next_batch()
+        if batch is None:
+            return None
+        if not batch:
+            return False
+        self._sub.begin_write()
+        await self.events(batch)
+        self._sub.end_write()
+        return True
+
+
+class _DirectWs(_WsWriter):
+    """Straight to the socket: a wake-up's frames, shared with the bus's other WebSocket
+    subscribers, in one write."""
+
+    def __init__(self, direct: DirectWebSocket, sub: Subscription) -> None:
+        self._direct = direct
+        self._sub = sub
+
+    async def events(self, events: Sequence[Event]) -> None:
+        for chunk in ws_chunks(events, max_chunk=2 * REPLAY_CHUNK_BYTES):
+            await self._direct.write(chunk)
+            self._sub.writes_done += 1
+
+    async def live(self, pump: EventPump) -> bool | None:
+        for _ in range(GATHER_PASSES):  # see daemon.core.flow_control
+            if not pump.worth_gathering():
+                break
+            await trio.lowlevel.checkpoint()
+        frames = pump.next_ws()
+        if frames is None:
+            return None
+        if not frames:
+            return False
+        self._sub.begin_write()
+        # One write per wake-up, however many segments it spans.
+        await self._direct.write(frames[0] if len(frames) == 1 else b"".join(frames))
+        self._sub.writes_done += 1
+        self._sub.end_write()
+        return True
+
+
+async def _run_ws(sub: Subscription, pump: EventPump, plan: ResumePlan, writer: _WsWriter,
+                  scope: trio.CancelScope, gone: list[BodyGone]) -> None:
+    """A WebSocket stream's events in a task of its own (see :func:`_run_sse`): the resume
+    plan's events and replay, then live batches until the subscriber is evicted or the bus
+    closes; when it ends, everything else of the stream (``scope``: its watchers) stops."""
+    bus = pump.bus
+    try:
+        sub.begin_write()
+        await writer.events(plan.before)
+        if await replay_events(sub, plan.replay, partial(_ws_group, writer.events)):
+            await writer.events(plan.after)
+        sub.end_write()
+        while True:
+            sent = await writer.live(pump)
+            if sent is None:
+                break
+            if sent:
+                continue
+            if bus.closed:
+                break
+            await pump.wait()
+    except BodyGone as exc:
+        log.info("event=ws_connection_gone reason=%s", exc)
+        gone.append(exc)
+    scope.cancel()
 
 
 async def deny_ws(send: Send, status: int, body: wire.ErrorBody,

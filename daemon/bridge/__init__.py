@@ -12,8 +12,9 @@ here and nowhere else, each part checking the shape it relies on before it touch
 - ``_connection_limit``: ``--max-connections``, decided as a connection is accepted;
 - ``_ws_keepalive``, ``_ws_limits``: WebSocket pongs counted, client messages bounded;
 - ``_http2``: HTTP/2 only with ``--http2``, with real backpressure;
-- ``_direct_body``, ``_probe``: an event stream's body written straight to its socket, only
-  after a start-up probe proved the bytes identical to Hypercorn's (:func:`probe_direct_body`);
+- ``_direct_body``, ``_direct_ws``, ``_probe``: an event stream's body (SSE) or messages
+  (WebSocket) written straight to its socket, only after a start-up probe proved the bytes
+  identical to Hypercorn's (:func:`probe_direct_body`);
 - ``_quart``: a body written from parts, and Quart's own HTTP errors answered as JSON.
 
 The rest of the daemon imports this package's public names, never its modules.
@@ -25,6 +26,7 @@ from ._connection_limit import configure as configure_connections
 from ._connection_limit import gate as connection_gate
 from ._connection_limit import report_refusals as report_connection_refusals
 from ._direct_body import BodyGone, DirectBody, direct_body
+from ._direct_ws import DirectWebSocket, direct_ws
 from ._patches import (
     TESTED_HYPERCORN,
     PatchStatus,
@@ -44,6 +46,7 @@ __all__ = [
     "TESTED_HYPERCORN",
     "BodyGone",
     "DirectBody",
+    "DirectWebSocket",
     "HttpErrorHandler",
     "JsonErrorsQuart",
     "PartsBody",
@@ -51,6 +54,7 @@ __all__ = [
     "configure_connections",
     "connection_gate",
     "direct_body",
+    "direct_ws",
     "hypercorn_shape_problems",
     "hypercorn_version",
     "install",

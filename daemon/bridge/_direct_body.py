@@ -32,10 +32,11 @@ from typing import Any, Protocol
 
 import trio
 
-from ..core.frame_codec import advance, chunk
+from ..core.frame_codec import Buffer, advance, chunk
 from ._sockets import addr, registry
 
-__all__ = ["BodyGone", "DirectBody", "direct_body", "enable", "enabled", "find_direct_body"]
+__all__ = ["BodyGone", "DirectBody", "direct_body", "enable", "enabled", "find_direct_body",
+           "write_all"]
 
 # Set by the start-up probe once it proved the bytes identical (see daemon.bridge._probe).
 _enabled = False
@@ -70,28 +71,33 @@ class DirectBody:
     async def write(self, data: bytes) -> None:
         """Write ``data`` (not empty) as one chunk; returns once the kernel has all of it.
         Raises :class:`BodyGone` if the connection is closed or broken."""
-        buffers = chunk(data)
-        left = sum(map(len, buffers))
-        sock = self._sock
-        with trio.CancelScope(shield=True):
-            while True:
-                fd = sock.fileno()
-                if fd < 0:
-                    raise BodyGone("the connection was closed")
+        await write_all(self._sock, chunk(data))
+
+
+async def write_all(sock: _Socket, buffers: list[Buffer]) -> None:
+    """Write ``buffers`` to ``sock`` in vectored writes, shielded from cancellation; returns
+    once the kernel has all of them. Raises :class:`BodyGone` if the connection is closed or
+    broken."""
+    left = sum(map(len, buffers))
+    with trio.CancelScope(shield=True):
+        while True:
+            fd = sock.fileno()
+            if fd < 0:
+                raise BodyGone("the connection was closed")
+            try:
+                sent = os.writev(fd, buffers)
+            except BlockingIOError:
                 try:
-                    sent = os.writev(fd, buffers)
-                except BlockingIOError:
-                    try:
-                        await trio.lowlevel.wait_writable(fd)
-                    except (trio.ClosedResourceError, OSError) as exc:
-                        raise BodyGone(f"the connection was closed: {exc!r}") from exc
-                    continue
-                except OSError as exc:
-                    raise BodyGone(f"the connection broke: {exc!r}") from exc
-                left -= sent
-                if not left:
-                    return
-                advance(buffers, sent)  # a partial write: the rest goes next
+                    await trio.lowlevel.wait_writable(fd)
+                except (trio.ClosedResourceError, OSError) as exc:
+                    raise BodyGone(f"the connection was closed: {exc!r}") from exc
+                continue
+            except OSError as exc:
+                raise BodyGone(f"the connection broke: {exc!r}") from exc
+            left -= sent
+            if not left:
+                return
+            advance(buffers, sent)  # a partial write: the rest goes next
 
 
 def direct_body(scope: Mapping[str, Any]) -> DirectBody | None:

@@ -25,6 +25,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from . import _direct_body as direct_body
+from . import _direct_ws as direct_ws
 from . import _http2 as http2
 from . import _probe as probe
 from . import _sockets as sockets
@@ -46,6 +47,8 @@ class PatchStatus:
     hypercorn_version: str
     # Event stream bodies go straight to the socket (the start-up probe proved it safe).
     direct_body: bool = False
+    # So do WebSocket event streams' messages (their own probe proved it safe).
+    direct_ws: bool = False
 
 
 def hypercorn_version() -> str:
@@ -100,8 +103,11 @@ H2_PROTOCOL_SHAPE: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
         "DataReceived", "streams", "acknowledge_received_data", "flow_controlled_length"})),
 }
 TCP_SERVER_SHAPE: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
-    "__init__": (("self", "app", "config", "context", "state", "stream"), frozenset({"stream"})),
+    "__init__": (("self", "app", "config", "context", "state", "stream"),
+                 frozenset({"stream", "send_lock"})),
     "run": (("self",), frozenset({"stream", "_read_data", "_close"})),
+    # Every write to the socket holds send_lock (a direct WebSocket writer holds it too).
+    "protocol_send": (("self", "event"), frozenset({"send_lock", "send_all", "RawData"})),
     "_read_data": (("self",), frozenset({"stream", "receive_some", "protocol", "handle"})),
     "_idle_timeout": (("self",), frozenset({"keep_alive_timeout"})),
 }
@@ -201,7 +207,7 @@ def install() -> PatchStatus:
                           ws_limits=ws_limits.install(),
                           http2_flow_control=http2.install(),
                           hypercorn_version=hypercorn_version(),
-                          direct_body=_status.direct_body)
+                          direct_body=_status.direct_body, direct_ws=_status.direct_ws)
     log.info("event=server_patches hypercorn=%s tested=%s ws_keepalive=%s "
              "connection_registry=%s ws_limits=%s http2_flow_control=%s",
              _status.hypercorn_version, TESTED_HYPERCORN, _status.ws_keepalive,
@@ -214,21 +220,29 @@ def status() -> PatchStatus:
 
 
 async def probe_direct_body(config: Any) -> bool:
-    """Run the start-up probe (:mod:`daemon.bridge._probe`) against this Hypercorn with the
-    patches installed, and let event streams write their bodies straight to the socket only
-    when it found the bytes identical. ``config``: a Hypercorn config to copy the settings
-    from (its bind is replaced). Logs the outcome either way."""
+    """Run the start-up probes (:mod:`daemon.bridge._probe`) against this Hypercorn with the
+    patches installed, and let event streams write their bodies (SSE) and their messages
+    (WebSocket) straight to the socket only when the probe of each found the bytes identical.
+    ``config``: a Hypercorn config to copy the settings from (its bind is replaced). Logs the
+    outcome of each either way; returns the SSE probe's verdict."""
     global _status
-    if not _status.connection_registry:
-        result = probe.ProbeResult(False, "the connection registry is not installed")
-    else:
-        result = await probe.probe(config)
-    direct_body.enable(result.identical)
-    _status = replace(_status, direct_body=result.identical)
-    if result.identical:
-        log.info("event=direct_body_enabled hypercorn=%s probe=identical",
-                 _status.hypercorn_version)
-    else:
-        log.warning("event=direct_body_disabled hypercorn=%s reason=%r path=asgi",
-                    _status.hypercorn_version, result.reason)
-    return result.identical
+    results: list[probe.ProbeResult] = []
+    for kind, run, writer in (("direct_body", probe.probe, direct_body),
+                              ("direct_ws", probe.probe_ws, direct_ws)):
+        if not _status.connection_registry:
+            result = probe.ProbeResult(False, "the connection registry is not installed")
+        elif kind == "direct_ws" and not _status.ws_limits:
+            result = probe.ProbeResult(False, "the WebSocket limits are not installed")
+        else:
+            result = await run(config)
+        writer.enable(result.identical)
+        results.append(result)
+        if result.identical:
+            log.info("event=%s_enabled hypercorn=%s probe=identical", kind,
+                     _status.hypercorn_version)
+        else:
+            log.warning("event=%s_disabled hypercorn=%s reason=%r path=asgi", kind,
+                        _status.hypercorn_version, result.reason)
+    _status = replace(_status, direct_body=results[0].identical,
+                      direct_ws=results[1].identical)
+    return results[0].identical

@@ -16,6 +16,13 @@ Each is followed, on the same keep-alive connection, by ``GET /asgi`` with
 step shows in the next answer. The two byte streams must be identical (bar the ``date``
 header's clock). Only then does :func:`daemon.bridge.direct_body` hand out writers; otherwise
 every stream writes through ASGI, and the daemon logs why.
+
+:func:`probe_ws` does the same for :mod:`daemon.bridge._direct_ws`: a WebSocket (its client
+offering ``permessage-deflate``, which must not be agreed) at ``/asgi`` sends every message
+through ASGI, one at ``/direct`` the first through ASGI and the others framed by
+:func:`daemon.core.frame_codec.ws_frames` in one direct write; both then close through ASGI
+(1000). The bytes each client reads, from the handshake's answer to the close frame, must be
+identical; only then does :func:`daemon.bridge.direct_ws` hand out writers.
 """
 
 from __future__ import annotations
@@ -28,13 +35,24 @@ from typing import Any
 
 import trio
 
+from ..core.envelope import Event
+from ..core.frame_codec import ws_frames
 from ._direct_body import find_direct_body
+from ._direct_ws import find_direct_ws
 
 PROBE_TIMEOUT_S = 5.0
 #: The pieces of the probe's body: an SSE opening frame, then sizes around the chunk head's
 #: width changes (one, two, three and five hex digits) and one larger than a socket buffer.
 PIECES: tuple[bytes, ...] = (b"retry: 3000\n\n", b"a" * 9, b"b" * 10, b"c" * 255,
                              b"d" * 4095, b"e" * 70_000, b"f" * 300_001)
+#: The probe's WebSocket messages: around the frame head's three length forms (7, 16 and 64
+#: bits), one larger than a socket buffer, and text that is not ASCII.
+WS_PIECES: tuple[str, ...] = ("a" * 9, "b", "c" * 125, "d" * 126, "e" * 127, "f" * 65535,
+                              "g" * 65536, "h" * 300_001, "\u00e9\u4e2d\U0001f600" * 50)
+#: What a server's close frame with code 1000 is on the wire (the probe's messages never
+#: hold these bytes: their text is letters and three non-ASCII characters).
+WS_CLOSE_1000 = b"\x88\x02\x03\xe8"
+_WS_KEY = "dGhlIHNhbXBsZSBub25jZQ=="
 _DATE = re.compile(rb"\r\ndate: [^\r\n]*", re.IGNORECASE)
 
 Scope = MutableMapping[str, Any]
@@ -58,6 +76,9 @@ async def _app(found: list[bool], scope: Scope, receive: Receive, send: Send) ->
             await send({"type": f"lifespan.{kind}.complete"})
             if kind == "shutdown":
                 return
+    if scope["type"] == "websocket":
+        await _ws_app(found, scope, receive, send)
+        return
     if scope["type"] != "http":
         return
     await send({"type": "http.response.start", "status": 200,
@@ -73,6 +94,25 @@ async def _app(found: list[bool], scope: Scope, receive: Receive, send: Send) ->
         else:
             await send({"type": "http.response.body", "body": piece, "more_body": True})
     await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _ws_app(found: list[bool], scope: Scope, receive: Receive, send: Send) -> None:
+    if (await receive())["type"] != "websocket.connect":
+        return
+    await send({"type": "websocket.accept"})
+    await send({"type": "websocket.send", "text": WS_PIECES[0]})
+    direct = None
+    if scope["path"] == "/direct":
+        direct = find_direct_ws(scope)
+        found.append(direct is not None)
+    if direct is not None:
+        raws = [piece.encode() for piece in WS_PIECES[1:]]
+        await direct.write(ws_frames([Event(raw, len(raw), i, "probe", None)
+                                      for i, raw in enumerate(raws, 2)]))
+    else:
+        for piece in WS_PIECES[1:]:
+            await send({"type": "websocket.send", "text": piece})
+    await send({"type": "websocket.close", "code": 1000})
 
 
 class _Unavailable(Exception):
@@ -97,6 +137,24 @@ async def _exchange(port: int, first: str) -> bytes:
     return bytes(received)
 
 
+async def _ws_exchange(port: int, path: str) -> bytes:
+    """A WebSocket at ``path``: every byte read, from the handshake's answer to the close."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    received = bytearray()
+    async with stream:
+        await stream.send_all(
+            f"GET {path} HTTP/1.1\r\nhost: probe\r\nupgrade: websocket\r\n"
+            f"connection: Upgrade\r\nsec-websocket-key: {_WS_KEY}\r\n"
+            f"sec-websocket-version: 13\r\nsec-websocket-extensions: permessage-deflate\r\n"
+            f"\r\n".encode())
+        while not received.endswith(WS_CLOSE_1000):
+            data = await stream.receive_some(65536)
+            if not data:
+                raise _Unavailable(f"the connection ended during the WebSocket at {path}")
+            received += data
+    return bytes(received)
+
+
 def _compare(through_server: bytes, direct: bytes) -> str | None:
     """None when the two exchanges are the same bytes (bar the date), else what differs."""
     a, b = _DATE.sub(b"", through_server), _DATE.sub(b"", direct)
@@ -108,18 +166,22 @@ def _compare(through_server: bytes, direct: bytes) -> str | None:
             f"server {a[max(0, at - 8):at + 16]!r} direct {b[max(0, at - 8):at + 16]!r}")
 
 
-async def probe(config: Any) -> ProbeResult:
-    """Serve :data:`PIECES` both ways from a private Hypercorn (``config`` is a Hypercorn
-    config; its bind becomes a loopback port, without TLS) and compare the bytes."""
+async def _run(config: Any, exchange: Callable[[int], Awaitable[tuple[bytes, bytes]]]
+               ) -> ProbeResult:
+    """Serve the probe's application from a private Hypercorn (``config`` is a Hypercorn
+    config; its bind becomes a loopback port, without TLS), run ``exchange`` (the bytes read
+    through ASGI and through the direct writer) against it and compare them."""
     from hypercorn.trio import serve
 
     config.bind = ["127.0.0.1:0"]
-    # The direct writer serves plain connections only (a TLS stream always writes through
+    # The direct writers serve plain connections only (a TLS stream always writes through
     # ASGI), so the probe compares plain bytes even when the daemon serves TLS.
     config.certfile = None
     config.keyfile = None
     config.accesslog = None
     config.errorlog = None  # its "Running on" line would name a port nobody may use
+    # A ping of the server's own would land between the messages at a moment of its choosing.
+    config.websocket_ping_interval = None
     stop = trio.Event()
     found: list[bool] = []
     try:
@@ -130,8 +192,7 @@ async def probe(config: Any) -> ProbeResult:
                                               task_status=task_status))
                 port = int(binds[0].rsplit(":", 1)[1])
                 try:
-                    reference = await _exchange(port, "/asgi")
-                    direct = await _exchange(port, "/direct")
+                    reference, direct = await exchange(port)
                 finally:
                     stop.set()
     except trio.TooSlowError:
@@ -143,3 +204,22 @@ async def probe(config: Any) -> ProbeResult:
                                   "connection (Hypercorn's connection class changed?)")
     differs = _compare(reference, direct)
     return ProbeResult(differs is None, differs or "identical")
+
+
+async def probe(config: Any) -> ProbeResult:
+    """Serve :data:`PIECES` both ways as an SSE body and compare the bytes (see the module
+    docstring; ``config``: a Hypercorn config, its bind replaced)."""
+
+    async def exchange(port: int) -> tuple[bytes, bytes]:
+        return await _exchange(port, "/asgi"), await _exchange(port, "/direct")
+
+    return await _run(config, exchange)
+
+
+async def probe_ws(config: Any) -> ProbeResult:
+    """Send :data:`WS_PIECES` both ways on a WebSocket and compare the bytes."""
+
+    async def exchange(port: int) -> tuple[bytes, bytes]:
+        return await _ws_exchange(port, "/asgi"), await _ws_exchange(port, "/direct")
+
+    return await _run(config, exchange)

@@ -49,18 +49,20 @@ class ConnectionRegistry:
 
     def __init__(self) -> None:
         # key -> (socket, plain: the server writes to it as it is, with no TLS layer,
-        #         reserve: a loopback health probe served over --max-connections)
-        self._open: dict[Key, tuple[_Shutdownable, bool, bool]] = {}
+        #         reserve: a loopback health probe served over --max-connections,
+        #         send lock: the lock the server holds while it writes to the socket)
+        self._open: dict[Key, tuple[_Shutdownable, bool, bool, trio.Lock | None]] = {}
 
     def __len__(self) -> int:
         return len(self._open)
 
     def add(self, key: Key, sock: _Shutdownable, *, plain: bool = False,
-            reserve: bool = False) -> None:
+            reserve: bool = False, send_lock: trio.Lock | None = None) -> None:
         """Register ``sock`` under ``key``; ``plain``: the server writes to it as it is (no
         TLS layer), so bytes written to it are what the peer reads; ``reserve``: it is served
-        over ``--max-connections`` for one health probe."""
-        self._open[key] = (sock, plain, reserve)
+        over ``--max-connections`` for one health probe; ``send_lock``: held by the server
+        for each of its writes to the socket (a writer beside it holds it too)."""
+        self._open[key] = (sock, plain, reserve, send_lock)
 
     def remove(self, key: Key, sock: _Shutdownable) -> None:
         """Forget ``key`` if it still names ``sock`` (a newer connection may reuse the pair)."""
@@ -76,6 +78,14 @@ class ConnectionRegistry:
         """The socket of ``key`` if it is open and plain TCP, else ``None``."""
         entry = self._open.get(key)
         return entry[0] if entry is not None and entry[1] else None
+
+    def plain_locked(self, key: Key) -> tuple[_Shutdownable, trio.Lock] | None:
+        """The socket of ``key`` and the server's send lock if it is open, plain TCP and was
+        registered with its lock, else ``None``."""
+        entry = self._open.get(key)
+        if entry is None or not entry[1] or entry[3] is None:
+            return None
+        return entry[0], entry[3]
 
     def reserve(self, key: Key) -> bool:
         """Whether ``key`` is open in a reserve slot (``GET /health`` only, then closed)."""
@@ -184,7 +194,9 @@ def install() -> bool:
                 return  # refused: answered and closed
             key = _key_of(sock) if sock is not None else None
             if key is not None:
-                registry.add(key, sock, plain=_is_plain(stream), reserve=reserve)
+                lock = getattr(self, "send_lock", None)
+                registry.add(key, sock, plain=_is_plain(stream), reserve=reserve,
+                             send_lock=lock if isinstance(lock, trio.Lock) else None)
             try:
                 if reserve:
                     await connection_limit.serve_reserved(super().run, sock)

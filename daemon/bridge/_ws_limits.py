@@ -37,6 +37,11 @@ _refusals = LogThrottle(REFUSAL_LOG_INTERVAL_S)
 _installed = False
 
 
+def installed() -> bool:
+    """Whether the limits are active (then no WebSocket ever has an extension agreed)."""
+    return _installed
+
+
 def refusals() -> int:
     """WebSocket connections closed for what their client sent, since the daemon started."""
     return _refusals.total

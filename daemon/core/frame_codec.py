@@ -12,6 +12,11 @@ Three formats, from the inside out:
   :data:`sdk.protocol.sse.SSE_FRAME` (the one definition of the frame): :func:`sse_frames` for
   a wake-up's run of ring events, built once for every subscriber, :func:`sse_chunks` for a
   replay cut into writes.
+- **WebSocket frames.** An event as a server's WebSocket text message: one unmasked frame
+  (FIN, opcode 1), its payload length in the shortest of the protocol's three forms, then the
+  envelope; the bytes wsproto writes for a finished text message with no extension
+  (:func:`ws_frames` for a wake-up's run, shared like the SSE frames, :func:`ws_chunks` for a
+  replay cut into writes).
 - **HTTP/1.1 chunks.** A body piece written straight to the socket
   (``daemon.bridge``'s direct body) goes as one chunk: its size in hex, CRLF, the bytes, CRLF.
   :func:`chunk` gives the three parts as separate buffers, so a vectored write
@@ -25,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from itertools import repeat
 from operator import attrgetter
+from struct import Struct
 from typing import Final
 
 from daemon.core.envelope import Event
@@ -33,8 +39,8 @@ from sdk.protocol.envelope import HOLE, envelope_template
 from sdk.protocol.events import SessionUpdateData
 from sdk.protocol.sse import SSE_FRAME, SSE_FRAME_END, frame_format
 
-__all__ = ["CRLF", "EnvelopeSplicer", "Splicer", "advance", "chunk", "run_envelopes",
-           "sse_chunks", "sse_frames"]
+__all__ = ["CRLF", "Buffer", "EnvelopeSplicer", "Splicer", "advance", "chunk", "run_envelopes",
+           "sse_chunks", "sse_frames", "ws_chunks", "ws_frame_head", "ws_frames"]
 
 
 # --- the envelope splice ----------------------------------------------------------------------
@@ -179,6 +185,56 @@ def sse_chunks(events: Iterable[Event], max_chunk: int = 1024 * 1024) -> list[by
     for event in events:
         parts += (event.sse_head, event.raw, SSE_FRAME_END)
         size += event.size + 64
+        if size >= max_chunk:
+            out.append(b"".join(parts))
+            parts, size = [], 0
+    if parts:
+        out.append(b"".join(parts))
+    return out
+
+
+# --- WebSocket frames -------------------------------------------------------------------------
+
+#: FIN set, no reserved bit (no extension is ever agreed), opcode 1 (text).
+_WS_TEXT: Final = 0x81
+_WS_SHORT: Final = tuple(bytes((_WS_TEXT, n)) for n in range(126))  # payloads of 0-125 bytes
+_WS_MEDIUM: Final = Struct("!BBH").pack  # 126, then a 16-bit length
+_WS_LONG: Final = Struct("!BBQ").pack  # 127, then a 64-bit length
+_size = attrgetter("size")
+
+
+def ws_frame_head(size: int) -> bytes:
+    """The head of a server's (unmasked) WebSocket text frame carrying ``size`` payload bytes,
+    the whole message in one frame."""
+    if size < 126:
+        if size < 0:
+            raise ValueError(f"a payload cannot have {size} bytes")
+        return _WS_SHORT[size]
+    if size < 0x10000:
+        return _WS_MEDIUM(_WS_TEXT, 126, size)
+    return _WS_LONG(_WS_TEXT, 127, size)
+
+
+def ws_frames(events: list[Event]) -> bytes:
+    """Each of ``events`` as one WebSocket text message (its envelope), joined."""
+    count = len(events)
+    if not count:
+        return b""
+    parts: list[bytes] = [b""] * (2 * count)
+    parts[0::2] = map(ws_frame_head, map(_size, events))
+    parts[1::2] = map(_raw, events)
+    return b"".join(parts)
+
+
+def ws_chunks(events: Iterable[Event], max_chunk: int = 1024 * 1024) -> list[bytes]:
+    """:func:`ws_frames` of ``events`` joined into as few writes as possible (each about
+    ``max_chunk`` bytes at most, one message at least)."""
+    out: list[bytes] = []
+    parts: list[bytes] = []
+    size = 0
+    for event in events:
+        parts += (ws_frame_head(event.size), event.raw)
+        size += event.size + 10
         if size >= max_chunk:
             out.append(b"".join(parts))
             parts, size = [], 0

@@ -1,7 +1,9 @@
-"""SSE frames of a bus's newest events, built once and shared by every SSE subscriber. Pure.
+"""A bus's newest events framed once and shared by every subscriber of one transport. Pure.
 
-The frames are the protocol's (:data:`sdk.protocol.sse.SSE_FRAME`, the one definition of their
-layout), formatted many at a time.
+The frames are SSE's (:data:`sdk.protocol.sse.SSE_FRAME`, the one definition of their layout,
+formatted many at a time: :func:`daemon.core.frame_codec.sse_frames`) or WebSocket text
+messages (:func:`daemon.core.frame_codec.ws_frames`): a bus keeps one :class:`SharedFrames` of
+each.
 
 Subscribers that keep up are woken together and all want the same events: the frames of one
 wake-up's events (``id:``/``event:`` lines, ``data:`` and the envelope, joined into one bytes
@@ -17,6 +19,7 @@ builds its own bytes from the ring, as every subscriber did before.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Final, Protocol
 
 from daemon.core.envelope import Event
@@ -34,12 +37,15 @@ class _Ring(Protocol):
 
 
 class SharedFrames:
-    """Segments of SSE frames by first id, at most ``max_bytes`` of them (bar the newest)."""
+    """Segments of frames by first id, at most ``max_bytes`` of them (bar the newest);
+    ``build`` frames a run of ring events (SSE frames by default)."""
 
-    __slots__ = ("_by_start", "_held", "_order", "max_bytes")
+    __slots__ = ("_build", "_by_start", "_held", "_order", "max_bytes")
 
-    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES,
+                 build: Callable[[list[Event]], bytes] = sse_frames) -> None:
         self.max_bytes = max_bytes
+        self._build = build
         self._by_start: dict[int, tuple[int, bytes]] = {}  # first id -> (last id, frames)
         self._order: deque[int] = deque()
         self._held = 0
@@ -71,7 +77,7 @@ class SharedFrames:
             events = ring.since(cursor)
             newest = events[-1].id if events else None
             if newest is not None:
-                blob = sse_frames(events)
+                blob = self._build(events)
                 self._keep(cursor + 1, newest, blob)
                 out.append(blob)
                 cursor = newest

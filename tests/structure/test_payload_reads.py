@@ -37,6 +37,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("daemon/streams.py", "type"): "ASGI message type",
     ("daemon/bridge/_direct_body.py", "type"): "ASGI scope key",
     ("daemon/bridge/_direct_body.py", "server"): "ASGI scope key",
+    ("daemon/bridge/_direct_ws.py", "type"): "ASGI scope key",
+    ("daemon/bridge/_direct_ws.py", "server"): "ASGI scope key",
     ("daemon/bridge/_probe.py", "type"): "ASGI scope and message type",
     ("daemon/asgi.py", "server"): "ASGI scope key",
     ("daemon/streams.py", "server"): "ASGI scope key",
