@@ -160,7 +160,7 @@ def _interrupted(cmd: Command, env: dict[str, str]) -> None:
         assert first.strip(), f"{cmd.where}: printed nothing before it ended ({proc.wait()})"
         proc.send_signal(signal.SIGINT)
         start = time.monotonic()
-        out, err = proc.communicate(timeout=INTERRUPT_S)
+        _out, err = proc.communicate(timeout=INTERRUPT_S)
         assert proc.returncode == 130, f"{cmd.where}: exit {proc.returncode}\n{err}"
         assert "Traceback" not in err, f"{cmd.where}:\n{err}"
         assert time.monotonic() - start < INTERRUPT_S
