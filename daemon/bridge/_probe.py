@@ -43,12 +43,28 @@ from ._direct_ws import find_direct_ws
 PROBE_TIMEOUT_S = 5.0
 #: The pieces of the probe's body: an SSE opening frame, then sizes around the chunk head's
 #: width changes (one, two, three and five hex digits) and one larger than a socket buffer.
-PIECES: tuple[bytes, ...] = (b"retry: 3000\n\n", b"a" * 9, b"b" * 10, b"c" * 255,
-                             b"d" * 4095, b"e" * 70_000, b"f" * 300_001)
+#: As (letter, size) pairs, made into bytes only while the probe runs (:func:`pieces`): held
+#: as constants they would stay in the daemon's memory for its whole life.
+PIECE_SIZES: tuple[tuple[str, int], ...] = (("a", 9), ("b", 10), ("c", 255), ("d", 4095),
+                                            ("e", 70_000), ("f", 300_001))
 #: The probe's WebSocket messages: around the frame head's three length forms (7, 16 and 64
-#: bits), one larger than a socket buffer, and text that is not ASCII.
-WS_PIECES: tuple[str, ...] = ("a" * 9, "b", "c" * 125, "d" * 126, "e" * 127, "f" * 65535,
-                              "g" * 65536, "h" * 300_001, "\u00e9\u4e2d\U0001f600" * 50)
+#: bits), one larger than a socket buffer, and (the last) text that is not ASCII.
+WS_PIECE_SIZES: tuple[tuple[str, int], ...] = (
+    ("a", 9), ("b", 1), ("c", 125), ("d", 126), ("e", 127), ("f", 65535), ("g", 65536),
+    ("h", 300_001), ("\u00e9\u4e2d\U0001f600", 50))
+SSE_OPENING = b"retry: 3000\n\n"
+
+
+def pieces() -> list[bytes]:
+    """The probe's SSE body pieces, the opening frame first."""
+    return [SSE_OPENING, *(letter.encode() * size for letter, size in PIECE_SIZES)]
+
+
+def ws_pieces() -> list[str]:
+    """The probe's WebSocket messages."""
+    return [text * size for text, size in WS_PIECE_SIZES]
+
+
 #: What a server's close frame with code 1000 is on the wire (the probe's messages never
 #: hold these bytes: their text is letters and three non-ASCII characters).
 WS_CLOSE_1000 = b"\x88\x02\x03\xe8"
@@ -83,12 +99,13 @@ async def _app(found: list[bool], scope: Scope, receive: Receive, send: Send) ->
         return
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"text/event-stream")]})
-    await send({"type": "http.response.body", "body": PIECES[0], "more_body": True})
+    body = pieces()
+    await send({"type": "http.response.body", "body": body[0], "more_body": True})
     direct = None
     if scope["path"] == "/direct":
         direct = find_direct_body(scope)
         found.append(direct is not None)
-    for piece in PIECES[1:]:
+    for piece in body[1:]:
         if direct is not None:
             await direct.write(piece)
         else:
@@ -100,17 +117,18 @@ async def _ws_app(found: list[bool], scope: Scope, receive: Receive, send: Send)
     if (await receive())["type"] != "websocket.connect":
         return
     await send({"type": "websocket.accept"})
-    await send({"type": "websocket.send", "text": WS_PIECES[0]})
+    messages = ws_pieces()
+    await send({"type": "websocket.send", "text": messages[0]})
     direct = None
     if scope["path"] == "/direct":
         direct = find_direct_ws(scope)
         found.append(direct is not None)
     if direct is not None:
-        raws = [piece.encode() for piece in WS_PIECES[1:]]
+        raws = [piece.encode() for piece in messages[1:]]
         await direct.write(ws_frames([Event(raw, len(raw), i, "probe", None)
                                       for i, raw in enumerate(raws, 2)]))
     else:
-        for piece in WS_PIECES[1:]:
+        for piece in messages[1:]:
             await send({"type": "websocket.send", "text": piece})
     await send({"type": "websocket.close", "code": 1000})
 
@@ -207,7 +225,7 @@ async def _run(config: Any, exchange: Callable[[int], Awaitable[tuple[bytes, byt
 
 
 async def probe(config: Any) -> ProbeResult:
-    """Serve :data:`PIECES` both ways as an SSE body and compare the bytes (see the module
+    """Serve :func:`pieces` both ways as an SSE body and compare the bytes (see the module
     docstring; ``config``: a Hypercorn config, its bind replaced)."""
 
     async def exchange(port: int) -> tuple[bytes, bytes]:
@@ -217,7 +235,7 @@ async def probe(config: Any) -> ProbeResult:
 
 
 async def probe_ws(config: Any) -> ProbeResult:
-    """Send :data:`WS_PIECES` both ways on a WebSocket and compare the bytes."""
+    """Send :func:`ws_pieces` both ways on a WebSocket and compare the bytes."""
 
     async def exchange(port: int) -> tuple[bytes, bytes]:
         return await _ws_exchange(port, "/asgi"), await _ws_exchange(port, "/direct")

@@ -45,3 +45,30 @@ def test_the_headless_model_loads_no_runtime_no_http_client_and_no_provider() ->
                                    check=True).stdout.split("\n")[:2]
     assert before == "[]"
     assert "webui_model.provider" in after and "httpx" in after
+
+
+def test_no_module_of_the_daemon_holds_a_large_constant() -> None:
+    """What a module keeps at its top level stays in the daemon's memory for its whole life:
+    the start-up probe's bodies (~0.8 MB of test pieces) were such constants until they were
+    made only while the probe runs. No bytes or text over 64 KiB at any daemon or protocol
+    module's top level once the daemon's modules are imported."""
+    code = (
+        "import sys, daemon.server, daemon.http_api, daemon.manager, daemon.streams, "
+        "daemon.asgi\n"
+        "big = []\n"
+        "for name, module in list(sys.modules.items()):\n"
+        "    if name.split('.')[0] not in ('daemon', 'sdk'):\n"
+        "        continue\n"
+        "    for attr, value in vars(module).items():\n"
+        "        if isinstance(value, (tuple, list)):\n"
+        "            size = sum(len(v) for v in value if isinstance(v, (bytes, str)))\n"
+        "        elif isinstance(value, (bytes, bytearray, str)):\n"
+        "            size = len(value)\n"
+        "        else:\n"
+        "            continue\n"
+        "        if size > 64 * 1024:\n"
+        "            big.append(f'{name}.{attr}: {size}')\n"
+        "print(big)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[]"
