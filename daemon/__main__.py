@@ -31,6 +31,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .prune import run_prune
 
         return run_prune(args[1:], prog)
+    if args[:1] == ["backup"]:
+        from .backup_command import run_backup
+
+        return run_backup(args[1:], prog)
     try:
         config = parse_config(args)
     except ConfigError as exc:

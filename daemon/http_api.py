@@ -24,6 +24,7 @@ from sdk.protocol import headers, routes
 from sdk.protocol import http as wire
 
 from . import bridge
+from .backup import BackupFailed, file_body, take_backup
 from .clock import now_ms
 from .config import DaemonConfig
 from .core.envelope import decode_json, encode_json, spliced_parts, write_groups
@@ -351,6 +352,29 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> bridge.JsonErro
         return Response(exposition(metrics[0]), status=200,
                         headers={"Content-Type": METRICS_CONTENT_TYPE,
                                  "Cache-Control": "no-store"})
+
+    backing_up = trio.Lock()
+
+    @serve(routes.BACKUP)
+    async def backup_route() -> Response:
+        writer = manager.writer
+        if writer is None:
+            raise ApiError(409, "transcript_unavailable",
+                           "The daemon runs without a transcript (--no-persistence): there is "
+                           "nothing to back up")
+        if backing_up.locked():
+            raise ApiError(409, "backup_running", "A backup is being taken; try again once "
+                           "it is done")
+        async with backing_up:
+            try:
+                handle, size = await take_backup(writer, config.data_dir)
+            except BackupFailed as exc:
+                log.error("event=backup_failed error=%r", str(exc))
+                raise ApiError(500, "backup_failed", f"The backup failed: {exc}") from None
+        return Response(file_body(handle), status=200, headers={
+            "Content-Type": routes.BACKUP.media_type, "Content-Length": str(size),
+            "Cache-Control": "no-store",
+            "Content-Disposition": 'attachment; filename="transcript.sqlite3"'})
 
     @serve(routes.DAEMON_STATUS)
     async def daemon_status() -> Response:

@@ -22,6 +22,7 @@ from sdk.protocol import headers
 from sdk.protocol import http as wire
 
 __all__ = [
+    "BACKUP",
     "CANCEL",
     "CAPABILITIES",
     "CREATE_SESSION",
@@ -177,6 +178,13 @@ METRICS: Final = Route(
     "Prometheus metrics in the text exposition format (sessions, subscribers, events, "
     "evictions, prompts, commit times, agents, transcript size)", 200, None,
     media_type="text/plain", response_schema={"type": "string"})
+BACKUP: Final = Route(
+    "POST", "/daemon/backup", "backupTranscript",
+    "A consistent copy of the transcript database (an SQLite file), taken while the daemon "
+    "runs without holding up its commits, and streamed once it is complete", 200, None,
+    media_type="application/vnd.sqlite3", response_schema={"type": "string",
+                                                           "format": "binary"},
+    errors=((409, ("transcript_unavailable", "backup_running")), (500, ("backup_failed",))))
 CREATE_SESSION: Final = Route(
     "POST", "/session", "createSession",
     "Create a session, or attach to the workspace's live one", 200,
@@ -288,7 +296,7 @@ DELETE_SESSION: Final = Route(
 
 #: Every route a client may call, in the order the OpenAPI document lists them.
 ROUTES: Final[tuple[Route, ...]] = (
-    HEALTH, CAPABILITIES, DAEMON_STATUS, OPENAPI, METRICS, CREATE_SESSION, LOAD_SESSION,
+    HEALTH, CAPABILITIES, DAEMON_STATUS, OPENAPI, METRICS, BACKUP, CREATE_SESSION, LOAD_SESSION,
     RESUME_SESSION, PROMPT, PROMPT_BY_KEY, CANCEL, VOTE_PERMISSION, EVENTS, EVENTS_WS,
     TRANSCRIPT, EXPORT_SESSION, SESSION_STATUS, DETACH, HEARTBEAT, DELETE_SESSION,
 )
