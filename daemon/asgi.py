@@ -151,7 +151,8 @@ class DaemonASGI:
         headers = _headers(scope)
         method = scope.get("method", "GET")
         path: str = scope["path"]
-        if is_reserve(scope.get("server"), scope.get("client")):
+        reserve = is_reserve(scope.get("server"), scope.get("client"))
+        if reserve:
             # A loopback health probe let in over --max-connections: that, once, and no more.
             if kind != "http" or method != routes.HEALTH.method or path != routes.HEALTH.path:
                 body = wire.ErrorBody(error="Too many connections", code="connection_limit")
@@ -162,35 +163,42 @@ class DaemonASGI:
                     await deny_ws(send, 503, body, {RETRY_AFTER: "1"})
                 return
             send = _with_headers(send, [(b"connection", b"close")])
+        early = send  # for the answers given before the body is read
+        if kind == "http" and not reserve and _has_body(headers):
+            # The answers below that come before the body is read (a guard's denial, a wrong
+            # method on the event stream...) can go out before the body has arrived: Hypercorn
+            # then cannot reuse the connection and closes it after the response. Say so, or a
+            # client that reuses it for its next request finds it gone.
+            early = _with_headers(send, [(b"connection", b"close")])
         denial = self.guard.check(method, path, headers,
                                   peer_loopback=is_loopback_peer(scope.get("client")))
         if kind == "http":
             if denial is None and method == "OPTIONS":
                 preflight = self.guard.preflight_headers(headers)
                 if preflight is not None:
-                    await _send_preflight(send, preflight)
+                    await _send_preflight(early, preflight)
                     return
             cors = self.guard.cors_headers(headers)
             if cors:  # every answer below, the guards' and the SSE stream's included
-                send = _with_headers(send, cors)
+                send, early = _with_headers(send, cors), _with_headers(early, cors)
         if denial is not None:
             if kind == "http":
-                await _send_json(send, denial.status, denial.body)
+                await _send_json(early, denial.status, denial.body)
             else:
                 await deny_ws(send, denial.status, denial.body)
             return
         if kind == "http" and is_ui_asset(method, path):
-            await self._serve_ui(send, method, path)
+            await self._serve_ui(early, method, path)
             return
         stream, session_id = _stream_route(path)
         if session_id is not None:
             if kind == "http" and method != stream.method:
-                await _send_json(send, 405, wire.method_not_allowed(),
+                await _send_json(early, 405, wire.method_not_allowed(),
                                  extra=((b"allow", stream.method.encode()),))
                 return
             if kind == "http" and stream is routes.EVENTS_WS:
                 # The WebSocket route without an upgrade: say which protocol it speaks.
-                await _send_json(send, 426, wire.ErrorBody(
+                await _send_json(early, 426, wire.ErrorBody(
                     error="This route needs a WebSocket upgrade", code="upgrade_required"),
                                  extra=((b"upgrade", b"websocket"),))
                 return
@@ -203,14 +211,14 @@ class DaemonASGI:
                         bus = await self.cluster.stream_bus(session_id, self.manager.limits)
                 except StreamRequestError as err:  # Redis trouble: 503 + Retry-After
                     if kind == "http":
-                        await send_json_error(send, err)
+                        await send_json_error(early, err)
                     else:
                         await deny_ws(send, err.status, err.body, err.headers)
                     return
                 if bus is None:
                     gone = wire.session_not_found(session_id)
                     if kind == "http":
-                        await _send_json(send, 404, gone)
+                        await _send_json(early, 404, gone)
                     else:
                         await deny_ws(send, 404, gone)
                     return
@@ -250,6 +258,13 @@ class DaemonASGI:
 
 
 _TOO_LARGE = b"\x00too-large"
+
+
+def _has_body(headers: dict[str, str]) -> bool:
+    """Whether the request announces a body (HTTP/1.1: a non-zero length, or chunked)."""
+    if "transfer-encoding" in headers:
+        return True
+    return headers.get("content-length", "0").strip() not in ("", "0")
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes | None:

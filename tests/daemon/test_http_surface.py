@@ -55,6 +55,38 @@ def test_auth_is_required_and_compared(secured: RunningDaemon) -> None:
         assert client.get("/health").json() == {"status": "ok"}
 
 
+def _read_head(sock: socket.socket) -> bytes:
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = sock.recv(4096)
+        assert chunk, f"connection closed after {head!r}"
+        head += chunk
+    return head.split(b"\r\n\r\n", 1)[0].lower()
+
+
+def test_a_denial_before_the_body_arrives_says_it_closes(secured: RunningDaemon) -> None:
+    # The 401 goes out before the body is read; the server cannot reuse the connection then
+    # and closes it. Unannounced, a client that reuses the connection for its next request
+    # finds it gone ("Server disconnected without sending a response").
+    host, port = secured.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /session HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n")
+        head = _read_head(sock)  # the body is not sent yet
+        assert head.startswith(b"http/1.1 401")
+        assert b"\r\nconnection: close" in head
+    # Without a body the connection is kept: a second request on it is answered.
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        for _ in range(2):
+            sock.sendall(b"GET /capabilities HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            head = _read_head(sock)
+            assert head.startswith(b"http/1.1 401") and b"connection: close" not in head
+            length = int(head.split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0])
+            body = b""
+            while len(body) < length:
+                body += sock.recv(length - len(body))
+
+
 def test_origin_is_refused_unless_allow_listed(secured: RunningDaemon) -> None:
     auth = {"Authorization": f"Bearer {TOKEN}"}
     with httpx.Client(base_url=secured.url, timeout=30) as client:
