@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CORES := daemon sdk webui_model benchmarks
 STAMP := $(VENV)/.installed
 
-.PHONY: viewer-protocol serve demo test unit-fast test-stress test-agents check unit bench bench-quick mutation \
+.PHONY: viewer-protocol serve demo test test-deep unit-fast test-stress test-agents check unit bench bench-quick mutation \
 	clean chaos-cluster chaos-prompts
 
 # A new version reinstalls too: the installed metadata carries it.
@@ -60,6 +60,11 @@ unit: $(STAMP) $(BROWSER_STAMP) $(REDIS_STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -n auto $(PYTEST_ARGS)
 
 test: check unit
+
+# The whole suite with four times the property tests' examples (HYPOTHESIS_PROFILE=deep,
+# tests/hypothesis_profiles.py; `make test` runs the ci profile). Not part of `make test`.
+test-deep: $(STAMP) $(BROWSER_STAMP) $(REDIS_STAMP)
+	HYPOTHESIS_PROFILE=deep $(PY) -m pytest -q -p no:cacheprovider -n auto $(PYTEST_ARGS)
 
 # The tests that start no process (pytest.mark.processes marks those that do; tests/conftest.py
 # fails an unmarked test that starts one), with a few hypothesis examples each: a quick pass

@@ -9,26 +9,10 @@ import subprocess
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import settings
 
-settings.register_profile(
-    "ci",
-    deadline=None,
-    derandomize=True,
-    max_examples=200,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.register_profile("dev", deadline=None, max_examples=100)
-# `make unit-fast`: a few examples per property, for a quick pass while editing.
-settings.register_profile("fast", deadline=None, max_examples=10)
-# `make mutation` runs the property tests once per mutant: fewer, still derandomized examples.
-settings.register_profile(
-    "mutation",
-    deadline=None,
-    derandomize=True,
-    max_examples=30,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+import tests.hypothesis_profiles  # noqa: F401  (registers the profiles)
+
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 

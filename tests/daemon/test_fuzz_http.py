@@ -34,13 +34,14 @@ from hypothesis import strategies as st
 from daemon.core.openapi import body_schema, response_schema
 from sdk.protocol.routes import ROUTES, Route
 from tests.harness import RunningDaemon, running_daemon
+from tests.hypothesis_profiles import examples
 
 pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
 
 READ_TIMEOUT_S = 10.0
 HEARTBEAT = b": heartbeat\n\n"
 SPEC_5XX = {(502, "agent_start_failed"), (503, "prompt_queue_full")}
-FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 # --- a raw HTTP/1.1 client -------------------------------------------------------------------
@@ -309,7 +310,7 @@ METHODS = ["GET", "POST", "DELETE", "PUT", "PATCH", "OPTIONS", "HEAD", "TRACE", 
 
 
 @pytest.mark.parametrize("route", ROUTES, ids=[r.operation_id for r in ROUTES])
-@settings(FUZZ, max_examples=30)
+@settings(FUZZ, max_examples=examples(30))
 @example(body=DEEP_BODIES[0], client_id=None, request_id="r")
 @example(body=DEEP_BODIES[1], client_id=None, request_id="r")
 @given(body=hostile_body(), client_id=client_id_header, request_id=hostile_id())
@@ -333,7 +334,7 @@ def test_every_route_survives_hostile_bodies(daemon: RunningDaemon, session_id: 
     assert_healthy(daemon)
 
 
-@settings(FUZZ, max_examples=200)
+@settings(FUZZ, max_examples=examples(200))
 @given(route=st.sampled_from(ROUTES), method=st.sampled_from(METHODS), sid=hostile_id(),
        body=st.one_of(st.none(), st.sampled_from(NON_OBJECT_BODIES)))
 def test_path_tricks_and_unknown_methods_get_json_4xx(daemon: RunningDaemon, route: Route,
@@ -450,7 +451,7 @@ transcript_text = st.one_of(st.text(max_size=16), st.sampled_from(
      "tc1.", "tc1.////", "tc1.gA", "tc1." + "A" * 400, "\x00"]))
 
 
-@settings(FUZZ, max_examples=100)
+@settings(FUZZ, max_examples=examples(100))
 @example(limit="\u00b2", cursor=None, before=None)
 @example(limit="9" * 5000, cursor=None, before=None)
 @example(limit=None, cursor="tc1.gA", before=None)
@@ -501,7 +502,7 @@ def ws_exchange(daemon: RunningDaemon, target: str) -> RawResponse:
     return RawResponse(status, headers, rest, closed=True)
 
 
-@settings(FUZZ, max_examples=100)
+@settings(FUZZ, max_examples=examples(100))
 @given(sid=st.one_of(st.none(), hostile_id()),
        query=st.lists(st.tuples(st.sampled_from(["maxQueued", "lastEventId", "epoch", "x"]),
                                 st.text(max_size=12)), max_size=3))

@@ -30,6 +30,7 @@ from daemon.core.updates import (
 )
 from daemon.transcript_store import AppendEvent
 from sdk.protocol.events import SessionUpdateData, TurnCompleteData
+from tests.hypothesis_profiles import examples
 
 SID = "6f1c2a9e-0000-4000-8000-000000000001"
 PROMPT = "70ed4f91-1eaf-4a5f-947b-012de441327f"
@@ -138,7 +139,7 @@ def journal_state(journal: LiveJournal) -> tuple[object, ...]:
             journal.truncated_events)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     updates=st.lists(st.one_of(plain, plain, plain, others), min_size=1, max_size=80),
     max_events=st.integers(1, 8),
@@ -179,7 +180,7 @@ def test_batch_path_publishes_what_the_general_path_publishes(
         op for op in ref_writer.ops if not isinstance(op, AppendEvent)]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     updates=st.lists(st.one_of(plain, plain, plain, others), min_size=1, max_size=80),
     max_events=st.integers(1, 8),
@@ -245,7 +246,7 @@ raw_updates = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(raw_updates, max_size=12))
 def test_plain_chunk_run_is_the_verdict_of_each(updates: list[bytes]) -> None:
     each = [plain_chunk(update) for update in updates]
@@ -358,7 +359,7 @@ one_kind_middles = st.sampled_from(["agent_message_chunk", "agent_thought_chunk"
                           min_size=1, max_size=10))
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.one_of(st.lists(line_middles, max_size=10), one_kind_middles),
        st.one_of(st.none(), st.integers(0, 9)))
 def test_plain_chunk_lines_is_splice_updates_then_plain_chunk_run(middles: list[bytes],
@@ -471,7 +472,7 @@ def spelled_chunk(draw: st.DrawFn) -> bytes:
     return (ws() + obj([("sessionUpdate", f'"{kind}"'), ("content", content)]) + ws()).encode()
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.lists(spelled_chunk(), min_size=1, max_size=8))
 def test_compact_chunks_is_compact_of_each(updates: list[bytes]) -> None:
     texts = []

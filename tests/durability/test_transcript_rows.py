@@ -19,6 +19,7 @@ from daemon.core.transcript_rows import (
     events_are_json,
     row_events,
 )
+from tests.hypothesis_profiles import examples
 
 TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cc", "Cs")), max_size=12)
 
@@ -55,7 +56,7 @@ def batches(draw: st.DrawFn) -> tuple[list[AppendEvent], dict[str, list[bytes]]]
     return ops, expected
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(batches(), st.integers(64, 4096))
 def test_rows_read_back_as_the_envelopes_of_their_ops(
         batch: tuple[list[AppendEvent], dict[str, list[bytes]]], max_bytes: int) -> None:

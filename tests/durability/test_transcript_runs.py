@@ -23,6 +23,7 @@ from daemon.transcript_store import (
     TranscriptStore,
     UpsertSession,
 )
+from tests.hypothesis_profiles import examples
 from tests.transcript_v2 import OldTranscript
 
 S1 = "11111111-1111-4111-8111-111111111111"
@@ -94,7 +95,7 @@ step = st.tuples(
 )
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(steps=st.lists(step, min_size=1, max_size=25), cuts=st.lists(st.integers(1, 8)),
        with_other_ops=st.booleans())
 def test_runs_read_back_as_the_envelopes_byte_for_byte(

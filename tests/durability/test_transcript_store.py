@@ -34,6 +34,7 @@ from daemon.transcript_store import (
     UpsertSession,
 )
 from tests.builders.transcript_store import S1, S2, append, ev, finish, rec
+from tests.hypothesis_profiles import examples
 
 pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
 
@@ -661,7 +662,7 @@ def test_invalid_cursors_and_record_ids(store: TranscriptStore) -> None:
         store.page(S1, limit=0)
 
 
-@settings(max_examples=25)
+@settings(max_examples=examples(25))
 @given(
     turns=st.lists(st.integers(min_value=1, max_value=6), max_size=12),
     limit=st.integers(min_value=1, max_value=9),

@@ -18,6 +18,7 @@ from sdk.protocol.acp import (
     mergeable_chunk_fields,
     view,
 )
+from tests.hypothesis_profiles import examples
 
 UNSET = msgspec.UNSET
 
@@ -116,7 +117,7 @@ def _from_view(env: Any) -> MergeFields | None:
              parent, sources), update.content.text)
 
 
-@settings(max_examples=800, deadline=None)
+@settings(max_examples=examples(800), deadline=None)
 @given(envelopes())
 def test_fast_decoder_equals_the_view(env: Any) -> None:
     assert mergeable_chunk_fields(env) == _from_view(env)

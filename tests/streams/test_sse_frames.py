@@ -10,13 +10,14 @@ from daemon.core.envelope import Event
 from daemon.core.frame_codec import sse_chunks, sse_frames
 from daemon.core.ring import EventRing
 from daemon.core.shared_frames import SharedFrames
+from tests.hypothesis_profiles import examples
 
 
 def event(event_id: int, size: int = 10) -> Event:
     return Event.from_env({"id": event_id, "v": 1, "type": "session_update", "data": "x" * size})
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     steps=st.lists(st.tuples(st.integers(0, 30), st.lists(st.integers(0, 3), max_size=4)),
                    min_size=1, max_size=30),
@@ -73,7 +74,7 @@ def test_clear_forgets_every_segment() -> None:
     assert len(frames) == 0 and frames.held_bytes == 0
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.sampled_from(["session_update", "session_update", "turn_complete", "x%d"]),
                 max_size=20),
        st.integers(1, 50), st.booleans())
