@@ -35,6 +35,8 @@ for run in $(seq 1 "$RUNS"); do
     if [ "$rc" -ne 0 ]; then
         failed=$((failed + 1))
         grep -E '^(FAILED|ERROR) ' "$log" | sed 's/^/    /'
+        kept="${TMPDIR:-/tmp}/turnkeeper-stress-run-$run.log"
+        cp "$log" "$kept" && echo "    the whole output of run $run: $kept"
     fi
 done
 echo "stress: $((RUNS - failed)) of $RUNS full runs passed"
