@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
-from typing import Any, Final, Literal, TypeVar
+from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 import anyio
 import httpx
@@ -45,7 +45,21 @@ from sdk.protocol import headers as wire_headers
 from sdk.protocol import routes
 from sdk.protocol.cursor import FollowsCursor, ResumeCursor
 from sdk.protocol.envelope import DaemonEvent, decode_events, normalize_page_event
-from sdk.protocol.http import PromptAccepted, PromptByKeyResponse
+from sdk.protocol.http import (
+    CapabilitiesResponse,
+    CreateSessionResponse,
+    HealthResponse,
+    LoadSessionResponse,
+    PermissionVoteResponse,
+    PromptAccepted,
+    PromptByKeyResponse,
+    PromptTerminal,
+    ResumeSessionResponse,
+    SessionStatusResponse,
+)
+from sdk.protocol.http import (
+    TranscriptPage as _TranscriptPage,
+)
 from sdk.protocol.sse import SSEParser
 
 __all__ = [
@@ -89,21 +103,20 @@ _json_decode = msgspec.json.Decoder().decode
 
 
 class _Result(msgspec.Struct, kw_only=True, rename="camel"):
-    """Base of route results: camelCase on the wire, unknown keys ignored."""
+    """Base of the SDK's own views: camelCase on the wire, unknown keys ignored."""
 
 
-class Health(_Result):
-    status: str
-
-
-class Capabilities(_Result):
-    v: int = 1
-    mode: str | None = None
-    features: list[str] = msgspec.field(default_factory=list)
-    limits: dict[str, Any] = msgspec.field(default_factory=dict)
-
-    def supports(self, feature: str) -> bool:
-        return feature in self.features
+# The route results are the protocol's bodies (sdk.protocol.http), under the names the SDK has
+# always exported. Load answers and transcript pages are generic in their list of envelopes:
+# a client reads them as LoadSessionResponse[DaemonEvent] / TranscriptPage[DaemonEvent].
+Health = HealthResponse
+Capabilities = CapabilitiesResponse
+SessionCreated = CreateSessionResponse
+ResumeResult = ResumeSessionResponse
+LoadResult: TypeAlias = LoadSessionResponse[DaemonEvent]
+PermissionVote = PermissionVoteResponse
+SessionStatus = SessionStatusResponse
+TranscriptPage: TypeAlias = _TranscriptPage[DaemonEvent]
 
 
 class DaemonStatus(_Result):
@@ -134,102 +147,6 @@ class SessionSummary(_Result):
         if self.has_active_prompt:
             return "running"
         return "queued" if self.pending_prompts else "idle"
-
-
-class SessionCreated(_Result):
-    session_id: str
-    workspace_cwd: str | None = None
-    attached: bool = False
-    client_id: str | None = None
-    created_at: Any = None
-    event_epoch: str | None = None
-
-
-class PromptTerminal(_Result):
-    prompt_id: str
-    terminal: str
-    v: int = 1
-    stop_reason: str | None = None
-    at: Any = None
-
-
-class ResumeResult(_Result):
-    """The load body without the replay lists (``POST /session/{id}/resume``)."""
-
-    session_id: str
-    workspace_cwd: str | None = None
-    attached: bool = False
-    client_id: str | None = None
-    created_at: Any = None
-    state: Any = None
-    has_active_prompt: bool = False
-    has_running_background_tasks: bool = False
-    last_event_id: int | None = None
-    event_epoch: str | None = None
-    replay_degraded: bool = False
-    history_has_more: bool = False
-    history_anchor_record_id: str | None = None
-    prompt_terminals: list[PromptTerminal] = msgspec.field(default_factory=list)
-    # False: the agent session had to be recreated, the agent lost its context of the earlier
-    # turns (sdk.protocol.constants.AGENT_CONTEXT_LOST); None: the daemon does not say.
-    agent_session_restored: bool | None = None
-
-
-class LoadResult(ResumeResult):
-    """``POST /session/{id}/load``: rebuild from ``compacted_replay`` then ``live_journal``.
-
-    Frames that fail the envelope rules (the same as the SSE parser's) are dropped.
-    """
-
-    compacted_replay: list[DaemonEvent] = msgspec.field(default_factory=list)
-    live_journal: list[DaemonEvent] = msgspec.field(default_factory=list)
-
-    @property
-    def events(self) -> list[DaemonEvent]:
-        """The replay in rebuild order."""
-        return [*self.compacted_replay, *self.live_journal]
-
-
-class PermissionVote(_Result):
-    request_id: str
-    outcome: Any = None
-
-
-class TranscriptPage(_Result):
-    """One page, chronological inside; events are normalized to the bus shape."""
-
-    events: list[DaemonEvent] = msgspec.field(default_factory=list)
-    session_id: str | None = None
-    v: int = 1
-    next_cursor: str | None = None
-    has_more: bool = False
-
-
-class _LoadWire(ResumeResult):
-    """A load body as read off the wire: the replay frames kept as raw bytes, each decoded by
-    the envelope decoder (:func:`sdk.protocol.envelope.decode_event`) in one pass."""
-
-    compacted_replay: list[msgspec.Raw] | None = None
-    live_journal: list[msgspec.Raw] | None = None
-
-
-class _PageWire(_Result):
-    events: list[msgspec.Raw] | None = None
-    session_id: str | None = None
-    v: int = 1
-    next_cursor: str | None = None
-    has_more: bool = False
-
-
-class SessionStatus(_Result):
-    session_id: str
-    has_active_prompt: bool = False
-    pending_prompts: int = 0
-    last_event_id: int | None = None
-    durable_event_id: int | None = None
-    event_epoch: str | None = None
-    transcript_degraded: bool = False
-    raw: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 _R = TypeVar("_R", bound=msgspec.Struct)
@@ -607,11 +524,14 @@ class DaemonClient:
         if live_replay_mode is not None:
             request["liveReplayMode"] = live_replay_mode
         path = routes.LOAD_SESSION.url(sessionId=session_id)
-        wire = await self._typed("POST", path, _LoadWire, body=request)
-        fields = msgspec.structs.asdict(wire)
-        fields["compacted_replay"] = decode_events(wire.compacted_replay or ())
-        fields["live_journal"] = decode_events(wire.live_journal or ())
-        result = LoadResult(**fields)
+        # The frames are kept raw, then each decoded by the envelope decoder in one pass
+        # (frames that fail the envelope rules are dropped, as the SSE parser drops them).
+        wire = await self._typed("POST", path, LoadSessionResponse[msgspec.Raw], body=request)
+        result: LoadResult = msgspec.structs.replace(
+            wire,  # type: ignore[arg-type]
+            compacted_replay=decode_events(wire.compacted_replay),
+            live_journal=decode_events(wire.live_journal),
+        )
         self._adopt(result.client_id)
         return result
 
@@ -794,27 +714,20 @@ class DaemonClient:
         if before_record_id is not None:
             params["beforeRecordId"] = before_record_id
         path = routes.TRANSCRIPT.url(sessionId=session_id)
-        wire = await self._typed("GET", path, _PageWire, params=params)
-        sid = wire.session_id or session_id
+        wire = await self._typed("GET", path, _TranscriptPage[msgspec.Raw], params=params)
         events = [
             normalized
-            for event in decode_events(wire.events or ())
-            if (normalized := normalize_page_event(event, sid)) is not None
+            for event in decode_events(wire.events)
+            if (normalized := normalize_page_event(event, wire.session_id)) is not None
         ]
-        return TranscriptPage(
-            events=events,
-            session_id=wire.session_id,
-            v=wire.v,
-            next_cursor=wire.next_cursor,
-            has_more=wire.has_more,
-        )
+        page: TranscriptPage = msgspec.structs.replace(
+            wire, events=events)  # type: ignore[arg-type]
+        return page
 
     async def session_status(self, session_id: str) -> SessionStatus:
         path = routes.SESSION_STATUS.url(sessionId=session_id)
         body = await self._json("GET", path)
-        result = _convert(body, SessionStatus, f"GET {path}")
-        result.raw = body
-        return result
+        return _convert(body, SessionStatusResponse, f"GET {path}")
 
     async def close_session(self, session_id: str) -> None:
         await self._request("DELETE", routes.DELETE_SESSION.url(sessionId=session_id))

@@ -176,7 +176,7 @@ class RepairDriver:
             )
         self.abort()
         target = find_repair_target(
-            self.session_id, load.live_journal, load.last_event_id, load.replay_degraded
+            self.session_id, load.live_journal, load.last_event_id, load.replay_degraded is True
         )
         if target is None:
             return None
@@ -344,7 +344,8 @@ class RepairDriver:
             candidate = SessionHandle.from_load(view, fresh, **previous.options())
             made.append(candidate)
             checked = validate_fresh_snapshot(
-                fresh.compacted_replay, fresh.live_journal, fresh.replay_degraded, episode.prompt_id
+                fresh.compacted_replay, fresh.live_journal, fresh.replay_degraded is True,
+                episode.prompt_id
             )
             if isinstance(checked, RepairValidationError):
                 return self._failed(RepairOutcomeKind.FAILED, signature, previous, checked)

@@ -103,8 +103,9 @@ class Loading(RepairGlue):
             result.live_journal,
             configured_max_blocks=self.store.configured_max_blocks,
             pagination_enabled=supported,
-            history_has_more=result.history_has_more,
-            history_anchor_record_id=result.history_anchor_record_id,
+            history_has_more=result.history_has_more is True,
+            history_anchor_record_id=(anchor if isinstance(
+                anchor := result.history_anchor_record_id, str) else None),
             page_size=self.page_size,
         )
         driver = session.driver

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Sequence
 from typing import Final, Protocol
 
 import msgspec
+from msgspec import UnsetType
 
 from sdk.protocol.envelope import DaemonEvent
 from webui_model.effects import Notice
@@ -75,7 +76,7 @@ class PageData(Protocol):
     @property
     def has_more(self) -> bool: ...
     @property
-    def next_cursor(self) -> str | None: ...
+    def next_cursor(self) -> str | UnsetType | None: ...
 
 
 class HistoryPage(msgspec.Struct, frozen=True, kw_only=True):
@@ -193,7 +194,7 @@ def after_page(
     )
     if page_anchor is not None:
         anchor = page_anchor
-    elif page.next_cursor:
+    elif isinstance(page.next_cursor, str) and page.next_cursor:
         cursor = page.next_cursor
     moved = page_anchor is not None or cursor is not None
     return msgspec.structs.replace(

@@ -14,6 +14,7 @@ from typing import Any, Final, TypeVar
 
 import anyio
 import msgspec
+from msgspec import UNSET
 
 from sdk._client import (
     DaemonClient,
@@ -22,7 +23,7 @@ from sdk._client import (
     PromptByKeyResponse,
     SessionStatus,
 )
-from sdk._errors import DaemonError, PromptOutcomeUnknownError, TransportError, TurnError
+from sdk._errors import DaemonError, PromptOutcomeUnknownError, TurnError
 from sdk._session import SessionHandle, Transport
 from sdk._submission import check_idempotency_key
 from sdk._truncation import parse_truncation, status_text
@@ -404,8 +405,8 @@ async def cmd_load(client: DaemonClient, args: argparse.Namespace, out: Output) 
         "hasActivePrompt": result.has_active_prompt,
         "lastEventId": result.last_event_id,
         "eventEpoch": result.event_epoch,
-        "replayDegraded": result.replay_degraded,
-        "historyHasMore": result.history_has_more,
+        "replayDegraded": result.replay_degraded is True,
+        "historyHasMore": result.history_has_more is True,
         "compactedReplay": {
             "entries": len(result.compacted_replay),
             "bytes": _bytes(result.compacted_replay),
@@ -415,7 +416,8 @@ async def cmd_load(client: DaemonClient, args: argparse.Namespace, out: Output) 
             "bytes": _bytes(result.live_journal),
         },
         "markers": markers,
-        "agentSessionRestored": result.agent_session_restored,
+        "agentSessionRestored": None if result.agent_session_restored is UNSET
+        else result.agent_session_restored,
     }
     if out.as_json:
         out.json(summary)
@@ -427,7 +429,7 @@ async def cmd_load(client: DaemonClient, args: argparse.Namespace, out: Output) 
         part = summary[name]
         assert isinstance(part, dict)
         out.line(f"{name}: {part['entries']} entries, {part['bytes']} bytes")
-    if result.replay_degraded:
+    if result.replay_degraded is True:
         out.line("warning: the replay is degraded (compaction failed on the daemon)")
     if result.agent_session_restored is False:
         out.line(f"warning: {AGENT_CONTEXT_LOST}")
@@ -441,12 +443,7 @@ async def cmd_load(client: DaemonClient, args: argparse.Namespace, out: Output) 
 
 async def _status(client: DaemonClient, session_id: str) -> SessionStatusResponse:
     """The session's status as the protocol's own type (restoring the session if needed)."""
-    status = await restoring(client, session_id, lambda: client.session_status(session_id))
-    try:
-        return msgspec.convert(status.raw, SessionStatusResponse)
-    except msgspec.ValidationError as exc:
-        raise TransportError(f"GET /session/{session_id}/status: malformed body: {exc}") \
-            from exc
+    return await restoring(client, session_id, lambda: client.session_status(session_id))
 
 
 async def cmd_status(client: DaemonClient, args: argparse.Namespace, out: Output) -> int:

@@ -331,6 +331,10 @@ class CapabilitiesResponse(_Body, kw_only=True):
     features: list[str]
     limits: Limits
 
+    def supports(self, feature: str) -> bool:
+        """Whether ``features`` names ``feature`` (``session_transcript_pagination``, ...)."""
+        return feature in self.features
+
 
 class TranscriptCheck(_Body, kw_only=True):
     """The transcript file's check: ``quick`` the bounded ``quick_check`` at start (``ok``, or
@@ -434,7 +438,9 @@ class CreateSessionResponse(_Body, kw_only=True):
     attached: bool
     client_id: str
     created_at: str
-    event_epoch: str
+    # The reference daemon's create answer has no epoch: read as "" (not known yet; the first
+    # stream or load names it).
+    event_epoch: Annotated[str, Sent] = ""
 
 
 #: How a prompt ended, as its ledger says: ``interrupted`` when the daemon stopped while it ran

@@ -376,7 +376,7 @@ async def test_op_log_is_compacted_and_a_closed_session_expires(tmp_path: Path) 
         async with DaemonClient(b.url) as sdk_client:
             sdk_status = await sdk_client.session_status(sid)
             stats = sdk_client.statistics()
-        assert sdk_status.raw["ownerNodeId"] == "B"
+        assert sdk_status.owner_node_id == "B"
         assert stats.count("status") >= 2 and stats.failures == stats.count("status") - 1
         async with httpx.AsyncClient(base_url=b.url, timeout=TIMEOUT) as cb:
             restored = (await cb.get(f"/session/{sid}/transcript", params={"limit": 500})

@@ -14,11 +14,11 @@ import pytest
 
 from sdk._client import DaemonClient
 from sdk._errors import PromptOutcomeUnknownError, PromptQueueFullError, ServerError
+from tests.builders import wire_bodies
 
 SID = "0b9c1d2e-0000-4000-8000-000000000001"
-STATUS = {"v": 1, "sessionId": SID, "workspaceCwd": "/w", "hasActivePrompt": False,
-          "activePromptId": None, "pendingPrompts": 0, "lastEventId": 3, "durableEventId": 3,
-          "eventEpoch": "e", "subscribers": 0, "serverTime": 1, "ownerNodeId": "B"}
+STATUS = wire_bodies.session_status(SID, lastEventId=3, durableEventId=3, eventEpoch="e",
+                                    ownerNodeId="B")
 
 pytestmark = pytest.mark.anyio
 
@@ -56,7 +56,7 @@ async def test_owner_unavailable_is_retried_after_retry_after() -> None:
     async with DaemonClient("http://node-b", transport=transport, sleep=waits) as client:
         status = await client.session_status(SID)
         stats = client.statistics()
-    assert status.raw["ownerNodeId"] == "B"
+    assert status.owner_node_id == "B"
     assert waits.waits == [2.0, 1.0, 1.0]  # Retry-After, and 1 s without one
     assert seen == [f"GET /session/{SID}/status"] * 4
     assert (stats.count("status"), stats.failures) == (4, 3)
@@ -123,6 +123,6 @@ async def test_cluster_unavailable_is_resent_too() -> None:
     waits = Waits()
     async with DaemonClient("http://node-b", transport=transport, sleep=waits) as client:
         status = await client.session_status(SID)
-    assert status.raw["ownerNodeId"] == "B"
+    assert status.owner_node_id == "B"
     assert waits.waits == [1.0, 2.0]
     assert len(seen) == 3

@@ -44,6 +44,7 @@ from sdk.protocol.terminals import (
     turn_complete,
     turn_error,
 )
+from tests.builders import wire_bodies
 
 SAMPLES = json.loads((Path(__file__).parents[1] / "fixtures" / "wire_samples.json").read_text())
 MARKERS: list[dict[str, Any]] = SAMPLES["markers"]
@@ -338,11 +339,11 @@ async def test_load_and_page_frames_decode_from_the_answer_bytes() -> None:
 
     def answer(request: httpx.Request) -> httpx.Response:
         if request.url.path.endswith("/load"):
-            return httpx.Response(200, json={
-                "sessionId": "s", "lastEventId": 3, "eventEpoch": "e",
-                "compactedReplay": [error, {"v": 2, "type": "x"}], "liveJournal": None})
+            return httpx.Response(200, json=wire_bodies.resume(
+                "s", last_event_id=3, epoch="e",
+                compactedReplay=[error, {"v": 2, "type": "x"}], liveJournal=[]))
         return httpx.Response(200, json={
-            "sessionId": "s", "hasMore": True, "nextCursor": "c1",
+            "v": 1, "sessionId": "s", "hasMore": True, "nextCursor": "c1",
             "events": [{"v": 1, "type": "session_update", "data": page_update}, 7]})
 
     async with DaemonClient("http://127.0.0.1:9", transport=httpx.MockTransport(answer)) as c:

@@ -205,7 +205,7 @@ def test_events_through_a_for_loop_follow_the_cursor(
     assert agent_texts(seen) == [f"chunk-{i}" for i in range(200)]
     assert seen[-1].data["promptId"] == accepted.prompt_id
     # Leaving the `with` closed the stream: the daemon drops the subscriber.
-    until(lambda: client.session_status(sid).raw["subscribers"] == 0, "the stream to close")
+    until(lambda: client.session_status(sid).subscribers == 0, "the stream to close")
 
 
 def test_a_stream_refused_on_open_raises_before_the_first_event(
@@ -254,7 +254,7 @@ def test_follow_reconnects_like_the_async_handle_and_stops_when_left(
     assert handle.last_event_id == seen[-1].id
     events.close()  # leaving the loop stops the subscription
     assert handle.state is SubscriptionState.IDLE
-    until(lambda: client.session_status(handle.session_id).raw["subscribers"] == 0,
+    until(lambda: client.session_status(handle.session_id).subscribers == 0,
           "the subscription to stop")
     # From the kept cursor: a later turn arrives, nothing repeats.
     later = client.with_client_id(None).send_prompt(handle.session_id, "later mock:chunks=2")
@@ -351,12 +351,12 @@ def test_ctrl_c_stops_a_blocked_call_and_closes_its_stream(
         head = child.read_until(b"blocked")
         if mode == "prompt":
             sid = head.split("session ", 1)[1].split()[0]
-        assert client.session_status(sid).raw["subscribers"] == 1
+        assert client.session_status(sid).subscribers == 1
         child.proc.send_signal(signal.SIGINT)
         child.read_until(b"interrupted")
         # Still running, the child has already closed its stream: Ctrl-C cancelled the call in
         # the loop and let it clean up before raising.
-        until(lambda: client.session_status(sid).raw["subscribers"] == 0,
+        until(lambda: client.session_status(sid).subscribers == 0,
               "the interrupted stream to close")
         assert child.proc.stdin is not None
         out, err = child.proc.communicate(b"\n", timeout=WAIT_S)

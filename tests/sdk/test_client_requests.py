@@ -11,15 +11,10 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 
-from sdk._client import (
-    DaemonClient,
-    LoadResult,
-    PromptAccepted,
-    SessionCreated,
-    TranscriptPage,
-)
+from sdk._client import DaemonClient, PromptAccepted, SessionCreated
 from sdk._errors import (
     AuthError,
     DaemonError,
@@ -33,6 +28,8 @@ from sdk._errors import (
     error_for_status,
     is_retriable,
 )
+from sdk.protocol.http import LoadSessionResponse, SessionStatusResponse
+from sdk.protocol.http import TranscriptPage as ProtocolTranscriptPage
 
 BASE = "http://127.0.0.1:4170"
 SID = "97ea491e-c339-49c7-a124-7737fb961931"
@@ -93,6 +90,7 @@ LOAD_BODY = {
     "clientId": CLIENT,
     "createdAt": "2026-12-02T09:44:36.880Z",
     "state": {},
+    "hasRunningBackgroundTasks": False,
     "hasActivePrompt": True,
     "compactedReplay": [
         {"v": 1, "type": "history_truncated", "data": {"reason": "replay_window_exceeded"}},
@@ -192,7 +190,7 @@ async def test_load_session_decodes_events_and_fields() -> None:
     async with rec.client(client_id="old") as client:
         result = await client.load_session(SID)
         assert sent_json(rec.last) == {}
-        assert isinstance(result, LoadResult)
+        assert isinstance(result, LoadSessionResponse)
         assert client.client_id == CLIENT
     assert result.has_active_prompt and result.last_event_id == 26
     assert result.event_epoch == "abc9b8a6-6862-4dee-a8c2-b057e7c43b93"
@@ -301,7 +299,7 @@ async def test_transcript_page_normalizes_both_shapes_and_sends_params() -> None
         assert dict(rec.last.url.params) == {"limit": "50", "beforeRecordId": "rec-1"}
         with pytest.raises(ValueError, match="not both"):
             await client.transcript_page(SID, cursor="c", before_record_id="r")
-    assert isinstance(got, TranscriptPage)
+    assert isinstance(got, ProtocolTranscriptPage)
     assert [e.data for e in got.events] == [{"sessionId": SID, "update": update}] * 2
     assert got.next_cursor == "c-2" and got.has_more
 
@@ -316,12 +314,26 @@ async def test_status_and_capabilities() -> None:
         "eventEpoch": "e",
         "transcriptDegraded": False,
         "subscribers": 2,
+        "workspaceCwd": "/w",
+        "activePromptId": None,
+        "fullTranscriptAvailable": True,
+        "replayDegraded": False,
+        "slowClientWarnings": 0,
+        "clientsEvicted": 0,
+        "journal": {"entries": 0, "bytes": 0, "truncatedEvents": 0, "retainedEvents": 0},
+        "serverTime": 1796204622728,
+    }
+    limits = {
+        "maxJournalEvents": 10000, "maxJournalBytes": 1, "compactedReplayMaxBytes": 1,
+        "eventRingSize": 1, "eventRingBytes": 1, "agentIdleMs": 1, "sessionRestoreTimeoutMs": 1,
+        "maxPendingPrompts": 1, "maxSubscribersPerSession": 1, "maxRequestBodyBytes": 1,
+        "maxSessions": 0, "maxConnections": 0,
     }
     caps = {
         "v": 1,
         "mode": "serve",
         "features": ["session_transcript_pagination"],
-        "limits": {"maxJournalEvents": 10000},
+        "limits": limits,
     }
     rec = Recorder(
         {
@@ -336,9 +348,10 @@ async def test_status_and_capabilities() -> None:
         st = await client.session_status(SID)
         cap = await client.capabilities()
         ds = await client.daemon_status()
-    assert st.durable_event_id == 7 and st.raw["subscribers"] == 2
+    assert isinstance(st, SessionStatusResponse)
+    assert st.durable_event_id == 7 and st.subscribers == 2
     assert cap.supports("session_transcript_pagination") and not cap.supports("nope")
-    assert cap.limits == {"maxJournalEvents": 10000}
+    assert msgspec.to_builtins(cap.limits) == limits
     assert ds.limits == {"eventRingSize": 8000} and ds.raw["sessions"] == []
 
 

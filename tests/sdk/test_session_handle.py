@@ -291,7 +291,7 @@ async def test_leaving_the_task_group_closes_every_stream_it_opened(
         sid = created.session_id
 
         async def subscribers() -> int:
-            return int((await watcher.session_status(sid)).raw["subscribers"])
+            return int((await watcher.session_status(sid)).subscribers)
 
         async with DaemonClient(daemon.url) as client:
             async with anyio.create_task_group() as group:
@@ -507,6 +507,6 @@ async def test_prompt_reports_its_id_before_the_terminal(daemon: RunningDaemon) 
         # The turn is held open by the gate: the id is known while it runs.
         assert results == [] and len(told) == 1
         status = await client.session_status(handle.session_id)
-        assert status.raw["activePromptId"] == told[0]
+        assert status.active_prompt_id == told[0]
         daemon.open_gate(early)
     assert results == told

@@ -28,6 +28,7 @@ from sdk._repair import NOTICE_CODE, NOTICE_MESSAGE, RepairState
 from sdk._repair_driver import RepairOutcomeKind
 from sdk._session import SubscriptionState
 from sdk.protocol.envelope import DaemonEvent
+from tests.builders import wire_bodies
 from webui_model import (
     HISTORY_FAILED_CODE,
     Block,
@@ -139,18 +140,10 @@ def load_body(
     sid: str = SID,
     **extra: Any,
 ) -> dict[str, Any]:
-    return {
-        "sessionId": sid,
-        "clientId": "client_x",
-        "attached": True,
-        "state": {},
-        "hasActivePrompt": False,
-        "compactedReplay": [wire(e) for e in compacted],
-        "liveJournal": [wire(e) for e in live],
-        "lastEventId": last_event_id,
-        "eventEpoch": EPOCH,
-        **extra,
-    }
+    return wire_bodies.resume(
+        sid, last_event_id=last_event_id, epoch=EPOCH,
+        compactedReplay=[wire(e) for e in compacted], liveJournal=[wire(e) for e in live],
+        **extra)
 
 
 # --- the fake daemon ---------------------------------------------------------------------------
@@ -278,7 +271,8 @@ class FakeDaemon:
         self._note()
         parts = path.strip("/").split("/")
         if path == "/capabilities":
-            return httpx.Response(200, json={"v": 1, "features": ["session_transcript_pagination"]})
+            return httpx.Response(
+                200, json=wire_bodies.capabilities("session_transcript_pagination"))
         if len(parts) < 3 or parts[0] != "session":
             return httpx.Response(404, json={"error": "no route", "code": "route_not_found"})
         sid, route = parts[1], parts[2]
@@ -305,7 +299,7 @@ class FakeDaemon:
             }
             return httpx.Response(202, json=answer)
         if route == "resume":
-            return httpx.Response(200, json={"sessionId": sid, "clientId": "client_x"})
+            return httpx.Response(200, json=wire_bodies.resume(sid, epoch=EPOCH))
         if route == "detach":
             return httpx.Response(204)
         return httpx.Response(404, json={"error": "no route", "code": "route_not_found"})
