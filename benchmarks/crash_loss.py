@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from benchmarks.harness import Context, CpuUse, Row, percentile
 from benchmarks.launcher import Daemon, start_daemon
 from daemon.server import TRANSCRIPT_FILE
-from daemon.transcript_store import TranscriptStore
+from daemon.transcript_store import TranscriptDatabase
 
 NAME = "crash_loss"
 TITLE = "crash-loss window: output a subscriber had that a SIGKILL takes back"
@@ -121,7 +121,7 @@ def one_kill(rng: random.Random, chunks: int, min_s: float, max_s: float) -> Kil
         killed_at = time.monotonic()
         daemon.proc.wait()
         reader.join()
-        store = TranscriptStore(daemon.base / "data" / TRANSCRIPT_FILE)
+        store = TranscriptDatabase(daemon.base / "data" / TRANSCRIPT_FILE)
         try:
             survived = store.max_raw_event_id(session_id)
         finally:

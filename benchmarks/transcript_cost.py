@@ -8,7 +8,7 @@ has committed the turn). The baseline is the transcript-off rate; the target is 
 transcript costs at most 25% of it.
 
 An informational row measures the store alone, which the throughput rows cannot separate from
-the machine's noise: ``TranscriptStore.apply`` on a fresh file with the batches a fast turn hands
+the machine's noise: ``TranscriptDatabase.apply`` on a fresh file with the batches a fast turn hands
 the writer (runs of 64 chunks as the bus hands them on, a template and the updates, 32 runs per
 commit: 2,048 events, about 0.7 MB of envelopes, what a turn at ~160,000 events/s commits every
 ~13 ms), then the turn boundary that
@@ -37,7 +37,7 @@ from benchmarks.harness import Context, CpuUse, Row
 from benchmarks.launcher import start_daemon
 from daemon.core.envelope import encode_json
 from daemon.core.frame_codec import EnvelopeSplicer
-from daemon.transcript_store import AppendEvent, FinishTurn, TranscriptStore, UpsertSession
+from daemon.transcript_store import AppendEvent, FinishTurn, TranscriptDatabase, UpsertSession
 from sdk.protocol.events import SessionUpdateData
 
 STORE_SESSION = "6f1d2c3b-4a59-4e68-8f7a-0b1c2d3e4f50"
@@ -68,7 +68,7 @@ def _written_bytes() -> int:
 
 def store_turns(chunks: int, turns: int) -> list[tuple[float, float]]:
     """(CPU ms per 1,000 events, bytes written per event) of each turn after the first,
-    through the real ``TranscriptStore.apply``; raises unless every turn's events were stored
+    through the real ``TranscriptDatabase.apply``; raises unless every turn's events were stored
     and the boundary removed them."""
     updates = [encode_json(SessionUpdateData(
         session_id=STORE_SESSION,
@@ -84,7 +84,7 @@ def store_turns(chunks: int, turns: int) -> list[tuple[float, float]]:
     base = Path(tempfile.mkdtemp(prefix="tk-bench-store-"))
     out: list[tuple[float, float]] = []
     try:
-        store = TranscriptStore(base / "transcript.db")
+        store = TranscriptDatabase(base / "transcript.db")
         try:
             store.apply([UpsertSession(STORE_SESSION, str(base), 0)])
             for turn in range(turns + 1):
@@ -177,7 +177,7 @@ def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
         cpu_row.ratio = (cpu_row.value or 0.0) / cpu_row.baseline if cpu_row.baseline else None
         rows.append(cpu_row)
     store_chunks = ctx.pick(100_000, 5_000)
-    ctx.progress(f"in-process store: {store_chunks:,}-event turns through TranscriptStore.apply")
+    ctx.progress(f"in-process store: {store_chunks:,}-event turns through TranscriptDatabase.apply")
     measured = store_turns_as_daemon(store_chunks, ctx.trials(4, 1))
     store_params = {"chunks": store_chunks, "events/commit": RUN_EVENTS * OPS_PER_BATCH}
     store_row = Row(benchmark=NAME, name="store CPU per 1,000 events (one thread, boundary incl.)",

@@ -52,7 +52,7 @@ from .transcript_store import (
     AppendEvent,
     FinishTurn,
     TerminalState,
-    TranscriptStore,
+    TranscriptDatabase,
 )
 from .transcript_writer import TranscriptWriter
 
@@ -115,7 +115,7 @@ class LoadSnapshot:
 
 
 def _records_by_id(
-    session_id: str, ids: tuple[str, ...], store: TranscriptStore
+    session_id: str, ids: tuple[str, ...], store: TranscriptDatabase
 ) -> list[bytes] | None:
     return store.records_by_id(session_id, ids)
 

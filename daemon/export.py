@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Final
 
 from .core.transcript_markdown import MarkdownTranscript
-from .transcript_store import TranscriptStore
+from .transcript_store import TranscriptDatabase
 from .transcript_writer import TranscriptWriter
 
 __all__ = ["CONTENT_TYPES", "EXPORT_FORMATS", "PAGE_RECORDS", "export_body"]
@@ -36,7 +36,7 @@ async def export_body(writer: TranscriptWriter, session_id: str, fmt: str,
         yield markdown.header(session_id, workspace_cwd).encode()
     after = 0
     while True:
-        def read(store: TranscriptStore, after: int = after) -> tuple[list[bytes], int, bool]:
+        def read(store: TranscriptDatabase, after: int = after) -> tuple[list[bytes], int, bool]:
             events, last = store.records_forward(session_id, after, page)
             if events:
                 return events, last, False

@@ -22,7 +22,7 @@ from typing import TextIO
 from .config import ConfigError, _retain_bytes, _retain_days, default_data_dir, env_var
 from .core.retention import RetentionPolicy, by_bytes_order, expired
 from .transcript_retention import delete_step, stored_sessions, used_bytes
-from .transcript_store import TranscriptStore
+from .transcript_store import TranscriptDatabase
 
 __all__ = ["run_prune"]
 
@@ -48,7 +48,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     return p
 
 
-def _session_bytes(store: TranscriptStore) -> dict[str, int]:
+def _session_bytes(store: TranscriptDatabase) -> dict[str, int]:
     sizes: dict[str, int] = {}
     for table in ("records", "raw_events"):
         for session_id, size in store.connection.execute(
@@ -77,7 +77,7 @@ def run_prune(argv: Sequence[str], prog: str, out: TextIO = sys.stdout) -> int:
         print(f"{prog} prune: {exc} (a running daemon prunes by itself)", file=sys.stderr)
         return 1
     try:
-        store = TranscriptStore(path)
+        store = TranscriptDatabase(path)
         try:
             return _prune(store, path, policy, args, out)
         finally:
@@ -86,7 +86,7 @@ def run_prune(argv: Sequence[str], prog: str, out: TextIO = sys.stdout) -> int:
         lock.close()
 
 
-def _prune(store: TranscriptStore, path: Path, policy: RetentionPolicy,
+def _prune(store: TranscriptDatabase, path: Path, policy: RetentionPolicy,
            args: argparse.Namespace, out: TextIO) -> int:
     now = int(args.now_ms) if args.now_ms else int(time.time() * 1000)
     sessions = stored_sessions(store)

@@ -45,8 +45,8 @@ from .server import TRANSCRIPT_FILE, DaemonStartError, acquire_lock
 from .transcript_store import (
     CHECKED_TABLES,
     TranscriptDamagedError,
+    TranscriptDatabase,
     TranscriptSchemaError,
-    TranscriptStore,
 )
 
 __all__ = ["RecoveryReport", "recover_transcript", "run_recovery", "salvage_rows"]
@@ -180,7 +180,7 @@ def _damage(check: Path, original: Path) -> str | None:
     if check.stat().st_size == 0:
         return "the file is empty"
     try:
-        store = TranscriptStore(check, quick_check_s=float(24 * 3600))
+        store = TranscriptDatabase(check, quick_check_s=float(24 * 3600))
     except TranscriptDamagedError as exc:
         return str(exc)
     except TranscriptSchemaError as exc:
@@ -387,7 +387,7 @@ def _rebuild(fresh: Path, salvage: dict[str, TableSalvage], report: RecoveryRepo
         report.unreadable_stretches += part.unreadable_stretches
         if part.unreadable_table:
             report.unreadable_tables.append(table)
-    store = TranscriptStore(fresh)
+    store = TranscriptDatabase(fresh)
     try:
         sessions: set[str] = set()
         ended: set[tuple[str, str]] = set()  # (session, prompt) the kept ledger shows ended

@@ -37,7 +37,7 @@ from .transcript_retention import (
     wipe_done,
     wipe_step,
 )
-from .transcript_store import TranscriptStore
+from .transcript_store import TranscriptDatabase
 from .transcript_writer import TranscriptWriter
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ class Retention:
                 log.warning("event=retention_failed error_type=%s error=%r",
                             type(exc).__name__, str(exc))
 
-    async def _step(self, fn: Callable[[TranscriptStore], T]) -> T:
+    async def _step(self, fn: Callable[[TranscriptDatabase], T]) -> T:
         """``fn`` on the writer's connection, cut by any commit and taken again after it."""
         cuts = 0
         while True:

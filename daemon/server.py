@@ -32,7 +32,7 @@ from .manager import SessionManager
 from .reclaimer import Reclaimer
 from .retention import Retention
 from .transcript_check import check_transcript
-from .transcript_store import TranscriptDamagedError, TranscriptSchemaError, TranscriptStore
+from .transcript_store import TranscriptDamagedError, TranscriptDatabase, TranscriptSchemaError
 from .transcript_writer import TranscriptWriter
 
 log = logging.getLogger("daemon.server")
@@ -89,13 +89,13 @@ def recovery_hint(config: DaemonConfig) -> str:
     return f"{program_name()} --recover --data-dir {shlex.quote(str(config.data_dir))}"
 
 
-def open_store(config: DaemonConfig) -> TranscriptStore | None:
+def open_store(config: DaemonConfig) -> TranscriptDatabase | None:
     """The transcript, checked (bounded by ``--transcript-check-ms``) before it is served; a
     damaged one stops the start with one line that names the command to recover it."""
     if not config.persistence:
         return None
     try:
-        store = TranscriptStore(config.data_dir / TRANSCRIPT_FILE,
+        store = TranscriptDatabase(config.data_dir / TRANSCRIPT_FILE,
                                 quick_check_s=config.transcript_check_ms / 1000)
     except TranscriptDamagedError as exc:
         raise DaemonStartError(f"{exc}. Stop here and recover what is readable with: "

@@ -1,7 +1,7 @@
 """The full check of the transcript file, run in the background once the daemon serves.
 
 The start-up check is SQLite's ``quick_check``, bounded in time (see
-:class:`~daemon.transcript_store.TranscriptStore`): it sees every page and b-tree but not
+:class:`~daemon.transcript_store.TranscriptDatabase`): it sees every page and b-tree but not
 whether each index agrees with its table, nor whether a row's bytes are still the ones
 written. This task does the rest while the daemon already answers:
 
@@ -27,7 +27,7 @@ from typing import Final
 
 import trio
 
-from .transcript_store import CHECKED_TABLES, INDEX_TABLES, TranscriptStore, is_corruption
+from .transcript_store import CHECKED_TABLES, INDEX_TABLES, TranscriptDatabase, is_corruption
 from .transcript_writer import TranscriptWriter
 
 __all__ = ["INTEGRITY_ATTEMPTS", "SCAN_ROWS", "check_transcript", "place_problem"]
@@ -44,7 +44,7 @@ SCAN_ROWS: Final = 32
 _ROW_IN_INDEX: Final = re.compile(r"\brow (\d+) missing from index (\w+)")
 
 
-def place_problem(store: TranscriptStore, problem: str) -> str | None:
+def place_problem(store: TranscriptDatabase, problem: str) -> str | None:
     """The session a problem ``integrity_check`` reported is in, when it names a row (``row N
     missing from index X``), else ``None`` (the whole file)."""
     found = _ROW_IN_INDEX.search(problem)

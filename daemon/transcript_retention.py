@@ -4,7 +4,7 @@ the writer's worker thread between commits (:mod:`daemon.retention`) or by ``tur
 prune`` with the daemon stopped.
 
 Every step is one short transaction: at most ``rows`` rows deleted, or at most ``pages``
-pages moved by SQLite's ``incremental_vacuum``. A step cut by :meth:`TranscriptStore.interrupt`
+pages moved by SQLite's ``incremental_vacuum``. A step cut by :meth:`TranscriptDatabase.interrupt`
 (a commit wanted the connection) rolls back whole and is simply taken again later.
 
 Space: a transcript file made by this version uses ``auto_vacuum=INCREMENTAL``, so the pages a
@@ -27,7 +27,7 @@ from typing import Final
 
 from .core.checksum import row_crc
 from .core.retention import StoredSession
-from .transcript_store import TranscriptStore
+from .transcript_store import TranscriptDatabase
 
 __all__ = ["AUTO_VACUUM_INCREMENTAL", "auto_vacuum", "delete_step", "free_pages",
            "stored_sessions", "used_bytes", "vacuum_step", "wipe_done", "wipe_step"]
@@ -45,7 +45,7 @@ FROM sessions s
 """
 
 
-def stored_sessions(store: TranscriptStore) -> list[StoredSession]:
+def stored_sessions(store: TranscriptDatabase) -> list[StoredSession]:
     return [StoredSession(str(row[0]), bool(row[1]), int(row[2]))
             for row in store.connection.execute(_SESSIONS)]
 
@@ -54,22 +54,22 @@ def _pragma(conn: sqlite3.Connection, name: str) -> int:
     return int(conn.execute(f"PRAGMA {name}").fetchone()[0])
 
 
-def used_bytes(store: TranscriptStore) -> int:
+def used_bytes(store: TranscriptDatabase) -> int:
     """Bytes the transcript's rows take in its file (its pages less the free ones)."""
     conn = store.connection
     return (_pragma(conn, "page_count") - _pragma(conn, "freelist_count")) \
         * _pragma(conn, "page_size")
 
 
-def free_pages(store: TranscriptStore) -> int:
+def free_pages(store: TranscriptDatabase) -> int:
     return _pragma(store.connection, "freelist_count")
 
 
-def auto_vacuum(store: TranscriptStore) -> int:
+def auto_vacuum(store: TranscriptDatabase) -> int:
     return _pragma(store.connection, "auto_vacuum")
 
 
-def delete_step(store: TranscriptStore, session_id: str, rows: int) -> bool:
+def delete_step(store: TranscriptDatabase, session_id: str, rows: int) -> bool:
     """Delete at most ``rows`` event rows of the session (its unfinished turn's first, then
     its records), or, when none is left, its prompts and the session itself; ``True`` once the
     session is gone. One transaction."""
@@ -97,7 +97,7 @@ def delete_step(store: TranscriptStore, session_id: str, rows: int) -> bool:
     return done
 
 
-def vacuum_step(store: TranscriptStore, pages: int) -> int:
+def vacuum_step(store: TranscriptDatabase, pages: int) -> int:
     """Give at most ``pages`` free pages back (``incremental_vacuum``); returns the free pages
     left (0 when done, or when the file's auto_vacuum is off: its free pages are reused)."""
     conn = store.connection

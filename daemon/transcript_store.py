@@ -55,8 +55,8 @@ from daemon.core.transcript_ops import (
     PromptRow,
     RunTemplate,
     SessionRow,
+    StoredPage,
     TerminalState,
-    TranscriptPage,
     UpsertSession,
 )
 from daemon.core.transcript_rows import (
@@ -87,12 +87,12 @@ __all__ = [
     "PromptRow",
     "RunTemplate",
     "SessionRow",
+    "StoredPage",
     "TerminalState",
     "TranscriptDamaged",
     "TranscriptDamagedError",
-    "TranscriptPage",
+    "TranscriptDatabase",
     "TranscriptSchemaError",
-    "TranscriptStore",
     "UpsertSession",
     "events_are_json",
     "is_corruption",
@@ -287,7 +287,7 @@ def _checked(row: Sequence[Any], table: str, session_id: str | None = None) -> S
     return row
 
 
-class TranscriptStore:
+class TranscriptDatabase:
     """One SQLite transcript database. Not thread-safe: one caller at a time (any thread)."""
 
     def __init__(self, path: str | PathLike[str], *, quick_check_s: float | None = None) -> None:
@@ -996,7 +996,7 @@ class TranscriptStore:
         limit: int,
         cursor: str | None = None,
         before_record_id: str | None = None,
-    ) -> TranscriptPage:
+    ) -> StoredPage:
         """A page of the transcript, going back in time.
 
         No cursor and no ``before_record_id``: the newest ``limit`` records, then the raw
@@ -1040,7 +1040,7 @@ class TranscriptStore:
         if anchor is None:
             events.extend(self.raw_events(session_id))
         next_cursor = encode_cursor(rows[0][2]) if has_more else None
-        return TranscriptPage(events=events, next_cursor=next_cursor, has_more=has_more)
+        return StoredPage(events=events, next_cursor=next_cursor, has_more=has_more)
 
     def newest_turns(
         self, session_id: str, max_bytes: int

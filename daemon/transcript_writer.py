@@ -2,7 +2,7 @@
 
 The bus calls :meth:`TranscriptWriter.submit` on its publish path; that only appends to an
 in-memory queue. One loop takes everything queued (up to ``max_batch``) and applies it to the
-:class:`~daemon.transcript_store.TranscriptStore` in ONE transaction in a worker thread. While a
+:class:`~daemon.transcript_store.TranscriptDatabase` in ONE transaction in a worker thread. While a
 commit runs, new ops accumulate for the next one, so an op waits at most about two commit times
 and there is never one thread hop per event.
 
@@ -48,7 +48,7 @@ from daemon.transcript_store import (
     FinishTurn,
     Op,
     TranscriptDamaged,
-    TranscriptStore,
+    TranscriptDatabase,
     is_corruption,
 )
 
@@ -137,7 +137,7 @@ class Replica(Protocol):
 
 
 class TranscriptWriter:
-    """Group-commit writer over one :class:`TranscriptStore`, and over any :class:`Replica`
+    """Group-commit writer over one :class:`TranscriptDatabase`, and over any :class:`Replica`
     given (every op goes to the store and to each replica).
 
     Sequence numbers start at 1 and grow by one per submitted op; batches are contiguous
@@ -146,7 +146,7 @@ class TranscriptWriter:
 
     def __init__(
         self,
-        store: TranscriptStore,
+        store: TranscriptDatabase,
         *,
         max_batch: int = DEFAULT_MAX_BATCH,
         on_failure: FailureCallback | None = None,
@@ -268,7 +268,7 @@ class TranscriptWriter:
         committed (the prompt runner's "everything published is durable" wait)."""
         return await self.wait_committed(self._last_seq)
 
-    async def read(self, fn: Callable[[TranscriptStore], T], *,
+    async def read(self, fn: Callable[[TranscriptDatabase], T], *,
                    session_id: str | None = None) -> T:
         """Run ``fn(store)`` in a worker thread once every op submitted before this call is
         committed (or failed); serialized with the writes on the one connection.
@@ -296,11 +296,11 @@ class TranscriptWriter:
                 raise TranscriptDamaged(session_id, f"the transcript file is damaged: {exc}"
                                         ) from exc
 
-    async def maintain(self, fn: Callable[[TranscriptStore], T], *,
+    async def maintain(self, fn: Callable[[TranscriptDatabase], T], *,
                        interruptible: bool = False) -> T:
         """Run ``fn(store)`` in a worker thread on the connection, without waiting for the
         commits queued before it. ``interruptible``: a commit or a read that needs the
-        connection meanwhile cuts it (:meth:`TranscriptStore.interrupt`; ``fn`` must expect
+        connection meanwhile cuts it (:meth:`TranscriptDatabase.interrupt`; ``fn`` must expect
         that), so a long check never holds back the daemon's work. A cancellation cuts it too."""
         async with self._db_lock:
             self.store.interruptible(interruptible)

@@ -1,7 +1,7 @@
 """The transcript's records as data: the write operations, the read rows and the terminal states.
 
 Pure (no sqlite3, no I/O): the bus, the session and :mod:`daemon.core.restore` build these values
-and :class:`daemon.transcript_store.TranscriptStore` (the SQL over one SQLite file) applies or
+and :class:`daemon.transcript_store.TranscriptDatabase` (the SQL over one SQLite file) applies or
 returns them. Keeping them here lets a pure core speak about the transcript without importing
 the module that does the file I/O.
 """
@@ -25,8 +25,8 @@ __all__ = [
     "PromptRow",
     "RunTemplate",
     "SessionRow",
+    "StoredPage",
     "TerminalState",
-    "TranscriptPage",
     "UpsertSession",
 ]
 
@@ -155,7 +155,7 @@ class KeyedPromptRow(msgspec.Struct, frozen=True):
     ended_at_ms: int | None
 
 
-class TranscriptPage(msgspec.Struct, frozen=True):
+class StoredPage(msgspec.Struct, frozen=True):
     """One transcript page: ``events`` are stored JSON bytes, chronological; records first,
     then (newest page only) the unfinished turn's raw events."""
 

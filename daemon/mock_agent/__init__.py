@@ -6,8 +6,8 @@ cores and shells rather than among them. :mod:`daemon.mock_agent.agent` document
 """
 
 from daemon.mock_agent.agent import (
-    ConfigError,
     MockAgent,
+    PlanError,
     PromptPlan,
     chunk_lines,
     main,
@@ -17,8 +17,8 @@ from daemon.mock_agent.agent import (
 )
 
 __all__ = [
-    "ConfigError",
     "MockAgent",
+    "PlanError",
     "PromptPlan",
     "chunk_lines",
     "main",

@@ -59,7 +59,7 @@ AGENT_NAME: Final = "turnkeeper-mock-agent"
 _TOKEN = re.compile(r"mock:(mode|chunks|delay_ms|bytes|gate|start_gate|permission|rich|echo)=(\S+)")
 
 
-class ConfigError(ValueError):
+class PlanError(ValueError):
     """A bad variable or prompt token; loud, never silently defaulted."""
 
 
@@ -82,15 +82,15 @@ def _non_negative(name: str, raw: str) -> int:
     try:
         value = int(raw)
     except ValueError:
-        raise ConfigError(f"{name} must be a non-negative integer, got {raw!r}") from None
+        raise PlanError(f"{name} must be a non-negative integer, got {raw!r}") from None
     if value < 0:
-        raise ConfigError(f"{name} must be a non-negative integer, got {raw!r}")
+        raise PlanError(f"{name} must be a non-negative integer, got {raw!r}")
     return value
 
 
 def _mode(name: str, raw: str) -> str:
     if raw not in MODES:
-        raise ConfigError(f"{name} must be one of {', '.join(MODES)}; got {raw!r}")
+        raise PlanError(f"{name} must be one of {', '.join(MODES)}; got {raw!r}")
     return raw
 
 
@@ -119,15 +119,15 @@ def plan_for_prompt(base: PromptPlan, text: str) -> PromptPlan:
             fields["pad_bytes"] = _non_negative(token, value)
         elif key in ("rich", "echo"):
             if value != "1":
-                raise ConfigError(f"{token} must be '1', got {value!r}")
+                raise PlanError(f"{token} must be '1', got {value!r}")
             fields[key] = True
         elif key == "permission":
             if value != "ask":
-                raise ConfigError(f"{token} must be 'ask', got {value!r}")
+                raise PlanError(f"{token} must be 'ask', got {value!r}")
             fields["ask_permission"] = True
         else:
             if "/" in value or value in (".", ".."):
-                raise ConfigError(f"{token} must be a plain file name, got {value!r}")
+                raise PlanError(f"{token} must be a plain file name, got {value!r}")
             fields[key] = value
     return PromptPlan(**{**base.__dict__, **fields})
 
@@ -140,8 +140,8 @@ def named_gate(text: str) -> str | None:
     return None
 
 
-def gate_dir_missing(token: str) -> ConfigError:
-    return ConfigError(
+def gate_dir_missing(token: str) -> PlanError:
+    return PlanError(
         f"{token} needs a gate directory: set MOCK_ACP_GATE_DIR in the agent's environment "
         "(make serve sets it to <data dir>/gates); then `turnkeeper release NAME` (or "
         "`touch $MOCK_ACP_GATE_DIR/NAME`) opens the gate")
@@ -306,7 +306,7 @@ class MockAgent:
         request_id = message["id"]
         try:
             self.handle_request(request_id, method, params)
-        except ConfigError as exc:
+        except PlanError as exc:
             self.reply_error(request_id, -32602, str(exc))
 
     def handle_request(self, request_id: Any, method: str, params: dict[str, Any]) -> None:
@@ -497,7 +497,7 @@ class MockAgent:
 def main() -> None:
     try:
         agent = MockAgent(os.environ, sys.stdout.buffer)
-    except ConfigError as exc:
+    except PlanError as exc:
         print(f"mock agent: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
     stdin = sys.stdin.buffer

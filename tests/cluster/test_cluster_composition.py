@@ -22,7 +22,7 @@ from daemon.bus import BusLimits, SessionBus
 from daemon.core.envelope import Event, make_event
 from daemon.core.subscriber import SubscriberState
 from daemon.streams import EventPump, Subscription
-from daemon.transcript_store import AppendEvent, Op, TranscriptStore, UpsertSession
+from daemon.transcript_store import AppendEvent, Op, TranscriptDatabase, UpsertSession
 from daemon.transcript_writer import TranscriptWriter
 
 CLUSTER = Path(daemon.__file__).parent / "cluster"
@@ -157,7 +157,7 @@ class FakeReplica:
 
 async def test_an_op_is_committed_once_the_store_and_the_replica_have_it(
         tmp_path: Path) -> None:
-    store = TranscriptStore(tmp_path / "t.sqlite3")
+    store = TranscriptDatabase(tmp_path / "t.sqlite3")
     replica = FakeReplica()
     writer = TranscriptWriter(store, replicas=[replica])
     assert writer.admission_bound_s == 0.5 and writer.durable_bound_s == 2.0

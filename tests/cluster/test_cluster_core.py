@@ -39,7 +39,7 @@ from daemon.core.transcript_ops import (
     Op,
     UpsertSession,
 )
-from daemon.transcript_store import TranscriptStore
+from daemon.transcript_store import TranscriptDatabase
 
 pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
 
@@ -188,7 +188,7 @@ def _turns() -> list[Op]:
 
 
 def _replayed(tmp_path: Path, name: str, ops: list[Op]) -> tuple[object, ...]:
-    store = TranscriptStore(tmp_path / f"{name}.sqlite")
+    store = TranscriptDatabase(tmp_path / f"{name}.sqlite")
     try:
         store.apply(ops)
         page = store.page(SID, limit=100)

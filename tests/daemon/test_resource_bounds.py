@@ -30,7 +30,7 @@ from daemon.bus import BusLimits, SessionBus
 from daemon.config import DaemonConfig
 from daemon.core.envelope import decode_json
 from daemon.manager import SessionManager
-from daemon.transcript_store import DeleteSession, TranscriptStore, UpsertSession
+from daemon.transcript_store import DeleteSession, TranscriptDatabase, UpsertSession
 from daemon.transcript_writer import TranscriptWriter
 from sdk.protocol.events import SessionUpdateData, TurnCompleteData
 from tests.harness import RunningDaemon, running_daemon
@@ -195,7 +195,7 @@ def test_idle_agent_ends_on_eof_and_restarts_on_demand(
 
 
 async def test_unknown_loads_leave_no_lock_and_real_restores_serialise(tmp_path: Path) -> None:
-    store = TranscriptStore(tmp_path / "t.sqlite3")
+    store = TranscriptDatabase(tmp_path / "t.sqlite3")
     writer = TranscriptWriter(store)
     config = DaemonConfig(data_dir=tmp_path, workspace=str(tmp_path))
     try:
@@ -258,7 +258,7 @@ def _big_turn(bus: SessionBus, chunks: int, size: int) -> None:
 async def test_bus_spills_an_over_cap_turn_once_committed_and_load_reads_it_back(
     tmp_path: Path,
 ) -> None:
-    store = TranscriptStore(tmp_path / "t.sqlite3")
+    store = TranscriptDatabase(tmp_path / "t.sqlite3")
     writer = TranscriptWriter(store)
     try:
         async with trio.open_nursery() as nursery:

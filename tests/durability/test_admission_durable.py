@@ -27,7 +27,7 @@ import trio
 
 from daemon import server
 from daemon.config import DaemonConfig, parse_config
-from daemon.transcript_store import AdmitPrompt, Op, TranscriptStore, UpsertSession
+from daemon.transcript_store import AdmitPrompt, Op, TranscriptDatabase, UpsertSession
 from tests.harness import running_daemon, start_daemon
 
 pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
@@ -39,7 +39,7 @@ BUSY_EVENTS = 2000  # the busy session has streamed this far before the prompt i
 TIMEOUT_S = 30.0
 
 
-class GatedStore(TranscriptStore):
+class GatedStore(TranscriptDatabase):
     """A real store whose commits wait, in the writer's worker thread, while the gate is
     closed; it remembers every op it committed."""
 
@@ -115,7 +115,7 @@ async def test_no_reply_names_a_session_or_prompt_before_it_is_committed(
     monkeypatch.setenv("MOCK_ACP_GATE_DIR", str(gate_dir))
     stores: list[GatedStore] = []
 
-    def open_gated_store(config: DaemonConfig) -> TranscriptStore:
+    def open_gated_store(config: DaemonConfig) -> TranscriptDatabase:
         store = GatedStore(config.data_dir / server.TRANSCRIPT_FILE)
         stores.append(store)
         return store

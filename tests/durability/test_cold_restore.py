@@ -19,7 +19,7 @@ import trio
 
 from daemon.core.envelope import decode_json
 from daemon.server import TRANSCRIPT_FILE
-from daemon.transcript_store import TranscriptStore
+from daemon.transcript_store import TranscriptDatabase
 from sdk.protocol.envelope import DaemonEvent, decode_events
 from sdk.protocol.http import LoadSessionResponse
 from tests.harness import running_daemon, start_daemon
@@ -105,7 +105,7 @@ async def stream_and_kill(base: Path, round_no: int, sid: str | None,
     finally:
         daemon.kill()
     assert daemon.proc.returncode == -signal.SIGKILL
-    store = TranscriptStore(base / "data" / TRANSCRIPT_FILE)
+    store = TranscriptDatabase(base / "data" / TRANSCRIPT_FILE)
     try:
         survived = [decode_json(raw) for raw in store.raw_events(sid)]
     finally:

@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from daemon.export import export_body
-from daemon.transcript_store import FinishTurn, TranscriptStore, UpsertSession
+from daemon.transcript_store import FinishTurn, TranscriptDatabase, UpsertSession
 from daemon.transcript_writer import TranscriptWriter
 from tests.harness import RunningDaemon, running_daemon, start_daemon
 from tests.stalls import poll, run_turn
@@ -139,7 +139,7 @@ async def _wait_idle(url: str, sid: str) -> None:
 
 
 async def test_the_export_reads_a_page_at_a_time(tmp_path: Path) -> None:
-    store = TranscriptStore(tmp_path / "t.sqlite3")
+    store = TranscriptDatabase(tmp_path / "t.sqlite3")
     writer = TranscriptWriter(store)
     reads = 0
     real_read = writer.read

@@ -282,7 +282,7 @@ async def test_a_commit_cuts_a_retention_step_which_is_taken_again(
         AppendEvent,
         FinishTurn,
         MarkClosed,
-        TranscriptStore,
+        TranscriptDatabase,
         UpsertSession,
     )
     from daemon.transcript_writer import TranscriptWriter
@@ -291,12 +291,12 @@ async def test_a_commit_cuts_a_retention_step_which_is_taken_again(
     deleting: list[bool] = []
     real_delete = retention_module.delete_step
 
-    def delete_step(store: TranscriptStore, session_id: str, rows: int) -> bool:
+    def delete_step(store: TranscriptDatabase, session_id: str, rows: int) -> bool:
         deleting.append(True)  # read by the commit below, from the event loop's thread
         return real_delete(store, session_id, rows)
 
     monkeypatch.setattr(retention_module, "delete_step", delete_step)
-    store = TranscriptStore(tmp_path / "t.sqlite3")
+    store = TranscriptDatabase(tmp_path / "t.sqlite3")
     writer = TranscriptWriter(store)
     async with trio.open_nursery() as nursery:
         await nursery.start(writer.run)

@@ -2,7 +2,7 @@
 everything the session published ahead of it is committed.
 
 In-process and real except for the agent: a real :class:`TranscriptWriter` over a real SQLite
-:class:`TranscriptStore` whose commits are held on a gate the test opens, a real
+:class:`TranscriptDatabase` whose commits are held on a gate the test opens, a real
 :class:`SessionBus` and :class:`Session` (its prompt runner), and a reader that follows the
 bus's ring the way the SSE stream does. The agent is a stand-in that streams its chunks into
 the session and answers ``end_turn`` at once, so the only thing that can hold the terminal back
@@ -23,14 +23,14 @@ import trio.testing
 from daemon.bus import BusLimits, SessionBus
 from daemon.core.envelope import Event
 from daemon.session import Session
-from daemon.transcript_store import Op, TranscriptStore, UpsertSession
+from daemon.transcript_store import Op, TranscriptDatabase, UpsertSession
 from daemon.transcript_writer import TranscriptWriter
 
 SID = "44444444-4444-4444-8444-444444444444"
 CHUNKS = 200
 
 
-class GatedStore(TranscriptStore):
+class GatedStore(TranscriptDatabase):
     """Every commit waits, in the writer's worker thread, until the gate is open."""
 
     def __init__(self, path: Path) -> None:

@@ -34,7 +34,7 @@ from daemon.transcript_store import (
     DamagedRow,
     FinishTurn,
     TranscriptDamagedError,
-    TranscriptStore,
+    TranscriptDatabase,
     UpsertSession,
 )
 from daemon.transcript_writer import TranscriptWriter
@@ -77,7 +77,7 @@ def test_every_single_bit_flip_of_a_row_is_found_when_it_is_read(tmp_path: Path,
                                                                  table: str) -> None:
     """Each bit of each checksummed value of a row, flipped in the database (below the store,
     as the disk would), makes its read raise instead of answer."""
-    store = TranscriptStore(tmp_path / "t.db")
+    store = TranscriptDatabase(tmp_path / "t.db")
     store.apply([UpsertSession(S1, "/w", 1, "acp"), AdmitPrompt(S1, P1, 2, "key-1", "d" * 64, 3,
                                                                 "epoch")])
     store.apply([AppendEvent(S1, 1, P1, event(1))])
@@ -135,7 +135,7 @@ class _TimerThatSays(threading.Timer):
         _TimerThatSays.fired.set()
 
 
-class _SlowCheckStore(TranscriptStore):
+class _SlowCheckStore(TranscriptDatabase):
     """A store whose quick check cannot finish before its budget: SQLite's progress handler
     holds the check's first step until the budget's timer has fired."""
 
@@ -150,10 +150,10 @@ class _SlowCheckStore(TranscriptStore):
 def test_the_quick_check_is_cut_at_its_budget_and_the_store_still_opens(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "t.db"
-    store = TranscriptStore(path)
+    store = TranscriptDatabase(path)
     store.apply([UpsertSession(S1, "/w", 1)])
     store.close()
-    whole = TranscriptStore(path, quick_check_s=60)
+    whole = TranscriptDatabase(path, quick_check_s=60)
     assert whole.quick_check == "ok"
     whole.close()
     monkeypatch.setattr(transcript_store.threading, "Timer", _TimerThatSays)
@@ -167,7 +167,7 @@ def test_the_quick_check_is_cut_at_its_budget_and_the_store_still_opens(
 
 def test_a_damaged_page_fails_the_quick_check_and_the_file_is_left_alone(tmp_path: Path) -> None:
     path = tmp_path / "t.db"
-    store = TranscriptStore(path)
+    store = TranscriptDatabase(path)
     store.apply([UpsertSession(S1, "/w", 1)])
     store.apply([FinishTurn(S1, None, "completed", None, 2, [record(n) for n in range(1, 50)])])
     root = store._conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'records'"
@@ -177,7 +177,7 @@ def test_a_damaged_page_fails_the_quick_check_and_the_file_is_left_alone(tmp_pat
     data[(root - 1) * transcript_store.PAGE_SIZE] = 0x07  # no such page type
     path.write_bytes(bytes(data))
     with pytest.raises(TranscriptDamagedError, match="quick_check"):
-        TranscriptStore(path, quick_check_s=60)
+        TranscriptDatabase(path, quick_check_s=60)
     assert path.read_bytes() == bytes(data)
 
 
@@ -200,7 +200,7 @@ def _old_file(path: Path) -> None:
 def test_a_version_2_file_is_upgraded_in_place_and_checked_from_then_on(tmp_path: Path) -> None:
     path = tmp_path / "t.db"
     _old_file(path)
-    store = TranscriptStore(path)
+    store = TranscriptDatabase(path)
     assert store.schema_version == 3
     one = store.get_session(S1)
     assert one is not None and one.workspace_cwd == "/w/one"
@@ -228,7 +228,7 @@ def test_a_version_2_file_holding_bytes_that_are_not_events_is_not_upgraded(
     old.close()
     before = path.read_bytes()
     with pytest.raises(TranscriptDamagedError, match=r"records row 2 .* not JSON"):
-        TranscriptStore(path)
+        TranscriptDatabase(path)
     assert path.read_bytes() == before
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
@@ -238,7 +238,7 @@ def test_a_version_2_file_holding_bytes_that_are_not_events_is_not_upgraded(
 # --- the background check yields ------------------------------------------------------------
 
 
-class _LongCheckStore(TranscriptStore):
+class _LongCheckStore(TranscriptDatabase):
     """A store whose integrity_check runs until it is interrupted (what SQLite then answers:
     ``None``) or until the test lets it finish (nothing found)."""
 
@@ -305,7 +305,7 @@ async def test_the_background_check_gives_way_to_every_commit(tmp_path: Path) ->
 
 
 async def test_the_background_check_finds_a_row_changed_on_disk(tmp_path: Path) -> None:
-    store = TranscriptStore(tmp_path / "t.db")
+    store = TranscriptDatabase(tmp_path / "t.db")
     store.apply([UpsertSession(S1, "/w", 1), UpsertSession(S2, "/w", 2)])
     store.apply([FinishTurn(S2, None, "completed", None, 2, [record(n) for n in range(1, 80)])])
     store._conn.execute("UPDATE records SET raw = ? WHERE seq = 77", (record(78)[1],))
@@ -329,7 +329,7 @@ async def test_the_background_check_finds_a_row_changed_on_disk(tmp_path: Path) 
 def data_dir(tmp_path: Path) -> Iterator[Path]:
     data = tmp_path / "data"
     data.mkdir()
-    store = TranscriptStore(data / TRANSCRIPT_FILE)
+    store = TranscriptDatabase(data / TRANSCRIPT_FILE)
     store.apply([UpsertSession(S1, "/w", 1), UpsertSession(S2, "/w", 2),
                  AdmitPrompt(S1, P1, 3)])
     store.apply([FinishTurn(S1, P1, "completed", "end_turn", 4,
@@ -391,7 +391,7 @@ def test_recovery_steps_over_an_unreadable_page_and_keeps_every_intact_row(
     assert lost == list(range(lost[0], lost[-1] + 1))
     assert report.kept["records"] == 300 - len(lost)
     assert report.kept["sessions"] == 2 and report.kept["raw_events"] == 1
-    store = TranscriptStore(db, quick_check_s=60)
+    store = TranscriptDatabase(db, quick_check_s=60)
     assert store.integrity_problems() == []
     assert store.raw_events(S2) == [event(n) for n in range(1, 6)]
     store.close()
@@ -424,7 +424,7 @@ def test_recovery_of_an_empty_file_keeps_it_and_starts_a_new_transcript(tmp_path
     assert "the file is empty" in out.getvalue()
     kept = list(data.glob(TRANSCRIPT_FILE + ".damaged-*"))
     assert len(kept) == 1 and kept[0].read_bytes() == b""
-    store = TranscriptStore(data / TRANSCRIPT_FILE, quick_check_s=60)
+    store = TranscriptDatabase(data / TRANSCRIPT_FILE, quick_check_s=60)
     assert store.list_sessions() == []
     store.close()
 

@@ -20,7 +20,7 @@ from daemon.transcript_store import (
     AppendEvent,
     DamagedRow,
     FinishTurn,
-    TranscriptStore,
+    TranscriptDatabase,
     UpsertSession,
 )
 from tests.hypothesis_profiles import examples
@@ -66,8 +66,8 @@ class Turn:
         return AppendEvent(self.session_id, self.next_id - 1, None, b"\n".join(raws))
 
 
-def new_store(path: Path) -> TranscriptStore:
-    store = TranscriptStore(path)
+def new_store(path: Path) -> TranscriptDatabase:
+    store = TranscriptDatabase(path)
     store.apply([UpsertSession(S1, "/w", 1), UpsertSession(S2, "/w", 2)])
     return store
 
@@ -157,7 +157,7 @@ def test_a_version_1_file_is_upgraded_and_its_rows_still_read(tmp_path: Path) ->
         old.raw(S1, op.raw.split(b"\n"), None, op.event_id)
     old.close()
 
-    store = TranscriptStore(path)
+    store = TranscriptDatabase(path)
     try:
         assert store.schema_version == SCHEMA_VERSION == 3
         assert store.raw_events(S1) == turn.envelopes
@@ -184,7 +184,7 @@ def test_a_row_without_a_valid_checksum_is_refused_not_skipped(tmp_path: Path,
                  "VALUES (?, 2, NULL, ?)", (S1, damaged))
     conn.commit()
     conn.close()
-    store = TranscriptStore(path)
+    store = TranscriptDatabase(path)
     try:
         with pytest.raises(DamagedRow, match="no checksum"):
             store.raw_events(S1)

@@ -1,4 +1,4 @@
-"""TranscriptStore: schema, ops, ledger, paging and restore seeding on real SQLite files."""
+"""TranscriptDatabase: schema, ops, ledger, paging and restore seeding on real SQLite files."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ from daemon.transcript_store import (
     DeleteSession,
     InvalidCursor,
     MarkClosed,
+    TranscriptDatabase,
     TranscriptSchemaError,
-    TranscriptStore,
     UpsertSession,
 )
 from tests.builders.transcript_store import S1, S2, append, ev, finish, rec
@@ -40,8 +40,8 @@ pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> TranscriptStore:
-    s = TranscriptStore(tmp_path / "transcript.db")
+def store(tmp_path: Path) -> TranscriptDatabase:
+    s = TranscriptDatabase(tmp_path / "transcript.db")
     s.apply([UpsertSession(S1, "/w", 100, "acp-1"), UpsertSession(S2, "/w2", 200)])
     return s
 
@@ -51,7 +51,7 @@ def store(tmp_path: Path) -> TranscriptStore:
 
 def test_new_database_has_schema_version_and_wal(tmp_path: Path) -> None:
     path = tmp_path / "t.db"
-    store = TranscriptStore(path)
+    store = TranscriptDatabase(path)
     assert store.schema_version == SCHEMA_VERSION == 3
     store.close()
     conn = sqlite3.connect(path)
@@ -64,7 +64,7 @@ def test_new_database_has_schema_version_and_wal(tmp_path: Path) -> None:
 
 def test_new_database_uses_large_pages_and_a_4_mib_wal(tmp_path: Path) -> None:
     path = tmp_path / "t.db"
-    store = TranscriptStore(path)
+    store = TranscriptDatabase(path)
     conn = store._conn
     assert conn.execute("PRAGMA page_size").fetchone()[0] == PAGE_SIZE == 65536
     assert (conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
@@ -80,10 +80,10 @@ def test_an_existing_small_page_database_keeps_its_pages_and_works(tmp_path: Pat
     conn.execute("PRAGMA page_size=4096")
     conn.execute("PRAGMA journal_mode=WAL")
     conn.close()
-    store = TranscriptStore(path)
+    store = TranscriptDatabase(path)
     store.apply([UpsertSession(S1, "/w", 100, None), append(S1, 1)])
     store.close()
-    again = TranscriptStore(path)
+    again = TranscriptDatabase(path)
     assert again._conn.execute("PRAGMA page_size").fetchone()[0] == 4096
     assert again._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1024
     assert again.raw_events(S1) == [ev(1)]
@@ -92,7 +92,7 @@ def test_an_existing_small_page_database_keeps_its_pages_and_works(tmp_path: Pat
 
 def test_reopen_keeps_everything(tmp_path: Path) -> None:
     path = tmp_path / "t.db"
-    store = TranscriptStore(path)
+    store = TranscriptDatabase(path)
     store.apply(
         [
             UpsertSession(S1, "/w", 100, "acp-1"),
@@ -104,7 +104,7 @@ def test_reopen_keeps_everything(tmp_path: Path) -> None:
         ]
     )
     store.close()
-    again = TranscriptStore(path)
+    again = TranscriptDatabase(path)
     assert again.get_session(S1) is not None
     assert again.record_count(S1) == 2
     assert again.raw_events(S1) == [ev(3, prompt_id="p2")]
@@ -122,7 +122,7 @@ def test_newer_schema_version_is_refused_and_untouched(tmp_path: Path) -> None:
     conn.close()
     before = path.read_bytes()
     with pytest.raises(TranscriptSchemaError, match="schema_version 99"):
-        TranscriptStore(path)
+        TranscriptDatabase(path)
     assert path.read_bytes() == before
 
 
@@ -131,7 +131,7 @@ def test_corrupt_file_is_refused_and_untouched(tmp_path: Path) -> None:
     path.write_bytes(b"definitely not an sqlite database\n" * 200)
     before = path.read_bytes()
     with pytest.raises(TranscriptSchemaError, match="corrupt"):
-        TranscriptStore(path)
+        TranscriptDatabase(path)
     assert path.read_bytes() == before
 
 
@@ -143,7 +143,7 @@ def test_foreign_sqlite_database_is_refused_and_untouched(tmp_path: Path) -> Non
     conn.close()
     before = path.read_bytes()
     with pytest.raises(TranscriptSchemaError, match="not a turnkeeper transcript"):
-        TranscriptStore(path)
+        TranscriptDatabase(path)
     assert path.read_bytes() == before
 
 
@@ -151,15 +151,15 @@ def test_committed_batch_survives_sigkill(tmp_path: Path) -> None:
     path = tmp_path / "t.db"
     script = (
         "import os, signal, sys\n"
-        "from daemon.transcript_store import TranscriptStore, UpsertSession, AppendEvent\n"
-        "s = TranscriptStore(sys.argv[1])\n"
+        "from daemon.transcript_store import TranscriptDatabase, UpsertSession, AppendEvent\n"
+        "s = TranscriptDatabase(sys.argv[1])\n"
         f"s.apply([UpsertSession({S1!r}, '/w', 1), AppendEvent({S1!r}, 1, None, b'{{}}')])\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, "-c", script, str(path)], cwd=root, check=False)
     assert proc.returncode == -9
-    store = TranscriptStore(path)
+    store = TranscriptDatabase(path)
     assert store.raw_events(S1) == [b"{}"]
     store.close()
 
@@ -167,7 +167,7 @@ def test_committed_batch_survives_sigkill(tmp_path: Path) -> None:
 # --- ops -------------------------------------------------------------------------------------
 
 
-def test_upsert_session_updates_and_keeps_created_at(store: TranscriptStore) -> None:
+def test_upsert_session_updates_and_keeps_created_at(store: TranscriptDatabase) -> None:
     row = store.get_session(S1)
     assert row is not None
     assert (row.workspace_cwd, row.created_at_ms, row.agent_session_id, row.closed) == (
@@ -188,7 +188,7 @@ def test_upsert_session_updates_and_keeps_created_at(store: TranscriptStore) -> 
     assert [r.session_id for r in store.list_sessions()] == [S1, S2]
 
 
-def test_mark_closed_and_upsert_reopens(store: TranscriptStore) -> None:
+def test_mark_closed_and_upsert_reopens(store: TranscriptDatabase) -> None:
     store.apply([MarkClosed(S1)])
     row = store.get_session(S1)
     assert row is not None and row.closed
@@ -197,7 +197,7 @@ def test_mark_closed_and_upsert_reopens(store: TranscriptStore) -> None:
     assert row is not None and not row.closed
 
 
-def test_append_event_keeps_order_and_sessions_apart(store: TranscriptStore) -> None:
+def test_append_event_keeps_order_and_sessions_apart(store: TranscriptDatabase) -> None:
     store.apply([append(S1, 1, "p"), append(S2, 1), append(S1, 2, "p"), append(S1, 3, "p")])
     assert store.raw_events(S1) == [
         ev(1, prompt_id="p"),
@@ -208,7 +208,7 @@ def test_append_event_keeps_order_and_sessions_apart(store: TranscriptStore) -> 
     assert store.max_raw_event_id(S1) == 3
 
 
-def test_admit_prompt_is_in_flight_until_finished(store: TranscriptStore) -> None:
+def test_admit_prompt_is_in_flight_until_finished(store: TranscriptDatabase) -> None:
     store.apply([AdmitPrompt(S1, "p1", 10), AdmitPrompt(S1, "p2", 11), AdmitPrompt(S1, "p1", 99)])
     assert store.in_flight_prompts(S1) == ["p1", "p2"]
     row = store.get_prompt(S1, "p1")
@@ -225,7 +225,7 @@ def test_admit_prompt_is_in_flight_until_finished(store: TranscriptStore) -> Non
     )
 
 
-def test_finish_turn_deletes_only_raw_events_before_it(store: TranscriptStore) -> None:
+def test_finish_turn_deletes_only_raw_events_before_it(store: TranscriptDatabase) -> None:
     store.apply([append(S1, 1, "p1"), append(S2, 1)])
     store.apply(
         [
@@ -250,7 +250,7 @@ def test_finish_turn_deletes_only_raw_events_before_it(store: TranscriptStore) -
     assert store.newest_record_id(S2) is None
 
 
-def test_delete_session_removes_everything(store: TranscriptStore) -> None:
+def test_delete_session_removes_everything(store: TranscriptDatabase) -> None:
     store.apply(
         [AdmitPrompt(S1, "p1", 1), append(S1, 1), finish(S1, "p1", [rec(1)]), append(S1, 2)]
     )
@@ -263,7 +263,7 @@ def test_delete_session_removes_everything(store: TranscriptStore) -> None:
     assert store.get_session(S2) is not None
 
 
-def test_ops_for_an_unknown_session_write_nothing(store: TranscriptStore) -> None:
+def test_ops_for_an_unknown_session_write_nothing(store: TranscriptDatabase) -> None:
     store.apply([DeleteSession(S1)])
     store.apply(
         [append(S1, 5), AdmitPrompt(S1, "late", 1), finish(S1, "late", [rec(7)]), MarkClosed(S1)]
@@ -276,7 +276,7 @@ def test_ops_for_an_unknown_session_write_nothing(store: TranscriptStore) -> Non
     assert store.newest_record_id(S2) == rec(7)[0]
 
 
-def test_a_session_deleted_earlier_in_the_same_batch_gets_no_rows(store: TranscriptStore) -> None:
+def test_a_session_deleted_earlier_in_the_same_batch_gets_no_rows(store: TranscriptDatabase) -> None:
     store.apply([append(S1, 1), append(S2, 2), DeleteSession(S1), append(S1, 3), append(S2, 4),
                  UpsertSession(S1, "/w", 300), append(S1, 5)])
     assert store.raw_events(S1) == [ev(5)]
@@ -287,7 +287,7 @@ def test_event_only_batches_follow_the_committed_sessions(tmp_path: Path) -> Non
     """Batches of nothing but events take the short path (the stored sessions as
     committed decide): it must agree with the full path at every change of the set."""
     path = tmp_path / "t.db"
-    store = TranscriptStore(path)
+    store = TranscriptDatabase(path)
     store.apply([append(S1, 1)])  # never created
     assert store.raw_events(S1) == []
     store.apply([UpsertSession(S1, "/w", 1)])
@@ -304,14 +304,14 @@ def test_event_only_batches_follow_the_committed_sessions(tmp_path: Path) -> Non
     assert store.raw_events(S1) == []
     store.apply([UpsertSession(S2, "/w", 2)])
     store.close()
-    reopened = TranscriptStore(path)  # the set is read back from the file
+    reopened = TranscriptDatabase(path)  # the set is read back from the file
     reopened.apply([append(S2, 8), append(S1, 9)])
     assert reopened.raw_events(S2) == [ev(8)]
     assert reopened.raw_events(S1) == []
     reopened.close()
 
 
-def test_a_big_batch_is_split_into_rows_below_the_mmap_threshold(store: TranscriptStore) -> None:
+def test_a_big_batch_is_split_into_rows_below_the_mmap_threshold(store: TranscriptDatabase) -> None:
     """A batch's run of events is joined into rows of at most ROW_MAX_BYTES (below malloc's
     mmap threshold, so neither the join nor SQLite's copy is a fresh mapping), never splitting
     an event; each row's event_id is its own last event, and reading back gives every event
@@ -389,7 +389,7 @@ def test_no_statement_keeps_a_batch_bound_after_it_is_written(tmp_path: Path, wh
     assert memory_used() - before >= 8 * _MIB
     probe.close()
 
-    store = TranscriptStore(tmp_path / "transcript.db")
+    store = TranscriptDatabase(tmp_path / "transcript.db")
     store.apply([UpsertSession(S1, "/w", 100)])
     store.apply([append(S1, 1)])
     ops = _BIG_WRITES[what]()
@@ -412,7 +412,7 @@ def test_an_event_batch_is_written_whole_or_not_at_all(tmp_path: Path, sessions:
     """A batch of events, however many rows it makes (one INSERT statement for a few rows, a
     transaction of them for many), is one transaction: a row that cannot be written (here a
     NULL event id, which the schema refuses) leaves none of the batch's rows behind."""
-    store = TranscriptStore(tmp_path / "t.db")
+    store = TranscriptDatabase(tmp_path / "t.db")
     ids = [str(uuid.UUID(int=n + 1)) for n in range(sessions)]
     store.apply([UpsertSession(sid, "/w", 1) for sid in ids])
     good = [append(ids[n % sessions], n + 1) for n in range(sessions * 2)]
@@ -441,7 +441,7 @@ def test_commits_write_each_page_once(tmp_path: Path) -> None:
     trunk page (changed again with every page freed) out of the cache over and over. Every
     byte this thread writes during a commit is then one WAL frame."""
     path = tmp_path / "t.db"
-    store = TranscriptStore(path)
+    store = TranscriptDatabase(path)
     store.apply([UpsertSession(S1, "/w", 1)])
     body = "q" * 10_000
     event_id = 0
@@ -472,7 +472,7 @@ def _file_bytes(path: Path) -> bytes:
 
 def test_a_deleted_session_leaves_none_of_its_bytes_in_the_files(tmp_path: Path) -> None:
     path = tmp_path / "t.db"
-    store = TranscriptStore(path)
+    store = TranscriptDatabase(path)
     marker = b"SECRET-7f3a9c"
     body = (marker * (300_000 // len(marker))).decode()  # several overflow pages per row
     store.apply([UpsertSession(S1, "/w", 1), UpsertSession(S2, "/w", 2)])
@@ -496,7 +496,7 @@ def test_a_turn_boundary_does_not_rewrite_the_pages_it_frees(tmp_path: Path) -> 
     """The raw events a turn boundary deletes are not zeroed page by page (the compacted
     records keep their content): the boundary's commit writes a few pages, not the turn."""
     path = tmp_path / "t.db"
-    store = TranscriptStore(path)
+    store = TranscriptDatabase(path)
     store.apply([UpsertSession(S1, "/w", 1)])
     text = "y" * 4000
     for batch in range(8):  # 8 rows of 100 events: about 3 MB, ~50 pages of overflow
@@ -511,7 +511,7 @@ def test_a_turn_boundary_does_not_rewrite_the_pages_it_frees(tmp_path: Path) -> 
     assert wal_frames <= 12, f"{wal_frames} WAL frames for a boundary that freed {freed} pages"
 
 
-def test_failed_batch_rolls_back_entirely(store: TranscriptStore) -> None:
+def test_failed_batch_rolls_back_entirely(store: TranscriptDatabase) -> None:
     store.apply([finish(S1, "p0", [rec(1)])])
     with pytest.raises(sqlite3.IntegrityError):
         store.apply(
@@ -535,7 +535,7 @@ def test_failed_batch_rolls_back_entirely(store: TranscriptStore) -> None:
 # --- ledger ----------------------------------------------------------------------------------
 
 
-def test_prompt_terminals_shape_order_and_limit(store: TranscriptStore) -> None:
+def test_prompt_terminals_shape_order_and_limit(store: TranscriptDatabase) -> None:
     store.apply(
         [
             AdmitPrompt(S1, "p1", 1),
@@ -560,7 +560,7 @@ def test_prompt_terminals_shape_order_and_limit(store: TranscriptStore) -> None:
     assert to_builtins(store.prompt_terminals(S2)) == []
 
 
-def test_first_terminal_wins(store: TranscriptStore) -> None:
+def test_first_terminal_wins(store: TranscriptDatabase) -> None:
     store.apply([AdmitPrompt(S1, "p1", 1), finish(S1, "p1", [rec(1)], "completed", "end_turn", 10)])
     store.apply([finish(S1, "p1", [rec(2)], "error", None, 20)])
     assert to_builtins(store.prompt_terminals(S1)) == [
@@ -568,7 +568,7 @@ def test_first_terminal_wins(store: TranscriptStore) -> None:
     ]
 
 
-def test_terminal_without_admission_is_recorded(store: TranscriptStore) -> None:
+def test_terminal_without_admission_is_recorded(store: TranscriptDatabase) -> None:
     store.apply([finish(S1, "px", [rec(1)], "interrupted", None, 7)])
     assert to_builtins(store.prompt_terminals(S1)) == [
         {"v": 1, "promptId": "px", "terminal": "interrupted", "at": 7}
@@ -578,7 +578,7 @@ def test_terminal_without_admission_is_recorded(store: TranscriptStore) -> None:
 # --- paging ----------------------------------------------------------------------------------
 
 
-def fill(store: TranscriptStore, sid: str, turns: list[int], start: int = 1) -> list[bytes]:
+def fill(store: TranscriptDatabase, sid: str, turns: list[int], start: int = 1) -> list[bytes]:
     """Store turns of the given record counts; return every record's raw in order."""
     out: list[bytes] = []
     n = start
@@ -590,7 +590,7 @@ def fill(store: TranscriptStore, sid: str, turns: list[int], start: int = 1) -> 
     return out
 
 
-def test_newest_page_has_records_then_raw_events(store: TranscriptStore) -> None:
+def test_newest_page_has_records_then_raw_events(store: TranscriptDatabase) -> None:
     raws = fill(store, S1, [3, 3, 4])
     store.apply([append(S1, 50, "live"), append(S1, 51, "live")])
     page = store.page(S1, limit=3)
@@ -603,7 +603,7 @@ def test_newest_page_has_records_then_raw_events(store: TranscriptStore) -> None
     assert (everything.has_more, everything.next_cursor) == (False, None)
 
 
-def test_cursor_chain_covers_everything_once(store: TranscriptStore) -> None:
+def test_cursor_chain_covers_everything_once(store: TranscriptDatabase) -> None:
     raws = fill(store, S1, [7] * 15)  # 105 records
     store.apply([append(S1, 999)])
     pages = [store.page(S1, limit=10)]
@@ -620,7 +620,7 @@ def test_cursor_chain_covers_everything_once(store: TranscriptStore) -> None:
     assert [len(p.events) for p in pages[1:]] == [10] * 9 + [5]
 
 
-def test_before_record_id(store: TranscriptStore) -> None:
+def test_before_record_id(store: TranscriptDatabase) -> None:
     raws = fill(store, S1, [4, 4])
     store.apply([append(S1, 77)])
     anchor = rec(6)[0]
@@ -635,14 +635,14 @@ def test_before_record_id(store: TranscriptStore) -> None:
     assert (oldest.events, oldest.has_more, oldest.next_cursor) == ([], False, None)
 
 
-def test_page_of_a_session_without_records(store: TranscriptStore) -> None:
+def test_page_of_a_session_without_records(store: TranscriptDatabase) -> None:
     store.apply([append(S2, 1)])
     page = store.page(S2, limit=5)
     assert (page.events, page.has_more, page.next_cursor) == ([ev(1)], False, None)
     assert store.page("unknown", limit=5).events == []
 
 
-def test_invalid_cursors_and_record_ids(store: TranscriptStore) -> None:
+def test_invalid_cursors_and_record_ids(store: TranscriptDatabase) -> None:
     fill(store, S1, [3])
     fill(store, S2, [2], start=100)
     good = store.page(S1, limit=1).next_cursor
@@ -670,7 +670,7 @@ def test_invalid_cursors_and_record_ids(store: TranscriptStore) -> None:
 )
 def test_paging_property(turns: list[int], limit: int, raw_count: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        store = TranscriptStore(Path(tmp) / "t.db")
+        store = TranscriptDatabase(Path(tmp) / "t.db")
         store.apply([UpsertSession(S1, "/w", 1)])
         raws = fill(store, S1, turns)
         live = [ev(1000 + i) for i in range(raw_count)]
@@ -692,7 +692,7 @@ def test_paging_property(turns: list[int], limit: int, raw_count: int) -> None:
 # --- restore seeding -------------------------------------------------------------------------
 
 
-def seed_turns(store: TranscriptStore) -> list[list[tuple[str, bytes]]]:
+def seed_turns(store: TranscriptDatabase) -> list[list[tuple[str, bytes]]]:
     """Four turns of 100-byte records: 2, 3, 1 and 2 records."""
     turns: list[list[tuple[str, bytes]]] = []
     n = 1
@@ -704,7 +704,7 @@ def seed_turns(store: TranscriptStore) -> list[list[tuple[str, bytes]]]:
     return turns
 
 
-def test_newest_records_by_byte_budget(store: TranscriptStore) -> None:
+def test_newest_records_by_byte_budget(store: TranscriptDatabase) -> None:
     turns = seed_turns(store)
     flat = [r for t in turns for r in t]
     # Exactly the last two turns fit in 300 bytes.
@@ -722,7 +722,7 @@ def test_newest_records_by_byte_budget(store: TranscriptStore) -> None:
     assert store.newest_records(S2, 1000) == ([], 0, 0)
 
 
-def test_raw_events_and_records_after_restore_style_close(store: TranscriptStore) -> None:
+def test_raw_events_and_records_after_restore_style_close(store: TranscriptDatabase) -> None:
     """The restore path: an in-flight prompt's raw events are read back, compacted by the caller
     and closed with an interrupted terminal in one batch."""
     store.apply([AdmitPrompt(S1, "p1", 1), append(S1, 1, "p1", "a"), append(S1, 2, "p1", "b")])

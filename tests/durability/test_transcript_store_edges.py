@@ -8,18 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from daemon.transcript_store import InvalidCursor, TranscriptStore, UpsertSession
+from daemon.transcript_store import InvalidCursor, TranscriptDatabase, UpsertSession
 from tests.builders.transcript_store import S1, S2, append, finish, rec
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> TranscriptStore:
-    s = TranscriptStore(tmp_path / "transcript.db")
+def store(tmp_path: Path) -> TranscriptDatabase:
+    s = TranscriptDatabase(tmp_path / "transcript.db")
     s.apply([UpsertSession(S1, "/w", 100, "acp-1"), UpsertSession(S2, "/w2", 200)])
     return s
 
 
-def test_pages_walk_back_exactly_limit_records_at_a_time(store: TranscriptStore) -> None:
+def test_pages_walk_back_exactly_limit_records_at_a_time(store: TranscriptDatabase) -> None:
     records = [rec(n) for n in range(1, 8)]
     store.apply([finish(S1, None, records), append(S1, 50)])
     first = store.page(S1, limit=3)
@@ -40,7 +40,7 @@ def test_pages_walk_back_exactly_limit_records_at_a_time(store: TranscriptStore)
     assert store.page(S1, limit=6).has_more is True
 
 
-def test_cursors_are_opaque_and_round_trip_any_record_id(store: TranscriptStore) -> None:
+def test_cursors_are_opaque_and_round_trip_any_record_id(store: TranscriptDatabase) -> None:
     # Ids of every length mod 3, so the base64 padding differs.
     # "aaW" encodes to a token ending in "X"; "abcdefg" to a 10-character one.
     ids = ["a", "ab", "abc", "abcd", "é", "aaW", "abcdefg", "x"]
@@ -55,7 +55,7 @@ def test_cursors_are_opaque_and_round_trip_any_record_id(store: TranscriptStore)
     assert seen == [[raw] for _, raw in reversed(records)]
 
 
-def test_refusals_name_the_problem(store: TranscriptStore) -> None:
+def test_refusals_name_the_problem(store: TranscriptDatabase) -> None:
     store.apply([finish(S1, None, [rec(1)]), finish(S2, None, [rec(2)])])
     with pytest.raises(ValueError, match=r"^page limit must be >= 1, got 0$"):
         store.page(S1, limit=0)
@@ -77,7 +77,7 @@ def test_refusals_name_the_problem(store: TranscriptStore) -> None:
         store.page(S1, limit=1, cursor="nope")
 
 
-def test_records_by_id_in_the_asked_order_across_sql_batches(store: TranscriptStore) -> None:
+def test_records_by_id_in_the_asked_order_across_sql_batches(store: TranscriptDatabase) -> None:
     records = [rec(n) for n in range(1, 1202)]
     store.apply([finish(S1, None, records)])
     wanted = [records[i][0] for i in (1200, 0, 600, 499, 500, 1000, 0)]
@@ -90,7 +90,7 @@ def test_records_by_id_in_the_asked_order_across_sql_batches(store: TranscriptSt
     assert store.records_by_id(S1, []) == []
 
 
-def test_raw_events_keep_spaces_inside_their_json(store: TranscriptStore) -> None:
+def test_raw_events_keep_spaces_inside_their_json(store: TranscriptDatabase) -> None:
     store.apply([append(S1, 1, text="a b  c"), append(S1, 2, text="d\te")])
     assert store.raw_events(S1) == [append(S1, 1, text="a b  c").raw,
                                     append(S1, 2, text="d\te").raw]

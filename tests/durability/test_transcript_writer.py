@@ -19,7 +19,7 @@ from daemon.transcript_store import (
     DeleteSession,
     FinishTurn,
     Op,
-    TranscriptStore,
+    TranscriptDatabase,
     UpsertSession,
 )
 from daemon.transcript_writer import TranscriptWriter, in_worker_thread
@@ -33,7 +33,7 @@ def append(sid: str, event_id: int) -> AppendEvent:
     return AppendEvent(sid, event_id, None, b'{"id":%d}' % event_id)
 
 
-class CountingStore(TranscriptStore):
+class CountingStore(TranscriptDatabase):
     """Records every batch size; can hold a batch inside apply() until released, and can be
     told to raise for the next batches."""
 

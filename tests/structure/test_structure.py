@@ -245,14 +245,7 @@ def public_classes(paths: Iterator[Path]) -> dict[str, list[str]]:
     return found
 
 
-# Not yet one: the SDK's own result types beside the protocol's bodies, the daemon's page of
-# stored events, the model's record store, the mock agent's config error. A name leaves this
-# list when it is one class; no name may join it.
-KNOWN_DUPLICATES = frozenset({"ConfigError", "PromptTerminal", "TranscriptPage",
-                              "TranscriptStore"})
-
-
 def test_one_public_class_name_means_one_class() -> None:
     twice = {name: where for name, where in public_classes(product_modules()).items()
              if len(where) > 1}
-    assert set(twice) - KNOWN_DUPLICATES == set(), twice
+    assert twice == {}
