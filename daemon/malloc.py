@@ -32,10 +32,9 @@ ARENA_MAX: Final = 1
 MMAP_THRESHOLD: Final = 512 * 1024
 # Setting the mmap threshold also freezes the heap's trim threshold (free bytes at the top of the
 # heap that glibc gives back on a free) at its 128 KiB default: at full speed the top then
-# shrinks and grows again all the time, twice the page faults of an untuned daemon over a turn
-# (measured: ~25,000 against ~13,000 minor faults over a 200,000-chunk turn to one subscriber).
-# 2 MiB of top slack brings them back to the untuned level (1 MiB did not); ``trim`` still
-# releases everything.
+# shrinks and grows again all the time, twice the page faults of an untuned daemon over a turn.
+# 2 MiB of top slack brings them back to the untuned level; ``trim`` still releases everything
+# (figures: benchmarks/README.md, "Figures behind the code").
 TRIM_THRESHOLD: Final = 2 * 1024 * 1024
 
 

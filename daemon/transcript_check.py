@@ -8,7 +8,7 @@ written. This task does the rest while the daemon already answers:
 1. SQLite's ``integrity_check`` (everything ``quick_check`` does, and every index entry
    against its table). It holds the one connection, so it yields: a commit or a read that
    needs the connection cuts it, and it starts again after a pause; the last attempt runs to
-   its end whatever waits (about a second per GB, measured on a 1.3 GB transcript).
+   its end whatever waits.
 2. Every row's checksum, a few rows per turn on the connection, so commits pass in between.
 
 What it finds is recorded on the writer (:meth:`TranscriptWriter.note_damage`): the sessions

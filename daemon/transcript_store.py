@@ -124,11 +124,10 @@ WAL_CHECKPOINT_BYTES: Final = 4 * 1024 * 1024
 # Largest raw_events row a batch's events are joined into (a single bigger event gets a row of
 # its own). Kept below the daemon's fixed malloc mmap threshold (``daemon.malloc``): a row is
 # built twice, by the join and by SQLite's copy of the bound blob, and a block at or above the
-# threshold is a fresh mmap each time, page-faulted in and unmapped again (``benchmarks
-# transcript_cost``, store CPU per 1,000 events: 0.63-0.71 ms against 0.99-1.10 ms with 16 MiB
-# rows). Such heap rows once fragmented the heap (RSS growth 4x a 1,000,000-chunk open turn's
-# text) only because cached statements kept them bound long after their batch; with statements
-# not cached (see ``__init__``) each is freed as soon as its INSERT is done.
+# threshold is a fresh mmap each time, page-faulted in and unmapped again (``python -m
+# benchmarks transcript_cost``; figures: benchmarks/README.md, "Figures behind the code").
+# Statements are not cached (see ``__init__``), so each row is freed as soon as its INSERT is
+# done.
 ROW_MAX_BYTES: Final = MMAP_THRESHOLD - 64 * 1024
 
 _SCHEMA: Final = """
@@ -478,11 +477,11 @@ class TranscriptDatabase:
         # writes some out early ("spills" them to the WAL mid-transaction), and a spilled page
         # the transaction changes again is written again. The turn boundary did that all the
         # time: deleting a turn's raw rows reads every overflow page, which pushed the
-        # freelist trunk page (changed with every page freed) out of the cache over and over:
-        # 2.2 MB written for a 0.66 MB commit of a 17 MB turn, 9.5 MB for a 35 MB one. Up to
-        # CACHE_SPILL_KIB of dirty pages now stay in memory for the length of a transaction;
-        # a huge record (the compacted text of a 300 MB turn) still spills beyond that. Cost:
-        # about 0.5 MB more RSS (measured after malloc_trim, 900 KB batches and boundaries).
+        # freelist trunk page (changed with every page freed) out of the cache over and over,
+        # writing several times the commit's bytes. Up to CACHE_SPILL_KIB of dirty pages stay
+        # in memory for the length of a transaction; a huge record (the compacted text of a
+        # 300 MB turn) still spills beyond that (figures: benchmarks/README.md, "Figures
+        # behind the code").
         page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
         conn.execute(f"PRAGMA cache_spill={max(1, CACHE_SPILL_KIB * 1024 // page_size)}")
         # Checkpoint at about 4 MiB of WAL whatever the page size (the default, 1,000 pages,

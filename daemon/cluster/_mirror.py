@@ -125,8 +125,7 @@ class Mirrors:
         epoch (a takeover) moves the mirror to it, its readers keep their streams."""
         key = session_keys(session_id).events
         # A client of its own: a blocking XREAD holds its connection for up to
-        # MIRROR_BLOCK_MS, which the node's lookups, appends and renewals must not wait for
-        # (measured: forwarded requests waited up to 270 ms behind it).
+        # MIRROR_BLOCK_MS, which the node's lookups, appends and renewals must not wait for.
         client = self.redis.new_client()
         try:
             async with client:

@@ -30,9 +30,8 @@ agent channel paces its reads, ``daemon.streams`` gathers its writes):
   of one pays it a third as often per event. Bounded by bytes (:data:`GATHER_BYTES`, about 350
   chunk frames) and by frames (a quarter of ``maxQueued``, so that with the next group the
   subscriber stays under half its cap, where flow control starts), and to
-  :data:`GATHER_PASSES` passes per write. Measured in-process (cachegrind, real Hypercorn, a
-  publisher yielding between 64-line groups): 1 pass below 64 KiB took the instructions per
-  event per extra subscriber from ~2,390 to ~2,000, 3 passes below 128 KiB to ~1,650.
+  :data:`GATHER_PASSES` passes per write (the figures behind these bounds:
+  benchmarks/README.md, "Figures behind the code").
 """
 
 from __future__ import annotations

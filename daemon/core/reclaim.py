@@ -2,12 +2,10 @@
 
 Events above Python's small-object size (a text chunk's envelope past ~500 bytes) come from the C
 heap. When newer events push them out of the ring and the live journals, they leave free holes
-below live objects, and glibc returns memory to the OS only from the top of the heap: after the
-replay window's five turns of 1 KB chunks and a turn of short chunks that replaced them, about
-9 MB of a daemon's 75 MB were such holes (measured with ``malloc_trim`` at full caps). Trimming
-gives them back, but it costs about 1-2 ms when it releases tens of MB (about 50 us when there
-is nothing to release), so it runs once enough bytes have gone through the buses, when
-publishing pauses, and at most about once a second while it does not.
+below live objects, and glibc returns memory to the OS only from the top of the heap. Trimming
+gives them back, but it costs milliseconds when it releases tens of MB, so it runs once enough
+bytes have gone through the buses, when publishing pauses, and at most about once a second
+while it does not (figures: benchmarks/README.md, "Figures behind the code").
 
 Pure: :class:`ReclaimPolicy` is told the bytes published and the times, and says when to trim.
 """

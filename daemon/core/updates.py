@@ -152,30 +152,26 @@ def plain_chunk_lines(lines: list[bytes], prefix: bytes) -> tuple[list[bytes], C
 
     Every check is one pass over the batch's bytes in C, never a Python call per line: this
     runs on every agent read of a turn.
-
-    - No line holds a newline (lines from ``acp_codec.LineSplitter`` never do; one ``in``
-      over the middles joined says so for all of them).
-    - The lines joined by newlines start with ``prefix{``, end with ``}}``, and hold
-      ``}}\n prefix{`` once per joint: with no other newline, every occurrence is at a joint,
-      so every line starts with ``prefix`` and an object and ends with ``}}``.
-    - The middles joined as ``[m1\n,m2\n,...]`` decode as plain chunks, one decoder per
-      kind, so the decode itself says they are all of one kind. A JSON string cannot hold a
-      raw newline, so every joint lies outside strings; a joint inside a chunk object would
-      put the next middle's first byte, ``{``, where a member name must start: so every joint
-      separates two elements of the array, and as many elements as lines leaves exactly one
-      per line. Each line is then valid JSON, and its update a plain text chunk.
     """
     count = len(lines)
     if not count:
         return None
     updates = list(map(_middle_of(len(prefix)), lines))
+    # No line holds a newline (lines from acp_codec.LineSplitter never do).
     if b"\n" in b"".join(updates):
         return None
+    # Joined by newlines, the lines start with prefix{, end with }}, and hold }}\n prefix{ once
+    # per joint: with no other newline every occurrence is at a joint, so every line starts
+    # with prefix and an object and ends with }}.
     head = prefix + b"{"
     block = b"\n".join(lines)
     if (not block.startswith(head) or not block.endswith(_UPDATE_SUFFIX)
             or block.count(_UPDATE_SUFFIX + b"\n" + head) != count - 1):
         return None
+    # The middles as [m1\n,m2\n,...] decode as plain chunks of one kind. A JSON string cannot
+    # hold a raw newline, so every joint lies outside strings, and a joint inside an object
+    # would put a middle's first byte, {, where a member name must start: each joint separates
+    # two elements, and as many elements as lines leaves one per line.
     joined = b"[" + b"\n,".join(updates) + b"]"
     for decode in _DECODE_RUN:
         try:

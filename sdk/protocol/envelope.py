@@ -19,9 +19,9 @@ it does not understand whole); a frame whose envelope fields have other JSON typ
 plain values and checked field by field, with the same result. The typed payload (:attr:`DaemonEvent.payload`) is
 decoded from the frame's bytes by the decoder of the frame's ``type`` (see
 :mod:`sdk.protocol.events`), on first use — never converted from the already-built dict, and
-never at all for a consumer that does not look at it. (A first decoder with ``data`` as
-:class:`msgspec.Raw` followed by a plain decode of ``data`` measured slower on the SSE path:
-it scans the payload bytes twice before any typed decode.)
+never at all for a consumer that does not look at it. (Not a first decoder with ``data`` as
+:class:`msgspec.Raw` and then a plain decode of ``data``: that scans the payload bytes twice
+before any typed decode.)
 
 Validity (both sides apply the same rules): a JSON object, ``v == 1`` (``true`` is not 1), a
 string ``type``, and, when the ``id`` key is present, an integer in 1..2^53−1 (``7.0`` is 7).
