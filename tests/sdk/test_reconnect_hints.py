@@ -19,6 +19,7 @@ from sdk._client import DEFAULT_MAX_QUEUED, DaemonClient, route_name
 from sdk._errors import DaemonError, SessionNotFoundError, error_for_status
 from sdk._session import ReconnectPolicy, SessionHandle, SubscriptionState
 from sdk.protocol.sse import SSEParser
+from tests.builders import wire_bodies
 from tests.builders.sdk_session import EventLog, RecordingSleep, Stops, sse, sse_body, update
 from tests.harness import RunningDaemon, running_daemon
 
@@ -110,9 +111,7 @@ def gone() -> httpx.Response:
 
 
 def resumed() -> httpx.Response:
-    return httpx.Response(
-        200, json={"sessionId": "s1", "clientId": "client_r", "lastEventId": 0, "eventEpoch": "E2"}
-    )
+    return httpx.Response(200, json=wire_bodies.resume("s1", epoch="E2", clientId="client_r"))
 
 
 async def test_retry_after_on_503_and_429_sets_the_reconnect_wait() -> None:

@@ -24,6 +24,7 @@ from sdk._repair import DEGRADED_TEXT, INCOMPLETE_TEXT, NOTICE_CODE, NOTICE_MESS
 from sdk._repair_driver import RepairCandidate, RepairDriver, RepairOutcome, RepairOutcomeKind
 from sdk._session import SessionHandle, SubscriptionState
 from sdk.protocol.envelope import DaemonEvent
+from tests.builders import wire_bodies
 from tests.builders.sdk_session import EventLog, gate_name
 from tests.fault_proxy import FaultProxy
 from tests.harness import RunningDaemon, running_daemon
@@ -181,18 +182,10 @@ async def test_repair_reloads_once_and_hands_the_subscription_to_the_candidate(
 
 
 def fake_load_body(session_id: str, *, degraded: bool) -> dict[str, Any]:
-    return {
-        "sessionId": session_id,
-        "clientId": "client_fake-candidate",
-        "attached": True,
-        "state": {},
-        "hasActivePrompt": False,
-        "compactedReplay": [],
-        "liveJournal": [],
-        "lastEventId": 1,
-        "eventEpoch": "not-the-real-epoch",
-        "replayDegraded": degraded,
-    }
+    return wire_bodies.resume(
+        session_id, last_event_id=1, epoch="not-the-real-epoch",
+        clientId="client_fake-candidate", compactedReplay=[], liveJournal=[],
+        replayDegraded=degraded)
 
 
 @dataclass(frozen=True)
