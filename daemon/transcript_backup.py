@@ -3,7 +3,7 @@
 Synchronous (sqlite3 and one thread); the Trio shell is :mod:`daemon.backup`.
 
 While the daemon runs, its connection holds the file with an exclusive lock (see
-``TranscriptStore._connect``), so no other connection, in this process or another, can read it:
+``TranscriptDatabase._connect``), so no other connection, in this process or another, can read it:
 the copy is made from that connection. :class:`SteppedBackup` runs ``Connection.backup`` in a
 thread of its own, which copies ``pages`` pages and then waits in the progress callback until it
 is told to take the next step. Each step is taken while the caller holds the writer's connection
@@ -25,7 +25,7 @@ import threading
 from pathlib import Path
 from typing import Final, Literal
 
-from .transcript_store import TranscriptStore
+from .transcript_store import TranscriptDatabase
 
 __all__ = ["STEP_PAGES", "BackupStopped", "SteppedBackup", "backup_file", "check_copy"]
 
@@ -46,7 +46,7 @@ class SteppedBackup:
     connection to itself (no other statement runs on it until the call returns). Between two
     calls the connection is free for the writer."""
 
-    def __init__(self, store: TranscriptStore, dest: Path, *, pages: int = STEP_PAGES) -> None:
+    def __init__(self, store: TranscriptDatabase, dest: Path, *, pages: int = STEP_PAGES) -> None:
         self.store = store
         self.dest = dest
         self.pages = pages
@@ -88,7 +88,7 @@ class SteppedBackup:
         if not self._go.get():
             raise BackupStopped("stopped")
 
-    def step(self, _store: TranscriptStore | None = None) -> bool:
+    def step(self, _store: TranscriptDatabase | None = None) -> bool:
         """Take the next step; ``True`` once the copy is complete. Raises what the backup
         raised (a full disk, a file that cannot be written)."""
         if self._over:
@@ -103,7 +103,7 @@ class SteppedBackup:
             raise error
         return True
 
-    def stop(self, _store: TranscriptStore | None = None) -> None:
+    def stop(self, _store: TranscriptDatabase | None = None) -> None:
         """Abandon the backup (the copy is left incomplete: the caller removes it)."""
         if self._over:
             return

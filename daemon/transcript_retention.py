@@ -123,7 +123,7 @@ def vacuum_step(store: TranscriptDatabase, pages: int) -> int:
 _FILLER: Final = ""
 
 
-def wipe_step(store: TranscriptStore, pages: int) -> int:
+def wipe_step(store: TranscriptDatabase, pages: int) -> int:
     """Overwrite at most ``pages`` free pages with zeros: one row of zeros that takes them
     (SQLite gives a new row's pages from the free list first), committed. Returns the free
     pages left; :func:`wipe_done` removes the rows once none is."""
@@ -146,7 +146,7 @@ def wipe_step(store: TranscriptStore, pages: int) -> int:
     return _pragma(conn, "freelist_count")
 
 
-def wipe_done(store: TranscriptStore) -> None:
+def wipe_done(store: TranscriptDatabase) -> None:
     """Remove the rows :func:`wipe_step` wrote: their pages go back to the free list holding
     zeros."""
     conn = store.connection

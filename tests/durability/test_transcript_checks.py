@@ -457,7 +457,7 @@ def test_recovery_does_not_bring_back_raw_events_a_turn_boundary_deleted(tmp_pat
     data = tmp_path / "data"
     data.mkdir()
     db = data / TRANSCRIPT_FILE
-    store = TranscriptStore(db)
+    store = TranscriptDatabase(db)
     p2 = "0b1c2d3e-4f50-4a6b-8c7d-8e9fa0b1c2d3"
     store.apply([UpsertSession(S1, "/w", 1), UpsertSession(S2, "/w", 2),
                  AdmitPrompt(S1, P1, 3)])
@@ -506,7 +506,7 @@ def test_recovery_does_not_bring_back_raw_events_a_turn_boundary_deleted(tmp_pat
     assert report.dropped["raw_events (of an ended prompt)"] == len(back)
     assert report.kept["raw_events"] == 0
     assert S1 not in report.sessions_with_losses
-    store = TranscriptStore(db, quick_check_s=60)
+    store = TranscriptDatabase(db, quick_check_s=60)
     try:
         assert store.integrity_problems() == []
         assert store.raw_events(S1) == []
