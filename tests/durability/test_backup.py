@@ -215,3 +215,24 @@ def test_no_persistence_daemon_has_nothing_to_back_up(tmp_path: Path) -> None:
     with running_daemon(tmp_path, ["--no-persistence"]) as daemon:
         result = backup(tmp_path / "c.sqlite3", "--url", daemon.url, token=None)
     assert result.returncode == 1 and "transcript_unavailable" in result.stderr, result.stderr
+
+
+def test_a_stopped_daemons_log_is_part_of_the_direct_copy(tmp_path: Path) -> None:
+    """A daemon that died leaves its committed rows in the write-ahead log only: the direct
+    copy holds them."""
+    data = tmp_path / "data"
+    data.mkdir()
+    writer = ("import os, sys\n"
+              "from daemon.transcript_store import AppendEvent, TranscriptStore, UpsertSession\n"
+              "store = TranscriptStore(sys.argv[1])\n"
+              "store.apply([UpsertSession('s1', '/w', 1)])\n"
+              "store.apply([AppendEvent('s1', n, None, b'{\"id\":%d}' % n) for n in range(1, 50)])\n"
+              "os._exit(0)\n")  # no close: nothing is checkpointed into the file
+    subprocess.run([sys.executable, "-c", writer, str(data / "transcript.sqlite3")], check=True,
+                   timeout=60)
+    assert (data / "transcript.sqlite3-wal").stat().st_size > 0
+    result = backup(tmp_path / "copy.sqlite3", "--data-dir", str(data))
+    assert result.returncode == 0, result.stderr
+    conn = sqlite3.connect(tmp_path / "copy.sqlite3")
+    assert conn.execute("SELECT count(*), max(event_id) FROM raw_events").fetchone() == (1, 49)
+    conn.close()
