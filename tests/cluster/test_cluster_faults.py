@@ -20,6 +20,7 @@ import trio
 
 from benchmarks.redis_launcher import HAVE_REDIS, SKIP_REASON, redis_server
 from daemon.core.cluster import session_keys
+from tests.builders.cluster import lease_gone, owner_of
 from tests.cluster_chaos import (
     LEASE_MS,
     TIMEOUT,
@@ -47,22 +48,6 @@ ROUNDS = int(os.environ.get("TK_CHAOS_ROUNDS", "1"))
 def chaos_round(request: pytest.FixtureRequest) -> int:
     """Every test once in ``make test``; ``make chaos-cluster`` repeats each of them."""
     return int(request.param)
-
-
-async def owner_of(client: httpx.AsyncClient, sid: str, timeout: float = 20) -> str:
-    """The session's owner once a status answers (a takeover may be needed first)."""
-    with trio.fail_after(timeout):
-        while True:
-            resp = await client.get(f"/session/{sid}/status")
-            if resp.status_code == 200:
-                return str(resp.json()["ownerNodeId"])
-            await trio.sleep(0.05)  # polling the cluster's own answer
-
-
-async def lease_gone(redis_cli: object, sid: str, timeout: float = 20) -> None:
-    with trio.fail_after(timeout):
-        while redis_cli("PTTL", session_keys(sid).lease) != "-2":  # type: ignore[operator]
-            await trio.sleep(0.02)  # polling Redis' own state
 
 
 async def test_owner_paused_past_its_lease(tmp_path: Path) -> None:

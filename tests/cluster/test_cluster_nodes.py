@@ -28,10 +28,11 @@ import pytest
 import trio
 
 from benchmarks.redis_launcher import HAVE_REDIS, SKIP_REASON, redis_cluster, redis_server
-from daemon.core.cluster import decode_op, event_run, session_keys
+from daemon.core.cluster import event_run, session_keys
 from daemon.core.envelope import decode_json
 from daemon.core.transcript_ops import AppendEvent, FinishTurn
 from sdk._client import DaemonClient
+from tests.builders.cluster import op_log, stream_entries
 from tests.harness import RunningDaemon, start_daemon
 from tests.sse_client import Subscriber, chunk_kind, is_terminal_for
 
@@ -63,18 +64,6 @@ def nodes(base: Path, redis_url: str, names: str, *extra: str, token: str | None
 def _resume(daemon: RunningDaemon) -> None:
     if daemon.proc.poll() is None:
         daemon.proc.send_signal(signal.SIGCONT)
-
-
-async def op_log(redis_port: int, sid: str) -> list[Any]:
-    client = coredis.Redis(host="127.0.0.1", port=redis_port)
-    async with client:
-        return [decode_op(raw) for raw in await client.lrange(session_keys(sid).ops, 0, -1)]
-
-
-async def stream_entries(redis_port: int, sid: str) -> list[dict[bytes, bytes]]:
-    client = coredis.Redis(host="127.0.0.1", port=redis_port)
-    async with client:
-        return [dict(e.field_values) for e in await client.xrange(session_keys(sid).events)]
 
 
 async def wait_status(client: httpx.AsyncClient, sid: str, *, timeout: float = 20

@@ -21,8 +21,9 @@ import pytest
 import trio
 
 from benchmarks.redis_launcher import HAVE_REDIS, SKIP_REASON, redis_server
-from daemon.core.cluster import decode_op, session_keys
+from daemon.core.cluster import session_keys
 from daemon.core.transcript_ops import AdmitPrompt, FinishTurn
+from tests.builders.cluster import lease_gone, op_log, owner_of
 from tests.cluster_chaos import (
     LEASE_MS,
     TIMEOUT,
@@ -39,28 +40,6 @@ from tests.cluster_chaos import (
 
 pytestmark = [pytest.mark.skipif(not HAVE_REDIS, reason=SKIP_REASON), pytest.mark.processes]
 coredis = pytest.importorskip("coredis", reason="coredis is not installed (pip install '.[cluster]')")
-
-
-async def op_log(redis_port: int, sid: str) -> list[object]:
-    client = coredis.Redis(host="127.0.0.1", port=redis_port)
-    async with client:
-        return [decode_op(raw) for raw in await client.lrange(session_keys(sid).ops, 0, -1)]
-
-
-async def owner_of(client: httpx.AsyncClient, sid: str, timeout: float = 20) -> str:
-    """The session's owner once a status answers (a takeover may be needed first)."""
-    with trio.fail_after(timeout):
-        while True:
-            resp = await client.get(f"/session/{sid}/status")
-            if resp.status_code == 200:
-                return str(resp.json()["ownerNodeId"])
-            await trio.sleep(0.05)  # polling the cluster's own answer
-
-
-async def lease_gone(redis_cli: object, sid: str, timeout: float = 20) -> None:
-    with trio.fail_after(timeout):
-        while redis_cli("PTTL", session_keys(sid).lease) != "-2":  # type: ignore[operator]
-            await trio.sleep(0.02)  # polling Redis' own state
 
 
 async def test_requests_during_and_right_after_a_delete_never_take_the_session_over(
