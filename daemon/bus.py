@@ -151,6 +151,7 @@ class SessionBus:
         self.window = ReplayWindow(limits.compacted_replay_max_bytes)
         self.writer = writer
         self.clock_ms = clock_ms
+        self.terminal_ms: int | None = None  # when the last terminal was published
         self.degraded = False  # compaction failed once: load reports replayDegraded
         self.closed = False
         self.active_prompt_id: str | None = None
@@ -377,7 +378,10 @@ class SessionBus:
         self._show_held()
         if self.closed:
             return None
-        event = typed_event(self.ring.next_id, payload, now_ms=self.clock_ms(),
+        # One instant for the terminal: its event, the ledger's row and the session's list of
+        # terminals (a load answers the same ``at`` before and after a restore).
+        self.terminal_ms = ended = self.clock_ms()
+        event = typed_event(self.ring.next_id, payload, now_ms=ended,
                             prompt_id=prompt_id, originator_client_id=originator_client_id)
         if event is None:
             log.warning("event=dropped reason=unencodable session=%s payload=%s",
@@ -399,7 +403,7 @@ class SessionBus:
         seq = None
         if self.writer is not None and records:
             self.last_write_seq = seq = self.writer.submit(FinishTurn(
-                self.session_id, prompt_id, ledger_terminal, stop_reason, self.clock_ms(),
+                self.session_id, prompt_id, ledger_terminal, stop_reason, ended,
                 [(r.record_id or "", r.event.raw) for r in records],
             ))
         self._held = (event, records, seq)

@@ -414,14 +414,16 @@ class Session:
             await self._wait_replicated()
         else:
             await self._wait_durable()
-        if bus.publish_terminal(
+        published = bus.publish_terminal(
             decision.data(self.id, prompt.prompt_id),
             prompt_id=prompt.prompt_id,
             originator_client_id=prompt.client_id, ledger_terminal=ledger,
             stop_reason=stop_reason, hold=replicated,
-        ) is not None and replicated:
+        )
+        # The ledger's instant (the transcript keeps it), not the one after the waits below.
+        ended_at = bus.terminal_ms if published is not None and bus.terminal_ms else now_ms()
+        if published is not None and replicated:
             bus.show_terminal(visible=await self._wait_replicated())
-        ended_at = now_ms()
         self.terminals.append(PromptTerminal(
             prompt_id=prompt.prompt_id, terminal=ledger,
             stop_reason=stop_reason if stop_reason is not None else msgspec.UNSET, at=ended_at))
