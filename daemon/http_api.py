@@ -43,6 +43,7 @@ from .manager import (
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import DaemonCollector, build_registry, exposition
 from .session import MAX_PENDING_PROMPTS, PromptQueueFull, Session, VoteResult
+from .session_list import InvalidListQuery, list_page, status_sessions, totals
 from .transcript_store import InvalidCursor, TranscriptDamaged
 from .transcript_writer import TranscriptWriter
 from .workspace_git import branches
@@ -378,8 +379,8 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> bridge.JsonErro
 
     @serve(routes.DAEMON_STATUS)
     async def daemon_status() -> Response:
-        git = await branches([config.workspace, *(
-            session.workspace_cwd for session in manager.sessions.values())])
+        listed = status_sessions(manager)
+        git = await branches([config.workspace, *(session.workspace_cwd for session in listed)])
         writer = manager.writer
         patches = bridge.status()
         return json_response(wire.DaemonStatusResponse(
@@ -404,8 +405,17 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> bridge.JsonErro
             connections=wire.ConnectionCounts(open=bridge.connection_gate.served,
                                               reserve=bridge.connection_gate.reserved,
                                               refused=bridge.connection_gate.refused),
-            sessions=manager.status(git),
+            sessions=manager.status(git, listed),
+            sessions_truncated=len(listed) < manager.live_count,
+            totals=totals(manager),
         ))
+
+    @serve(routes.LIST_SESSIONS)
+    async def list_sessions() -> Response:
+        try:
+            return json_response(await list_page(manager, dict(request.args)))
+        except InvalidListQuery as exc:
+            raise ApiError(400, exc.code, str(exc)) from None
 
     @serve(routes.CREATE_SESSION)
     async def create_session() -> Response:

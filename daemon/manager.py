@@ -31,7 +31,7 @@ import logging
 import os
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
 from functools import partial
@@ -54,10 +54,6 @@ from .transcript_store import MarkClosed, SessionRow, UpsertSession
 from .transcript_writer import TranscriptWriter
 
 log = logging.getLogger("daemon.manager")
-
-
-def iso_now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def iso_from_ms(ms: int) -> str:
@@ -531,12 +527,13 @@ class SessionManager:
         agent = await self.agent_for(cwd)
         acp_session_id = await self._new_acp_session(agent, cwd)
         bus = self._new_bus(session_id, self.writer)
-        session = self._session(session_id, cwd, iso_now(), agent, acp_session_id, bus,
+        created_ms = now_ms()  # one instant: the list's order is the same live and stored
+        session = self._session(session_id, cwd, created_ms, agent, acp_session_id, bus,
                                 keys_complete=fresh_id)
         self._claim(agent, acp_session_id, session)
         if self.writer is not None:
             bus.last_write_seq = self.writer.submit(UpsertSession(
-                session_id, cwd, now_ms(), acp_session_id))
+                session_id, cwd, created_ms, acp_session_id))
         self._add(session)
         await self.nursery.start(session.run)
         # A session id handed out is on disk: after a crash, load and resume find it.
@@ -622,7 +619,7 @@ class SessionManager:
             if newest is not None:
                 bus.window.spill(newest)  # read from the transcript: it can be read again
             del segments, turns
-        session = self._session(session_id, cwd, iso_from_ms(row.created_at_ms), agent,
+        session = self._session(session_id, cwd, row.created_at_ms, agent,
                                 acp_session_id, bus,
                                 keys_complete=False)  # its keyed prompts are in the ledger
         self._claim(agent, acp_session_id, session)
@@ -644,11 +641,12 @@ class SessionManager:
         return SessionBus(session_id, self.limits, writer, first_id=first_id, spawn=self._spawn,
                           reclaimer=self.reclaimer, guard=guard)
 
-    def _session(self, session_id: str, cwd: str, created_at: str, agent: AgentChannel,
+    def _session(self, session_id: str, cwd: str, created_ms: int, agent: AgentChannel,
                  acp_session_id: str, bus: SessionBus, *, keys_complete: bool) -> Session:
         timeout_ms = self.config.permission_response_timeout_ms
         return Session(
-            session_id, cwd, created_at, agent, acp_session_id, bus,
+            session_id, cwd, iso_from_ms(created_ms), agent, acp_session_id, bus,
+            created_ms=created_ms,
             approval_mode=self.config.approval_mode,
             cancel_grace_s=self.config.cancel_grace_ms / 1000,
             permission_timeout_s=timeout_ms / 1000 if timeout_ms else None,
@@ -718,10 +716,12 @@ class SessionManager:
             with trio.move_on_after(2):
                 await agent.aclose()
 
-    def status(self, branches: Mapping[str, str | None] | None = None) -> list[SessionCounts]:
-        """One entry per live session; ``branches`` maps workspaces to their git branch."""
+    def status(self, branches: Mapping[str, str | None] | None = None,
+               sessions: Iterable[Session] | None = None) -> list[SessionCounts]:
+        """One entry per session of ``sessions`` (default: every live session); ``branches``
+        maps workspaces to their git branch."""
         out = []
-        for session in self.sessions.values():
+        for session in self.sessions.values() if sessions is None else sessions:
             bus = session.bus
             activity = bus.last_activity_ms
             out.append(SessionCounts(

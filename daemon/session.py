@@ -171,10 +171,12 @@ class Session:
         permission_timeout_s: float | None = None,
         on_ended: Callable[[Session], None] | None = None,
         keys_complete: bool = True,
+        created_ms: int = 0,
     ) -> None:
         self.id = session_id
         self.workspace_cwd = workspace_cwd
         self.created_at = created_at
+        self.created_ms = created_ms  # the same instant in ms (GET /sessions orders by it)
         self.agent = agent
         self.acp_session_id = acp_session_id
         self.bus = bus

@@ -36,7 +36,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from os import PathLike
 from typing import Any, Final, Literal
 
@@ -868,6 +868,31 @@ class TranscriptDatabase:
             "ORDER BY created_at, session_id"
         ).fetchall()
         return [_session_row(_checked(row, "sessions")) for row in rows]
+
+    def sessions_before(self, before: tuple[int, str] | None, limit: int,
+                        workspace: str | None = None,
+                        skip: Collection[str] = ()) -> list[SessionRow]:
+        """Up to ``limit`` sessions not closed, newest created first (ties: session id
+        descending), each below ``before`` (created at ms, session id) when given, in
+        ``workspace`` when given, and not one of ``skip`` (``GET /sessions``)."""
+        where, args = ["closed = 0"], list[object]()
+        if before is not None:
+            where.append("(created_at, session_id) < (?, ?)")
+            args.extend(before)
+        if workspace is not None:
+            where.append("workspace_cwd = ?")
+            args.append(workspace)
+        rows = self._conn.execute(
+            f"SELECT rowid, {_SESSION_COLUMNS}, crc FROM sessions WHERE {' AND '.join(where)} "
+            "ORDER BY created_at DESC, session_id DESC" + ("" if skip else " LIMIT ?"),
+            (*args,) if skip else (*args, limit))
+        out: list[SessionRow] = []
+        for row in rows:
+            if len(out) >= limit:
+                break
+            if row[1] not in skip:
+                out.append(_session_row(_checked(row, "sessions")))
+        return out
 
     def _prompt_rows(self, session_id: str, where: str, args: Sequence[Any],
                      order: str = "rowid", limit: int = -1) -> list[Sequence[Any]]:

@@ -30,6 +30,7 @@ from sdk.protocol.envelope import DaemonEvent
 __all__ = [
     "ABSOLUTE_PATH_PATTERN",
     "CLIENT_ID_PATTERN",
+    "DEFAULT_SESSIONS_LIMIT",
     "DEFAULT_TRANSCRIPT_LIMIT",
     "ECHO_MAX_CHARS",
     "IDEMPOTENCY_KEY_PATTERN",
@@ -39,6 +40,8 @@ __all__ = [
     "REQUEST_ERRORS",
     "REQUEST_TYPES",
     "RESPONSE_TYPES",
+    "SESSION_STATES",
+    "STATUS_SESSIONS_MAX",
     "TRANSCRIPT_QUERY_RULE",
     "UUID_PATTERN",
     "AgentInfo",
@@ -71,7 +74,12 @@ __all__ = [
     "Sent",
     "ServerPatches",
     "SessionCounts",
+    "SessionList",
+    "SessionListing",
+    "SessionState",
     "SessionStatusResponse",
+    "SessionTotals",
+    "SessionsQuery",
     "TranscriptCheck",
     "TranscriptHealth",
     "TranscriptPage",
@@ -99,6 +107,11 @@ __all__ = [
 #: Page sizes: ``historyPageSize`` of a load, ``limit`` of a transcript page.
 MAX_PAGE_SIZE: Final = 500
 DEFAULT_TRANSCRIPT_LIMIT: Final = 100
+#: ``limit`` of ``GET /sessions`` (1 .. MAX_PAGE_SIZE).
+DEFAULT_SESSIONS_LIMIT: Final = 100
+#: How many live sessions ``GET /daemon/status`` lists at most (the newest loaded first); the
+#: whole list is ``GET /sessions``.
+STATUS_SESSIONS_MAX: Final = 50
 #: ``deadlineMs`` of a prompt: 1 ms .. 24 h.
 MAX_DEADLINE_MS: Final = 86_400_000
 #: ``headers.CLIENT_ID``.
@@ -219,6 +232,25 @@ def vote_outcome(vote: PermissionVoteRequest) -> PermissionOutcome | None:
     if vote.outcome == "cancelled":
         return PermissionOutcome(outcome="cancelled")
     return None
+
+
+#: A session as ``GET /sessions`` lists it: ``running`` (a turn runs), ``queued`` (prompts wait,
+#: none runs yet), ``idle`` (loaded, nothing to do) or ``unloaded`` (stored, not in memory: it was
+#: unloaded when idle, or the daemon restarted since; a load or resume restores it).
+SessionState = Literal["running", "queued", "idle", "unloaded"]
+SESSION_STATES: Final[tuple[str, ...]] = ("running", "queued", "idle", "unloaded")
+
+
+class SessionsQuery(_Body, kw_only=True):
+    """The query of ``GET /sessions``: ``limit`` sessions a page, from ``cursor`` (the previous
+    page's ``nextCursor``, opaque), only those in ``workspace`` (an absolute path) and in
+    ``state`` when given."""
+
+    limit: PageSize = DEFAULT_SESSIONS_LIMIT
+    cursor: Annotated[str, Meta(min_length=1)] | UnsetType = UNSET
+    workspace: Annotated[str, Meta(min_length=1, pattern=ABSOLUTE_PATH_PATTERN)] | UnsetType \
+        = UNSET
+    state: SessionState | UnsetType = UNSET
 
 
 class TranscriptQuery(_Body, kw_only=True):
@@ -429,7 +461,48 @@ class DaemonStatusResponse(_Body, kw_only=True):
     approval_mode: str  # --approval-mode: how permission requests are answered by default
     default_workspace: WorkspaceInfo  # --workspace: where a session without a cwd runs
     connections: ConnectionCounts
+    #: At most STATUS_SESSIONS_MAX live sessions, the newest loaded first; ``sessionsTruncated``
+    #: says whether live sessions were left out (``totals`` counts all of them, and
+    #: ``GET /sessions`` lists them all, unloaded ones too).
     sessions: list[SessionCounts]
+    sessions_truncated: bool
+    totals: SessionTotals
+
+
+class SessionTotals(_Body, kw_only=True):
+    """``GET /daemon/status``: counts over every live session, listed or not."""
+
+    sessions: int  # live sessions (as liveSessions)
+    unloaded_sessions: int  # unloaded when idle since the start (still restorable)
+    active_prompts: int
+    pending_prompts: int
+    subscribers: int
+
+
+class SessionListing(_Body, kw_only=True):
+    """One session of ``GET /sessions``. ``lastEventId`` and ``lastActivityAt`` are ``null`` for
+    an unloaded session (they are known once it is loaded)."""
+
+    session_id: str
+    workspace_cwd: str
+    state: SessionState
+    has_active_prompt: bool
+    pending_prompts: int
+    subscribers: int
+    last_event_id: int | None
+    created_at: str  # ISO 8601 UTC, as the create answer's createdAt
+    last_activity_at: str | None
+    git_branch: str | None  # the branch checked out in the workspace (loaded sessions only)
+
+
+class SessionList(_Body, kw_only=True):
+    """``GET /sessions``: one page, newest created first (ties by session id, descending), an
+    order that sessions created meanwhile do not shift: they come before the first page."""
+
+    v: Annotated[Literal[1], Sent] = 1
+    sessions: list[SessionListing]
+    has_more: bool
+    next_cursor: str | UnsetType = UNSET
 
 
 class CreateSessionResponse(_Body, kw_only=True):
@@ -674,11 +747,12 @@ def body_too_large() -> ErrorBody:
 
 
 REQUEST_TYPES: Final = (CreateSessionRequest, LoadSessionRequest, ResumeSessionRequest,
-                        PromptRequest, PermissionVoteRequest, TranscriptQuery)
+                        PromptRequest, PermissionVoteRequest, TranscriptQuery, SessionsQuery)
 RESPONSE_TYPES: Final = (HealthResponse, CapabilitiesResponse, DaemonStatusResponse,
                          CreateSessionResponse, LoadSessionResponse, ResumeSessionResponse,
                          PromptAccepted, PromptByKeyResponse, PermissionVoteResponse,
-                         TranscriptPage, SessionStatusResponse, HeartbeatResponse, ErrorBody)
+                         TranscriptPage, SessionStatusResponse, HeartbeatResponse, SessionList,
+                         ErrorBody)
 # The lists of envelopes, as the schema describes them.
 _DESCRIBED: Final[dict[type, Any]] = {LoadSessionResponse: LoadSessionResponse[DaemonEvent],
                                       TranscriptPage: TranscriptPage[DaemonEvent]}

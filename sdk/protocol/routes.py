@@ -34,6 +34,7 @@ __all__ = [
     "EXPORT_SESSION",
     "HEALTH",
     "HEARTBEAT",
+    "LIST_SESSIONS",
     "LOAD_SESSION",
     "METRICS",
     "NODE_PROBE",
@@ -171,6 +172,16 @@ DAEMON_STATUS: Final = Route(
     "GET", "/daemon/status", "daemonStatus",
     "Limits, transcript health, agents, server patches and per-session counts", 200,
     wire.DaemonStatusResponse)
+LIST_SESSIONS: Final = Route(
+    "GET", "/sessions", "listSessions",
+    "One page of the sessions, loaded and unloaded, newest created first", 200,
+    wire.SessionList,
+    params=(Param("page", "query", {"$ref": SCHEMA_REF.format(name="SessionsQuery")},
+                  "limit (sessions per page, default 100), cursor (nextCursor of the previous "
+                  "page), workspace (an absolute path: only its sessions), state (running, "
+                  "queued, idle or unloaded)", style="form"),),
+    errors=((400, ("invalid_sessions_limit", "invalid_sessions_cursor",
+                   "invalid_sessions_workspace", "invalid_sessions_state")),))
 OPENAPI: Final = Route("GET", "/openapi.json", "openapi", "This document", 200, None,
                        response_schema={"type": "object"})
 METRICS: Final = Route(
@@ -296,8 +307,9 @@ DELETE_SESSION: Final = Route(
 
 #: Every route a client may call, in the order the OpenAPI document lists them.
 ROUTES: Final[tuple[Route, ...]] = (
-    HEALTH, CAPABILITIES, DAEMON_STATUS, OPENAPI, METRICS, BACKUP, CREATE_SESSION, LOAD_SESSION,
-    RESUME_SESSION, PROMPT, PROMPT_BY_KEY, CANCEL, VOTE_PERMISSION, EVENTS, EVENTS_WS,
+    HEALTH, CAPABILITIES, DAEMON_STATUS, LIST_SESSIONS, OPENAPI, METRICS, BACKUP,
+    CREATE_SESSION, LOAD_SESSION, RESUME_SESSION, PROMPT, PROMPT_BY_KEY, CANCEL, VOTE_PERMISSION,
+    EVENTS, EVENTS_WS,
     TRANSCRIPT, EXPORT_SESSION, SESSION_STATUS, DETACH, HEARTBEAT, DELETE_SESSION,
 )
 

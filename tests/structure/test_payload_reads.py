@@ -48,6 +48,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("daemon/streams.py", "maxQueued"): "query-string parameter",
     ("daemon/streams.py", "lastEventId"): "query-string parameter",
     ("daemon/http_api.py", "limit"): "query-string parameter",
+    # A field of the cluster's session directory entry (a Redis hash), not of the wire.
+    ("daemon/core/cluster.py", "workspace"): "Redis hash field of the session directory",
     # A regular expression's named group.
     ("daemon/logs.py", "name"): "re.Match group",
     # The CLI's own summary dict (built by sdk/cli/commands.py from a typed LoadResult).
