@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -61,7 +62,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    exit_now(0)
     return 0
+
+
+def exit_now(code: int) -> None:
+    """Exit without freeing every object one by one: after a graceful stop everything is
+    closed and committed (the transcript, its lock, the agents), and what the interpreter's
+    own teardown would still do is return the memory of every session that was loaded, a
+    cost that grows with their number (a third of a second for 2,000 sessions). The logs and
+    the standard streams are flushed first."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # a closed or broken stream: nothing left to write to it
+    os._exit(code)
 
 
 if __name__ == "__main__":

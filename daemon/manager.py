@@ -49,7 +49,7 @@ from .core.clients import ClientRegistry
 from .core.restore import close_interrupted, seed_segments
 from .core.throttle import LogThrottle
 from .metrics import totals
-from .session import Session
+from .session import DURABLE_WAIT_S, Session
 from .transcript_store import MarkClosed, SessionRow, UpsertSession
 from .transcript_writer import TranscriptWriter
 
@@ -704,14 +704,32 @@ class SessionManager:
         gc.freeze()
         for cwd in list(self._idle_timers):
             self._cancel_idle_timer(cwd)
-        # Every session is told first, then waited for: no task of its own per session.
+        # Every session is told first, then waited for: no task of its own per session. The
+        # idle ones (nearly all, with many sessions) publish their close here and are made
+        # durable by one wait for the transcript, not one wait (with its cancel scopes) each.
         closing = list(self.sessions.values())
+        batched = 0
+        writer = self.writer
+        commits = writer.batches_committed if writer is not None else 0
         for session in closing:
-            session.begin_close("daemon_shutdown")
+            if session.close_idle_now("daemon_shutdown"):
+                batched += 1
+            else:
+                session.begin_close("daemon_shutdown")
+        if writer is not None and batched:
+            limit = writer.durable_bound_s or DURABLE_WAIT_S
+            with trio.move_on_after(limit) as bound:
+                await writer.wait_flushed()
+            if bound.cancelled_caught:
+                log.warning("event=shutdown_commit_slow sessions=%d bound_s=%g", batched, limit)
         for session in closing:
-            await session.ended.wait()
-        log.info("event=sessions_closed reason=daemon_shutdown count=%d",
-                 self._closed_at_shutdown)
+            # Waiting on an Event already set is still a checkpoint, a whole scheduler pass
+            # each: only a session not ended yet is waited for (most end in the same pass).
+            if not session.ended.is_set():
+                await session.ended.wait()
+        log.info("event=sessions_closed reason=daemon_shutdown count=%d batched=%d "
+                 "transcript_commits=%d", self._closed_at_shutdown, batched,
+                 writer.batches_committed - commits if writer is not None else 0)
         for agent in list(self.agents.values()):
             with trio.move_on_after(2):
                 await agent.aclose()

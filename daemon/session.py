@@ -209,6 +209,7 @@ class Session:
         self.agent_session_restored = True
         self.ended = trio.Event()
         self._close_started = trio.Event()  # set by close()
+        self._closed_in_batch = False  # see close_idle_now
         self._wake = trio.Event()
         # The agent channel's reader asks the bus directly how to pace itself (SessionSink).
         self.flow: Flow = bus
@@ -446,6 +447,8 @@ class Session:
     async def _drain_and_end(self) -> None:
         """The session is ending (closed or its agent died): end every queued prompt, then
         publish the terminal session frame."""
+        if self._closed_in_batch:
+            return  # its frame is published, and its closer waits for the transcript
         with trio.CancelScope(shield=True):
             died = self.agent_exit is not None or self.agent.closed
             while self.queue:
@@ -635,6 +638,23 @@ class Session:
                 if prompt.scope is not None:
                     prompt.scope.cancel()
             self._notify()
+
+    def close_idle_now(self, reason: str) -> bool:
+        """Close an idle session (no prompt running or queued) at once, as one of many closed
+        together: its ``session_closed`` frame is published here and its task only ends;
+        the caller waits for the transcript once for all of them (see
+        :meth:`SessionManager.shutdown`), instead of every session waiting on its own.
+        False, with nothing done, when the session is not live and idle: close it with
+        :meth:`begin_close`."""
+        if self.closing is not None or self.active is not None or self.queue \
+                or not self.live:
+            return False
+        self.closing = reason
+        self._closed_in_batch = True
+        self._close_started.set()
+        self.bus.publish(SessionClosedData(session_id=self.id, reason=reason))
+        self._notify()
+        return True
 
     def agent_died(self, exit_code: int | None, signal_code: str | None) -> None:
         if self.agent_exit is None:

@@ -3,6 +3,7 @@ turn_error session_closed, flush the transcript, stop agents and exit 0 within 5
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
@@ -57,3 +58,60 @@ async def test_signal_ends_prompts_flushes_and_exits_zero(tmp_path: Path, sig: i
     assert [(t.data["promptId"], t.data["code"]) for t in terminals] == [(pid, "session_closed")]
     chunks = [text_of(e) for e in events if e.type == "session_update"]
     assert "chunk-0chunk-1chunk-2chunk-3chunk-4" in chunks
+
+
+async def test_many_sessions_stop_in_one_batch_and_every_close_is_stored(tmp_path: Path) -> None:
+    """Idle sessions are closed together: their closes are published at once and committed by
+    one wait for the transcript (no wait, task or log line of their own); a session with a turn
+    running still ends it first. After the stop every session's stored transcript ends with
+    its close."""
+    count = 40
+    data = tmp_path / "data"
+    daemon = start_daemon(tmp_path, ["--session-idle-ms", "0"], data_dir=data, tag="first")
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, timeout=30) as client, \
+                trio.open_nursery() as nursery:
+            ids = []
+            for _ in range(count):
+                created = await client.post("/session", json={"sessionScope": "thread"})
+                ids.append(created.json()["sessionId"])
+            busy, watched = ids[0], ids[1]
+            pid = (await client.post(f"/session/{busy}/prompt", json={"prompt": [
+                {"type": "text", "text": "mock:chunks=2 mock:gate=never"}]})).json()["promptId"]
+            with trio.fail_after(20):
+                while not (await client.get(f"/session/{busy}/status")).json()[
+                        "hasActivePrompt"]:
+                    await trio.sleep(0.02)
+            sub = Subscriber(client, f"/session/{watched}/events")
+            await nursery.start(sub.run)
+            daemon.proc.send_signal(signal.SIGTERM)
+            closed = await sub.wait_for(lambda e: e.type == "session_closed")
+            await sub.wait_ended()
+            nursery.cancel_scope.cancel()
+        code = daemon.proc.wait(10)
+    finally:
+        daemon.stop()
+    assert code == 0
+    assert closed.data["reason"] == "daemon_shutdown"
+    log = daemon.stderr()
+    lines = [line for line in log.splitlines() if "event=sessions_closed" in line]
+    assert len(lines) == 1, lines
+    # Every idle session went the batched way; the busy one ended its turn first.
+    assert f"count={count} batched={count - 1} " in lines[0], lines[0]
+    commits = int(lines[0].rsplit("transcript_commits=", 1)[1].split()[0])
+    assert 1 <= commits <= 4, lines[0]  # a handful, whatever the number of sessions
+    assert "event=session_ended" not in log
+
+    with running_daemon(tmp_path, data_dir=data, tag="second") as again:
+        async with httpx.AsyncClient(base_url=again.url, timeout=30) as client:
+            for sid in ids:
+                exported = await client.get(f"/session/{sid}/export")
+                assert exported.status_code == 200, exported.text
+                events = [json.loads(line) for line in exported.text.splitlines()]
+                assert (events[-1]["type"], events[-1]["data"]["reason"]) == (
+                    "session_closed", "daemon_shutdown"), sid
+            busy_events = [json.loads(line) for line in (
+                await client.get(f"/session/{busy}/export")).text.splitlines()]
+    terminals = [e for e in busy_events if e["type"] in ("turn_complete", "turn_error")]
+    assert [(t["data"]["promptId"], t["data"]["code"]) for t in terminals] == [
+        (pid, "session_closed")]
