@@ -97,6 +97,7 @@ if TYPE_CHECKING:
         PromptTerminal,
         ResumeResult,
         SessionCreated,
+        SessionPage,
         SessionStatus,
         SessionSummary,
         TranscriptPage,
@@ -120,7 +121,7 @@ if TYPE_CHECKING:
 # The async/HTTP parts load on first use, so that importing the pure protocol (the daemon does,
 # for sdk.protocol) does not pull in httpx, anyio and wsproto.
 _LAZY: dict[str, str] = {
-    **dict.fromkeys(('Capabilities', 'DaemonClient', 'DaemonStatus', 'EventStream', 'Health', 'LoadResult', 'PermissionVote', 'PromptAccepted', 'PromptByKeyResponse', 'PromptRetryPolicy', 'PromptTerminal', 'ResumeResult', 'SessionCreated', 'SessionStatus', 'SessionSummary', 'TranscriptPage'), "sdk._client"),
+    **dict.fromkeys(('Capabilities', 'DaemonClient', 'DaemonStatus', 'EventStream', 'Health', 'LoadResult', 'PermissionVote', 'PromptAccepted', 'PromptByKeyResponse', 'PromptRetryPolicy', 'PromptTerminal', 'ResumeResult', 'SessionCreated', 'SessionPage', 'SessionStatus', 'SessionSummary', 'TranscriptPage'), "sdk._client"),
     **dict.fromkeys(('RepairCandidate', 'RepairDriver', 'RepairOutcome', 'RepairOutcomeKind'), "sdk._repair_driver"),
     **dict.fromkeys(('DEFAULT_MAX_QUEUED', 'HandleClosedError', 'ReconnectPolicy', 'SessionHandle', 'SubscriptionState'), "sdk._session"),
     **dict.fromkeys(('WebSocketEventStream',), "sdk._ws"),
@@ -198,6 +199,7 @@ __all__ = [
     "SessionDiedData",
     "SessionHandle",
     "SessionNotFoundError",
+    "SessionPage",
     "SessionSnapshotData",
     "SessionStatus",
     "SessionSummary",

@@ -79,11 +79,14 @@ __all__ = [
     "PromptTerminal",
     "ResumeResult",
     "SessionCreated",
+    "SessionPage",
     "SessionStatus",
     "TranscriptPage",
 ]
 
 TOKEN_ENV: Final = "QWEN_SERVER_TOKEN"
+SESSIONS_PAGE_SIZE: Final = 500
+"""The page size :meth:`DaemonClient.list_sessions` reads with (the largest the daemon serves)."""
 DEFAULT_MAX_QUEUED: Final = 1024
 """The ``maxQueued`` every event stream asks for unless told otherwise: a queue deep enough that
 ordinary bursts do not evict a consumer that is briefly slow."""
@@ -128,25 +131,36 @@ class DaemonStatus(_Result):
 
 
 class SessionSummary(_Result):
-    """One session of :meth:`DaemonClient.list_sessions`: where it runs, whether a turn is
-    running or queued, and when something last happened in it."""
+    """One session of :meth:`DaemonClient.list_sessions`: where it runs, its ``state`` —
+    ``running`` (a turn runs), ``queued`` (prompts wait, none runs yet), ``idle`` (loaded,
+    nothing to do) or ``unloaded`` (stored, not in memory: a load or resume restores it) — and
+    when something last happened in it (``lastEventId`` and ``lastActivityAt`` are ``None``
+    while it is unloaded)."""
 
     session_id: str
     workspace_cwd: str
+    state: str = ""  # given by GET /sessions; worked out for a daemon without it
     has_active_prompt: bool = False
     pending_prompts: int = 0
-    last_event_id: int = 0
+    subscribers: int = 0
+    last_event_id: int | None = None
     created_at: str | None = None
     last_activity_at: str | None = None
     git_branch: str | None = None
 
-    @property
-    def state(self) -> str:
-        """``running`` (a turn runs), ``queued`` (prompts wait behind none running) or
-        ``idle``."""
-        if self.has_active_prompt:
-            return "running"
-        return "queued" if self.pending_prompts else "idle"
+    def __post_init__(self) -> None:
+        if not self.state:
+            self.state = ("running" if self.has_active_prompt
+                          else "queued" if self.pending_prompts else "idle")
+
+
+class SessionPage(_Result):
+    """One page of :meth:`DaemonClient.list_sessions_page` (``GET /sessions``), newest created
+    first; ``next_cursor`` asks for the next page while ``has_more``."""
+
+    sessions: list[SessionSummary] = msgspec.field(default_factory=list)
+    has_more: bool = False
+    next_cursor: str | None = None
 
 
 _R = TypeVar("_R", bound=msgspec.Struct)
@@ -478,13 +492,63 @@ class DaemonClient:
         result.raw = body
         return result
 
-    async def list_sessions(self) -> list[SessionSummary]:
-        """The daemon's live sessions (read from ``GET /daemon/status`` for now)."""
+    async def list_sessions_page(
+        self,
+        limit: int | None = None,
+        cursor: str | None = None,
+        *,
+        workspace: str | None = None,
+        state: Literal["running", "queued", "idle", "unloaded"] | None = None,
+    ) -> SessionPage:
+        """One page of ``GET /sessions``: at most ``limit`` sessions (the daemon's default:
+        100; at most 500), from ``cursor`` (a page's ``next_cursor``), only those in
+        ``workspace`` (an absolute path) and in ``state`` when given."""
+        params: dict[str, str | int] = {}
+        if limit is not None:
+            params["limit"] = limit
+        if cursor is not None:
+            params["cursor"] = cursor
+        if workspace is not None:
+            params["workspace"] = workspace
+        if state is not None:
+            params["state"] = state
+        return await self._typed("GET", routes.LIST_SESSIONS.url(), SessionPage, params=params)
+
+    async def list_sessions(
+        self,
+        *,
+        workspace: str | None = None,
+        state: Literal["running", "queued", "idle", "unloaded"] | None = None,
+        page_size: int = SESSIONS_PAGE_SIZE,
+    ) -> list[SessionSummary]:
+        """Every session, loaded or unloaded (with the filters of :meth:`list_sessions_page`),
+        newest created first, read a page of ``page_size`` at a time. A daemon without
+        ``GET /sessions`` (it answers 404 ``route_not_found``) is read from its
+        ``GET /daemon/status`` instead, which lists its live sessions only."""
+        found: list[SessionSummary] = []
+        cursor: str | None = None
+        while True:
+            try:
+                page = await self.list_sessions_page(page_size, cursor, workspace=workspace,
+                                                     state=state)
+            except DaemonHTTPError as exc:
+                if exc.status != 404 or exc.code != "route_not_found" or cursor is not None:
+                    raise
+                return await self._live_sessions_from_status(workspace, state)
+            found.extend(page.sessions)
+            if not page.has_more or page.next_cursor is None:
+                return found
+            cursor = page.next_cursor
+
+    async def _live_sessions_from_status(self, workspace: str | None,
+                                         state: str | None) -> list[SessionSummary]:
         status = await self.daemon_status()
         try:
-            return msgspec.convert(status.sessions or [], list[SessionSummary])
+            live = msgspec.convert(status.sessions or [], list[SessionSummary])
         except msgspec.ValidationError as exc:
             raise TransportError(f"GET /daemon/status: malformed sessions: {exc}") from exc
+        return [s for s in live if (workspace is None or s.workspace_cwd == workspace)
+                and (state is None or s.state == state)]
 
     # -- session routes --------------------------------------------------------------------
 

@@ -45,6 +45,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from sdk._client import (
     DEFAULT_MAX_QUEUED,
+    SESSIONS_PAGE_SIZE,
     Capabilities,
     ClientStatistics,
     DaemonClient,
@@ -58,6 +59,7 @@ from sdk._client import (
     PromptRetryPolicy,
     ResumeResult,
     SessionCreated,
+    SessionPage,
     SessionStatus,
     SessionSummary,
     TranscriptPage,
@@ -261,8 +263,26 @@ class SyncDaemonClient:
     def daemon_status(self) -> DaemonStatus:
         return self._call(self.client.daemon_status)
 
-    def list_sessions(self) -> list[SessionSummary]:
-        return self._call(self.client.list_sessions)
+    def list_sessions_page(
+        self,
+        limit: int | None = None,
+        cursor: str | None = None,
+        *,
+        workspace: str | None = None,
+        state: Literal["running", "queued", "idle", "unloaded"] | None = None,
+    ) -> SessionPage:
+        return self._call(partial(self.client.list_sessions_page, limit, cursor,
+                                  workspace=workspace, state=state))
+
+    def list_sessions(
+        self,
+        *,
+        workspace: str | None = None,
+        state: Literal["running", "queued", "idle", "unloaded"] | None = None,
+        page_size: int = SESSIONS_PAGE_SIZE,
+    ) -> list[SessionSummary]:
+        return self._call(partial(self.client.list_sessions, workspace=workspace, state=state,
+                                  page_size=page_size))
 
     # -- session routes --------------------------------------------------------------------
 

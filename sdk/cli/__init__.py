@@ -1,7 +1,7 @@
 """``turnkeeper`` (also ``python -m sdk``): a command-line client for the daemon.
 
     turnkeeper [--url URL] [--token TOKEN] [--json] COMMAND ...
-    create [--cwd DIR] [--attach]        list
+    create [--cwd DIR] [--attach]        list [--cwd DIR] [--state STATE]
     prompt SESSION TEXT... [--approve CHOICE] [--timeout S] [--deadline-ms N]
     watch SESSION [--from ID | --live] [--epoch EPOCH] [--ws] [--until-idle]
     load SESSION [--page-size N] [--mode full|summary]

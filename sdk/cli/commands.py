@@ -79,14 +79,15 @@ async def cmd_create(client: DaemonClient, args: argparse.Namespace, out: Output
 
 
 async def cmd_list(client: DaemonClient, args: argparse.Namespace, out: Output) -> int:
-    sessions = sorted(await client.list_sessions(),
-                      key=lambda s: s.last_activity_at or "", reverse=True)
+    # Newest created first, as the daemon pages them (unloaded sessions have no activity yet).
+    cwd = os.path.realpath(args.cwd) if args.cwd is not None else None
+    sessions = await client.list_sessions(workspace=cwd, state=args.state)
     if out.as_json:
         for s in sessions:
-            out.json({**msgspec.to_builtins(s), "state": s.state})
+            out.json(msgspec.to_builtins(s))
         return EXIT_OK
     if not sessions:
-        out.line("no live sessions (turnkeeper create makes one)")
+        out.line("no sessions (turnkeeper create makes one)")
         return EXIT_OK
     rows = [["SESSION", "STATE", "LAST ACTIVITY", "WORKSPACE"]]
     for s in sessions:
@@ -94,7 +95,8 @@ async def cmd_list(client: DaemonClient, args: argparse.Namespace, out: Output) 
         if s.state == "running" and s.pending_prompts:
             state = f"running, {s.pending_prompts} queued"
         where = s.workspace_cwd + (f" ({s.git_branch})" if s.git_branch else "")
-        rows.append([s.session_id, state, ago(s.last_activity_at), where])
+        rows.append([s.session_id, state, ago(s.last_activity_at) if s.last_activity_at else "-",
+                     where])
     for line in table(rows):
         out.line(line)
     return EXIT_OK

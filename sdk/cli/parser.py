@@ -14,6 +14,7 @@ from typing import Final, NoReturn
 
 from sdk._client import TOKEN_ENV
 from sdk.protocol import __version__
+from sdk.protocol.http import SESSION_STATES
 
 DEFAULT_URL: Final = "http://127.0.0.1:4170"
 URL_ENV: Final = "TURNKEEPER_URL"
@@ -147,9 +148,16 @@ def build_parser() -> _Parser:
         "session)",
     )
 
-    command("list", help="list the daemon's live sessions",
-            description="List the daemon's live sessions: id, state (running, queued or "
-            "idle), last activity and workspace (with its git branch).")
+    listing = command(
+        "list", help="list the daemon's sessions",
+        description="List the daemon's sessions, newest first: id, state (running, queued, "
+        "idle, or unloaded: stored, not in memory, restored by its next use), last activity "
+        "and workspace (with its git branch).")
+    listing.add_argument("--cwd", default=None,
+                         help="only the sessions of this workspace, relative to the current "
+                         "directory (default: every workspace)")
+    listing.add_argument("--state", default=None, choices=SESSION_STATES,
+                         help="only the sessions in this state (default: every state)")
 
     prompt = command(
         "prompt", help="send a prompt and stream the answer",

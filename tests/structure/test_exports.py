@@ -29,7 +29,7 @@ SDK = [
     "RepairEpisode", "RepairGuards", "RepairNotice", "RepairOutcome", "RepairOutcomeKind",
     "RepairState", "RepairTarget", "RepairValidationError", "ReplayCompleteData", "ResumeResult",
     "SSEBufferOverflow", "SSEParser", "ServerError", "SessionClosedData", "SessionCreated",
-    "SessionDiedData", "SessionHandle", "SessionNotFoundError", "SessionSnapshotData",
+    "SessionDiedData", "SessionHandle", "SessionNotFoundError", "SessionPage", "SessionSnapshotData",
     "SessionStatus", "SessionSummary", "SessionUpdateData", "SlowClientWarningData",
     "StateResyncRequiredData",
     "StreamErrorData", "SubscriptionState", "SuffixResult", "SyncDaemonClient", "SyncEventStream",
