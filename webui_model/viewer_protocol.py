@@ -26,6 +26,7 @@ __all__ = ["VIEWER_ROUTES", "render"]
 VIEWER_ROUTES: Final = {
     "capabilities": routes.CAPABILITIES,
     "daemonStatus": routes.DAEMON_STATUS,
+    "sessions": routes.LIST_SESSIONS,
     "create": routes.CREATE_SESSION,
     "load": routes.LOAD_SESSION,
     "events": routes.EVENTS,

@@ -7,6 +7,8 @@ import {
 } from "./protocol.js";
 
 const TOKEN_KEY = "turnkeeper.viewer.token";
+const LIST_PAGE = 500; // sessions a page (the most GET /sessions serves)
+const LIST_MAX = 2000; // sessions the list shows at most (the newest created)
 
 export class HttpError extends Error {
   constructor(status, body) {
@@ -82,19 +84,34 @@ export class Api {
     return this.request("GET", ROUTES.capabilities());
   }
 
-  // The live sessions and what the list shows of each (workspace, state, times, branch) and
-  // the daemon's approval mode. Read from GET /daemon/status for now: the one call to change
-  // when the daemon has a session list route.
+  // The daemon's sessions, loaded or unloaded (GET /sessions, a page at a time, newest created
+  // first, at most LIST_MAX), what the list shows of each (workspace, state, times, branch), and
+  // from GET /daemon/status the default workspace and the approval mode.
   async listSessions() {
-    const status = await this.request("GET", ROUTES.daemonStatus());
+    const [status, sessions] = await Promise.all([
+      this.request("GET", ROUTES.daemonStatus()), this.allSessions()]);
     const home = status.defaultWorkspace && typeof status.defaultWorkspace === "object"
       ? status.defaultWorkspace : null;
     return {
-      sessions: Array.isArray(status.sessions) ? status.sessions : [],
+      sessions,
       defaultWorkspace: home ? home.workspaceCwd : null,
       defaultBranch: home ? home.gitBranch : null,
       approvalMode: typeof status.approvalMode === "string" ? status.approvalMode : null,
     };
+  }
+
+  async allSessions() {
+    const out = [];
+    let cursor = null;
+    do {
+      const query = new URLSearchParams({ limit: String(LIST_PAGE) });
+      if (cursor) query.set("cursor", cursor);
+      const page = await this.request("GET", `${ROUTES.sessions()}?${query}`);
+      if (!page || !Array.isArray(page.sessions)) break;
+      out.push(...page.sessions);
+      cursor = page.hasMore && typeof page.nextCursor === "string" ? page.nextCursor : null;
+    } while (cursor && out.length < LIST_MAX);
+    return out;
   }
 
   createSession(cwd = null) {

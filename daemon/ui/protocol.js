@@ -25,6 +25,7 @@ export const EVENT_STREAM_TYPE = "text/event-stream";
 export const ROUTES = Object.freeze({
   capabilities: () => "/capabilities",
   daemonStatus: () => "/daemon/status",
+  sessions: () => "/sessions",
   create: () => "/session",
   load: (sessionId) => `/session/${enc(sessionId)}/load`,
   events: (sessionId) => `/session/${enc(sessionId)}/events`,

@@ -1,7 +1,7 @@
 // The session list: live sessions grouped by workspace, a search box, and an "Archived" group
-// of sessions this browser has seen that the daemon does not hold in memory now (from before a
-// restart): opening one restores it from the transcript. A closed session is gone for good and
-// leaves the list. It refreshes itself: on a timer while
+// of the sessions the daemon does not hold in memory now (unloaded when idle, or from before a
+// restart: the daemon lists them, and this browser remembers those it has seen): opening one
+// restores it from the transcript. A closed session is gone for good and leaves the list. It refreshes itself: on a timer while
 // the tab is visible, and at once after anything that changes the list.
 
 import { ago, basename, el } from "./dom.js";
@@ -81,6 +81,7 @@ export class Sidebar {
     this.root = root;
     this.known = new KnownSessions();
     this.live = [];
+    this.unloaded = []; // listed by the daemon, not in its memory now
     this.approvalMode = null;
     this.query = "";
     this.archivedOpen = false;
@@ -118,7 +119,8 @@ export class Sidebar {
         do {
           this.again = false;
           const listed = await this.viewer.api.listSessions();
-          this.live = listed.sessions;
+          this.live = listed.sessions.filter((s) => s.state !== "unloaded");
+          this.unloaded = listed.sessions.filter((s) => s.state === "unloaded");
           this.approvalMode = listed.approvalMode;
           this.defaultWorkspace = listed.defaultWorkspace;
           this.defaultBranch = listed.defaultBranch;
@@ -180,12 +182,17 @@ export class Sidebar {
       sections.push(el("p", { class: "empty-list" }, this.query ? "No session matches the search."
         : "No live sessions yet. Start one with New session."));
     }
-    const archived = [...this.known.items.values()]
+    const stored = new Map(this.unloaded.map((s) => [s.sessionId, {
+      ...(this.known.get(s.sessionId) || { title: null }), id: s.sessionId, cwd: s.workspaceCwd,
+      seenAt: (this.known.get(s.sessionId) || {}).seenAt || Date.parse(s.createdAt) || 0,
+    }]));
+    const archived = [...stored.values(), ...[...this.known.items.values()]
+      .filter((k) => !stored.has(k.id))]
       .filter((k) => !liveIds.has(k.id) && this.matches(k.id, k.cwd))
       .sort((a, b) => (b.seenAt || 0) - (a.seenAt || 0));
     const open = this.archivedOpen || (this.query !== "" && archived.length > 0);
     const toggle = el("button", { type: "button", class: "group-toggle", id: "archived-toggle",
-      "aria-expanded": String(open), title: "Sessions seen in this browser that the daemon does not hold in memory now (after a restart); opening one restores it from the transcript" },
+      "aria-expanded": String(open), title: "Sessions the daemon does not hold in memory now (unloaded when idle, or from before a restart); opening one restores it from the transcript" },
     icon(open ? "chevronDown" : "chevronRight", { size: 14 }), icon("archive", { size: 15 }),
     el("span", { class: "group-name" }, "Archived"), el("span", { class: "count" }, String(archived.length)));
     toggle.addEventListener("click", () => { this.archivedOpen = !open; this.render(); });

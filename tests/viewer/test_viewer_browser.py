@@ -577,6 +577,35 @@ def test_after_a_restart_the_open_session_comes_back_and_others_wait_in_archived
             second.stop()
 
 
+def test_archived_lists_the_daemons_stored_sessions_this_browser_never_saw(
+        page: Any, tmp_path: Path) -> None:
+    """The list is the daemon's (GET /sessions): a session stored before a restart, which this
+    browser never listed, waits under Archived all the same; opening it restores it."""
+    first = start_daemon(tmp_path, ["--token", TOKEN])
+    try:
+        with httpx.Client(base_url=first.url, headers=AUTH, timeout=10) as client:
+            stored = new_session(client)
+    finally:
+        first.stop()
+    second = start_daemon(tmp_path, ["--token", TOKEN], data_dir=first.data_dir, tag="again")
+    try:
+        with ProxyThread(second.url) as proxy:
+            open_viewer(page, proxy)
+            assert page.evaluate("() => localStorage.getItem('turnkeeper.viewer.sessions')") \
+                in (None, "[]")
+            page.click("#archived-toggle")
+            archived = page.locator(f"#archived li[data-session='{stored}']")
+            archived.wait_for()
+            assert page.locator(f"#session-groups section.group:not(.archived) "
+                                f"li[data-session='{stored}']").count() == 0  # not live
+            archived.click()
+            page.wait_for_selector("#connection[data-state='connected']")
+            page.wait_for_selector(f"#session-groups section.group:not(.archived) "
+                                   f"li[data-session='{stored}']")
+    finally:
+        second.stop()
+
+
 # --- state, controls, errors (issue: a viewer that feels finished) -------------------------------
 
 
