@@ -7,7 +7,7 @@ mock agent process):
 1. *live*: N sessions are created (``sessionScope: thread``, 8 clients at once) and left idle
    (``--session-idle-ms 0``: never unloaded). Rows: the daemon's RSS above its own empty figure
    (read before the first create) per session; ``GET /daemon/status``'s body size and time
-   (p50 of 5); one ``--chunks`` turn of a new session to one SSE subscriber with the N idle
+   (p50 of 5); ``GET /sessions``: its first page (p50 of 5) and every session 500 a page; one ``--chunks`` turn of a new session to one SSE subscriber with the N idle
    sessions attached to the same agent process (events/s and daemon CPU per 1,000 events,
    :func:`benchmarks.e2e.measure_turn`: every event checked); the time from SIGTERM to exit.
 2. *unloaded*: the same N sessions with ``--session-idle-ms`` short (``--idle-ms``); once
@@ -68,6 +68,10 @@ class LiveRun:
     rss_mb: float
     status_bytes: int
     status_ms: float
+    status_cpu_ms: float | None
+    list_bytes: int
+    list_ms: float
+    list_all_ms: float
     turns: list[TurnRun]
     shutdown_s: float
     shutdown_cpu_s: float | None
@@ -118,10 +122,12 @@ def create_sessions(daemon: Daemon, count: int,
         return list(pool.map(one, range(count)))
 
 
-def status_cost(daemon: Daemon, reads: int = 5) -> tuple[int, float]:
-    """``GET /daemon/status``: body bytes, p50 ms over ``reads`` requests."""
+def status_cost(daemon: Daemon, reads: int = 5) -> tuple[int, float, float | None]:
+    """``GET /daemon/status``: body bytes, p50 ms over ``reads`` requests, and the daemon's CPU
+    ms per request (what a loaded machine's wall time does not blur)."""
     times: list[float] = []
     size = 0
+    cpu_before = process_cpu_seconds(daemon.pid)
     for _ in range(reads):
         started = time.perf_counter()
         response = daemon.http.get("/daemon/status")
@@ -129,16 +135,51 @@ def status_cost(daemon: Daemon, reads: int = 5) -> tuple[int, float]:
         if response.status_code != 200:
             raise LaunchError(f"GET /daemon/status answered {response.status_code}")
         size = len(response.content)
-    return size, statistics.median(times)
+    cpu_after = process_cpu_seconds(daemon.pid)
+    cpu_ms = None if cpu_before is None or cpu_after is None else \
+        (cpu_after - cpu_before) * 1000 / reads
+    return size, statistics.median(times), cpu_ms
+
+
+def sessions_cost(daemon: Daemon, reads: int = 5) -> tuple[int, float, float, int]:
+    """``GET /sessions``: the first page's bytes and p50 ms over ``reads`` requests (the default
+    page, 100 sessions), and the ms to page through every session 500 at a time, with the
+    count listed."""
+    times: list[float] = []
+    size = 0
+    for _ in range(reads):
+        started = time.perf_counter()
+        response = daemon.http.get("/sessions")
+        times.append((time.perf_counter() - started) * 1000)
+        if response.status_code != 200:
+            raise LaunchError(f"GET /sessions answered {response.status_code}")
+        size = len(response.content)
+    started = time.perf_counter()
+    listed = 0
+    cursor: str | None = None
+    while True:
+        params = {"limit": "500", **({"cursor": cursor} if cursor else {})}
+        page = daemon.http.get("/sessions", params=params).json()
+        listed += len(page["sessions"])
+        if not page["hasMore"]:
+            break
+        cursor = page["nextCursor"]
+    return size, statistics.median(times), (time.perf_counter() - started) * 1000, listed
 
 
 def stop_timed(daemon: Daemon) -> tuple[float, float | None]:
     """SIGTERM to exit: seconds, and the daemon's CPU seconds meanwhile (from its rusage at
-    exit; on a busy machine the wall time mostly says how long it waited for a core). The
-    daemon must exit 0."""
+    exit, less what its agents had used before: the rusage of a process that exits holds the
+    CPU of the children it reaped, and the daemon reaps its agents as it stops; on a busy
+    machine the wall time mostly says how long it waited for a core). The daemon must exit
+    0."""
+    agent_pids = daemon.agent_pids()
     daemon.http.close()
     pid = daemon.proc.pid
+    agents = [process_cpu_seconds(agent) for agent in agent_pids]
     cpu_before = process_cpu_seconds(pid)
+    if cpu_before is not None:
+        cpu_before += sum(cpu for cpu in agents if cpu is not None)
     started = time.monotonic()
     daemon.proc.terminate()
     _, status, usage = os.wait4(pid, 0)
@@ -159,10 +200,14 @@ def live_run(ctx: Context, count: int, chunks: int, turns: int) -> LiveRun:
         create_sessions(daemon, count, ctx.progress)
         create_s = time.monotonic() - started
         _, rss = settled_rss_mb(daemon)
-        size, status_ms = status_cost(daemon)
+        size, status_ms, status_cpu_ms = status_cost(daemon)
+        list_size, list_ms, list_all_ms, listed = sessions_cost(daemon)
+        if listed != count:
+            raise LaunchError(f"GET /sessions listed {listed} of {count} sessions")
         ctx.progress(f"  RSS {rss:.1f} MB ({(rss - empty) * 1000 / count:.1f} KB a session; "
                      f"created in {create_s:.1f} s); status {size / 1000:.0f} KB in "
-                     f"{status_ms:.1f} ms")
+                     f"{status_ms:.1f} ms ({status_cpu_ms or 0:.1f} ms daemon CPU); GET /sessions first page {list_size / 1000:.0f} KB "
+                     f"in {list_ms:.1f} ms, all {listed:,} in {list_all_ms:.0f} ms")
         runs = []
         for trial in range(turns):
             run = measure_turn(daemon, chunks, 1)
@@ -171,8 +216,8 @@ def live_run(ctx: Context, count: int, chunks: int, turns: int) -> LiveRun:
             runs.append(run)
         shutdown, shutdown_cpu = stop_timed(daemon)
         ctx.progress(f"  shutdown {shutdown:.2f} s, daemon CPU {shutdown_cpu or 0:.2f} s")
-        return LiveRun(count, empty, rss, size, status_ms, runs, shutdown, shutdown_cpu,
-                       create_s)
+        return LiveRun(count, empty, rss, size, status_ms, status_cpu_ms, list_size, list_ms, list_all_ms,
+                       runs, shutdown, shutdown_cpu, create_s)
 
 
 def unload_run(ctx: Context, count: int, idle_ms: int) -> UnloadRun:
@@ -270,7 +315,18 @@ def rows_for(ctx: Context, chunks: int, live: Sequence[LiveRun],
             ok=(each.status_ms <= STATUS_TARGET_MS
                 and each.status_bytes <= STATUS_TARGET_KB * 1000) if at_scale else None,
             cpu_note="-", quick=ctx.quick,
-            notes=[f"body {each.status_bytes / 1000:.1f} KB"]))
+            notes=[f"body {each.status_bytes / 1000:.1f} KB"
+                   + ("" if each.status_cpu_ms is None else
+                      f"; daemon CPU {each.status_cpu_ms:.2f} ms a request")]))
+    for each in live:
+        rows.append(Row(
+            benchmark=NAME, name="GET /sessions, first page (100)",
+            params={"sessions": each.sessions}, unit="ms", samples=[each.list_ms],
+            baseline=base.list_ms, baseline_label=f"{base.sessions} sessions",
+            ratio=each.list_ms / base.list_ms, target="", ok=None, cpu_note="-",
+            quick=ctx.quick,
+            notes=[f"body {each.list_bytes / 1000:.1f} KB; every session, 500 a page: "
+                   f"{each.list_all_ms:.0f} ms"]))
     for each in live:
         rows.append(Row(
             benchmark=NAME, name="shutdown (SIGTERM to exit), sessions live",
