@@ -671,3 +671,31 @@ async def test_slow_client_rules_on_another_node(tmp_path: Path) -> None:
             assert not healthy.of_type("client_evicted")
             assert not healthy.of_type("state_resync_required")
             nursery.cancel_scope.cancel()
+
+
+async def test_sessions_on_a_node_lists_the_sessions_it_runs(tmp_path: Path) -> None:
+    """GET /sessions in cluster mode is the node's: its live sessions, not those another node
+    runs (even one it could forward to), nor sessions its own store holds for others."""
+    with redis_server(tmp_path / "redis") as redis, \
+            nodes(tmp_path, redis.url, "AB") as (a, b):
+        async with httpx.AsyncClient(base_url=a.url, timeout=TIMEOUT) as ca, \
+                httpx.AsyncClient(base_url=b.url, timeout=TIMEOUT) as cb:
+            on_a = [(await ca.post("/session", json={"sessionScope": "thread"})).json()[
+                "sessionId"] for _ in range(3)]
+            on_b = (await cb.post("/session", json={"sessionScope": "thread"})).json()[
+                "sessionId"]
+            # B answers for A's sessions (it forwards), but lists only its own.
+            assert (await cb.get(f"/session/{on_a[0]}/status")).status_code == 200
+            for client, mine in ((ca, on_a), (cb, [on_b])):
+                listed, cursor = [], None
+                while True:
+                    params = {"limit": "2", **({"cursor": cursor} if cursor else {})}
+                    page = (await client.get("/sessions", params=params)).json()
+                    listed.extend(page["sessions"])
+                    if not page["hasMore"]:
+                        break
+                    cursor = page["nextCursor"]
+                assert sorted(s["sessionId"] for s in listed) == sorted(mine)
+                assert {s["state"] for s in listed} == {"idle"}
+            assert (await ca.get("/sessions", params={"state": "unloaded"})).json()[
+                "sessions"] == []
