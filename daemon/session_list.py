@@ -5,8 +5,8 @@ A page is merged from the live sessions (in memory) and the stored ones (the tra
 ``sessions`` table, read in the writer's worker thread) by the pure
 :mod:`daemon.core.session_list`: each source gives its ``limit + 1`` newest below the cursor.
 The status lists at most :data:`~sdk.protocol.http.STATUS_SESSIONS_MAX` live sessions, the
-newest loaded first, found without looking at the others; its totals are one pass over the live
-sessions reading counters only.
+newest loaded first, found without looking at the others; its totals are counters kept as
+things change.
 
 In cluster mode a node lists the sessions it runs (its live ones): its local store also holds
 sessions another node has since taken over, so it is not a list of anything this node could
@@ -27,6 +27,7 @@ from sdk.protocol import http as wire
 from .core.session_list import ListKey, decode_cursor, encode_cursor, merge_page, newest
 from .core.transcript_ops import SessionRow
 from .manager import SessionManager, canonical_workspace, iso_from_ms
+from .metrics import totals as metric_totals
 from .session import Session
 from .workspace_git import branches
 
@@ -60,16 +61,10 @@ def status_sessions(manager: SessionManager) -> list[Session]:
 
 
 def totals(manager: SessionManager) -> wire.SessionTotals:
-    active = pending = subscribers = 0
-    for session in manager.sessions.values():
-        if session.active is not None:
-            active += 1
-        pending += len(session.queue)
-        subscribers += len(session.bus.subscribers)
+    """Counts kept as things change (no pass over the sessions)."""
     return wire.SessionTotals(sessions=manager.live_count,
                               unloaded_sessions=len(manager.unloaded),
-                              active_prompts=active, pending_prompts=pending,
-                              subscribers=subscribers)
+                              subscribers=sum(metric_totals.subscribers.values()))
 
 
 _BAD_CURSOR: Final = ("invalid_sessions_cursor", "cursor is not a nextCursor of GET /sessions")

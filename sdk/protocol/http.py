@@ -470,13 +470,12 @@ class DaemonStatusResponse(_Body, kw_only=True):
 
 
 class SessionTotals(_Body, kw_only=True):
-    """``GET /daemon/status``: counts over every live session, listed or not."""
+    """``GET /daemon/status``: counts over every session, listed or not (each kept as it
+    changes, so reading them costs the same whatever the number of sessions)."""
 
     sessions: int  # live sessions (as liveSessions)
     unloaded_sessions: int  # unloaded when idle since the start (still restorable)
-    active_prompts: int
-    pending_prompts: int
-    subscribers: int
+    subscribers: int  # open event streams (SSE and WebSocket) of every session
 
 
 class SessionListing(_Body, kw_only=True):
