@@ -13,11 +13,10 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 import trio
-from prometheus_client import CollectorRegistry
 from quart import Response, request
 
 from sdk.protocol import headers, routes
@@ -40,13 +39,14 @@ from .manager import (
     SessionLimit,
     SessionManager,
 )
-from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from .metrics import DaemonCollector, build_registry, exposition
 from .session import MAX_PENDING_PROMPTS, PromptQueueFull, Session, VoteResult
 from .session_list import InvalidListQuery, list_page, status_sessions, totals
 from .transcript_store import InvalidCursor, TranscriptDamaged
 from .transcript_writer import TranscriptWriter
 from .workspace_git import branches
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 log = logging.getLogger("daemon.http")
 
@@ -223,7 +223,10 @@ def header_idempotency_key() -> str | None:
 
 
 def metrics_registry(manager: SessionManager) -> CollectorRegistry:
-    """The daemon's metrics: its collector (with cluster mode's, once a node is attached)."""
+    """The daemon's metrics: its collector (with cluster mode's, once a node is attached).
+    Loads the Prometheus client library (the first scrape does)."""
+    from .metrics_exposition import DaemonCollector, build_registry
+
     def cluster() -> tuple[int, int] | None:
         stats = manager.cluster_stats
         return stats() if stats is not None else None
@@ -348,10 +351,12 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> bridge.JsonErro
 
     @serve(routes.METRICS)
     async def metrics_route() -> Response:
+        from .metrics_exposition import CONTENT_TYPE, exposition
+
         if not metrics:
             metrics.append(metrics_registry(manager))
         return Response(exposition(metrics[0]), status=200,
-                        headers={"Content-Type": METRICS_CONTENT_TYPE,
+                        headers={"Content-Type": CONTENT_TYPE,
                                  "Cache-Control": "no-store"})
 
     backing_up = trio.Lock()
