@@ -14,31 +14,13 @@ from hypothesis import HealthCheck, settings
 
 DEEP_EXAMPLES = 200
 
-settings.register_profile(
-    "deep",
-    deadline=None,
-    derandomize=True,
-    max_examples=DEEP_EXAMPLES,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.register_profile(
-    "ci",
-    deadline=None,
-    derandomize=True,
-    max_examples=50,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+# Derandomized: the same examples on every run (`make mutation` runs them once per mutant).
+for name, count in (("deep", DEEP_EXAMPLES), ("ci", 50), ("mutation", 30)):
+    settings.register_profile(name, deadline=None, derandomize=True, max_examples=count,
+                              suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", deadline=None, max_examples=100)
 # `make unit-fast`: a few examples per property, for a quick pass while editing.
 settings.register_profile("fast", deadline=None, max_examples=10)
-# `make mutation` runs the property tests once per mutant: fewer, still derandomized examples.
-settings.register_profile(
-    "mutation",
-    deadline=None,
-    derandomize=True,
-    max_examples=30,
-    suppress_health_check=[HealthCheck.too_slow],
-)
 
 
 def examples(deep: int) -> int:
