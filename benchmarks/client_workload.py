@@ -60,8 +60,6 @@ from typing import Any, Literal
 
 import msgspec
 
-from sdk.protocol.headers import EVENT_EPOCH, lower
-
 SID = "97ea491e-c339-49c7-a124-7737fb961931"
 PROMPT = "70ed4f91-1eaf-4a5f-947b-012de441327f"
 CLIENT = "client_e9d029a4-d686-465d-a72d-61b99f2769ba"
@@ -75,7 +73,19 @@ BACKENDS: dict[str, tuple[str, dict[str, Any]]] = {
     "uvloop": ("asyncio", {"use_uvloop": True}),
 }
 EPOCH = "bench-epoch"
-_EPOCH_LINE = lower(EVENT_EPOCH).encode() + b": "
+
+
+def _epoch_header() -> str:
+    """The epoch header's name, from the measured checkout's protocol: imported when used, after
+    ``main`` has put that checkout first on ``sys.path`` (a module-level import would load this
+    checkout's ``sdk`` before it)."""
+    from sdk.protocol.headers import EVENT_EPOCH
+
+    return EVENT_EPOCH
+
+
+def _epoch_line() -> bytes:
+    return _epoch_header().lower().encode() + b": "
 
 Spent = tuple[float, float]
 """(CPU seconds of this process, wall seconds): on a shared machine the wall time mostly
@@ -222,7 +232,7 @@ async def sdk_handle(body: bytes) -> Measured:
         if not request.url.path.endswith("/events"):
             return httpx.Response(404, json={"error": "not_found"})
         return httpx.Response(200, stream=Body(), headers={
-            "content-type": "text/event-stream", EVENT_EPOCH: EPOCH})
+            "content-type": "text/event-stream", _epoch_header(): EPOCH})
 
     async with DaemonClient("http://bench.invalid",
                             transport=httpx.MockTransport(answer)) as client:
@@ -290,7 +300,7 @@ def _answer(conn: socket.socket, kind: str, envelopes: list[bytes], sse: bytes) 
         head = _read_head(conn)
         if kind == "sse":
             conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                         + _EPOCH_LINE + EPOCH.encode() + b"\r\n"
+                         + _epoch_line() + EPOCH.encode() + b"\r\n"
                          b"connection: close\r\n\r\n" + sse)
             return
         key = b""
@@ -302,7 +312,7 @@ def _answer(conn: socket.socket, kind: str, envelopes: list[bytes], sse: bytes) 
             hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
         conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\n"
                      b"connection: upgrade\r\nsec-websocket-accept: " + accept + b"\r\n"
-                     + _EPOCH_LINE + EPOCH.encode() + b"\r\n\r\n"
+                     + _epoch_line() + EPOCH.encode() + b"\r\n\r\n"
                      + b"".join(_ws_frame(raw) for raw in envelopes)
                      + _ws_frame(struct.pack("!H", 1000), opcode=0x8))
         while conn.recv(65536):  # until the client's close frame and EOF
@@ -408,6 +418,7 @@ def load_answer(history_n: int, live_n: int) -> bytes:
         "compactedReplay": [frame(e) for e in history],
         "liveJournal": [frame(e) for e in live],
         "lastEventId": history_n + 100_000 + live_n - 1,
+        "eventEpoch": "4b2d7775-0118-4dc1-96b7-f333ca18ab6e",
     })
 
 
