@@ -223,8 +223,8 @@ def test_a_stopped_daemons_log_is_part_of_the_direct_copy(tmp_path: Path) -> Non
     data = tmp_path / "data"
     data.mkdir()
     writer = ("import os, sys\n"
-              "from daemon.transcript_store import AppendEvent, TranscriptStore, UpsertSession\n"
-              "store = TranscriptStore(sys.argv[1])\n"
+              "from daemon.transcript_store import AppendEvent, TranscriptDatabase, UpsertSession\n"
+              "store = TranscriptDatabase(sys.argv[1])\n"
               "store.apply([UpsertSession('s1', '/w', 1)])\n"
               "store.apply([AppendEvent('s1', n, None, b'{\"id\":%d}' % n) for n in range(1, 50)])\n"
               "os._exit(0)\n")  # no close: nothing is checkpointed into the file
