@@ -24,6 +24,9 @@ STATE_DEPENDENT: dict[str, tuple[str, str]] = {
     "invalid_transcript_cursor": ("Unknown transcript cursor or record id",
                                   "cursors and record ids are made by the daemon; a well-formed "
                                   "one it never made names nothing"),
+    "invalid_sessions_cursor": ("cursor is not a nextCursor of GET /sessions",
+                                "a session list's cursors are made by the daemon; any other "
+                                "string is schema-valid and names no place in the list"),
 }
 
 

@@ -19,6 +19,7 @@ import pytest
 import daemon.asgi
 import daemon.core.guards
 import daemon.http_api
+import daemon.session_list
 import daemon.streams
 from daemon.config import DaemonConfig
 from daemon.core.openapi import body_schema, build_openapi, documented_error_codes, response_schema
@@ -136,7 +137,8 @@ def test_documented_error_codes_exist_in_the_daemon() -> None:
     """No invented codes: each one is a string literal somewhere in the HTTP layer (or in the
     protocol's builders of the errors several parts of it answer)."""
     source = "".join(inspect.getsource(module) for module in (
-        daemon.asgi, daemon.core.guards, daemon.http_api, daemon.streams, wire))
+        daemon.asgi, daemon.core.guards, daemon.http_api, daemon.session_list, daemon.streams,
+        wire))
     for code in documented_error_codes():
         assert f'"{code}"' in source, code
 
