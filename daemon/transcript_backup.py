@@ -12,6 +12,12 @@ during one. SQLite keeps the copy whole across them: a page the same connection 
 the backup copied it is written to the copy as well, so the finished copy is the database as it
 stands after the last step (every commit before it included).
 
+A turn streaming meanwhile grows the file between two steps; were a step a fixed number of
+pages, a stream that adds more pages per commit than a step copies would keep the copy from
+ever finishing (seen: a 2,000,000-chunk turn ran to its end before the backup did). So one
+turn of the connection copies ``pages`` pages plus twice what the file grew since the previous
+turn: with no writes that is one step, and under any stream the pages left shrink each turn.
+
 With the daemon stopped, :func:`backup_file` copies the file directly (the caller holds the data
 directory's lock).
 """
@@ -53,6 +59,8 @@ class SteppedBackup:
         self.steps = 0
         self.remaining = -1  # pages left to copy after the last step (-1: none taken yet)
         self.total = -1
+        self._turn_total = -1  # the file's pages when this turn of the connection began
+        self._turn_copied = 0  # pages copied in this turn
         self._go: queue.SimpleQueue[bool] = queue.SimpleQueue()
         self._done: queue.SimpleQueue[_Message] = queue.SimpleQueue()
         self._over = False
@@ -83,10 +91,16 @@ class SteppedBackup:
         # Called after each step, in this thread: report it, then wait for the next turn
         # (the backup's finish also touches the source connection, so it waits too).
         self.steps += 1
+        if self._turn_total < 0:
+            self._turn_total = self.total if self.total >= 0 else total
         self.remaining, self.total = remaining, total
+        self._turn_copied += self.pages
+        if remaining > 0 and self._turn_copied < self.pages + 2 * (total - self._turn_total):
+            return  # the file grew since the last turn: copy on until that much is caught up
         self._done.put(("step", None))
         if not self._go.get():
             raise BackupStopped("stopped")
+        self._turn_total, self._turn_copied = -1, 0
 
     def step(self, _store: TranscriptDatabase | None = None) -> bool:
         """Take the next step; ``True`` once the copy is complete. Raises what the backup

@@ -103,7 +103,7 @@ async def test_a_backup_taken_while_a_turn_streams_is_served_by_a_second_daemon(
             # A turn streaming in another session for the whole backup (asked of the route
             # itself, without the command's start-up time): its commits go on between steps.
             resp = await client.post(f"/session/{other}/prompt", json={"prompt": [
-                {"type": "text", "text": "charlie mock:chunks=200000 mock:bytes=64"}]})
+                {"type": "text", "text": "charlie mock:chunks=2000000 mock:bytes=64"}]})
             assert resp.status_code == 202
 
             async def charlie_streams() -> bool:
@@ -114,7 +114,10 @@ async def test_a_backup_taken_while_a_turn_streams_is_served_by_a_second_daemon(
             assert streamed.status_code == 200, streamed.text
             assert streamed.headers["content-type"] == "application/vnd.sqlite3"
             assert (await status(client, other))["hasActivePrompt"], \
-                "charlie ended before the backup did: make it longer"
+                f"charlie ended before the backup did: make it longer {await status(client, other)}"
+            # Long enough to outlast the backup on a fast machine (a few seconds there); it has
+            # done its part once the backup is in hand.
+            assert (await client.post(f"/session/{other}/cancel", json={})).status_code < 300
             during = tmp_path / "during.sqlite3"
             during.write_bytes(streamed.content)
             conn = sqlite3.connect(during)
@@ -148,7 +151,6 @@ async def test_a_backup_taken_while_a_turn_streams_is_served_by_a_second_daemon(
                 return not s["hasActivePrompt"]
             await poll(idle, 60, "bravo to end")
             whole_bravo = text_of(lines((await client.get(f"/session/{sid}/export")).content))
-            await client.post(f"/session/{other}/cancel", json={})
         taken = [line for line in daemon.stderr().splitlines() if "event=backup_taken" in line]
         assert len(taken) == 3, daemon.stderr()
         fields = dict(re.findall(r"(\w+)=(\S+)", taken[1]))  # the one during charlie
