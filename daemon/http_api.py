@@ -449,6 +449,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> bridge.JsonErro
         hint = header_client_id()
         body = await read_json_object()
         session = await live_or_restored(session_id)
+        await session.terminal_settled()
         req = parse_body(body, wire.LoadSessionRequest)
         page_size, mode = req.history_page_size, req.live_replay_mode
         client_id = manager.register_client(session, hint)

@@ -89,6 +89,9 @@ MAX_LEDGER_TERMINALS = 64
 MAX_ECHO_BLOCKS = 256
 # How long a terminal waits for the transcript before the session is marked degraded.
 DURABLE_WAIT_S = 10.0
+# How long a load waits for a terminal Redis holds to be shown here (Session.terminal_settled);
+# past it the load answers as it stands (the turn still running).
+SETTLE_WAIT_S = 5.0
 
 
 class PromptQueueFull(Exception):
@@ -211,6 +214,9 @@ class Session:
         self._close_started = trio.Event()  # set by close()
         self._closed_in_batch = False  # see close_idle_now
         self._wake = trio.Event()
+        # Cluster mode: set while a turn's terminal waits for Redis before it is shown (see
+        # terminal_settled); None otherwise.
+        self._terminal_settling: trio.Event | None = None
         # The agent channel's reader asks the bus directly how to pace itself (SessionSink).
         self.flow: Flow = bus
         # Updates handed one at a time (on_update), published at the next flush.
@@ -417,25 +423,32 @@ class Session:
             await self._wait_replicated()
         else:
             await self._wait_durable()
-        published = bus.publish_terminal(
-            decision.data(self.id, prompt.prompt_id),
-            prompt_id=prompt.prompt_id,
-            originator_client_id=prompt.client_id, ledger_terminal=ledger,
-            stop_reason=stop_reason, hold=replicated,
-        )
-        # The ledger's instant (the transcript keeps it), not the one after the waits below.
-        ended_at = bus.terminal_ms if published is not None and bus.terminal_ms else now_ms()
-        if published is not None and replicated:
-            bus.show_terminal(visible=await self._wait_replicated())
-        self.terminals.append(PromptTerminal(
-            prompt_id=prompt.prompt_id, terminal=ledger,
-            stop_reason=stop_reason if stop_reason is not None else msgspec.UNSET, at=ended_at))
-        if prompt.keyed:
-            self.keyed_ends[prompt.prompt_id] = (ledger, stop_reason, ended_at)
-            if len(self.keyed_ends) > self.keys.capacity:
-                self.keyed_ends.popitem(last=False)
-        self.active = None
-        bus.active_prompt_id = None
+        settling = self._terminal_settling = trio.Event() if replicated else None
+        try:
+            published = bus.publish_terminal(
+                decision.data(self.id, prompt.prompt_id),
+                prompt_id=prompt.prompt_id,
+                originator_client_id=prompt.client_id, ledger_terminal=ledger,
+                stop_reason=stop_reason, hold=replicated,
+            )
+            # The ledger's instant (the transcript keeps it), not the one after the waits below.
+            ended_at = bus.terminal_ms if published is not None and bus.terminal_ms else now_ms()
+            if published is not None and replicated:
+                bus.show_terminal(visible=await self._wait_replicated())
+            self.terminals.append(PromptTerminal(
+                prompt_id=prompt.prompt_id, terminal=ledger,
+                stop_reason=stop_reason if stop_reason is not None else msgspec.UNSET,
+                at=ended_at))
+            if prompt.keyed:
+                self.keyed_ends[prompt.prompt_id] = (ledger, stop_reason, ended_at)
+                if len(self.keyed_ends) > self.keys.capacity:
+                    self.keyed_ends.popitem(last=False)
+            self.active = None
+            bus.active_prompt_id = None
+        finally:
+            if settling is not None:
+                self._terminal_settling = None
+                settling.set()
         if prompt.queued:
             bus.publish(
                 PendingPromptCompletedData(session_id=self.id, prompt_id=prompt.prompt_id,
@@ -473,6 +486,16 @@ class Session:
         """Wait (bounded, shielded) until everything this session published is committed."""
         with trio.CancelScope(shield=True):
             await self.wait_durable()
+
+    async def terminal_settled(self) -> None:
+        """Cluster mode: wait (at most ``SETTLE_WAIT_S``) while a turn's terminal is in Redis
+        but not yet shown here. Another node's reader gets the terminal from Redis as soon as
+        Redis holds it, before this owner has seen Redis's answer; a load it then makes here
+        must not find the turn still running (a repair would find the turn incomplete)."""
+        settling = self._terminal_settling
+        if settling is not None:
+            with trio.move_on_after(SETTLE_WAIT_S):
+                await settling.wait()
 
     async def wait_durable(self) -> bool:
         """Wait until everything this session has handed to the transcript so far (its
