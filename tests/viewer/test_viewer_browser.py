@@ -989,6 +989,15 @@ def test_screenshots_at_desktop_and_phone_width(browser: Any, tmp_path: Path) ->
                 ARTIFACTS.mkdir(parents=True, exist_ok=True)
                 p.screenshot(path=str(shots[name]))
                 assert "/tmp" not in p.locator("body").inner_text()  # no path of this machine
+                # Every composer chip shows its icon at this width (at 400 px the approval
+                # chip is its shield alone: hiding its label must not hide the icon too).
+                hidden = p.evaluate("""() => [...document.querySelectorAll('.chip')]
+                    .filter(c => c.offsetParent !== null)
+                    .filter(c => {
+                        const i = c.querySelector('.icon');
+                        return !i || i.getBoundingClientRect().width === 0;
+                    }).map(c => c.id)""")
+                assert hidden == [], f"chips without a visible icon at {name}: {hidden}"
         if os.environ.get("TURNKEEPER_UPDATE_SCREENSHOT") == "1":
             for name, path in shots.items():
                 shutil.copyfile(path, ROOT / "docs" / name)
