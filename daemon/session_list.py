@@ -43,9 +43,7 @@ class InvalidListQuery(ValueError):
 
 
 def state_of(session: Session) -> wire.SessionState:
-    if session.active is not None:
-        return "running"
-    return "queued" if session.queue else "idle"
+    return wire.session_state(session.active is not None, len(session.queue))
 
 
 def status_sessions(manager: SessionManager) -> list[Session]:

@@ -28,6 +28,7 @@ from typing import Any, Final, Literal, TypeAlias, TypeVar
 import anyio
 import httpx
 import msgspec
+from msgspec import UnsetType
 
 from sdk._errors import (
     DaemonError,
@@ -48,6 +49,7 @@ from sdk.protocol.envelope import DaemonEvent, decode_events, normalize_page_eve
 from sdk.protocol.http import (
     CapabilitiesResponse,
     CreateSessionResponse,
+    DaemonStatusResponse,
     HealthResponse,
     LoadSessionResponse,
     PermissionVoteResponse,
@@ -55,7 +57,10 @@ from sdk.protocol.http import (
     PromptByKeyResponse,
     PromptTerminal,
     ResumeSessionResponse,
+    SessionList,
+    SessionListing,
     SessionStatusResponse,
+    view_status_sessions,
 )
 from sdk.protocol.http import (
     TranscriptPage as _TranscriptPage,
@@ -81,6 +86,7 @@ __all__ = [
     "SessionCreated",
     "SessionPage",
     "SessionStatus",
+    "SessionSummary",
     "TranscriptPage",
 ]
 
@@ -103,64 +109,28 @@ _json_decode = msgspec.json.Decoder().decode
 
 
 # --- typed results ----------------------------------------------------------------------------
-
-
-class _Result(msgspec.Struct, kw_only=True, rename="camel"):
-    """Base of the SDK's own views: camelCase on the wire, unknown keys ignored."""
-
-
 # The route results are the protocol's bodies (sdk.protocol.http), under the names the SDK has
 # always exported. Load answers and transcript pages are generic in their list of envelopes:
 # a client reads them as LoadSessionResponse[DaemonEvent] / TranscriptPage[DaemonEvent].
 Health = HealthResponse
 Capabilities = CapabilitiesResponse
+DaemonStatus = DaemonStatusResponse
 SessionCreated = CreateSessionResponse
 ResumeResult = ResumeSessionResponse
 LoadResult: TypeAlias = LoadSessionResponse[DaemonEvent]
 PermissionVote = PermissionVoteResponse
 SessionStatus = SessionStatusResponse
 TranscriptPage: TypeAlias = _TranscriptPage[DaemonEvent]
-
-
-class DaemonStatus(_Result):
-    """Effective limits and per-session counts. ``raw`` is the whole body (its shape is loose)."""
-
-    limits: dict[str, Any] = msgspec.field(default_factory=dict)
-    sessions: Any = None
-    raw: dict[str, Any] = msgspec.field(default_factory=dict)
-
-
-class SessionSummary(_Result):
-    """One session of :meth:`DaemonClient.list_sessions`: where it runs, its ``state`` —
-    ``running`` (a turn runs), ``queued`` (prompts wait, none runs yet), ``idle`` (loaded,
-    nothing to do) or ``unloaded`` (stored, not in memory: a load or resume restores it) — and
-    when something last happened in it (``lastEventId`` and ``lastActivityAt`` are ``None``
-    while it is unloaded)."""
-
-    session_id: str
-    workspace_cwd: str
-    state: str = ""  # given by GET /sessions; worked out for a daemon without it
-    has_active_prompt: bool = False
-    pending_prompts: int = 0
-    subscribers: int = 0
-    last_event_id: int | None = None
-    created_at: str | None = None
-    last_activity_at: str | None = None
-    git_branch: str | None = None
-
-    def __post_init__(self) -> None:
-        if not self.state:
-            self.state = ("running" if self.has_active_prompt
-                          else "queued" if self.pending_prompts else "idle")
-
-
-class SessionPage(_Result):
-    """One page of :meth:`DaemonClient.list_sessions_page` (``GET /sessions``), newest created
-    first; ``next_cursor`` asks for the next page while ``has_more``."""
-
-    sessions: list[SessionSummary] = msgspec.field(default_factory=list)
-    has_more: bool = False
-    next_cursor: str | None = None
+SessionSummary = SessionListing
+"""One session of :meth:`DaemonClient.list_sessions`: where it runs, its ``state`` —
+``running`` (a turn runs), ``queued`` (prompts wait, none runs yet), ``idle`` (loaded, nothing
+to do) or ``unloaded`` (stored, not in memory: a load or resume restores it) — and when
+something last happened in it (``last_event_id`` and ``last_activity_at`` are ``None`` while it
+is unloaded)."""
+SessionPage = SessionList
+"""One page of :meth:`DaemonClient.list_sessions_page` (``GET /sessions``), newest created
+first; ``next_cursor`` (``UNSET`` on the last page) asks for the next page while
+``has_more``."""
 
 
 _R = TypeVar("_R", bound=msgspec.Struct)
@@ -487,26 +457,23 @@ class DaemonClient:
         return _convert(await self._json("GET", path), Capabilities, f"GET {path}")
 
     async def daemon_status(self) -> DaemonStatus:
-        body = await self._json("GET", routes.DAEMON_STATUS.url())
-        result = _convert(body, DaemonStatus, "GET /daemon/status")
-        result.raw = body
-        return result
+        return await self._typed("GET", routes.DAEMON_STATUS.url(), DaemonStatus)
 
     async def list_sessions_page(
         self,
         limit: int | None = None,
-        cursor: str | None = None,
+        cursor: str | UnsetType | None = None,
         *,
         workspace: str | None = None,
         state: Literal["running", "queued", "idle", "unloaded"] | None = None,
     ) -> SessionPage:
         """One page of ``GET /sessions``: at most ``limit`` sessions (the daemon's default:
-        100; at most 500), from ``cursor`` (a page's ``next_cursor``), only those in
-        ``workspace`` (an absolute path) and in ``state`` when given."""
+        100; at most 500), from ``cursor`` (a page's ``next_cursor``; without one, the first
+        page), only those in ``workspace`` (an absolute path) and in ``state`` when given."""
         params: dict[str, str | int] = {}
         if limit is not None:
             params["limit"] = limit
-        if cursor is not None:
+        if isinstance(cursor, str):
             params["cursor"] = cursor
         if workspace is not None:
             params["workspace"] = workspace
@@ -536,16 +503,16 @@ class DaemonClient:
                     raise
                 return await self._live_sessions_from_status(workspace, state)
             found.extend(page.sessions)
-            if not page.has_more or page.next_cursor is None:
+            if not page.has_more or not isinstance(page.next_cursor, str):
                 return found
             cursor = page.next_cursor
 
     async def _live_sessions_from_status(self, workspace: str | None,
                                          state: str | None) -> list[SessionSummary]:
-        status = await self.daemon_status()
+        response = await self._request("GET", routes.DAEMON_STATUS.url())
         try:
-            live = msgspec.convert(status.sessions or [], list[SessionSummary])
-        except msgspec.ValidationError as exc:
+            live = view_status_sessions(response.content)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise TransportError(f"GET /daemon/status: malformed sessions: {exc}") from exc
         return [s for s in live if (workspace is None or s.workspace_cwd == workspace)
                 and (state is None or s.state == state)]

@@ -42,6 +42,7 @@ import anyio.abc
 import httpx
 from anyio.from_thread import BlockingPortal
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from msgspec import UnsetType
 
 from sdk._client import (
     DEFAULT_MAX_QUEUED,
@@ -266,7 +267,7 @@ class SyncDaemonClient:
     def list_sessions_page(
         self,
         limit: int | None = None,
-        cursor: str | None = None,
+        cursor: str | UnsetType | None = None,
         *,
         workspace: str | None = None,
         state: Literal["running", "queued", "idle", "unloaded"] | None = None,

@@ -281,8 +281,7 @@ async def scenario(daemon: DaemonProcess, say: Printer, *, step: bool) -> None:
         sid = created.session_id
         say("session", f"{sid} created")
         status = await direct.daemon_status()
-        agents = status.raw.get("agents") or []
-        daemon.agent_pids = [a["pid"] for a in agents if isinstance(a.get("pid"), int)]
+        daemon.agent_pids = [a.pid for a in status.agents if a.pid is not None]
         say.more(f"agent pid {', '.join(map(str, daemon.agent_pids)) or '?'}")
         accepted = await direct.send_prompt(sid, PROMPT)
         say("prompt", f"{PROMPT!r} accepted as {accepted.prompt_id}")

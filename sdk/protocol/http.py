@@ -96,9 +96,11 @@ __all__ = [
     "request_error_code",
     "route_not_found",
     "session_not_found",
+    "session_state",
     "view_error_body",
     "view_prompt_blocks",
     "view_session_id",
+    "view_status_sessions",
     "vote_outcome",
 ]
 
@@ -482,16 +484,21 @@ class SessionListing(_Body, kw_only=True):
     """One session of ``GET /sessions``. ``lastEventId`` and ``lastActivityAt`` are ``null`` for
     an unloaded session (they are known once it is loaded)."""
 
+    # A client also reads the live sessions of a GET /daemon/status into this type (a daemon
+    # without GET /sessions, view_status_sessions): those rows may leave the Sent members out.
+
     session_id: str
     workspace_cwd: str
     state: SessionState
     has_active_prompt: bool
     pending_prompts: int
-    subscribers: int
-    last_event_id: int | None
-    created_at: str  # ISO 8601 UTC, as the create answer's createdAt
-    last_activity_at: str | None
-    git_branch: str | None  # the branch checked out in the workspace (loaded sessions only)
+    subscribers: Annotated[int, Sent] = 0
+    last_event_id: Annotated[int | None, Sent] = None
+    # ISO 8601 UTC, as the create answer's createdAt ("" read from a daemon that leaves it out)
+    created_at: Annotated[str, Sent] = ""
+    last_activity_at: Annotated[str | None, Sent] = None
+    # the branch checked out in the workspace (loaded sessions only)
+    git_branch: Annotated[str | None, Sent] = None
 
 
 class SessionList(_Body, kw_only=True):
@@ -502,6 +509,14 @@ class SessionList(_Body, kw_only=True):
     sessions: list[SessionListing]
     has_more: bool
     next_cursor: str | UnsetType = UNSET
+
+
+def session_state(has_active_prompt: bool, pending_prompts: int | bool) -> SessionState:
+    """A live session's :data:`SessionState`: ``running`` while a turn runs, else ``queued``
+    while prompts wait, else ``idle``."""
+    if has_active_prompt:
+        return "running"
+    return "queued" if pending_prompts else "idle"
 
 
 class CreateSessionResponse(_Body, kw_only=True):
@@ -872,3 +887,20 @@ def view_error_body(body: object) -> ErrorBodyView | None:
     if isinstance(body, Mapping):
         return msgspec.convert(dict(body), ErrorBodyView)
     return None
+
+
+class _StatusSessionsView(msgspec.Struct, frozen=True, gc=False):
+    sessions: list[dict[str, Any]] | None = None
+
+
+def view_status_sessions(body: bytes) -> list[SessionListing]:
+    """The live sessions of a ``GET /daemon/status`` answer as :class:`SessionListing` rows, each
+    ``state`` worked out by :func:`session_state` (what a client lists from a daemon without
+    ``GET /sessions``). Only the ``sessions`` rows are read: the rest of the status may differ
+    from this daemon's. Raises ``msgspec.DecodeError`` / ``msgspec.ValidationError`` for rows a
+    listing cannot hold."""
+    rows = msgspec.json.decode(body, type=_StatusSessionsView).sessions or []
+    return [msgspec.convert({**row, "state": session_state(row.get("hasActivePrompt") is True,
+                                                           bool(row.get("pendingPrompts")))},
+                            SessionListing)
+            for row in rows]

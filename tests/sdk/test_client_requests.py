@@ -28,7 +28,8 @@ from sdk._errors import (
     error_for_status,
     is_retriable,
 )
-from sdk.protocol.http import LoadSessionResponse, SessionStatusResponse
+from sdk.protocol import http as wire
+from sdk.protocol.http import DaemonStatusResponse, LoadSessionResponse, SessionStatusResponse
 from sdk.protocol.http import TranscriptPage as ProtocolTranscriptPage
 
 BASE = "http://127.0.0.1:4170"
@@ -339,9 +340,7 @@ async def test_status_and_capabilities() -> None:
         {
             ("GET", f"/session/{SID}/status"): reply(200, status),
             ("GET", "/capabilities"): reply(200, caps),
-            ("GET", "/daemon/status"): reply(
-                200, {"limits": {"eventRingSize": 8000}, "sessions": []}
-            ),
+            ("GET", "/daemon/status"): reply(200, daemon_status_body(limits)),
         }
     )
     async with rec.client() as client:
@@ -352,7 +351,27 @@ async def test_status_and_capabilities() -> None:
     assert st.durable_event_id == 7 and st.subscribers == 2
     assert cap.supports("session_transcript_pagination") and not cap.supports("nope")
     assert msgspec.to_builtins(cap.limits) == limits
-    assert ds.limits == {"eventRingSize": 8000} and ds.raw["sessions"] == []
+    assert isinstance(ds, DaemonStatusResponse)
+    assert msgspec.to_builtins(ds.limits) == limits and ds.sessions == []
+    assert ds.agents[0].pid == 41 and ds.totals.unloaded_sessions == 3
+
+
+def daemon_status_body(limits: dict[str, int]) -> dict[str, Any]:
+    """A whole ``GET /daemon/status`` body, built from the protocol's types as the daemon does."""
+    return msgspec.to_builtins(wire.DaemonStatusResponse(
+        v=1, limits=msgspec.convert(limits, wire.Limits), persistence=False,
+        transcript=wire.TranscriptHealth(enabled=False, degraded=False, failed_sessions=[],
+                                         last_error=None, damaged_sessions=[], damage=[],
+                                         check=wire.TranscriptCheck(quick="off", full="off")),
+        agents=[wire.AgentInfo(workspace_cwd="/w", pid=41)], agents_reaped=0, restore_locks=0,
+        known_clients=0,
+        server=wire.ServerPatches(ws_keepalive=True, connection_registry=True, ws_limits=True,
+                                  http2_flow_control=True, hypercorn_version="0.17.3"),
+        live_sessions=0, approval_mode="default",
+        default_workspace=wire.WorkspaceInfo(workspace_cwd="/w", git_branch=None),
+        connections=wire.ConnectionCounts(open=1, reserve=0, refused=0), sessions=[],
+        sessions_truncated=False,
+        totals=wire.SessionTotals(sessions=0, unloaded_sessions=3, subscribers=0)))
 
 
 async def test_list_sessions_reads_the_daemon_status_session_list() -> None:

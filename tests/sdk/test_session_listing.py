@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 
 from sdk import DaemonClient, SyncDaemonClient
@@ -44,7 +45,7 @@ async def test_sdk_and_cli_list_unloaded_sessions_page_by_page(tmp_path: Path) -
             page = await client.list_sessions_page(3)
             assert len(page.sessions) == 3 and page.has_more and page.next_cursor
             rest = await client.list_sessions_page(10, page.next_cursor)
-            assert not rest.has_more and rest.next_cursor is None
+            assert not rest.has_more and rest.next_cursor is msgspec.UNSET
             assert [s.session_id for s in page.sessions + rest.sessions] == [
                 s.session_id for s in listed]
             assert {s.session_id for s in await client.list_sessions(

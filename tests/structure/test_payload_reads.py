@@ -56,10 +56,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("sdk/cli/commands.py", "entries"): "the CLI's own summary dict",
     ("sdk/cli/commands.py", "bytes"): "the CLI's own summary dict",
     ("sdk/cli/commands.py", "text"): "the CLI's own marker summary dict",
-    # The demo reads the agents' pids off /daemon/status's raw body to kill them in its
-    # crash scenario; the status Struct deliberately does not type the agent list.
-    ("webui_model/demo.py", "agents"): "demo: raw /daemon/status agent list",
-    ("webui_model/demo.py", "pid"): "demo: raw /daemon/status agent list",
     # The reducer names a malformed update's tag in a debug message (another helper owns the
     # reducer's payload reads; left for them).
     ("webui_model/reducer.py", "sessionUpdate"): "debug text of a malformed update",
