@@ -9,11 +9,12 @@ import { ConnectionPill } from "./connection.js";
 import { $, basename, el } from "./dom.js";
 import { icon } from "./icons.js";
 import { PAGINATION_CAPABILITY } from "./protocol.js";
-import { renderBlock } from "./render.js";
+import { FindBar } from "./find.js";
 import { visibleBlocks } from "./replay.js";
 import { PromptOutcomeUnknown, SessionView } from "./session_view.js";
 import { Sidebar, clipTitle, sessionTitle } from "./sidebar.js";
 import { DEFAULT_MAX_BLOCKS, TranscriptStore } from "./store.js";
+import { TranscriptWindow } from "./transcript_window.js";
 
 const HISTORY_PAGE_SIZE = 100;
 const NOTICE_CAP = 50;
@@ -32,8 +33,6 @@ class Viewer {
     this.paginationEnabled = false;
     this.attempted = new Set();   // repair signatures already attempted (at most once each)
     this.notices = [];
-    this.renderedBlocks = [];     // the blocks shown, in order
-    this.renderedNodes = [];      // their nodes, by the same index
     this.pendingRender = null;
     this.lastRepair = null;
     this.started = false;
@@ -49,6 +48,18 @@ class Viewer {
     this.actions = {
       vote: (requestId, optionId) => this.vote(requestId, optionId),
     };
+    // The blocks near the viewport, as DOM (the rest are placeholders of their height).
+    this.transcript = new TranscriptWindow($("blocks"), $("transcript"), this.actions);
+    // A live chunk was measured (first shown, or its blocks grew): the spacers take the new
+    // height, the view stays at the end if it follows it, and the window is looked at again in
+    // the next frame (not in this observation: that would resize what is being observed).
+    this.transcript.onMeasured = () => {
+      this.transcript.spacers();
+      if (this.following) this.scrollToBottom();
+      this.updateWindowNextFrame();
+    };
+    this.windowFrame = null;
+    this.find = new FindBar(this);
     this.store.subscribe(() => this.scheduleRender());
     this.bindUi();
     this.applyTheme(localStorage.getItem(THEME_KEY) || "dark");
@@ -106,10 +117,15 @@ class Viewer {
     box.addEventListener("scroll", () => {
       this.following = box.scrollHeight - box.clientHeight - box.scrollTop <= BOTTOM_THRESHOLD_PX;
       if (box.scrollTop < TOP_THRESHOLD_PX && this.view) this.view.loadMore();
-    });
+      this.updateWindow();
+    }, { passive: true });
     // While the view follows the end, it stays at the end as blocks grow (streaming text, and
-    // blocks measured late: off-screen blocks are laid out only when needed).
-    new ResizeObserver(() => { if (this.following) this.scrollToBottom(); }).observe($("blocks"));
+    // chunks measured when they are first shown); a taller or shorter viewport shows more or
+    // fewer chunks.
+    new ResizeObserver(() => {
+      if (this.following) this.scrollToBottom();
+      this.updateWindow();
+    }).observe(box);
     box.addEventListener("wheel", (e) => {
       if (e.deltaY < 0 && box.scrollTop < TOP_THRESHOLD_PX && this.view) this.view.loadMore();
     }, { passive: true });
@@ -124,6 +140,7 @@ class Viewer {
     NARROW.addEventListener("change", () => this.toggleSidebar(false));
     document.addEventListener("keydown", (e) => {
       if (e.key === "Escape" && document.body.classList.contains("sidebar-open")) this.toggleSidebar(false);
+      this.find.onKeydown(e);
     });
   }
 
@@ -177,9 +194,8 @@ class Viewer {
     this.disarmClose();
     if (this.view) this.view.close();
     this.view = null;
-    this.renderedBlocks = [];
-    this.renderedNodes = [];
-    $("blocks").replaceChildren();
+    this.transcript.clear();
+    this.find.close();
     this.notices = [];
     this.renderNotices();
     this.store.clear();
@@ -235,6 +251,8 @@ class Viewer {
     $("missing").hidden = !(view !== null && view.missing);
     $("transcript").hidden = view === null || view.missing;
     $("close-session").hidden = view === null || view.missing;
+    $("find-open").hidden = view === null || view.missing;
+    if (view === null || view.missing) this.find.close();
     const known = view ? this.sidebar.known.get(view.id) : null;
     $("session-title").textContent = view === null ? "New session" : sessionTitle(known, view.id);
     $("session-id").textContent = view === null ? "" : view.id;
@@ -449,16 +467,13 @@ class Viewer {
 
   scrollAnchor() {
     // The first block whose bottom is below the top edge, and its offset from that edge; or
-    // "bottom" when the view was following the end.
+    // "bottom" when the view was following the end. The blocks in view are live.
     const box = $("transcript");
     if (box.scrollHeight - box.clientHeight - box.scrollTop <= BOTTOM_THRESHOLD_PX) return { bottom: true };
     const edge = box.getBoundingClientRect().top;
-    for (const chunk of $("blocks").children) {
-      if (chunk.getBoundingClientRect().bottom <= edge) continue;
-      for (const node of chunk.children) {
-        const rect = node.getBoundingClientRect();
-        if (rect.bottom > edge) return { bottom: false, id: node.dataset.id, offset: rect.top - edge };
-      }
+    for (const [b, node] of this.transcript.liveNodes()) {
+      const rect = node.getBoundingClientRect();
+      if (rect.bottom > edge) return { bottom: false, id: b.id, offset: rect.top - edge };
     }
     return { bottom: true };
   }
@@ -466,10 +481,35 @@ class Viewer {
   restoreAnchor(anchor) {
     const box = $("transcript");
     if (anchor.bottom) { this.scrollToBottom(); return; }
-    const index = this.renderedBlocks.findIndex((b) => b.id === anchor.id);
+    const index = this.transcript.blocks.findIndex((b) => b.id === anchor.id);
     if (index < 0) return;
+    const node = this.transcript.nodeAt(index);
     const edge = box.getBoundingClientRect().top;
-    box.scrollTop += this.renderedNodes[index].getBoundingClientRect().top - edge - anchor.offset;
+    box.scrollTop += node.getBoundingClientRect().top - edge - anchor.offset;
+    this.updateWindow();
+  }
+
+  // The chunks in view made live now; the next one in the margin too, and the one after it
+  // in the next frame (one a frame), until the margin is full.
+  updateWindow() {
+    if (this.windowFrame !== null) { cancelAnimationFrame(this.windowFrame); this.windowFrame = null; }
+    if (this.transcript.update()) this.updateWindowNextFrame();
+  }
+
+  updateWindowNextFrame() {
+    if (this.windowFrame === null) {
+      this.windowFrame = requestAnimationFrame(() => { this.windowFrame = null; this.updateWindow(); });
+    }
+  }
+
+  // Bring the block at this index into view (find): its chunk is made live first.
+  reveal(index) {
+    const node = this.transcript.nodeAt(index);
+    if (node === null) return;
+    this.following = false;
+    node.scrollIntoView({ block: "center" });
+    this.updateWindow();
+    this.transcript.mark(this.transcript.blocks[index].id);
   }
 
   scrollToBottom() {
@@ -482,115 +522,20 @@ class Viewer {
     if (this.pendingRender === null) this.pendingRender = setTimeout(() => this.render(), 0);
   }
 
-  // Only changed blocks are rebuilt (a block is frozen: a changed block is a new object). When
-  // the blocks shown before are still there in order, with new ones after them (a turn goes on)
-  // or before them (a history page), only the changed and new nodes are touched, so an append
-  // to a long transcript costs a few comparisons per block and no allocation per block. Block
-  // nodes live in chunks of CHUNK_BLOCKS (see appendToChunks).
+  // The store's blocks into the transcript window (transcript_window.js: only changed blocks are
+  // rebuilt, and only the blocks near the viewport have nodes).
   render() {
     if (this.pendingRender !== null) { clearTimeout(this.pendingRender); this.pendingRender = null; }
     this.stats.renders += 1;
-    const list = $("blocks");
     const following = this.following;
     const blocks = visibleBlocks(this.store.blocks, this.store.pagination);
-    const oldBlocks = this.renderedBlocks;
-    const n = blocks.length;
-    const m = oldBlocks.length;
-    const alignedAt = (offset) => {
-      for (let i = 0; i < m; i += 1) if (blocks[i + offset].id !== oldBlocks[i].id) return false;
-      return true;
-    };
-    let offset = null;
-    if (n >= m && alignedAt(0)) offset = 0;
-    else if (n > m && alignedAt(n - m)) offset = n - m;
-    let changed = false;
-    if (offset === null) {
-      const at = new Map(oldBlocks.map((b, i) => [b.id, i]));
-      const nodes = blocks.map((b) => {
-        const i = at.get(b.id);
-        return i !== undefined && oldBlocks[i] === b ? this.renderedNodes[i] : renderBlock(b, this.actions);
-      });
-      list.replaceChildren(...chunked(nodes));
-      this.renderedNodes = nodes;
-      changed = true;
-    } else {
-      const nodes = this.renderedNodes;
-      for (let i = 0; i < m; i += 1) {
-        const b = blocks[i + offset];
-        if (b === oldBlocks[i]) continue;
-        const node = renderBlock(b, this.actions);
-        nodes[i].replaceWith(node);
-        nodes[i] = node;
-        changed = true;
-      }
-      if (n > m) {
-        const fresh = (offset === 0 ? blocks.slice(m) : blocks.slice(0, n - m))
-          .map((b) => renderBlock(b, this.actions));
-        if (offset === 0) {
-          appendToChunks(list, fresh);
-          for (const node of fresh) nodes.push(node);
-        } else {
-          prependToChunks(list, fresh);
-          this.renderedNodes = fresh.concat(nodes);
-        }
-        changed = true;
-      }
-    }
-    this.renderedBlocks = blocks;
+    const changed = this.transcript.show(blocks);
     const p = this.store.pagination;
     $("load-older").hidden = !(p.has_more || p.pagination_error !== null);
-    $("empty-session").hidden = !(this.view !== null && !this.view.missing && n === 0);
+    $("empty-session").hidden = !(this.view !== null && !this.view.missing && blocks.length === 0);
     if (following && changed) this.scrollToBottom();
-  }
-}
-
-// Block nodes are grouped in chunks (<ol class="chunk">, CHUNK_BLOCKS blocks each) and the
-// browser skips a chunk's layout and paint while it is off screen (content-visibility: auto on
-// the chunk). Per-block skipping cost the browser work per block on every frame (visibility
-// checks, the column's layout, paint) and made a 10,000-block transcript scroll at a few frames
-// a second; per chunk it is a few hundred boxes. Off-screen text stays in the DOM, so the
-// browser's find-in-page and copy still see all of it.
-const CHUNK_BLOCKS = 50;
-
-function newChunk() {
-  return el("ol", { class: "chunk" });
-}
-
-function chunked(nodes) {
-  const chunks = [];
-  for (let i = 0; i < nodes.length; i += CHUNK_BLOCKS) {
-    const chunk = newChunk();
-    chunk.append(...nodes.slice(i, i + CHUNK_BLOCKS));
-    chunks.push(chunk);
-  }
-  return chunks;
-}
-
-// New blocks at the end fill the last chunk, then new chunks.
-function appendToChunks(list, nodes) {
-  let chunk = list.lastElementChild;
-  for (let i = 0; i < nodes.length;) {
-    if (chunk === null || chunk.childElementCount >= CHUNK_BLOCKS) {
-      chunk = newChunk();
-      list.append(chunk);
-    }
-    const take = Math.min(CHUNK_BLOCKS - chunk.childElementCount, nodes.length - i);
-    chunk.append(...nodes.slice(i, i + take));
-    i += take;
-  }
-}
-
-// An older page fills the first chunk from its end, then new chunks before it.
-function prependToChunks(list, nodes) {
-  let chunk = list.firstElementChild;
-  for (let j = nodes.length; j > 0;) {
-    if (chunk === null || chunk.childElementCount >= CHUNK_BLOCKS) {
-      chunk = newChunk();
-      list.prepend(chunk);
-    }
-    const take = Math.min(CHUNK_BLOCKS - chunk.childElementCount, j);
-    chunk.prepend(...nodes.slice(j - take, j));
-    j -= take;
+    if (changed) this.updateWindow();
+    this.find.refresh();
   }
 }
 

@@ -25,6 +25,7 @@ const SHAPES = {
   check: [P("M5 12.5l4.5 4.5L19 7.5")],
   chevronRight: [P("M9.5 6l6 6-6 6")],
   chevronDown: [P("M6 9.5l6 6 6-6")],
+  chevronUp: [P("M6 14.5l6-6 6 6")],
   archive: [["rect", { x: 3.5, y: 4.5, width: 17, height: 4, rx: 1 }],
     P("M5 8.5v10a1.5 1.5 0 0 0 1.5 1.5h11a1.5 1.5 0 0 0 1.5-1.5v-10M10 12.5h4")],
   alert: [P("M12 4l9 16H3z"), P("M12 10v4.5M12 17.3v.2")],

@@ -242,8 +242,8 @@ def session_row(page: Any, sid: str) -> Any:
 
 
 def blocks(page: Any, kind: str) -> list[str]:
-    # textContent: innerText is empty for blocks the browser skips while off screen
-    # (content-visibility: auto).
+    # The blocks in the page: the transcript is windowed, so these are the blocks near the
+    # viewport (every block of the short transcripts these tests make).
     return list(page.locator(f"#blocks li.block[data-kind='{kind}'] .text").all_text_contents())
 
 
@@ -478,15 +478,18 @@ def test_history_pages_load_as_the_user_scrolls_up(page: Any, proxy: ProxyThread
 
 def test_a_long_transcript_is_chunked_in_order_through_every_kind_of_change(
         page: Any, proxy: ProxyThread, api: httpx.Client) -> None:
-    """Block nodes are grouped in chunks of at most 50 (the browser skips an off-screen chunk);
-    whatever changes, the nodes are the store's blocks in the store's order: a first render,
-    a history page before (filling the first chunk, then new ones), a block changed in place,
-    blocks added at the end, and blocks taken out of the middle (everything regrouped)."""
+    """Blocks are grouped in chunks of at most 10, of which only those near the viewport are in
+    the page; whatever changes, the chunks hold the store's blocks in the store's order and the
+    nodes in the page are those of the live chunks, in order: a first render, a history page
+    before (filling the first chunk, then new ones), a block changed in place, blocks added at
+    the end, and blocks taken out of the middle (everything regrouped)."""
     open_viewer(page, proxy, new_session(api))
     report = page.evaluate("""async () => {
       const { eventFromMapping } = await import("/ui/events.js");
       const { TranscriptStore } = await import("/ui/store.js");
       const viewer = window.turnkeeperViewer;
+      const box = document.getElementById("transcript");
+      const frame = () => new Promise((resolve) => requestAnimationFrame(() => resolve()));
       const scratch = new TranscriptStore(100000);
       let id = 0;
       const say = (kind, i) => scratch.dispatch(eventFromMapping({
@@ -495,37 +498,119 @@ def test_a_long_transcript_is_chunked_in_order_through_every_kind_of_change(
                                           content: { type: "text", text: `${kind} ${i}` } } } }));
       for (let i = 0; i < 140; i++) { say("user_message_chunk", i); say("agent_message_chunk", i); }
       const all = scratch.snapshotState();
-      const shown = () => [...document.querySelectorAll("#blocks li.block")].map((li) => li.dataset.id);
-      const sizes = () => [...document.getElementById("blocks").children].map((c) => c.children.length);
       const steps = [];
-      const show = (name, blocks) => {
-        viewer.store.reset({ ...all, blocks: Object.freeze(blocks) });
-        viewer.render();
-        steps.push({ name, want: blocks.map((b) => b.id), got: shown(), sizes: sizes(),
+      const look = (name, want) => {
+        const d = viewer.transcript.describe();
+        const live = d.chunks.filter((c) => c.live).flatMap((c) => c.ids);
+        steps.push({ name, want, held: d.chunks.flatMap((c) => c.ids),
+                     sizes: d.chunks.map((c) => c.ids.length), live,
+                     got: [...document.querySelectorAll("#blocks li.block")].map((li) => li.dataset.id),
                      texts: [...document.querySelectorAll("#blocks li.block .text")].map((n) => n.textContent) });
       };
+      const show = async (name, blocks) => {
+        viewer.store.reset({ ...all, blocks: Object.freeze(blocks) });
+        viewer.render();
+        await frame(); await frame();
+        look(name, blocks.map((b) => b.id));
+      };
       const blocks = [...all.blocks];
-      show("first", blocks.slice(170, 230));
-      show("history page", blocks.slice(100, 230));
-      show("older history page", blocks.slice(0, 230));
-      const changed = [...blocks.slice(0, 230)];
+      await show("first", blocks.slice(170, 230));
+      await show("history page", blocks.slice(100, 230));
+      await show("older history page", blocks.slice(5, 230));
+      const changed = [...blocks.slice(5, 230)];
       changed[7] = Object.freeze({ ...changed[7], text: "changed in place" });
-      show("changed", changed);
-      show("appended", [...changed, ...blocks.slice(230)]);
-      show("middle removed", [...changed.slice(0, 60), ...blocks.slice(120)]);
+      await show("changed", changed);
+      box.scrollTop = 0;
+      for (let i = 0; i < 10; i++) await frame();
+      look("scrolled to the top", changed.map((b) => b.id));
+      await show("appended", [...changed, ...blocks.slice(230)]);
+      await show("middle removed", [...changed.slice(0, 60), ...blocks.slice(120)]);
       return steps;
     }""")
-    assert [step["name"] for step in report] == ["first", "history page", "older history page",
-                                                  "changed", "appended", "middle removed"]
+    assert [step["name"] for step in report] == [
+        "first", "history page", "older history page", "changed", "scrolled to the top",
+        "appended", "middle removed"]
     for step in report:
-        assert step["got"] == step["want"], step["name"]
-        assert all(1 <= size <= 50 for size in step["sizes"]), (step["name"], step["sizes"])
-        assert len(step["sizes"]) <= -(-len(step["want"]) // 50) + 2, (step["name"], step["sizes"])
-    # The history pages filled the first chunk (60 blocks shown: 50 + 10), then new ones.
-    assert report[0]["sizes"] == [50, 10]
-    assert report[1]["sizes"] == [20, 50, 50, 10]
-    assert "changed in place" in report[3]["texts"]
-    assert report[5]["sizes"] == [50, 50, 50, 50, 20]
+        name = step["name"]
+        assert step["held"] == step["want"], name
+        assert all(1 <= size <= 10 for size in step["sizes"]), (name, step["sizes"])
+        assert step["got"] == step["live"], name     # the page holds the live chunks' blocks
+        assert step["got"], name
+        start = step["want"].index(step["got"][0])  # ...a run of consecutive blocks
+        assert step["want"][start:start + len(step["got"])] == step["got"], name
+    # The history pages filled the first chunk, then new ones before it.
+    assert report[0]["sizes"] == [10] * 6
+    assert report[1]["sizes"] == [10] * 13
+    assert report[2]["sizes"] == [5] + [10] * 22
+    # Shown at the end (the view follows it): the top of the transcript is not in the page...
+    assert report[3]["want"][0] not in report[3]["got"]
+    # ...until it is scrolled to, and then the end is not.
+    assert report[4]["got"][0] == report[4]["want"][0]
+    assert report[4]["want"][-1] not in report[4]["got"]
+    assert "changed in place" in report[4]["texts"]
+    assert report[6]["sizes"] == [10] * 22
+
+
+def test_ten_thousand_blocks_keep_the_page_small_and_every_block_findable(
+        page: Any, proxy: ProxyThread, api: httpx.Client) -> None:
+    """A 10,000-block transcript: the page holds a bounded number of block nodes wherever it is
+    scrolled, scrolling to the top shows the first block and back to the end the last, and find
+    (Ctrl+F) reaches any block, shown or not, and brings it into view."""
+    open_viewer(page, proxy, new_session(api))
+    page.evaluate("""() => {
+      const viewer = window.turnkeeperViewer;
+      const blocks = [];
+      for (let i = 0; i < 5000; i++) {
+        blocks.push(Object.freeze({ id: `u-${i}`, kind: "user", prompt_id: `p-${i}`,
+                                    text: `question number ${i}`, streaming: false }));
+        blocks.push(Object.freeze({ id: `a-${i}`, kind: "assistant", prompt_id: `p-${i}`,
+                                    text: `answer **${i}**:\n\n- item\n- needle-${i}-x`, streaming: false }));
+      }
+      viewer.store.reset({ ...viewer.store.snapshotState(), blocks: Object.freeze(blocks) });
+      viewer.render();
+    }""")
+    counts = "() => document.querySelectorAll('#blocks li.block').length"
+    page.wait_for_selector("#blocks li.block[data-id='a-4999']")
+    assert page.evaluate("() => window.turnkeeperViewer.store.blocks.length") == 10_000
+    seen = [page.evaluate(counts)]
+    box = page.locator("#transcript")
+    # Scroll up by wheel, a screen at a time for a while, then jump to the top.
+    box.hover()
+    for _ in range(12):
+        page.mouse.wheel(0, -900)
+        page.wait_for_function("() => new Promise((r) => requestAnimationFrame(() => r(true)))")
+        seen.append(page.evaluate(counts))
+    page.evaluate("() => { document.getElementById('transcript').scrollTop = 0; }")
+    page.wait_for_selector("#blocks li.block[data-id='u-0']")
+    assert page.locator("#blocks li.block[data-id='u-0']").is_visible()
+    seen.append(page.evaluate(counts))
+    assert page.locator("#blocks li.block[data-id='a-4999']").count() == 0
+    assert max(seen) <= 200 and min(seen) > 0, seen
+    # Find: Ctrl+F opens the bar; typing goes to the newest match; Enter to the next.
+    page.keyboard.press("Control+f")
+    assert page.locator("#find-input").is_visible()
+    page.fill("#find-input", "needle-1234-x")
+    page.wait_for_selector("#blocks li.block.found[data-id='a-1234']")
+    assert page.locator("#find-count").inner_text() == "1 of 1"
+    found = page.locator("#blocks li.block[data-id='a-1234']")
+    assert found.is_visible() and "needle-1234-x" in found.inner_text()
+    assert page.evaluate(counts) <= 200
+    page.fill("#find-input", "question number 12")  # 12, 120-129, 1200-1299: 111 matches
+    page.wait_for_function("() => document.getElementById('find-count').textContent === '111 of 111'")
+    page.wait_for_selector("#blocks li.block.found[data-id='u-1299']")
+    page.keyboard.press("Enter")  # wraps to the first
+    page.wait_for_selector("#blocks li.block.found[data-id='u-12']")
+    assert page.locator("#find-count").inner_text() == "1 of 111"
+    page.keyboard.press("Shift+Enter")
+    page.wait_for_selector("#blocks li.block.found[data-id='u-1299']")
+    page.fill("#find-input", "nothing like this")
+    page.wait_for_function("() => document.getElementById('find-count').textContent === 'no match'")
+    page.keyboard.press("Escape")
+    assert not page.locator("#find").is_visible()
+    # Back to the end: the last block is shown again.
+    page.evaluate("() => window.turnkeeperViewer.scrollToBottom()")
+    page.wait_for_selector("#blocks li.block[data-id='a-4999']")
+    assert page.evaluate(counts) <= 200
 
 
 def test_after_a_restart_the_open_session_comes_back_and_others_wait_in_archived(
