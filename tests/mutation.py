@@ -73,8 +73,20 @@ TESTS: dict[str, tuple[str, ...]] = {
     "sdk/_truncation.py": ("sdk/test_truncation_text.py", "sdk/test_sdk_events.py"),
     "sdk/protocol/sse.py": ("protocol/test_sse_parser.py", "protocol/test_sse_encoder_edges.py"),
     # The marker and payload rules (moved here from the SDK's truncation and events modules).
-    "sdk/protocol/events.py": (
+    # The events package: the payload Structs, history_truncated's rules, the ACP update kinds
+    # and the frame decoders (one module each).
+    "sdk/protocol/events/_payloads.py": (
+        "sdk/test_sdk_events.py", "protocol/test_protocol.py", "protocol/test_events_edges.py",
+    ),
+    "sdk/protocol/events/_history_truncated.py": (
         "sdk/test_truncation_text.py", "sdk/test_sdk_events.py", "protocol/test_protocol.py", "protocol/test_truncation_edges.py",
+    ),
+    "sdk/protocol/events/_updates.py": (
+        "sdk/test_sdk_events.py", "protocol/test_protocol.py", "protocol/test_events_edges.py",
+    ),
+    "sdk/protocol/events/_codec.py": (
+        "sdk/test_sdk_events.py", "protocol/test_protocol.py", "protocol/test_events_edges.py",
+        "protocol/test_envelope_edges.py",
     ),
     # The envelope (frame bytes -> DaemonEvent, and back), the resume cursor and the prompt
     # terminals (all moved into sdk/protocol/ with the marker rules).
@@ -142,7 +154,7 @@ EQUIVALENT: dict[str, list[tuple[str, str]]] = {
         (r"^\s+self\._closed = False$", "the parser's `_closed` flag is only tested for truth"),
         (r"^\s+self\._at_start = False$", "the parser's `_at_start` flag is only tested for truth"),
     ],
-    "sdk/protocol/events.py": [
+    "sdk/protocol/events/_codec.py": [
         (r"^\s+typed: AcpUpdate \| None = None$",
          "decode_payload's first value of `typed` is never read: the try block assigns it or "
          "its except clause sets it to None"),

@@ -68,8 +68,8 @@ ALLOWED_MODULES = {"daemon/mock_agent/agent.py": "the agent side of ACP, an inde
 def wire_names() -> frozenset[str]:
     """Every encoded field name of every Struct in ``sdk.protocol``, plus the ACP names."""
     names: set[str] = set(ACP_WIRE_NAMES)
-    for info in pkgutil.iter_modules(sdk.protocol.__path__):
-        module = importlib.import_module(f"sdk.protocol.{info.name}")
+    for info in pkgutil.walk_packages(sdk.protocol.__path__, "sdk.protocol."):
+        module = importlib.import_module(info.name)
         for value in vars(module).values():
             if (isinstance(value, type) and issubclass(value, msgspec.Struct)
                     and value.__module__ == module.__name__):
