@@ -23,14 +23,10 @@ from sdk.protocol import headers, routes
 from sdk.protocol import http as wire
 
 from . import bridge
-from .backup import BackupFailed, file_body, take_backup
 from .clock import now_ms
 from .config import DaemonConfig
 from .core.envelope import decode_json, encode_json, spliced_parts, write_groups
 from .core.idempotency import Conflict, KeyedAdmission, Replay, decide, request_digest
-from .core.openapi import build_openapi
-from .export import CONTENT_TYPES as EXPORT_CONTENT_TYPES
-from .export import EXPORT_FORMATS, export_body
 from .manager import (
     SESSION_LIMIT_RETRY_AFTER_S,
     AgentSessionConflict,
@@ -316,7 +312,9 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> bridge.JsonErro
         log.exception("event=internal_error path=%s", request.path)
         return json_response(wire.error_body("internal_error", "Internal server error"), 500)
 
-    openapi_document = encode_json(build_openapi())
+    # Built at the first request: its schemas, the backup and the export code are imported
+    # there too, so that a plain start does not pay for what only those routes use.
+    openapi_document: list[bytes] = []
 
     limits = wire.Limits(
         max_journal_events=config.max_journal_events,
@@ -340,7 +338,11 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> bridge.JsonErro
 
     @serve(routes.OPENAPI)
     async def openapi() -> Response:
-        return json_response(openapi_document)
+        if not openapi_document:
+            from .core.openapi import build_openapi
+
+            openapi_document.append(encode_json(build_openapi()))
+        return json_response(openapi_document[0])
 
     @serve(routes.CAPABILITIES)
     async def capabilities() -> Response:
@@ -363,6 +365,8 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> bridge.JsonErro
 
     @serve(routes.BACKUP)
     async def backup_route() -> Response:
+        from .backup import BackupFailed, file_body, take_backup
+
         writer = manager.writer
         if writer is None:
             raise ApiError(409, "transcript_unavailable",
@@ -695,6 +699,9 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> bridge.JsonErro
 
     @serve(routes.EXPORT_SESSION)
     async def export(session_id: str) -> Response:
+        from .export import CONTENT_TYPES as EXPORT_CONTENT_TYPES
+        from .export import EXPORT_FORMATS, export_body
+
         fmt = request.args.get("format", "jsonl")
         if fmt not in EXPORT_FORMATS:
             raise ApiError(400, "invalid_export_format",

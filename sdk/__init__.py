@@ -7,47 +7,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from sdk._errors import (
-    AuthError,
-    DaemonError,
-    DaemonHTTPError,
-    IdempotencyKeyReusedError,
-    InvalidTokenError,
-    PromptOutcomeUnknownError,
-    PromptQueueFullError,
-    ServerError,
-    SessionNotFoundError,
-    SSEBufferOverflow,
-    TransportError,
-    TurnError,
-    error_for_status,
-    is_retriable,
-)
-from sdk._repair import (
-    EpisodeRegistry,
-    RepairEpisode,
-    RepairGuards,
-    RepairNotice,
-    RepairState,
-    RepairTarget,
-    RepairValidationError,
-    SuffixResult,
-    find_repair_target,
-    find_suffix_start,
-    is_new_event,
-    repair_failure_notice,
-    repair_signature,
-    validate_fresh_snapshot,
-)
-from sdk._truncation import (
-    DaemonHistoryTruncatedData,
-    TruncationDebugItem,
-    TruncationStatusItem,
-    normalize_status_item,
-    parse_truncation,
-    status_text,
-    truncation_marker,
-)
 from sdk.protocol.constants import TERMINAL_TYPES
 from sdk.protocol.envelope import (
     DaemonEvent,
@@ -102,6 +61,38 @@ if TYPE_CHECKING:
         SessionSummary,
         TranscriptPage,
     )
+    from sdk._errors import (
+        AuthError,
+        DaemonError,
+        DaemonHTTPError,
+        IdempotencyKeyReusedError,
+        InvalidTokenError,
+        PromptOutcomeUnknownError,
+        PromptQueueFullError,
+        ServerError,
+        SessionNotFoundError,
+        SSEBufferOverflow,
+        TransportError,
+        TurnError,
+        error_for_status,
+        is_retriable,
+    )
+    from sdk._repair import (
+        EpisodeRegistry,
+        RepairEpisode,
+        RepairGuards,
+        RepairNotice,
+        RepairState,
+        RepairTarget,
+        RepairValidationError,
+        SuffixResult,
+        find_repair_target,
+        find_suffix_start,
+        is_new_event,
+        repair_failure_notice,
+        repair_signature,
+        validate_fresh_snapshot,
+    )
     from sdk._repair_driver import (
         RepairCandidate,
         RepairDriver,
@@ -116,11 +107,24 @@ if TYPE_CHECKING:
         SubscriptionState,
     )
     from sdk._sync import SyncDaemonClient, SyncEventStream, SyncSessionHandle
+    from sdk._truncation import (
+        DaemonHistoryTruncatedData,
+        TruncationDebugItem,
+        TruncationStatusItem,
+        normalize_status_item,
+        parse_truncation,
+        status_text,
+        truncation_marker,
+    )
     from sdk._ws import WebSocketEventStream
 
-# The async/HTTP parts load on first use, so that importing the pure protocol (the daemon does,
-# for sdk.protocol) does not pull in httpx, anyio and wsproto.
+# The errors, the repair rules and the async/HTTP parts load on first use, so that importing the
+# pure protocol (the daemon does, for sdk.protocol) pulls in none of them (nor httpx, anyio and
+# wsproto).
 _LAZY: dict[str, str] = {
+    **dict.fromkeys(('AuthError', 'DaemonError', 'DaemonHTTPError', 'IdempotencyKeyReusedError', 'InvalidTokenError', 'PromptOutcomeUnknownError', 'PromptQueueFullError', 'ServerError', 'SessionNotFoundError', 'SSEBufferOverflow', 'TransportError', 'TurnError', 'error_for_status', 'is_retriable',), "sdk._errors"),
+    **dict.fromkeys(('EpisodeRegistry', 'RepairEpisode', 'RepairGuards', 'RepairNotice', 'RepairState', 'RepairTarget', 'RepairValidationError', 'SuffixResult', 'find_repair_target', 'find_suffix_start', 'is_new_event', 'repair_failure_notice', 'repair_signature', 'validate_fresh_snapshot',), "sdk._repair"),
+    **dict.fromkeys(('DaemonHistoryTruncatedData', 'TruncationDebugItem', 'TruncationStatusItem', 'normalize_status_item', 'parse_truncation', 'status_text', 'truncation_marker',), "sdk._truncation"),
     **dict.fromkeys(('Capabilities', 'DaemonClient', 'DaemonStatus', 'EventStream', 'Health', 'LoadResult', 'PermissionVote', 'PromptAccepted', 'PromptByKeyResponse', 'PromptRetryPolicy', 'PromptTerminal', 'ResumeResult', 'SessionCreated', 'SessionPage', 'SessionStatus', 'SessionSummary', 'TranscriptPage'), "sdk._client"),
     **dict.fromkeys(('RepairCandidate', 'RepairDriver', 'RepairOutcome', 'RepairOutcomeKind'), "sdk._repair_driver"),
     **dict.fromkeys(('DEFAULT_MAX_QUEUED', 'HandleClosedError', 'ReconnectPolicy', 'SessionHandle', 'SubscriptionState'), "sdk._session"),
