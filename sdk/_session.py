@@ -36,7 +36,7 @@ import random
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Literal, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
 
 import anyio
 import anyio.lowlevel
@@ -61,11 +61,13 @@ from sdk._errors import (
     TurnError,
     is_retriable,
 )
-from sdk._ws import WebSocketEventStream
 from sdk.protocol.cursor import FollowsCursor, ResumeCursor
 from sdk.protocol.envelope import DaemonEvent, names_prompt
 from sdk.protocol.events import TurnCompleteData
 from sdk.protocol.terminals import terminal_for
+
+if TYPE_CHECKING:
+    from sdk._ws import WebSocketEventStream
 
 __all__ = [
     "DEFAULT_MAX_QUEUED",
@@ -438,6 +440,9 @@ class SessionHandle(FollowsCursor):
 
     def _open(self) -> EventSource:
         if self.transport == "ws":
+            # Imported here: wsproto is loaded only by a handle that subscribes over WebSocket.
+            from sdk._ws import WebSocketEventStream
+
             return WebSocketEventStream(
                 self.client,
                 self.session_id,
@@ -704,7 +709,7 @@ class SessionHandle(FollowsCursor):
         )
 
 
-EventSource: TypeAlias = EventStream | WebSocketEventStream
+EventSource: TypeAlias = "EventStream | WebSocketEventStream"
 
 
 def _is_final(exc: DaemonError) -> bool:

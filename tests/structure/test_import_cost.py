@@ -21,15 +21,47 @@ def test_the_daemon_does_not_load_the_sdks_client_libraries() -> None:
     assert out == "[]"
 
 
+def test_a_plain_start_does_not_load_what_only_some_routes_or_the_sdk_use() -> None:
+    """Each daemon start (and every test that starts one) pays for what it imports: the OpenAPI
+    schemas (built on the first GET /openapi.json), backup and export (their routes), and the
+    SDK's errors, repair rules and truncation texts load when first used."""
+    later = ("daemon.core.openapi", "daemon.backup", "daemon.transcript_backup", "daemon.export",
+             "daemon.core.transcript_markdown", "sdk._errors", "sdk._repair", "sdk._truncation")
+    code = ("import sys, daemon.__main__, daemon.server; "
+            f"print(sorted(m for m in {later!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[]"
+
+
+def test_the_command_line_does_not_load_httpxs_command_line() -> None:
+    """httpx imports its own command line (rich, click, pygments) when they are installed, as
+    they are here; ``turnkeeper`` never runs it, so its process leaves it out. WebSocket
+    (wsproto) loads only for ``watch --ws``."""
+    run = subprocess.run([sys.executable, "-X", "importtime", "-m", "sdk", "--version"],
+                         capture_output=True, text=True, check=True)
+    loaded = {line.rsplit("|", 1)[-1].strip() for line in run.stderr.splitlines()}
+    assert {"httpx", "sdk._client", "sdk._session"} <= loaded
+    assert sorted(loaded & {"rich", "click", "pygments", "wsproto",
+                            "sdk._ws"}) == []
+
+
 def test_lazy_sdk_names_resolve_to_their_modules() -> None:
     import sdk
     from sdk._client import DaemonClient
+    from sdk._errors import DaemonError, error_for_status
+    from sdk._repair import RepairEpisode
     from sdk._session import SessionHandle
+    from sdk._truncation import status_text
     from sdk._ws import WebSocketEventStream
 
     assert sdk.DaemonClient is DaemonClient
     assert sdk.SessionHandle is SessionHandle
     assert sdk.WebSocketEventStream is WebSocketEventStream
+    assert sdk.DaemonError is DaemonError
+    assert sdk.error_for_status is error_for_status
+    assert sdk.RepairEpisode is RepairEpisode
+    assert sdk.status_text is status_text
     assert set(sdk.__all__) <= set(dir(sdk)) | set(sdk._LAZY)
 
 
