@@ -47,12 +47,12 @@ from .core.ring import DEFAULT_RING_BYTES, EventRing
 from .core.shared_frames import SharedFrames
 from .core.subscriber import Eviction, SubscriberState, Warning
 from .core.updates import UpdateBatch, plain_chunk
+from .load_snapshot import LoadSnapshot
 from .metrics import totals
 from .transcript_store import (
     AppendEvent,
     FinishTurn,
     TerminalState,
-    TranscriptDatabase,
 )
 from .transcript_writer import TranscriptWriter
 
@@ -99,25 +99,6 @@ class HeapReclaimer(Protocol):
 
 
 Spawn = Callable[[Callable[[], Awaitable[None]]], None]
-
-
-@dataclass(frozen=True)
-class LoadSnapshot:
-    # A SpilledTurn stands for an over-cap turn the window serves from the transcript; the
-    # route replaces it with the records (resolve_compacted) after the snapshot is taken.
-    compacted: list[bytes | SpilledTurn]
-    live: list[bytes]
-    last_event_id: int
-    epoch: str
-    # The compacted list should the transcript not give the spilled turns back: they count as
-    # dropped in the marker (taken with the snapshot, so it matches the cursor).
-    compacted_if_lost: list[bytes] | None = None
-
-
-def _records_by_id(
-    session_id: str, ids: tuple[str, ...], store: TranscriptDatabase
-) -> list[bytes] | None:
-    return store.records_by_id(session_id, ids)
 
 
 class SessionBus:
@@ -658,35 +639,3 @@ class SessionBus:
             if_lost = [item for item in self.window.snapshot(
                 full_transcript_available=False, lost=spilled) if isinstance(item, bytes)]
         return LoadSnapshot(compacted, live, self.ring.last_id, self.epoch, if_lost)
-
-    async def resolve_compacted(self, snap: LoadSnapshot) -> list[bytes]:
-        """``snap.compacted`` with every spilled turn replaced by its records, read back from
-        the transcript. A turn the transcript cannot give back (the session was deleted
-        meanwhile, or the read failed) is reported by the marker as dropped instead."""
-        spilled = [item for item in snap.compacted if isinstance(item, SpilledTurn)]
-        if not spilled:
-            return [item for item in snap.compacted if isinstance(item, bytes)]
-        writer = self.writer
-        found: dict[tuple[str, ...], list[bytes]] = {}
-        if writer is not None:
-            for turn in spilled:
-                ids = turn.record_ids
-                try:
-                    got = await writer.read(partial(_records_by_id, self.session_id, ids),
-                                            session_id=self.session_id)
-                except Exception as exc:
-                    log.warning("event=spilled_turn_unreadable session=%s error=%r",
-                                self.session_id, exc)
-                    got = None
-                if got is None:
-                    break
-                found[ids] = got
-        if len(found) < len(spilled) and snap.compacted_if_lost is not None:
-            return snap.compacted_if_lost
-        out: list[bytes] = []
-        for item in snap.compacted:
-            if isinstance(item, SpilledTurn):
-                out.extend(found.get(item.record_ids, ()))
-            else:
-                out.append(item)
-        return out

@@ -27,6 +27,7 @@ from .clock import now_ms
 from .config import DaemonConfig
 from .core.envelope import decode_json, encode_json, spliced_parts, write_groups
 from .core.idempotency import Conflict, KeyedAdmission, Replay, decide, request_digest
+from .load_snapshot import resolve_compacted
 from .manager import (
     SESSION_LIMIT_RETRY_AFTER_S,
     AgentSessionConflict,
@@ -484,7 +485,7 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> bridge.JsonErro
                                        or bus.journals.full.truncated_events > 0):
                 anchor = oldest
             # An over-cap turn is read back from the transcript here, after the snapshot.
-            compacted = await bus.resolve_compacted(snap)
+            compacted = await resolve_compacted(snap, bus.writer, bus.session_id)
         # The envelopes are spliced in as published (json_response: spliced_parts).
         return json_response(wire.LoadSessionResponse[bytes](
             session_id=session.id, workspace_cwd=session.workspace_cwd, attached=True,

@@ -29,6 +29,7 @@ import trio.testing
 from daemon.bus import BusLimits, SessionBus
 from daemon.config import DaemonConfig
 from daemon.core.envelope import decode_json
+from daemon.load_snapshot import resolve_compacted
 from daemon.manager import SessionManager
 from daemon.transcript_store import DeleteSession, TranscriptDatabase, UpsertSession
 from daemon.transcript_writer import TranscriptWriter
@@ -275,7 +276,7 @@ async def test_bus_spills_an_over_cap_turn_once_committed_and_load_reads_it_back
             assert bus.window.spilled_segments == 1 and bus.window.held_bytes == 0
 
             snap = bus.load_snapshot("full")
-            served = [decode_json(raw) for raw in await bus.resolve_compacted(snap)]
+            served = [decode_json(raw) for raw in await resolve_compacted(snap, bus.writer, bus.session_id)]
             assert [e["type"] for e in served] == ["session_update", "turn_complete"]
             text = served[0]["data"]["update"]["content"]["text"]
             assert text == "".join(f"chunk-{i}".ljust(300, ".") for i in range(200))
@@ -283,7 +284,7 @@ async def test_bus_spills_an_over_cap_turn_once_committed_and_load_reads_it_back
             # The transcript lost it (the session was deleted under the load): the load says
             # so with the replay marker instead of failing or returning half a turn.
             writer.submit(DeleteSession("s1"))
-            lost = [decode_json(raw) for raw in await bus.resolve_compacted(snap)]
+            lost = [decode_json(raw) for raw in await resolve_compacted(snap, bus.writer, bus.session_id)]
             assert len(lost) == 1 and lost[0]["type"] == "history_truncated"
             assert lost[0]["data"]["truncatedEvents"] == 2
             assert lost[0]["data"]["truncatedTurns"] == 1
