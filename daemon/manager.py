@@ -47,6 +47,7 @@ from .clock import now_ms
 from .config import MOCK_GATE_ENV, DaemonConfig
 from .core.clients import ClientRegistry
 from .core.restore import close_interrupted, seed_segments
+from .core.session_list import ListIndex
 from .core.throttle import LogThrottle
 from .metrics import totals
 from .session import DURABLE_WAIT_S, Session
@@ -185,6 +186,13 @@ class SessionManager:
         if gates is not None:  # the bundled mock: mock:gate=NAME works (docs/viewer.md)
             self.agent_env[MOCK_GATE_ENV] = str(gates)
         self.sessions: dict[str, Session] = {}
+        # The sessions of ``sessions`` in GET /sessions' order, all and per workspace: a page
+        # starts at its cursor instead of looking at every session.
+        self.order = ListIndex()
+        self.order_by_workspace: dict[str, ListIndex] = {}
+        # Sessions that had a prompt admitted and may still run or queue one (a superset:
+        # :meth:`occupied` drops the ones found idle), for GET /sessions?state=running|queued.
+        self._occupied: set[str] = set()
         # Live sessions per workspace (the agent's idle stop and the joinable session ask).
         self._per_workspace: dict[str, int] = {}
         # Sessions unloaded when idle, oldest first (see MAX_UNLOADED_REMEMBERED).
@@ -395,7 +403,8 @@ class SessionManager:
     @property
     def live_count(self) -> int:
         """Sessions holding a ``--max-sessions`` slot: the loaded ones and those being loaded."""
-        return len(self.sessions) + len(self._starting - self.sessions.keys())
+        # Not ``_starting - sessions.keys()``: that walks every session's key.
+        return len(self.sessions) + sum(1 for sid in self._starting if sid not in self.sessions)
 
     @contextmanager
     def _session_slot(self, session_id: str) -> Iterator[None]:
@@ -424,6 +433,12 @@ class SessionManager:
         self.sessions[session.id] = session
         cwd = session.workspace_cwd
         self._per_workspace[cwd] = self._per_workspace.get(cwd, 0) + 1
+        key = (session.created_ms, session.id)
+        self.order.add(key)
+        index = self.order_by_workspace.get(cwd)
+        if index is None:
+            index = self.order_by_workspace[cwd] = ListIndex()
+        index.add(key)
 
     def _remove(self, session: Session) -> None:
         del self.sessions[session.id]
@@ -433,6 +448,29 @@ class SessionManager:
             self._per_workspace[cwd] = left
         else:
             del self._per_workspace[cwd]
+        key = (session.created_ms, session.id)
+        self.order.discard(key)
+        index = self.order_by_workspace[cwd]
+        index.discard(key)
+        if not len(index):
+            del self.order_by_workspace[cwd]
+        self._occupied.discard(session.id)
+
+    def _note_admitted(self, session: Session) -> None:
+        self._occupied.add(session.id)
+
+    def occupied(self) -> list[Session]:
+        """The live sessions with a prompt running or queued (each at most once), found
+        without looking at the idle ones: every admission notes its session, and a session
+        noted and found idle here is dropped (each note is dropped once)."""
+        out: list[Session] = []
+        for sid in tuple(self._occupied):
+            session = self.sessions.get(sid)
+            if session is None or (session.active is None and not session.queue):
+                self._occupied.discard(sid)
+            elif session.live:
+                out.append(session)
+        return out
 
     def get(self, session_id: str) -> Session | None:
         """The live session, if it is loaded; a request naming it counts as its use."""
@@ -651,6 +689,7 @@ class SessionManager:
             cancel_grace_s=self.config.cancel_grace_ms / 1000,
             permission_timeout_s=timeout_ms / 1000 if timeout_ms else None,
             on_ended=self._session_ended,
+            on_admitted=self._note_admitted,
             keys_complete=keys_complete,
         )
 

@@ -173,6 +173,7 @@ class Session:
         cancel_grace_s: float = 10.0,
         permission_timeout_s: float | None = None,
         on_ended: Callable[[Session], None] | None = None,
+        on_admitted: Callable[[Session], None] | None = None,
         keys_complete: bool = True,
         created_ms: int = 0,
     ) -> None:
@@ -188,6 +189,8 @@ class Session:
         self.cancel_grace_s = cancel_grace_s
         self.permission_timeout_s = permission_timeout_s  # None: wait for a vote
         self.on_ended = on_ended
+        # Told when a prompt is queued (the manager's index of the sessions with work).
+        self.on_admitted = on_admitted
         # The ledger's newest terminals, served by load without a database read.
         self.terminals: deque[PromptTerminal] = deque(maxlen=MAX_LEDGER_TERMINALS)
         self.queue: deque[PendingPrompt] = deque()
@@ -272,6 +275,8 @@ class Session:
                 prompt_id=prompt.prompt_id, originator_client_id=client_id,
             )
         self.queue.append(prompt)
+        if self.on_admitted is not None:
+            self.on_admitted(self)
         self._notify()
         return accepted
 

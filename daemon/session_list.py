@@ -16,7 +16,7 @@ answer for.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Mapping
 from typing import Final
 
 import msgspec
@@ -103,16 +103,30 @@ def parse_query(args: Mapping[str, str]) -> tuple[wire.SessionsQuery, ListKey | 
     return query, key, canonical
 
 
-def _live(manager: SessionManager, workspace: str | None,
-          state: str | None) -> Iterator[tuple[ListKey, Session]]:
-    for session in manager.sessions.values():
-        if not session.live:
+def _live(manager: SessionManager, workspace: str | None, state: str | None,
+          before: ListKey | None, want: int) -> list[tuple[ListKey, Session]]:
+    """The ``want`` newest live sessions below ``before`` that pass the filters, newest first,
+    found from the manager's indexes: a page looks at the sessions of its page, the ones not
+    live any more and, for ``state=idle``, the busy ones it passes, never at every session."""
+    if state in ("running", "queued"):
+        return newest((((session.created_ms, session.id), session)
+                       for session in manager.occupied()
+                       if state_of(session) == state
+                       and (workspace is None or session.workspace_cwd == workspace)),
+                      want, before)
+    index = manager.order if workspace is None else manager.order_by_workspace.get(workspace)
+    out: list[tuple[ListKey, Session]] = []
+    if index is None:
+        return out
+    sessions = manager.sessions
+    for key in index.below(before):
+        session = sessions[key[1]]
+        if not session.live or (state is not None and state_of(session) != state):
             continue
-        if workspace is not None and session.workspace_cwd != workspace:
-            continue
-        if state is not None and state_of(session) != state:
-            continue
-        yield (session.created_ms, session.id), session
+        out.append((key, session))
+        if len(out) >= want:
+            break
+    return out
 
 
 def _listing(session: Session, git: dict[str, str | None]) -> wire.SessionListing:
@@ -143,13 +157,14 @@ async def list_page(manager: SessionManager, args: Mapping[str, str]) -> wire.Se
     if writer is not None and manager.config.cluster_redis is None and state in (None,
                                                                                  "unloaded"):
         # Read first: a session loaded meanwhile is then found live below (and listed once).
-        skip = frozenset(manager.sessions) if state == "unloaded" else frozenset()
+        # The live table itself, not a copy of its keys per request (a lookup is atomic).
+        skip: Collection[str] = manager.sessions.keys() if state == "unloaded" else ()
         rows = await writer.read(lambda store: store.sessions_before(
             before, want, workspace, skip=skip))
         stored = [((row.created_at_ms, row.session_id), row) for row in rows]
     live: list[tuple[ListKey, Session | SessionRow]] = []
     if state != "unloaded":
-        live = list(newest(_live(manager, workspace, state), want, before))
+        live = list(_live(manager, workspace, state, before, want))
     page, next_key = merge_page(live, stored, query.limit)
     git = await branches(item.workspace_cwd for item in page if isinstance(item, Session))
     return wire.SessionList(

@@ -196,6 +196,16 @@ CREATE INDEX prompts_by_key ON prompts (session_id, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
 """
 
+# GET /sessions' order (newest created first) over the sessions not closed, all and per
+# workspace: a page is read from its cursor on, not sorted from every session. Made when a file
+# is opened (any version: an index changes no row, and an older daemon keeps it up to date).
+_LIST_INDEXES: Final = (
+    "CREATE INDEX IF NOT EXISTS sessions_listed ON sessions (created_at, session_id) "
+    "WHERE closed = 0",
+    "CREATE INDEX IF NOT EXISTS sessions_listed_by_workspace "
+    "ON sessions (workspace_cwd, created_at, session_id) WHERE closed = 0",
+)
+
 # Each table's columns in the order its checksum reads them.
 _SESSION_COLUMNS: Final = "session_id, workspace_cwd, created_at, agent_session_id, closed"
 _RAW_COLUMNS: Final = "session_id, event_id, prompt_id, raw"
@@ -218,6 +228,7 @@ INDEX_TABLES: Final = {
     "records_by_turn": "records", "sqlite_autoindex_records_1": "records",
     "prompts_by_terminal": "prompts", "prompts_by_key": "prompts",
     "sqlite_autoindex_prompts_1": "prompts", "sqlite_autoindex_sessions_1": "sessions",
+    "sessions_listed": "sessions", "sessions_listed_by_workspace": "sessions",
 }
 
 _SESSION_EXISTS: Final = "EXISTS (SELECT 1 FROM sessions WHERE session_id = ?)"
@@ -509,6 +520,8 @@ class TranscriptDatabase:
                         conn.execute(statement)
             elif version < 3:
                 self._upgrade_to_3(conn)
+            for statement in _LIST_INDEXES:
+                conn.execute(statement)
             if version < SCHEMA_VERSION:
                 # Version 1 differs only in what a raw_events row may hold: from now on a
                 # daemon that cannot read segments refuses the file instead of misreading it.

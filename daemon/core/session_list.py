@@ -16,10 +16,11 @@ import base64
 import binascii
 import heapq
 import re
-from collections.abc import Iterable, Sequence
+from bisect import bisect_left, insort
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Final, TypeVar
 
-__all__ = ["ListKey", "decode_cursor", "encode_cursor", "merge_page", "newest"]
+__all__ = ["ListIndex", "ListKey", "decode_cursor", "encode_cursor", "merge_page", "newest"]
 
 #: (created at in ms since the epoch, session id): the order of ``GET /sessions``, descending.
 ListKey = tuple[int, str]
@@ -47,6 +48,46 @@ def decode_cursor(cursor: str) -> ListKey:
     if found is None:
         raise ValueError("not a sessions cursor")
     return int(found.group(1)), found.group(2)
+
+
+class ListIndex:
+    """Keys kept in the list's order, so that a page is found without looking at the sessions
+    before it: :meth:`below` starts at the cursor by bisection and yields newest first.
+
+    A new session's key is the largest, so adding it appends; a restored (older) one is
+    inserted in place, and a removal deletes in place (both a bisection and one move of the
+    pointers after it, a ``memmove``, not a pass in Python)."""
+
+    __slots__ = ("_keys",)
+
+    def __init__(self) -> None:
+        self._keys: list[ListKey] = []
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def add(self, key: ListKey) -> None:
+        keys = self._keys
+        if not keys or key > keys[-1]:
+            keys.append(key)
+        else:
+            at = bisect_left(keys, key)
+            if at == len(keys) or keys[at] != key:
+                insort(keys, key)
+
+    def discard(self, key: ListKey) -> None:
+        keys = self._keys
+        at = bisect_left(keys, key)
+        if at < len(keys) and keys[at] == key:
+            del keys[at]
+
+    def below(self, before: ListKey | None = None) -> Iterator[ListKey]:
+        """The keys below ``before`` (all when ``None``), largest first. The index must not
+        change while this is iterated."""
+        keys = self._keys
+        at = len(keys) if before is None else bisect_left(keys, before)
+        for i in range(at - 1, -1, -1):
+            yield keys[i]
 
 
 def newest(items: Iterable[tuple[ListKey, T]], count: int,

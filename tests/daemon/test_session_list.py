@@ -203,3 +203,101 @@ async def test_status_lists_a_bounded_page_and_counts_every_session(tmp_path: Pa
             status = (await client.get("/daemon/status")).json()
             assert status["sessionsTruncated"] is False
             assert len(status["sessions"]) == STATUS_SESSIONS_MAX
+
+
+async def test_filtered_paging_lists_each_once_in_order_while_sessions_change(
+        tmp_path: Path) -> None:
+    """Every filter, paged two at a time while, between pages, a session is created, one is
+    deleted and an unloaded one is loaded (restored among older sessions): each page's
+    sessions pass the filter, nothing is listed twice, the order is the list's throughout, and
+    every session that matched from start to end is listed."""
+    data = tmp_path / "data"
+    spaces = [tmp_path / "w1", tmp_path / "w2"]
+    for space in spaces:
+        space.mkdir()
+    w1, w2 = (str(space.resolve()) for space in spaces)
+    model: dict[str, tuple[str, str]] = {}  # session id -> (workspace, state)
+    with running_daemon(tmp_path, [], ENV, data_dir=data, tag="a") as daemon:
+        async with httpx.AsyncClient(base_url=daemon.url, timeout=30) as client:
+            for i in range(28):
+                cwd = (w1, w2)[i % 2]
+                model[await create(client, cwd)] = (cwd, "unloaded")  # after the restart
+    with running_daemon(tmp_path, ["--session-idle-ms", "0"], ENV, data_dir=data,
+                        tag="b") as daemon:
+        async with httpx.AsyncClient(base_url=daemon.url, timeout=30) as client:
+            old = list(model)
+
+            async def load(sid: str) -> None:
+                resp = await client.post(f"/session/{sid}/load", json={})
+                assert resp.status_code == 200, resp.text
+                model[sid] = (model[sid][0], "idle")
+
+            for sid in old[::4]:
+                await load(sid)  # live again, each among sessions older and newer than it
+            for i in range(6):
+                cwd = (w1, w2)[i % 2]
+                model[await create(client, cwd)] = (cwd, "idle")
+            running = [old[4], list(model)[-1], list(model)[-4]]
+            for sid in running:
+                resp = await client.post(f"/session/{sid}/prompt", json={"prompt": [
+                    {"type": "text", "text": "mock:chunks=1 mock:gate=never"}]})
+                assert resp.status_code == 202, resp.text
+                model[sid] = (model[sid][0], "running")
+
+            async def is_running(sid: str) -> bool:
+                return bool((await client.get(f"/session/{sid}/status")).json()
+                            ["hasActivePrompt"])
+
+            for sid in running:
+                await until(f"{sid} running", lambda sid=sid: is_running(sid))
+            # What changes between pages: idle or unloaded sessions, never a running one.
+            victims = [sid for sid in reversed(old) if model[sid][1] == "idle"]
+            # Six of each workspace's unloaded sessions stay so throughout.
+            to_load = [sid for sid in old if model[sid][1] == "unloaded"][:-12]
+            filters: list[dict[str, str]] = [
+                {}, {"workspace": w1}, {"state": "idle"}, {"state": "unloaded"},
+                {"state": "running"}, {"workspace": w2, "state": "idle"},
+                {"workspace": w2, "state": "unloaded"}, {"workspace": w1, "state": "running"}]
+            for query in filters:
+                def matches(entry: tuple[str, str], query: dict[str, str] = query) -> bool:
+                    return all(entry[0 if name == "workspace" else 1] == value
+                               for name, value in query.items())
+
+                at_start = dict(model)
+                touched: set[str] = set()
+                made: list[str] = []
+
+                async def change(page: int, made: list[str] = made,
+                                 touched: set[str] = touched) -> None:
+                    cwd = (w1, w2)[page % 2]
+                    sid = await create(client, cwd)
+                    model[sid] = (cwd, "idle")
+                    made.append(sid)
+                    if victims:
+                        victim = victims.pop()
+                        resp = await client.delete(f"/session/{victim}")
+                        assert resp.status_code == 204, resp.text
+                        del model[victim]
+                        touched.add(victim)
+                    restored = next((sid for sid in to_load if sid in model), None)
+                    if restored is not None:
+                        to_load.remove(restored)
+                        await load(restored)
+                        touched.add(restored)
+
+                listed = await every_page(client, 2, change, **query)
+                ids = [entry["sessionId"] for entry in listed]
+                assert len(ids) == len(set(ids)), f"{query}: listed twice: {ids}"
+                keys = [order_key(entry) for entry in listed]
+                assert keys == sorted(keys, reverse=True) and len(set(keys)) == len(keys), \
+                    f"{query}: out of order"
+                for entry in listed:
+                    assert matches((entry["workspaceCwd"], entry["state"])), (query, entry)
+                assert not set(ids) & set(made), f"{query}: listed a session made meanwhile"
+                must = {sid for sid, entry in at_start.items()
+                        if matches(entry) and sid not in touched}
+                assert must <= set(ids), f"{query}: left out {must - set(ids)}"
+                assert set(ids) <= {sid for sid, entry in at_start.items()
+                                    if matches(entry) or sid in touched}
+                assert len(must) >= 2, f"{query}: too few sessions to page through"
+                victims[:0] = made  # the older sessions go first

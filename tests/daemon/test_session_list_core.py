@@ -8,7 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from daemon.core.session_list import ListKey, decode_cursor, encode_cursor, merge_page, newest
+from daemon.core.session_list import (
+    ListIndex,
+    ListKey,
+    decode_cursor,
+    encode_cursor,
+    merge_page,
+    newest,
+)
 
 keys = st.tuples(st.integers(0, 50), st.sampled_from("abcdefgh"))
 
@@ -53,3 +60,21 @@ def test_paging_the_merge_lists_every_session_once_in_order(
     assert all(pages[:-1]), "only the last page may be empty"
     listed = [sid for page in pages for sid in page]
     assert listed == [k[1] for k in sorted(sessions, reverse=True)]
+
+
+@given(st.lists(st.tuples(st.booleans(), keys)), st.lists(st.one_of(st.none(), keys)))
+def test_the_index_pages_as_sorting_every_key_would(ops: list[tuple[bool, ListKey]],
+                                                     cursors: list[ListKey | None]) -> None:
+    index = ListIndex()
+    present: set[ListKey] = set()
+    for adding, key in ops:  # adds in any order (restored sessions are older), removes
+        if adding:
+            index.add(key)
+            present.add(key)
+        else:
+            index.discard(key)
+            present.discard(key)
+    assert len(index) == len(present)
+    for before in [None, *cursors]:
+        assert list(index.below(before)) == sorted(
+            (k for k in present if before is None or k < before), reverse=True)

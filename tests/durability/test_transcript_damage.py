@@ -235,8 +235,13 @@ def test_single_bit_flips_in_row_payloads_are_found_when_read(built: Built,
     # A raw event of the unfinished turn: the session_closed the daemon's stop stored.
     closed = b'"sessionId":"%s","reason":"' % event_s.encode()
     flip_in(raw, closed + b'daemon_shutdown"', len(closed) + 3)
-    # A session's row: the last byte of its workspace path.
-    flip_in(raw, (session_s + built.workspace).encode(), len(session_s + built.workspace) - 1)
+    # A session's row: the last byte of its agent session id (a column no index holds, so
+    # SQLite's own check cannot see it; the workspace path is in the listing's index).
+    conn = sqlite3.connect(f"file:{built.clean}?mode=ro", uri=True)
+    (agent_session,) = conn.execute("SELECT agent_session_id FROM sessions WHERE "
+                                    "session_id = ?", (session_s,)).fetchone()
+    conn.close()
+    flip_in(raw, agent_session.encode(), len(agent_session) - 1)
     # A prompt's ledger row: its stop reason ("end_turn" -> "dnd_turn").
     prompt_id = next(e["promptId"] for e in built.pages[prompt_s] if e["type"] == "turn_complete")
     flip_in(raw, (prompt_s + prompt_id + "completedend_turn").encode(),
