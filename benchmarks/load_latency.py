@@ -95,10 +95,18 @@ def open_turn(daemon: Daemon, session_id: str, client_id: str, chunks: int, pad:
 
 
 def session_info(daemon: Daemon, session_id: str) -> dict[str, Any]:
-    for session in daemon.get_json("/daemon/status")["sessions"]:
-        if session["sessionId"] == session_id:
-            return dict(session)
-    raise RuntimeError(f"session {session_id} missing from /daemon/status")
+    """The session's live-journal entries and bytes (from its own status, found however many
+    sessions the daemon holds) and its replay window's bytes. Only ``GET /daemon/status`` has
+    the window's size, and it lists at most 50 live sessions, the most recently loaded first:
+    the session was loaded last (this is called once it is filled), so it leads that list."""
+    journal = daemon.get_json(f"/session/{session_id}/status")["journal"]
+    listed = daemon.get_json("/daemon/status")["sessions"]
+    first = listed[0] if listed else {}
+    if first.get("sessionId") != session_id:
+        raise RuntimeError(f"session {session_id} is not the most recently loaded one in "
+                           f"GET /daemon/status (first listed: {first.get('sessionId')})")
+    return {"journalEntries": journal["entries"], "journalBytes": journal["bytes"],
+            "replayWindowBytes": first["replayWindowBytes"]}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
