@@ -21,6 +21,9 @@ trap stop_burner EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+# Byte-compiled once (as `make test` does): the processes the tests start import these modules.
+"$PY" -m compileall -q daemon sdk webui_model benchmarks tests >/dev/null
+
 failed=0
 log=$(mktemp)
 trap 'stop_burner; rm -f "$log"' EXIT
