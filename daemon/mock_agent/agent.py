@@ -26,7 +26,11 @@ exists), ``mock:start_gate=<name>`` (before the first chunk, wait for ``<dir>/<n
 ``permission:<optionId>`` or ``permission:cancelled``), ``mock:rich=1`` (before the chunks, a
 sample of what agents send: a thought, a plan, a tool call that runs to completion and a
 Markdown answer), ``mock:echo=1`` (after the chunks, one more chunk: the prompt's text without
-its ``mock:`` words). A prompt naming a gate when no gate
+its ``mock:`` words), ``mock:pace=LO-HI`` (instead of the chunks, an LLM-paced turn: LO to HI
+chunks a second with jitter, thoughts and tool calls between, every update stamped with its
+write time; ``mock:pace_ms=<n>`` long, default 10000, drawn from ``mock:seed=<n>``, starting at
+``mock:start_ns=<n>`` of CLOCK_MONOTONIC if given; :mod:`daemon.mock_agent.paced`). A prompt
+naming a gate when no gate
 directory is set fails with an error that says so (JSON-RPC -32602), never runs ungated.
 
 Every mode first streams its chunks, then: ``echo`` waits (the delay, then the gate) and answers
@@ -45,9 +49,12 @@ import os
 import re
 import sys
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Final
+
+from daemon.mock_agent.paced import PacedRun, PacedScheduler, paced_steps, parse_pace
 
 MODES: Final = ("echo", "reject", "crash-on-prompt", "hang")
 CRASH_EXIT_CODE: Final = 3
@@ -56,7 +63,8 @@ GATE_POLL_SECONDS: Final = 0.01
 BATCH_BYTES: Final = 1 << 20
 AGENT_NAME: Final = "turnkeeper-mock-agent"
 
-_TOKEN = re.compile(r"mock:(mode|chunks|delay_ms|bytes|gate|start_gate|permission|rich|echo)=(\S+)")
+_TOKEN = re.compile(r"mock:(mode|chunks|delay_ms|bytes|gate|start_gate|permission|rich|echo"
+                    r"|pace_ms|pace|seed|start_ns)=(\S+)")
 
 
 class PlanError(ValueError):
@@ -76,6 +84,10 @@ class PromptPlan:
     ask_permission: bool = False
     rich: bool = False
     echo: bool = False
+    pace: tuple[float, float] | None = None  # chunks a second, low and high
+    pace_ms: int = 10_000
+    seed: int = 0
+    start_ns: int | None = None  # CLOCK_MONOTONIC ns the paced script starts at
 
 
 def _non_negative(name: str, raw: str) -> int:
@@ -117,6 +129,13 @@ def plan_for_prompt(base: PromptPlan, text: str) -> PromptPlan:
             fields["delay_ms"] = _non_negative(token, value)
         elif key == "bytes":
             fields["pad_bytes"] = _non_negative(token, value)
+        elif key == "pace":
+            try:
+                fields["pace"] = parse_pace(value)
+            except ValueError as exc:
+                raise PlanError(str(exc)) from None
+        elif key in ("pace_ms", "seed", "start_ns"):
+            fields[key] = _non_negative(token, value)
         elif key in ("rich", "echo"):
             if value != "1":
                 raise PlanError(f"{token} must be '1', got {value!r}")
@@ -239,6 +258,7 @@ class MockAgent:
         self._sessions: dict[str, _Session] = {}
         # Our own requests to the client (permission asks): id -> (answered, answer).
         self._asks: dict[str, tuple[threading.Event, list[Any]]] = {}
+        self._paced = PacedScheduler(self.write)
 
     # -- output ---------------------------------------------------------------------------
 
@@ -280,6 +300,17 @@ class MockAgent:
             count = min(per_batch, plan.chunks - start)
             self.write(b"".join(chunk_lines(session_id, count, plan.pad_bytes, start)))
         return True
+
+    def stream_paced(self, session_id: str, plan: PromptPlan,
+                     cancelled: threading.Event) -> bool:
+        """The plan's LLM-paced script (mock:pace=); False if cancelled part-way."""
+        assert plan.pace is not None
+        steps = paced_steps(plan.seed, plan.pace[0], plan.pace[1], plan.pace_ms / 1000)
+        # A prompt that arrives after its start time starts now: no backlog written at once.
+        now = time.monotonic()
+        start = now if plan.start_ns is None else max(now, plan.start_ns / 1e9)
+        self._paced.run(PacedRun(session_id, steps, start, cancelled))
+        return not cancelled.is_set()
 
     # -- dispatch ---------------------------------------------------------------------------
 
@@ -410,7 +441,10 @@ class MockAgent:
             finished = plan.start_gate is None or self.wait_gate(plan.start_gate, cancelled)
             if finished and plan.rich:
                 self.stream_rich(session_id)
-            finished = finished and self.stream_chunks(session_id, plan, cancelled)
+            if plan.pace is not None:
+                finished = finished and self.stream_paced(session_id, plan, cancelled)
+            else:
+                finished = finished and self.stream_chunks(session_id, plan, cancelled)
             if finished and plan.echo:
                 self.update(session_id, {"sessionUpdate": "agent_message_chunk",
                                          "content": {"type": "text", "text": echo_text(text)}})
