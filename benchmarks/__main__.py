@@ -42,6 +42,7 @@ from benchmarks import (
     load_latency,
     memory,
     metrics_cost,
+    realload,
     repair_cost,
     resume,
     sessions,
@@ -165,6 +166,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark(viewer.NAME, viewer.TITLE, viewer.add_arguments, viewer.run, in_default_run=False),
     # Four turns per trial on one daemon (a minute at 100,000 chunks): only when named.
     Benchmark(ws_cost.NAME, ws_cost.TITLE, ws_cost.add_arguments, ws_cost.run,
+              in_default_run=False),
+    # A search over session counts (minutes; --quick under 2): only when named.
+    Benchmark(realload.NAME, realload.TITLE, realload.add_arguments, realload.run,
               in_default_run=False),
     # Needs redis-server and starts three nodes: only when named.
     Benchmark(cluster.NAME, cluster.TITLE, cluster.add_arguments, cluster.run,
