@@ -64,6 +64,8 @@ PACE_KEPT = 0.9  # the scripts must send at least this share of what they meant 
 WARMUP_S = 1.0
 TAIL_S = 0.5  # the scripts run this long past the window
 HTTP_CLIENTS = 16  # threads creating sessions and sending prompts
+LEAD_FACTOR = 2.0  # the scripts start after twice the time the prompts are expected to take
+OVERRUN_RETRIES = 2
 BISECT_UNTIL = 1.15  # stop when the first failing N is within 15% of the last holding one
 
 
@@ -131,7 +133,9 @@ class Target:
     url: str
     pid: int | None
     sessions: list[str] = field(default_factory=list)
-    prompt_s: float = 0.002  # seconds a prompt took to send, per prompt (learned per step)
+    # Seconds per prompt that sending N prompts took, learned from each step (the next step's
+    # scripts start once its prompts are expected to be in).
+    prompt_s: float = 0.005
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -162,6 +166,8 @@ class Target:
         started = time.monotonic()
         with ThreadPoolExecutor(HTTP_CLIENTS) as pool:
             self.sessions.extend(pool.map(one, range(missing)))
+        if len(self.sessions) == missing:  # no step ran yet: plan prompts at the create rate
+            self.prompt_s = max(self.prompt_s, (time.monotonic() - started) / missing)
         progress(f"  {self.label}: created {missing:,} sessions in "
                  f"{time.monotonic() - started:.1f} s ({len(self.sessions):,} in all)")
 
@@ -181,6 +187,10 @@ class Target:
 
         with ThreadPoolExecutor(HTTP_CLIENTS) as pool:
             list(pool.map(one, zip(sessions, texts, strict=True)))
+
+
+class Overrun(RuntimeError):
+    """The prompts took so long that the scripts of the first ended before the window."""
 
 
 # --- one step ----------------------------------------------------------------------------------
@@ -296,7 +306,7 @@ def run_step(ctx: Context, target: Target, count: int, args: argparse.Namespace,
     sessions = target.sessions[:count]
     host, port = target.host_port
     processes = args.clients or max(1, min(4, -(-count // 1000)))
-    lead_s = 0.5 + count * target.prompt_s * 1.5
+    lead_s = 0.5 + count * target.prompt_s * LEAD_FACTOR
     script_ms = int((lead_s + WARMUP_S + window_s + TAIL_S) * 1000)
     script_s = script_ms / 1000  # as the agent reads mock:pace_ms
     clients = RealloadClients(host, port, sessions, processes=processes,
@@ -318,8 +328,11 @@ def run_step(ctx: Context, target: Target, count: int, args: argparse.Namespace,
         # the prompts took longer than planned it is shorter (the row says how long it was).
         t1 = min(t0 + int(window_s * 1e9), start_ns + int((script_s - TAIL_S) * 1e9))
         if t1 - t0 < window_s * 0.5e9:
-            raise LaunchError(f"sending {count:,} prompts took {prompt_s:.1f} s, "
-                              f"{lead_s:.1f} s were planned: no window is left to measure")
+            # The turns run to their end (the next step's prompts must not queue behind them).
+            clients.send_window(0, 0)
+            clients.results()
+            raise Overrun(f"sending {count:,} prompts took {prompt_s:.1f} s, {lead_s:.1f} s "
+                          "were planned: no window was left to measure")
         clients.send_window(t0, t1)
         ctx.progress(f"  {target.label}: N={count:,}: {2 * count:,} streams open, prompts sent in "
                      f"{prompt_s:.1f} s; measuring {(t1 - t0) / 1e9:.1f} s from "
@@ -370,7 +383,14 @@ def search(ctx: Context, target: Target, args: argparse.Namespace) -> list[Step]
     steps: list[Step] = []
 
     def measure(count: int) -> Step:
-        step = run_step(ctx, target, count, args, window_s, low, high)
+        for attempt in range(OVERRUN_RETRIES + 1):
+            try:
+                step = run_step(ctx, target, count, args, window_s, low, high)
+                break
+            except Overrun as exc:
+                if attempt == OVERRUN_RETRIES:
+                    raise
+                ctx.progress(f"  {target.label}: {exc}; again, planning for that rate")
         ctx.progress(f"  {target.label}: {describe(step)}")
         steps.append(step)
         return step

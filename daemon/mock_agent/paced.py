@@ -15,7 +15,8 @@ carried it) and the update's number in the turn, from 0. After the last one the 
 more message chunk, ``~end<n>~``: how many stamped updates came before it.
 
 One scheduler thread (:class:`PacedScheduler`) serves every paced turn of the process: it wakes
-when the earliest update is due, writes every due update of every session in one write, and
+when the earliest update is due, writes every update of every session due within
+:data:`BATCH_S` in one write (each stamped as it is written), and
 schedules each session's next update from its nominal time (a late wake-up does not slow the
 script down). Stdlib only, like the agent.
 """
@@ -41,6 +42,7 @@ THOUGHT_CHUNKS: Final = (4, 12)
 MESSAGE_CHUNKS: Final = (15, 60)
 TOOL_SECONDS: Final = (0.1, 0.6)
 JITTER: Final = (0.5, 1.5)  # each gap is 1/rate times a factor drawn in this range
+BATCH_S: Final = 0.001  # updates due this close together are written together
 
 #: A stamp as it appears in a frame's bytes: the write time (ns) and the update's number.
 STAMP_RE: Final = re.compile(rb"~t(\d+)\.(\d+)~")
@@ -94,6 +96,35 @@ def _text(kind: str, text: str) -> str:
             + json.dumps(text) + "}}")
 
 
+_STAMP_HOLE = "\x00"  # where a line's stamp goes (never in JSON text)
+
+
+def _templates(session_id: str) -> dict[str, tuple[bytes, bytes]]:
+    """Each kind's line for ``session_id``, split where its stamp goes (``~t<ns>.<seq>~``):
+    a line is then two joins and one format, not a JSON encoding."""
+    session_json = json.dumps(session_id)
+    tool = "paced-\x01"
+    updates = {
+        THOUGHT: _text("agent_thought_chunk", _STAMP_HOLE + " considering "),
+        MESSAGE: _text("agent_message_chunk", _STAMP_HOLE + " token "),
+        TOOL_CALL: json.dumps({"sessionUpdate": "tool_call", "toolCallId": tool,
+                               "title": _STAMP_HOLE + " run a step", "kind": "execute",
+                               "status": "in_progress"}, separators=(",", ":")),
+        TOOL_DONE: json.dumps({"sessionUpdate": "tool_call_update", "toolCallId": tool,
+                               "status": "completed", "content": [{"type": "content", "content": {
+                                   "type": "text", "text": _STAMP_HOLE + " ok"}}]},
+                              separators=(",", ":")),
+    }
+    out: dict[str, tuple[bytes, bytes]] = {}
+    for kind, update in updates.items():
+        # json.dumps spells the holes as \u0000 and \u0001.
+        line = _update_line(session_json, update.replace("\\u0000", _STAMP_HOLE)
+                            .replace("\\u0001", "\x01"))
+        head, tail = line.split(_STAMP_HOLE.encode())
+        out[kind] = head, tail
+    return out
+
+
 @dataclass
 class PacedRun:
     """One paced turn: its script, where it is, and the events its prompt thread waits on."""
@@ -108,7 +139,7 @@ class PacedRun:
     ended: bool = False
 
     def __post_init__(self) -> None:
-        self._session_json = json.dumps(self.session_id)
+        self._templates = _templates(self.session_id)
 
     def next_due(self) -> float:
         """When the next line is due: the next step's time, or now-ish for the closing chunk."""
@@ -120,27 +151,18 @@ class PacedRun:
         """The next line, stamped ``now_ns``; after the last step, the closing chunk."""
         if self.index >= len(self.steps) or self.cancelled.is_set():
             self.ended = True
-            return _update_line(self._session_json,
+            return _update_line(json.dumps(self.session_id),
                                 _text("agent_message_chunk", f"~end{self.index}~"))
         kind = self.steps[self.index][1]
-        stamp = f"~t{now_ns}.{self.index}~"
+        head, tail = self._templates[kind]
+        stamp = b"~t%d.%d~" % (now_ns, self.index)
         self.index += 1
-        if kind == THOUGHT:
-            update = _text("agent_thought_chunk", f"{stamp} considering ")
-        elif kind == MESSAGE:
-            update = _text("agent_message_chunk", f"{stamp} token ")
-        elif kind == TOOL_CALL:
+        if kind == TOOL_CALL:
             self.tool += 1
-            update = json.dumps({"sessionUpdate": "tool_call", "toolCallId": f"paced-{self.tool}",
-                                 "title": f"{stamp} run step {self.tool}", "kind": "execute",
-                                 "status": "in_progress"}, separators=(",", ":"))
-        else:
-            update = json.dumps({"sessionUpdate": "tool_call_update",
-                                 "toolCallId": f"paced-{self.tool}", "status": "completed",
-                                 "content": [{"type": "content", "content": {
-                                     "type": "text", "text": f"{stamp} ok"}}]},
-                                separators=(",", ":"))
-        return _update_line(self._session_json, update)
+        if kind in (TOOL_CALL, TOOL_DONE):
+            number = b"%d" % self.tool
+            return head.replace(b"\x01", number) + stamp + tail.replace(b"\x01", number)
+        return head + stamp + tail
 
 
 class PacedScheduler:
@@ -177,9 +199,11 @@ class PacedScheduler:
                 if wait > 0:
                     self._cond.wait(wait)
                     continue
-                now = time.monotonic()
+                # What falls due in the next moment goes in this write too: at most about
+                # 1/BATCH_S wake-ups and writes a second, however many sessions.
+                until = time.monotonic() + BATCH_S
                 due: list[PacedRun] = []
-                while self._heap and self._heap[0][0] <= now:
+                while self._heap and self._heap[0][0] <= until:
                     due.append(heapq.heappop(self._heap)[2])
             now_ns = time.monotonic_ns()
             lines = [paced.line(now_ns) for paced in due]
