@@ -49,7 +49,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.harness import Context, CpuUse, Row, process_cpu_seconds
+from benchmarks.harness import CLOCK_TICKS, Context, CpuUse, Row, process_cpu_seconds
 from benchmarks.launcher import Daemon, LaunchError, descendants, start_daemon
 from benchmarks.realload_client import BIN_NS, RealloadClients
 from daemon.mock_agent.paced import paced_steps, parse_pace
@@ -211,6 +211,7 @@ class Step:
     # Every stream's report (benchmarks.realload_client) and the turn each session ran.
     subs: list[dict[str, Any]] = field(default_factory=list, repr=False)
     scripts: list[int] = field(default_factory=list, repr=False)  # stamped updates a session
+    daemon_threads: str = ""  # the daemon's threads' CPU over the window, % of a core
 
     @property
     def events_per_s(self) -> float:
@@ -252,6 +253,34 @@ def _percentile(hist: dict[int, int], q: float) -> float:
         if seen >= rank:
             return (index + 1) * BIN_NS / 1e6
     return (max(hist) + 1) * BIN_NS / 1e6
+
+
+def thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """CPU seconds of each thread of ``pid`` (user + system, clock ticks), summed by thread
+    name; the main thread is ``main``. Empty once the process is gone."""
+    found: dict[str, float] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as stat:
+                raw = stat.read()
+        except OSError:
+            continue
+        name = "main" if int(tid) == pid else raw[raw.index(b"(") + 1:raw.rindex(b")")].decode(
+            errors="replace")
+        fields = raw[raw.rindex(b")") + 2:].split()
+        found[name] = found.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return found
+
+
+def _threads_share(before: dict[str, float], after: dict[str, float], window_s: float) -> str:
+    """The daemon's threads' CPU over the window, in % of a core, busiest first."""
+    used = {name: after[name] - before.get(name, 0.0) for name in after}
+    busy = sorted(((v, k) for k, v in used.items() if v > 0), reverse=True)
+    return ", ".join(f"{name} {v / window_s:.0%}" for v, name in busy[:4]) or "none measured"
 
 
 def _cpu_now(pids: Sequence[int]) -> list[float | None]:
@@ -341,8 +370,10 @@ def run_step(ctx: Context, target: Target, count: int, args: argparse.Namespace,
         pids = [target.pid] if target.pid else []
         _sleep_until(t0)
         before = (_cpu_now(pids), _cpu_now(agents), _cpu_now(clients.pids))
+        threads_before = thread_cpu_seconds(target.pid) if target.pid else {}
         _sleep_until(t1)
         after = (_cpu_now(pids), _cpu_now(agents), _cpu_now(clients.pids))
+        threads_after = thread_cpu_seconds(target.pid) if target.pid else {}
         results = clients.results()
     finally:
         clients.close()
@@ -364,7 +395,8 @@ def run_step(ctx: Context, target: Target, count: int, args: argparse.Namespace,
     nominal = sum(1 for script in scripts for at, _ in script if offset0 <= at < offset1)
     return Step(count, _percentile(hist, 0.5), _percentile(hist, 0.99),
                 _percentile(hist, 1.0), stamps // args.per_session, nominal, window, cpu,
-                problems, prompt_s, subs, [len(script) for script in scripts])
+                problems, prompt_s, subs, [len(script) for script in scripts],
+                _threads_share(threads_before, threads_after, window))
 
 
 def describe(step: Step) -> str:
@@ -372,7 +404,9 @@ def describe(step: Step) -> str:
     clients = step.cpu.clients_ms
     return (f"N={step.sessions:,}: p50 {step.p50_ms:.1f} ms, p99 {step.p99_ms:.1f} ms, max "
             f"{step.max_ms:.0f} ms; {step.events_per_s:,.0f} events/s ({step.pace_kept:.0%} of "
-            f"the scripts' pace); daemon {cpu or 0:.1f} ms CPU per 1,000 events; subscriber "
+            f"the scripts' pace); daemon {cpu or 0:.1f} ms CPU per 1,000 events"
+            + (f" (threads: {step.daemon_threads})" if step.daemon_threads else "")
+            + "; subscriber "
             f"processes {(clients or 0) / step.window_s / 10:.0f}% of a core; "
             + ("holds" if step.holds else f"does not hold: {step.why_not()}"))
 

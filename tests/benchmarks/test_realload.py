@@ -26,7 +26,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from benchmarks import realload
-from benchmarks.harness import Context, Progress
+from benchmarks.harness import Context, CpuUse, Progress
 from benchmarks.launcher import start_daemon
 from benchmarks.realload_client import BIN_NS, StampCounter, Window
 from daemon.mock_agent.paced import (
@@ -111,6 +111,8 @@ def test_a_step_against_a_real_daemon_reads_every_stamp_of_every_stream() -> Non
     args = _args("--window", "1", "--per-session", "2", "--clients", "2")
     ctx = Context(quick=True, progress=Progress(enabled=False))
     with start_daemon(["--max-sessions", "0", "--max-connections", "0"]) as daemon:
+        # --reference finds a daemon's pid from its port, for its CPU.
+        assert realload.listening_pid(daemon.host_port[1]) == daemon.pid
         target = realload.Target("this daemon", daemon.url, daemon.pid)
         step = realload.run_step(ctx, target, 3, args, 1.0, 30.0, 100.0)
     assert step.problems == []
@@ -190,3 +192,24 @@ def test_stream_problems_name_a_session_whose_streams_disagree() -> None:
     evicted = {**good, "evicted": True}
     assert any("evicted" in p for p in realload.stream_problems([good, evicted], 2))
     assert any("1 streams" in p for p in realload.stream_problems([good], 2))
+
+
+def _step(sessions: int, p99_ms: float, daemon_ms: float) -> realload.Step:
+    return realload.Step(sessions, p99_ms / 2, p99_ms, p99_ms * 1.2, events=1000 * sessions,
+                         nominal=1000 * sessions, window_s=1.0,
+                         cpu=CpuUse(daemon_ms * sessions, 1.0, 1.0), problems=[], prompt_s=0.1)
+
+
+def test_rows_set_the_largest_n_and_the_cpu_against_the_reference() -> None:
+    ctx = Context(quick=False, progress=Progress(enabled=False))
+    ours = [_step(250, 10, 4.0), _step(500, 40, 4.0), _step(1000, 300, 4.0)]
+    theirs = [_step(250, 60, 10.0), _step(500, 900, 10.0)]
+    rows = realload.rows_for(ctx, _args("--reference", "http://127.0.0.1:1"), ours, theirs)
+    largest = next(r for r in rows if r.name.startswith("largest N"))
+    assert (largest.value, largest.baseline, largest.ratio) == (500, 250, 2.0)
+    assert largest.ok is False  # 500 < 2,000
+    cpu = next(r for r in rows if r.name.startswith("daemon CPU per 1,000 events"))
+    # At 250 sessions, the largest both held: 4 ms against 10 ms per 1,000 events.
+    assert cpu.params["sessions"] == 250 and cpu.ratio == pytest.approx(0.4)
+    steps = [r for r in rows if r.name.endswith("p99 publish-to-delivery")]
+    assert [r.ok for r in steps] == [True, True, False, True, False]
