@@ -24,7 +24,8 @@ update, the time from the agent writing it to a subscriber reading it:
    eviction. A step *holds* when p99 <= 100 ms, every stream got its turn whole and the
    scripts kept >= 90% of their pace.
 
-The search doubles N from ``--start`` until a step does not hold (or ``--max``), then bisects
+The search doubles N from ``--start`` until a step does not hold (or ``--max``; halves it while
+none holds, down to 5), then bisects
 between the last N that held and the first that did not, until they are within 15% or the
 time budget (``--budget`` seconds per daemon) is spent. ``--sizes`` measures a list instead.
 
@@ -66,7 +67,8 @@ TAIL_S = 0.5  # the scripts run this long past the window
 HTTP_CLIENTS = 16  # threads creating sessions and sending prompts
 LEAD_FACTOR = 2.0  # the scripts start after twice the time the prompts are expected to take
 OVERRUN_RETRIES = 2
-BISECT_UNTIL = 1.15  # stop when the first failing N is within 15% of the last holding one
+BISECT_UNTIL = 1.15
+MIN_SESSIONS = 5  # the search halves no lower  # stop when the first failing N is within 15% of the last holding one
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -126,7 +128,7 @@ def listening_pid(port: int) -> int | None:
 
 
 @dataclass
-class Target:
+class SearchedDaemon:
     """A daemon to search: its URL, its pid (for its CPU), and the sessions made so far."""
 
     label: str
@@ -329,7 +331,7 @@ def stream_problems(subs: Sequence[dict[str, Any]], per_session: int) -> list[st
     return problems
 
 
-def run_step(ctx: Context, target: Target, count: int, args: argparse.Namespace,
+def run_step(ctx: Context, target: SearchedDaemon, count: int, args: argparse.Namespace,
              window_s: float, low: float, high: float) -> Step:
     target.ensure_sessions(count, ctx.progress)
     sessions = target.sessions[:count]
@@ -411,7 +413,7 @@ def describe(step: Step) -> str:
             + ("holds" if step.holds else f"does not hold: {step.why_not()}"))
 
 
-def search(ctx: Context, target: Target, args: argparse.Namespace) -> list[Step]:
+def search(ctx: Context, target: SearchedDaemon, args: argparse.Namespace) -> list[Step]:
     low, high = parse_pace(args.pace)
     window_s = args.window or ctx.pick(6.0, 3.0)
     steps: list[Step] = []
@@ -439,13 +441,18 @@ def search(ctx: Context, target: Target, args: argparse.Namespace) -> list[Step]
     good: int | None = None
     bad: int | None = None
     count = args.start or ctx.pick(250, 50)
-    while count <= limit:
+    # Doubling from the start while steps hold; halving while they do not (to MIN_SESSIONS).
+    while MIN_SESSIONS <= count <= limit:
         if measure(count).holds:
             good = count
+            if bad is not None:
+                break
             count *= 2
         else:
             bad = count
-            break
+            if good is not None:
+                break
+            count //= 2
         if time.monotonic() - started > budget:
             return steps
     if good is None or bad is None:
@@ -478,13 +485,13 @@ def run(ctx: Context, args: argparse.Namespace) -> list[Row]:
         pid = args.reference_pid or (listening_pid(port) if port else None)
         if pid is None:
             ctx.progress("  reference: its pid was not found; its CPU is left out")
-        reference = Target("reference", args.reference.rstrip("/"), pid)
+        reference = SearchedDaemon("reference", args.reference.rstrip("/"), pid)
         theirs = search(ctx, reference, args)
     return rows_for(ctx, args, ours, theirs)
 
 
-def _own_target(daemon: Daemon) -> Target:
-    target = Target("this daemon", daemon.url, daemon.pid)
+def _own_target(daemon: Daemon) -> SearchedDaemon:
+    target = SearchedDaemon("this daemon", daemon.url, daemon.pid)
     return target
 
 

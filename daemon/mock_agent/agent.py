@@ -54,7 +54,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Final
 
-from daemon.mock_agent.paced import PacedRun, PacedScheduler, paced_steps, parse_pace
+from daemon.mock_agent.paced import LATE_S, PacedRun, PacedScheduler, paced_steps, parse_pace
 
 MODES: Final = ("echo", "reject", "crash-on-prompt", "hang")
 CRASH_EXIT_CODE: Final = 3
@@ -309,7 +309,8 @@ class MockAgent:
         # A prompt that arrives after its start time starts now: no backlog written at once.
         now = time.monotonic()
         start = now if plan.start_ns is None else max(now, plan.start_ns / 1e9)
-        self._paced.run(PacedRun(session_id, steps, start, cancelled))
+        self._paced.run(PacedRun(session_id, steps, start, cancelled,
+                                 cutoff=start + plan.pace_ms / 1000 + LATE_S))
         return not cancelled.is_set()
 
     # -- dispatch ---------------------------------------------------------------------------

@@ -12,7 +12,9 @@ Every update of the script carries a stamp in its text, ``~t<ns>.<seq>~``: the a
 ``CLOCK_MONOTONIC`` in nanoseconds when it wrote the line (system-wide on Linux, so a reader on
 the same machine can take publish-to-delivery latency from the frame alone, whatever daemon
 carried it) and the update's number in the turn, from 0. After the last one the turn sends one
-more message chunk, ``~end<n>~``: how many stamped updates came before it.
+more message chunk, ``~end<n>~``: how many stamped updates came before it. A turn whose
+writes are held back (its reader is slower than the pace) until :data:`LATE_S` past its script's
+end stops there: the closing count says how many it sent.
 
 One scheduler thread (:class:`PacedScheduler`) serves every paced turn of the process: it wakes
 when the earliest update is due, writes every update of every session due within
@@ -43,6 +45,7 @@ MESSAGE_CHUNKS: Final = (15, 60)
 TOOL_SECONDS: Final = (0.1, 0.6)
 JITTER: Final = (0.5, 1.5)  # each gap is 1/rate times a factor drawn in this range
 BATCH_S: Final = 0.001  # updates due this close together are written together
+LATE_S: Final = 2.0  # a turn this far behind its script's end stops (see PacedRun.cutoff)
 
 #: A stamp as it appears in a frame's bytes: the write time (ns) and the update's number.
 STAMP_RE: Final = re.compile(rb"~t(\d+)\.(\d+)~")
@@ -134,6 +137,9 @@ class PacedRun:
     start: float  # time.monotonic() of offset 0
     cancelled: threading.Event
     finished: threading.Event = field(default_factory=threading.Event)
+    # time.monotonic() past which the turn sends nothing more of its script (a reader too slow
+    # for the pace would otherwise be fed the rest of it as fast as it reads).
+    cutoff: float = float("inf")
     index: int = 0
     tool: int = 0
     ended: bool = False
@@ -149,7 +155,8 @@ class PacedRun:
 
     def line(self, now_ns: int) -> bytes:
         """The next line, stamped ``now_ns``; after the last step, the closing chunk."""
-        if self.index >= len(self.steps) or self.cancelled.is_set():
+        if (self.index >= len(self.steps) or self.cancelled.is_set()
+                or now_ns > self.cutoff * 1e9):
             self.ended = True
             return _update_line(json.dumps(self.session_id),
                                 _text("agent_message_chunk", f"~end{self.index}~"))

@@ -113,7 +113,7 @@ def test_a_step_against_a_real_daemon_reads_every_stamp_of_every_stream() -> Non
     with start_daemon(["--max-sessions", "0", "--max-connections", "0"]) as daemon:
         # --reference finds a daemon's pid from its port, for its CPU.
         assert realload.listening_pid(daemon.host_port[1]) == daemon.pid
-        target = realload.Target("this daemon", daemon.url, daemon.pid)
+        target = realload.SearchedDaemon("this daemon", daemon.url, daemon.pid)
         step = realload.run_step(ctx, target, 3, args, 1.0, 30.0, 100.0)
     assert step.problems == []
     assert len(step.subs) == 6 and len(step.scripts) == 3
@@ -213,3 +213,25 @@ def test_rows_set_the_largest_n_and_the_cpu_against_the_reference() -> None:
     assert cpu.params["sessions"] == 250 and cpu.ratio == pytest.approx(0.4)
     steps = [r for r in rows if r.name.endswith("p99 publish-to-delivery")]
     assert [r.ok for r in steps] == [True, True, False, True, False]
+
+
+@pytest.mark.parametrize(("limit", "tried"), [
+    (300, [250, 500, 375, 312, 281]),  # doubles, then bisects to within 15%
+    (40, [250, 125, 62, 31, 46, 38, 42]),  # halves while none holds, then bisects
+])
+def test_the_search_doubles_or_halves_then_bisects(monkeypatch: pytest.MonkeyPatch, limit: int,
+                                                   tried: list[int]) -> None:
+    seen: list[int] = []
+
+    def fake_step(ctx: Context, target: object, count: int, *rest: object) -> realload.Step:
+        seen.append(count)
+        return _step(count, 50 if count <= limit else 500, 4.0)
+
+    monkeypatch.setattr(realload, "run_step", fake_step)
+    ctx = Context(quick=False, progress=Progress(enabled=False))
+    steps = realload.search(ctx, realload.SearchedDaemon("x", "http://127.0.0.1:1", None),
+                            _args("--start", "250"))
+    assert seen == tried
+    best = realload.largest_held(steps)
+    assert best is not None and best.sessions <= limit
+    assert min(s.sessions for s in steps if not s.holds) / best.sessions <= realload.BISECT_UNTIL
