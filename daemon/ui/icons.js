@@ -47,37 +47,46 @@ const SHAPES = {
 };
 
 // An icon is a <span> painted in the current text colour through a mask: the drawing, as an SVG
-// image (a data: URL made once per icon from the shapes above, never from anything the page
-// receives). Not an inline <svg>: the browser visits every <svg> element in the document on
-// every frame (its animation clock), so one per transcript block made each frame of a
-// 10,000-block transcript about a millisecond dearer even with the blocks off screen.
-const IMAGES = new Map();
+// image (a data: URL made from the shapes above, never from anything the page receives). Not an
+// inline <svg>: the browser visits every <svg> element in the document on every frame (its
+// animation clock). The image is set by one rule per icon (.icon-NAME { --icon: url(...) }) in a
+// stylesheet made once, not on each span: a transcript block's icons then carry no style of
+// their own to parse and match, and spans of the same icon and size share their computed style.
+let sheetMade = false;
 
 function escapeAttr(value) {
   return String(value).replace(/&/g, "&amp;").replace(/"/g, "&quot;").replace(/</g, "&lt;");
 }
 
-function image(name, shapes) {
-  let url = IMAGES.get(name);
-  if (url === undefined) {
-    const body = shapes.map(([tag, attrs]) => `<${tag} ${Object.entries(attrs)
-      .map(([key, value]) => `${key}="${escapeAttr(value)}"`).join(" ")}/>`).join("");
-    const svg = `<svg xmlns="${SVG_NS}" viewBox="0 0 24 24" fill="none" stroke="black" ` +
-      `stroke-width="1.8" stroke-linecap="round" stroke-linejoin="round">${body}</svg>`;
-    url = `url("data:image/svg+xml,${encodeURIComponent(svg)}")`;
-    IMAGES.set(name, url);
-  }
-  return url;
+function imageUrl(shapes) {
+  const body = shapes.map(([tag, attrs]) => `<${tag} ${Object.entries(attrs)
+    .map(([key, value]) => `${key}="${escapeAttr(value)}"`).join(" ")}/>`).join("");
+  const svg = `<svg xmlns="${SVG_NS}" viewBox="0 0 24 24" fill="none" stroke="black" ` +
+    `stroke-width="1.8" stroke-linecap="round" stroke-linejoin="round">${body}</svg>`;
+  return `url("data:image/svg+xml,${encodeURIComponent(svg)}")`;
 }
 
+// The icons' stylesheet (a constructed one: the page's policy allows no inline style elements).
+function makeSheet() {
+  const sheet = new CSSStyleSheet();
+  sheet.replaceSync(Object.entries(SHAPES)
+    .map(([name, shapes]) => `.icon-${name} { --icon: ${imageUrl(shapes)}; }`).join("\n"));
+  document.adoptedStyleSheets = [...document.adoptedStyleSheets, sheet];
+  sheetMade = true;
+}
+
+const SIZES = new Set([12, 14, 16, 28]);   // sized by class (viewer.css); any other inline
+
 export function icon(name, { size = 16, label = null } = {}) {
-  const shapes = SHAPES[name];
-  if (shapes === undefined) throw new Error(`no icon ${name}`);
+  if (SHAPES[name] === undefined) throw new Error(`no icon ${name}`);
+  if (!sheetMade) makeSheet();
   const span = document.createElement("span");
-  span.className = `icon icon-${name}`;
-  span.style.setProperty("--icon", image(name, shapes));
-  span.style.width = `${size}px`;
-  span.style.height = `${size}px`;
+  if (SIZES.has(size)) span.className = `icon icon-${name} icon-${size}`;
+  else {
+    span.className = `icon icon-${name}`;
+    span.style.width = `${size}px`;
+    span.style.height = `${size}px`;
+  }
   if (label === null) span.setAttribute("aria-hidden", "true");
   else { span.setAttribute("role", "img"); span.setAttribute("aria-label", label); }
   return span;

@@ -44,6 +44,7 @@ export class TranscriptWindow {
     this.measuredPx = 0;       // the measured chunks' heights, summed...
     this.measuredBlocks = 0;   // ...and their blocks: the estimate for a block never shown
     this.hydrations = 0;       // chunks made live so far (for tests and the curious)
+    this.tops = null;          // each chunk's offset in the list, and the list's height (cached)
     this.byElement = new WeakMap();
     this.above = el("div", { class: "spacer", "aria-hidden": "true" });
     this.below = el("div", { class: "spacer", "aria-hidden": "true" });
@@ -73,6 +74,7 @@ export class TranscriptWindow {
     this.blocks = blocks;
     if (offset === null) {
       this.clear();
+      this.tops = null;
       this.blocks = blocks;
       for (let i = 0; i < n; i += CHUNK_BLOCKS) this.chunks.push(this.chunk(blocks.slice(i, i + CHUNK_BLOCKS)));
       this.list.replaceChildren(this.above, this.below);
@@ -97,6 +99,7 @@ export class TranscriptWindow {
     if (n > m) {
       if (offset === 0) this.append(blocks.slice(m));
       else this.prepend(blocks.slice(0, n - m));
+      this.tops = null;
       this.spacers();
       changed = true;
     }
@@ -149,6 +152,7 @@ export class TranscriptWindow {
     this.hi = -1;
     this.measuredPx = 0;
     this.measuredBlocks = 0;
+    this.tops = null;
     this.list.replaceChildren(this.above, this.below);
     this.spacers();
   }
@@ -167,16 +171,22 @@ export class TranscriptWindow {
     const listTop = this.list.getBoundingClientRect().top - box.getBoundingClientRect().top + box.scrollTop;
     const top = box.scrollTop - listTop;
     const bottom = top + box.clientHeight;
-    const gap = this.gap();
-    const ys = new Array(count);
-    let y = 0;
+    const tops = this.offsets();
+    const end = (c) => tops[c] + this.chunks[c].height;
+    // The first chunk that ends within the margin above the view (a binary search: a scroll
+    // frame costs the same with 10 chunks or 1,000), then the chunks from there to the margin
+    // below it.
+    let a = 0;
+    let b = count;
+    while (a < b) {
+      const mid = (a + b) >> 1;
+      if (end(mid) >= top - WINDOW_MARGIN_PX) b = mid; else a = mid + 1;
+    }
     let vlo = -1; let vhi = -1; let mlo = -1; let mhi = -1;
-    for (let c = 0; c < count; c += 1) {
-      ys[c] = y;
-      const end = y + this.chunks[c].height;
-      if (end >= top && y <= bottom) { if (vlo < 0) vlo = c; vhi = c; }
-      if (end >= top - WINDOW_MARGIN_PX && y <= bottom + WINDOW_MARGIN_PX) { if (mlo < 0) mlo = c; mhi = c; }
-      y = end + gap;
+    for (let c = a; c < count && tops[c] <= bottom + WINDOW_MARGIN_PX; c += 1) {
+      if (mlo < 0) mlo = c;
+      mhi = c;
+      if (end(c) >= top && tops[c] <= bottom) { if (vlo < 0) vlo = c; vhi = c; }
     }
     if (vlo < 0) {   // nothing in view (above the first chunk or below the last)
       vlo = vhi = top < 0 ? 0 : count - 1;
@@ -188,12 +198,29 @@ export class TranscriptWindow {
       lo = Math.max(mlo, Math.min(this.lo, vlo));
       hi = Math.min(mhi, Math.max(this.hi, vhi));
     }
-    const upward = lo > mlo ? top - (ys[lo - 1] + this.chunks[lo - 1].height) : Infinity;
-    const downward = hi < mhi ? ys[hi + 1] - bottom : Infinity;
+    const upward = lo > mlo ? top - end(lo - 1) : Infinity;
+    const downward = hi < mhi ? tops[hi + 1] - bottom : Infinity;
     if (upward <= downward && upward !== Infinity) lo -= 1;
     else if (downward !== Infinity) hi += 1;
     this.setRange(lo, hi);
     return lo > mlo || hi < mhi;
+  }
+
+  // Each chunk's offset in the list (chunk heights and the gaps between them), and the end:
+  // made again only when a height or the chunks change.
+  offsets() {
+    if (this.tops === null) {
+      const gap = this.gap();
+      const tops = new Float64Array(this.chunks.length + 1);
+      let y = 0;
+      for (let c = 0; c < this.chunks.length; c += 1) {
+        tops[c] = y;
+        y += this.chunks[c].height + gap;
+      }
+      tops[this.chunks.length] = y;
+      this.tops = tops;
+    }
+    return this.tops;
   }
 
   // The node of the block at this index, made live if it was not (find, scroll anchors).
@@ -288,13 +315,11 @@ export class TranscriptWindow {
   // The spacers stand for the chunks before and after the live ones (with the gaps between).
   spacers() {
     const gap = this.gap();
-    let above = 0;
-    let below = 0;
-    const first = this.hi >= this.lo ? this.lo : this.chunks.length;
-    for (let c = 0; c < this.chunks.length; c += 1) {
-      if (c < first) above += this.chunks[c].height + gap;
-      else if (c > this.hi && this.hi >= this.lo) below += this.chunks[c].height + gap;
-    }
+    const tops = this.offsets();
+    const count = this.chunks.length;
+    const live = this.hi >= this.lo;
+    const above = live ? tops[this.lo] : tops[count];
+    const below = live ? tops[count] - tops[this.hi + 1] : 0;
     this.above.hidden = above === 0;
     this.above.style.height = `${Math.max(0, above - gap)}px`;
     this.below.hidden = below === 0;
@@ -306,6 +331,7 @@ export class TranscriptWindow {
     if (chunk.measured) { this.measuredPx -= chunk.height; this.measuredBlocks -= chunk.measured; }
     chunk.measured = 0;
     chunk.height = this.estimateFor(chunk);
+    this.tops = null;
   }
 
   estimateFor(chunk) {
@@ -321,7 +347,7 @@ export class TranscriptWindow {
       const size = entry.borderBoxSize && entry.borderBoxSize[0];
       const height = size ? size.blockSize : entry.target.offsetHeight;
       if (chunk.measured) { this.measuredPx -= chunk.height; this.measuredBlocks -= chunk.measured; }
-      changed = changed || height !== chunk.height;
+      if (height !== chunk.height) { changed = true; this.tops = null; }
       chunk.height = height;
       chunk.measured = chunk.blocks.length;
       this.measuredPx += height;

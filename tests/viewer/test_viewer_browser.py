@@ -563,13 +563,29 @@ def test_ten_thousand_blocks_keep_the_page_small_and_every_block_findable(
       for (let i = 0; i < 5000; i++) {
         blocks.push(Object.freeze({ id: `u-${i}`, kind: "user", prompt_id: `p-${i}`,
                                     text: `question number ${i}`, streaming: false }));
+        // Answers of uneven length: a chunk's estimated height is off until it is shown.
+        const more = `\n- more`.repeat((i * 7) % 13);
         blocks.push(Object.freeze({ id: `a-${i}`, kind: "assistant", prompt_id: `p-${i}`,
-                                    text: `answer **${i}**:\n\n- item\n- needle-${i}-x`, streaming: false }));
+                                    text: `answer **${i}**:\n\n- item\n- needle-${i}-x${more}`,
+                                    streaming: false }));
       }
       viewer.store.reset({ ...viewer.store.snapshotState(), blocks: Object.freeze(blocks) });
       viewer.render();
     }""")
     counts = "() => document.querySelectorAll('#blocks li.block').length"
+
+    def in_view(block_id: str) -> bool:
+        """The block is inside the transcript's visible box, once what is drawn has settled
+        (the window fills its margin a chunk a frame; the text read must not move meanwhile)."""
+        return bool(page.evaluate("""async (id) => {
+          for (let i = 0; i < 10; i++) await new Promise((r) => requestAnimationFrame(r));
+          const node = document.querySelector(`#blocks li.block[data-id='${id}']`);
+          if (node === null) return false;
+          const r = node.getBoundingClientRect();
+          const box = document.getElementById("transcript").getBoundingClientRect();
+          return r.top >= box.top && r.bottom <= box.bottom;
+        }""", block_id))
+
     page.wait_for_selector("#blocks li.block[data-id='a-4999']")
     assert page.evaluate("() => window.turnkeeperViewer.store.blocks.length") == 10_000
     seen = [page.evaluate(counts)]
@@ -593,16 +609,25 @@ def test_ten_thousand_blocks_keep_the_page_small_and_every_block_findable(
     page.wait_for_selector("#blocks li.block.found[data-id='a-1234']")
     assert page.locator("#find-count").inner_text() == "1 of 1"
     found = page.locator("#blocks li.block[data-id='a-1234']")
-    assert found.is_visible() and "needle-1234-x" in found.inner_text()
+    assert in_view("a-1234") and "needle-1234-x" in found.inner_text()
     assert page.evaluate(counts) <= 200
+    # The first block of its chunk: centred, the space above it is a spacer at first, and the
+    # chunks drawn there (taller or shorter than estimated) must not push the match away.
+    page.fill("#find-input", "question number 2345")
+    page.wait_for_selector("#blocks li.block.found[data-id='u-2345']")
+    assert page.evaluate("() => { const n = document.querySelector(\"li[data-id='u-2345']\");"
+                         " return n === n.parentElement.firstElementChild; }")
+    assert in_view("u-2345")
     page.fill("#find-input", "question number 12")  # 12, 120-129, 1200-1299: 111 matches
     page.wait_for_function("() => document.getElementById('find-count').textContent === '111 of 111'")
     page.wait_for_selector("#blocks li.block.found[data-id='u-1299']")
     page.keyboard.press("Enter")  # wraps to the first
     page.wait_for_selector("#blocks li.block.found[data-id='u-12']")
     assert page.locator("#find-count").inner_text() == "1 of 111"
+    assert in_view("u-12")
     page.keyboard.press("Shift+Enter")
     page.wait_for_selector("#blocks li.block.found[data-id='u-1299']")
+    assert in_view("u-1299")
     page.fill("#find-input", "nothing like this")
     page.wait_for_function("() => document.getElementById('find-count').textContent === 'no match'")
     page.keyboard.press("Escape")
