@@ -10,7 +10,7 @@ sessions, says it left some out, and counts them all.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ import pytest
 import trio
 
 from sdk.protocol.http import STATUS_SESSIONS_MAX
-from tests.harness import running_daemon
+from tests.harness import RunningDaemon, running_daemon
 from tests.sse_client import Subscriber
 
 pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
@@ -165,6 +165,13 @@ async def test_sessions_stored_before_a_restart_are_listed_unloaded(tmp_path: Pa
             assert {s["sessionId"]: s["state"] for s in after}[ids[0]] == "idle"
 
 
+@pytest.fixture(scope="module")
+def listing_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
+    """One daemon for the bad-parameter cases: each only reads GET /sessions."""
+    with running_daemon(tmp_path_factory.mktemp("listing"), ["--no-persistence"], ENV) as daemon:
+        yield daemon
+
+
 @pytest.mark.parametrize(("query", "code"), [
     ("limit=0", "invalid_sessions_limit"),
     ("limit=501", "invalid_sessions_limit"),
@@ -174,15 +181,14 @@ async def test_sessions_stored_before_a_restart_are_listed_unloaded(tmp_path: Pa
     ("cursor=bm90LWEtY3Vyc29y", "invalid_sessions_cursor"),
     ("cursor=%FF%FE", "invalid_sessions_cursor"),
 ])
-async def test_a_bad_list_parameter_is_a_400_with_its_code(tmp_path: Path, query: str,
-                                                           code: str) -> None:
-    with running_daemon(tmp_path, ["--no-persistence"], ENV) as daemon:
-        async with httpx.AsyncClient(base_url=daemon.url, timeout=30) as client:
-            resp = await client.get(f"/sessions?{query}")
-            assert resp.status_code == 400, resp.text
-            body = resp.json()
-            assert body["code"] == code
-            assert isinstance(body["error"], str) and body["error"]
+async def test_a_bad_list_parameter_is_a_400_with_its_code(listing_daemon: RunningDaemon,
+                                                           query: str, code: str) -> None:
+    async with httpx.AsyncClient(base_url=listing_daemon.url, timeout=30) as client:
+        resp = await client.get(f"/sessions?{query}")
+        assert resp.status_code == 400, resp.text
+        body = resp.json()
+        assert body["code"] == code
+        assert isinstance(body["error"], str) and body["error"]
 
 
 async def test_status_lists_a_bounded_page_and_counts_every_session(tmp_path: Path) -> None:
