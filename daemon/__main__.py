@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from functools import partial
 
 import trio
 
@@ -56,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # window a crash can take back) short at full speed.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
-        trio.run(run_daemon, config)
+        trio.run(partial(run_daemon, config, exit_when_stopped=exit_now))
     except DaemonStartError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 1

@@ -367,9 +367,10 @@ class SessionManager:
             self._cancel_idle_timer(cwd)
         log.info("event=agent_exited cwd=%s pid=%s exit_code=%s signal=%s reason=%s", cwd,
                  agent.pid, exit_code, signal_code, agent.death_reason or "exited")
-        # Only the sessions of this agent: a new one may already serve the workspace.
+        # Only the sessions of this agent: a new one may already serve the workspace. A session
+        # parked at shutdown is closed already (its agent exits at the stop's stdin EOF).
         for session in list(self.sessions.values()):
-            if session.agent is agent:
+            if session.agent is agent and not session.parked:
                 session.agent_died(exit_code, signal_code)
 
     async def _new_acp_session(self, agent: AgentChannel, cwd: str) -> str:
@@ -734,8 +735,13 @@ class SessionManager:
         await session.close(reason)
         self.unloaded.pop(session.id, None)
 
-    async def shutdown(self) -> None:
-        """Graceful stop: end every running prompt with ``session_closed``, stop agents."""
+    async def shutdown(self, *, process_exits: bool = False) -> None:
+        """Graceful stop: end every running prompt with ``session_closed``, stop agents.
+
+        ``process_exits``: the process exits once this and the transcript's close are done,
+        without unwinding its tasks, so an idle session without a subscriber is closed without
+        ending its task (see :meth:`Session.close_idle_now`): the stop then does, per idle
+        session, only what the transcript needs, its ``session_closed`` row."""
         self.shutting_down = True
         # Everything alive now stays alive until the process exits: the collector need not
         # walk it again each time the closing sessions have allocated a few thousand objects
@@ -751,7 +757,7 @@ class SessionManager:
         writer = self.writer
         commits = writer.batches_committed if writer is not None else 0
         for session in closing:
-            if session.close_idle_now("daemon_shutdown"):
+            if session.close_idle_now("daemon_shutdown", park=process_exits):
                 batched += 1
             else:
                 session.begin_close("daemon_shutdown")
@@ -761,13 +767,16 @@ class SessionManager:
                 await writer.wait_flushed()
             if bound.cancelled_caught:
                 log.warning("event=shutdown_commit_slow sessions=%d bound_s=%g", batched, limit)
+        parked = 0
         for session in closing:
             # Waiting on an Event already set is still a checkpoint, a whole scheduler pass
             # each: only a session not ended yet is waited for (most end in the same pass).
-            if not session.ended.is_set():
+            if session.parked:
+                parked += 1
+            elif not session.ended.is_set():
                 await session.ended.wait()
-        log.info("event=sessions_closed reason=daemon_shutdown count=%d batched=%d "
-                 "transcript_commits=%d", self._closed_at_shutdown, batched,
+        log.info("event=sessions_closed reason=daemon_shutdown count=%d batched=%d parked=%d "
+                 "transcript_commits=%d", self._closed_at_shutdown + parked, batched, parked,
                  writer.batches_committed - commits if writer is not None else 0)
         for agent in list(self.agents.values()):
             with trio.move_on_after(2):

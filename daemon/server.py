@@ -12,6 +12,7 @@ import signal
 import ssl
 import sys
 import uuid
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import IO, Any
@@ -219,7 +220,13 @@ async def run_daemon(
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
     handle_signals: bool = True,
     out: Any = None,
+    exit_when_stopped: Callable[[int], None] | None = None,
 ) -> None:
+    """Run the daemon until a shutdown signal (or cancellation), then stop gracefully.
+
+    ``exit_when_stopped`` (the command line's): once the stop has committed and closed the
+    transcript and released the lock, the process exits through it at once instead of
+    unwinding every task (idle sessions are then closed without waking theirs)."""
     prepare_data_dir(config.data_dir)
     gates = prepare_gate_dir(config)
     lock = acquire_lock(config.data_dir)
@@ -322,7 +329,7 @@ async def run_daemon(
             else:
                 await trio.sleep_forever()
             with trio.move_on_after(SHUTDOWN_BUDGET_S) as budget:
-                await manager.shutdown()
+                await manager.shutdown(process_exits=exit_when_stopped is not None)
                 if cluster is not None:
                     await cluster.release_all()
                     await asgi.cluster.aclose()
@@ -331,6 +338,12 @@ async def run_daemon(
                     await writer.aclose()
             if budget.cancelled_caught:
                 log.warning("event=shutdown_budget_exceeded budget_s=%s", SHUTDOWN_BUDGET_S)
+            elif exit_when_stopped is not None:
+                # Everything is committed: what is left of the tasks holds nothing to keep.
+                if store is not None:
+                    store.close()
+                lock.close()
+                exit_when_stopped(0)
             root.cancel_scope.cancel()
     except BaseExceptionGroup as group:
         failure = sole_leaf(group)

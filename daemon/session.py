@@ -216,6 +216,7 @@ class Session:
         self.ended = trio.Event()
         self._close_started = trio.Event()  # set by close()
         self._closed_in_batch = False  # see close_idle_now
+        self.parked = False  # closed at shutdown, its task left to the process's exit
         self._wake = trio.Event()
         # Cluster mode: set while a turn's terminal waits for Redis before it is shown (see
         # terminal_settled); None otherwise.
@@ -667,12 +668,15 @@ class Session:
                     prompt.scope.cancel()
             self._notify()
 
-    def close_idle_now(self, reason: str) -> bool:
+    def close_idle_now(self, reason: str, *, park: bool = False) -> bool:
         """Close an idle session (no prompt running or queued) at once, as one of many closed
         together: its ``session_closed`` frame is published here and its task only ends;
         the caller waits for the transcript once for all of them (see
         :meth:`SessionManager.shutdown`), instead of every session waiting on its own.
-        False, with nothing done, when the session is not live and idle: close it with
+        With ``park`` (the process exits once the transcript has it) a session without a
+        subscriber leaves its task parked: nothing is left for it to do, and waking it would
+        only cost the stop a scheduler pass per session (:attr:`parked` says so). False, with
+        nothing done, when the session is not live and idle: close it with
         :meth:`begin_close`."""
         if self.closing is not None or self.active is not None or self.queue \
                 or not self.live:
@@ -681,7 +685,10 @@ class Session:
         self._closed_in_batch = True
         self._close_started.set()
         self.bus.publish(SessionClosedData(session_id=self.id, reason=reason))
-        self._notify()
+        if park and not self.bus.subscribers:
+            self.parked = True
+        else:
+            self._notify()
         return True
 
     def agent_died(self, exit_code: int | None, signal_code: str | None) -> None:
