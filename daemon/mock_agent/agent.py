@@ -52,9 +52,10 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Final
+from typing import TYPE_CHECKING, Any, BinaryIO, Final
 
-from daemon.mock_agent.paced import LATE_S, PacedRun, PacedScheduler, paced_steps, parse_pace
+if TYPE_CHECKING:
+    from daemon.mock_agent.paced import PacedScheduler
 
 MODES: Final = ("echo", "reject", "crash-on-prompt", "hang")
 CRASH_EXIT_CODE: Final = 3
@@ -130,6 +131,9 @@ def plan_for_prompt(base: PromptPlan, text: str) -> PromptPlan:
         elif key == "bytes":
             fields["pad_bytes"] = _non_negative(token, value)
         elif key == "pace":
+            # Imported here: every agent start would pay for the paced turns' modules.
+            from daemon.mock_agent.paced import parse_pace
+
             try:
                 fields["pace"] = parse_pace(value)
             except ValueError as exc:
@@ -258,7 +262,7 @@ class MockAgent:
         self._sessions: dict[str, _Session] = {}
         # Our own requests to the client (permission asks): id -> (answered, answer).
         self._asks: dict[str, tuple[threading.Event, list[Any]]] = {}
-        self._paced = PacedScheduler(self.write)
+        self._paced: PacedScheduler | None = None  # made by the first paced turn
 
     # -- output ---------------------------------------------------------------------------
 
@@ -304,12 +308,18 @@ class MockAgent:
     def stream_paced(self, session_id: str, plan: PromptPlan,
                      cancelled: threading.Event) -> bool:
         """The plan's LLM-paced script (mock:pace=); False if cancelled part-way."""
+        from daemon.mock_agent.paced import LATE_S, PacedRun, PacedScheduler, paced_steps
+
         assert plan.pace is not None
+        with self._state_lock:
+            if self._paced is None:
+                self._paced = PacedScheduler(self.write)
+            scheduler = self._paced
         steps = paced_steps(plan.seed, plan.pace[0], plan.pace[1], plan.pace_ms / 1000)
         # A prompt that arrives after its start time starts now: no backlog written at once.
         now = time.monotonic()
         start = now if plan.start_ns is None else max(now, plan.start_ns / 1e9)
-        self._paced.run(PacedRun(session_id, steps, start, cancelled,
+        scheduler.run(PacedRun(session_id, steps, start, cancelled,
                                  cutoff=start + plan.pace_ms / 1000 + LATE_S))
         return not cancelled.is_set()
 
