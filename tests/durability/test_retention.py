@@ -178,7 +178,9 @@ async def test_a_live_turn_streams_without_a_gap_during_a_prune(tmp_path: Path) 
 
 async def test_retain_bytes_removes_the_least_recently_active_stored_sessions(
         tmp_path: Path) -> None:
-    args = ["--retain-bytes", "3M", "--retention-interval-ms", "300",
+    # Four sessions of about 1 MB each on about 1 MB of schema and free-page overhead: two
+    # sessions take about 3.0 MB and three about 4.0, so a cap halfway between keeps two.
+    args = ["--retain-bytes", "3.5M", "--retention-interval-ms", "300",
             "--session-idle-ms", "300"]
     with running_daemon(tmp_path, args) as daemon:
         async with httpx.AsyncClient(base_url=daemon.url, timeout=60) as client:
