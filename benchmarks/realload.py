@@ -53,6 +53,7 @@ import httpx
 from benchmarks.harness import CLOCK_TICKS, Context, CpuUse, Row, process_cpu_seconds
 from benchmarks.launcher import Daemon, LaunchError, descendants, start_daemon
 from benchmarks.realload_client import BIN_NS, RealloadClients
+from benchmarks.sessions import create_sessions
 from daemon.mock_agent.paced import paced_steps, parse_pace
 
 NAME = "realload"
@@ -153,21 +154,8 @@ class SearchedDaemon:
         missing = count - len(self.sessions)
         if missing <= 0:
             return
-        local = threading.local()
-
-        def one(_: int) -> str:
-            client = getattr(local, "client", None)
-            if client is None:
-                client = local.client = httpx.Client(base_url=self.url, timeout=120.0)
-            response = client.post("/session", json={"sessionScope": "thread"})
-            if response.status_code != 200:
-                raise LaunchError(f"POST /session answered {response.status_code}: "
-                                  f"{response.text[:300]}")
-            return str(response.json()["sessionId"])
-
         started = time.monotonic()
-        with ThreadPoolExecutor(HTTP_CLIENTS) as pool:
-            self.sessions.extend(pool.map(one, range(missing)))
+        self.sessions.extend(create_sessions(self.url, missing, progress, HTTP_CLIENTS))
         if len(self.sessions) == missing:  # no step ran yet: plan prompts at the create rate
             self.prompt_s = max(self.prompt_s, (time.monotonic() - started) / missing)
         progress(f"  {self.label}: created {missing:,} sessions in "

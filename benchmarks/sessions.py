@@ -117,9 +117,10 @@ class UnloadRun:
         return self.rss_mb - self.empty_mb
 
 
-def create_sessions(daemon: Daemon, count: int,
-                    progress: Callable[[str], None]) -> list[str]:
-    """``count`` new sessions, created by :data:`CREATE_CLIENTS` clients at once."""
+def create_sessions(url: str, count: int, progress: Callable[[str], None],
+                    clients: int = CREATE_CLIENTS) -> list[str]:
+    """``count`` new sessions on the daemon at ``url``, created by ``clients`` clients at
+    once."""
     local = threading.local()
     done = [0]
     lock = threading.Lock()
@@ -127,7 +128,7 @@ def create_sessions(daemon: Daemon, count: int,
     def one(_: int) -> str:
         client = getattr(local, "client", None)
         if client is None:
-            client = local.client = httpx.Client(base_url=daemon.url, timeout=120.0)
+            client = local.client = httpx.Client(base_url=url, timeout=120.0)
         response = client.post("/session", json={"sessionScope": "thread"})
         if response.status_code != 200:
             raise LaunchError(f"POST /session answered {response.status_code}: "
@@ -138,7 +139,7 @@ def create_sessions(daemon: Daemon, count: int,
                 progress(f"  {done[0]:,}/{count:,} sessions created")
         return str(response.json()["sessionId"])
 
-    with ThreadPoolExecutor(CREATE_CLIENTS) as pool:
+    with ThreadPoolExecutor(clients) as pool:
         return list(pool.map(one, range(count)))
 
 
@@ -229,7 +230,7 @@ def live_run(ctx: Context, count: int, chunks: int, turns: int) -> LiveRun:
         _, empty = settled_rss_mb(daemon)
         ctx.progress(f"live, {count:,} sessions: empty RSS {empty:.1f} MB; creating")
         started = time.monotonic()
-        create_sessions(daemon, count, ctx.progress)
+        create_sessions(daemon.url, count, ctx.progress)
         create_s = time.monotonic() - started
         _, rss = settled_rss_mb(daemon)
         status = request_cost(daemon, "/daemon/status")
@@ -264,7 +265,7 @@ def unload_run(ctx: Context, count: int, idle_ms: int) -> UnloadRun:
         _, empty = settled_rss_mb(daemon)
         ctx.progress(f"unloading, {count:,} sessions (--session-idle-ms {idle_ms}): empty RSS "
                      f"{empty:.1f} MB; creating")
-        ids = create_sessions(daemon, count, ctx.progress)
+        ids = create_sessions(daemon.url, count, ctx.progress)
         started = time.monotonic()
         deadline = started + 120 + idle_ms / 1000
         while True:
