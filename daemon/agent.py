@@ -83,6 +83,8 @@ DISPATCH_GROUP_LINES: Final = 64
 PIPE_BYTES: Final = 1024 * 1024
 # How long a closing agent gets between stdin EOF and SIGKILL.
 EXIT_GRACE_SECONDS: Final = 1.0
+# aclose(): the stdin-EOF grace, then the helpers' SIGTERM grace, plus room to reap.
+CLOSE_BOUND_S: Final = 2 * EXIT_GRACE_SECONDS + 1.0
 # Agent stderr is for humans; a runaway line is cut rather than buffered.
 _STDERR_LINE_BYTES: Final = 64 * 1024
 # How much of an agent's stderr is logged: lines and bytes per second, and the bursts allowed
@@ -372,8 +374,18 @@ class AgentChannel:
         if ended_on_its_own and self.on_exit is not None:
             self.on_exit(self.exit_code, self.signal_name)
 
+    def kill_group(self) -> None:
+        """SIGKILL whatever is left of the agent's process group, at once and without waiting:
+        the last resort when the process is about to exit with :meth:`aclose` unfinished, so no
+        helper of the agent outlives the daemon."""
+        proc = self._proc
+        if proc is not None and _signal_group(proc.pid, signal.SIGKILL):
+            log.warning("event=agent_group_kill pid=%s reason=close_unfinished", proc.pid)
+
     async def aclose(self) -> None:
-        """Close the agent's stdin; kill it if it has not exited after the grace period."""
+        """Close the agent's stdin; kill it if it has not exited after the grace period, then
+        end the helpers it left (see :func:`_end_group`). Takes at most about
+        :data:`CLOSE_BOUND_S`."""
         proc = self._proc
         if proc is None or self._finished.is_set():
             self.closed = True
@@ -687,7 +699,9 @@ class AgentChannel:
         A grandchild that inherited the stdout pipe would otherwise keep the channel open.
         """
         await proc.wait()
-        with trio.move_on_after(EXIT_GRACE_SECONDS):
+        # Once the daemon has closed the channel nothing more is read from the agent: the
+        # helpers holding its pipes are ended now (_end_group), not after a grace.
+        with trio.move_on_after(0 if self.closed else EXIT_GRACE_SECONDS):
             await self._stdout_eof.wait()
             return
         log.warning("event=agent_stdout_held_open pid=%s", proc.pid)

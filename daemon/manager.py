@@ -41,7 +41,7 @@ import trio
 from sdk.protocol import __version__
 from sdk.protocol.http import SessionCounts, TranscriptRecovery
 
-from .agent import AgentChannel, AgentStartError, SessionIdInUse
+from .agent import CLOSE_BOUND_S, AgentChannel, AgentStartError, SessionIdInUse
 from .bus import BusLimits, HeapReclaimer, SessionBus
 from .clock import now_ms
 from .config import MOCK_GATE_ENV, DaemonConfig
@@ -778,9 +778,17 @@ class SessionManager:
         log.info("event=sessions_closed reason=daemon_shutdown count=%d batched=%d parked=%d "
                  "transcript_commits=%d", self._closed_at_shutdown + parked, batched, parked,
                  writer.batches_committed - commits if writer is not None else 0)
-        for agent in list(self.agents.values()):
-            with trio.move_on_after(2):
-                await agent.aclose()
+        agents = list(self.agents.values())
+        async with trio.open_nursery() as nursery:  # every agent at once: one grace in all
+            for agent in agents:
+                nursery.start_soon(self._close_agent_at_shutdown, agent)
+
+    @staticmethod
+    async def _close_agent_at_shutdown(agent: AgentChannel) -> None:
+        with trio.move_on_after(CLOSE_BOUND_S):
+            await agent.aclose()
+            return
+        agent.kill_group()  # the process exits next: nothing of the agent may stay behind
 
     def status(self, branches: Mapping[str, str | None] | None = None,
                sessions: Iterable[Session] | None = None) -> list[SessionCounts]:

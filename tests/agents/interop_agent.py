@@ -13,9 +13,11 @@ the behaviours:
 ``echo-prompt``   a prompt's text comes back first as ``user_message_chunk`` updates (in two
                   pieces), as Mistral Vibe does, before the agent's answer
 ``other-user``    a ``user_message_chunk`` that is not the prompt comes before the answer
-``helper``        at ``initialize``, starts a helper process that sleeps for 10 minutes and
-                  writes its pid to ``interop-helper.pid`` in the cwd (Codex's npm wrapper
-                  starts its native binary so)
+``helper``        at ``initialize``, starts a helper process that sleeps for 10 minutes,
+                  holding the agent's stdout and stderr pipes open and ignoring SIGTERM (only
+                  SIGKILL ends it), and writes its pid to
+                  ``interop-helper.pid`` in the cwd (Codex's npm wrapper starts its native
+                  binary so: the binary inherits the wrapper's stdio)
 ``ignore-eof``    keeps running after stdin EOF, until killed (the Claude Code adapter and
                   Codex's wrapper do)
 ================  ===========================================================================
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 HELPER_PID_FILE = "interop-helper.pid"
+HELPER_SCRIPT = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
 OTHER_USER_TEXT = "a different user message from the agent"
 COMMANDS = [{"name": "init", "description": "create AGENTS.md"}]
 
@@ -85,8 +88,8 @@ class Agent:
         if method == "initialize":
             if "helper" in self.flags:
                 helper = subprocess.Popen(
-                    [sys.executable, "-c", "import time; time.sleep(600)"],
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                    [sys.executable, "-c", HELPER_SCRIPT],
+                    stdin=subprocess.DEVNULL)
                 Path(HELPER_PID_FILE).write_text(f"{helper.pid}\n")
             self.write(result(request_id, {
                 "protocolVersion": 1, "agentCapabilities": {"loadSession": True},
