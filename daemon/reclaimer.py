@@ -27,6 +27,9 @@ class Reclaimer:
         self.policy = policy if policy is not None else ReclaimPolicy()
         self._trim = trim
         self._due = trio.Event()
+        # Called before each trim: what else holds memory it can drop when the daemon pauses
+        # (the transcript writer's SQLite cache, see TranscriptWriter.release_memory).
+        self.releasers: list[Callable[[], object]] = []
         self.trims = 0  # trims run so far
         self.released = 0  # of them, the ones that gave memory back
 
@@ -42,6 +45,8 @@ class Reclaimer:
 
     def _trim_logged(self, reason: str, *, quiet: bool = False) -> bool:
         self.trims += 1
+        for release in self.releasers:
+            release()
         released = self._trim()
         if released:
             self.released += 1

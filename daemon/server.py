@@ -214,6 +214,13 @@ def banner(config: DaemonConfig, url: str, gates: Path | None) -> str:
     return "\n".join(lines)
 
 
+async def check_then_trim(writer: TranscriptWriter, reclaimer: Reclaimer) -> None:
+    """The transcript's full check, then a trim: the check read pages of the whole file into
+    SQLite's cache, which the idle daemon has no use for."""
+    await check_transcript(writer)
+    reclaimer.trim_now("transcript_checked", quiet=True)
+
+
 async def run_daemon(
     config: DaemonConfig,
     *,
@@ -260,6 +267,8 @@ async def run_daemon(
                 writer = TranscriptWriter(store)
                 await root.start(writer.run)
             reclaimer = Reclaimer()
+            if writer is not None:
+                reclaimer.releasers.append(writer.release_memory)
             await root.start(reclaimer.run)
             root.start_soon(bridge.report_connection_refusals)
             manager = SessionManager(config, writer, root, reclaimer=reclaimer)
@@ -297,7 +306,7 @@ async def run_daemon(
                     f"cannot listen on {config.hostname}:{config.port}: "
                     f"{bind_error.strerror or bind_error}") from None
             if writer is not None:  # once serving is sure: a refusal stays one line
-                root.start_soon(check_transcript, writer)
+                root.start_soon(check_then_trim, writer, reclaimer)
             # Event streams write their bodies straight to the socket only once this
             # Hypercorn, patched, is seen to write the very same bytes (daemon.bridge's probe):
             # before the daemon says it listens, so its clients' streams all get the verdict.

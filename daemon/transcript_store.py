@@ -365,6 +365,11 @@ class TranscriptDatabase:
             # on. The cost is that no other process can read the database while the daemon
             # has it open, which the daemon's own data-directory lock already implies.
             conn.execute("PRAGMA locking_mode=EXCLUSIVE")
+            # The small page cache from the first page read on (``_configure`` sets it again):
+            # SQLite sizes the block it preallocates for the cache by the cache size in force
+            # at the first read, and keeps that block for the connection's life (at the
+            # default size and 64 KiB pages, 1.3 MB of the idle daemon's RSS).
+            conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
         except BaseException:
             conn.close()
             raise
@@ -566,6 +571,12 @@ class TranscriptDatabase:
 
     def close(self) -> None:
         self._conn.close()
+
+    def release_memory(self) -> None:
+        """Give back the memory SQLite holds for the connection that it can drop (the page
+        cache's clean pages, its spare buffers); what a later statement needs is read again
+        from the file. For a pause in the work, never inside a transaction."""
+        self._conn.execute("PRAGMA shrink_memory")
 
     @property
     def schema_version(self) -> int:

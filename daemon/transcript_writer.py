@@ -312,6 +312,16 @@ class TranscriptWriter:
                 self._maintaining = False
                 self.store.interruptible(False)
 
+    def release_memory(self) -> bool:
+        """Let SQLite give back its cache (:meth:`TranscriptDatabase.release_memory`) when the
+        writer is idle: nothing queued and nobody on the connection. Runs on the caller's
+        thread (it takes microseconds); True if it ran. For a pause in the work (before a heap
+        trim), so the pages a busy writer is about to reuse are never dropped."""
+        if self._pending or self._db_lock.locked() or self._stopped:
+            return False
+        self.store.release_memory()
+        return True
+
     def _yield_maintenance(self) -> None:
         if self._maintaining:
             self._maintaining = False
