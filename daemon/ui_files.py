@@ -1,7 +1,7 @@
 """The web viewer's static files (``daemon/ui/``), served at ``/ui/`` (no build step).
 
-The files are read once when the daemon starts, from the package directory; only names found
-there are served (no path is ever joined from a request), each with its content type,
+The files are read once, from the package directory, by the first request that needs one (a
+daemon nobody opens the viewer of never holds them); only names found there are served (no path is ever joined from a request), each with its content type,
 ``Cache-Control: no-cache`` and a Content-Security-Policy that lets the page load nothing but
 its own files and talk to nothing but its own daemon. ``/ui`` redirects to ``/ui/``, the root
 ``/`` to the viewer and ``/favicon.ico`` to its icon; anything else under ``/ui/`` is a 404
@@ -48,15 +48,28 @@ def _headers(content_type: str, length: int) -> list[tuple[bytes, bytes]]:
 
 
 class UiFiles:
-    """The viewer's files by name, loaded once."""
+    """The viewer's files by name, loaded once, when first asked for."""
 
     def __init__(self, root: Path = UI_DIR) -> None:
-        self.files: dict[str, tuple[str, bytes]] = {}
-        if root.is_dir():
-            for path in sorted(root.iterdir()):
-                content_type = CONTENT_TYPES.get(path.suffix)
-                if path.is_file() and content_type is not None:
-                    self.files[path.name] = (content_type, path.read_bytes())
+        self.root = root
+        self._files: dict[str, tuple[str, bytes]] | None = None
+
+    @property
+    def files(self) -> dict[str, tuple[str, bytes]]:
+        if self._files is None:
+            files: dict[str, tuple[str, bytes]] = {}
+            if self.root.is_dir():
+                for path in sorted(self.root.iterdir()):
+                    content_type = CONTENT_TYPES.get(path.suffix)
+                    if path.is_file() and content_type is not None:
+                        files[path.name] = (content_type, path.read_bytes())
+            self._files = files
+        return self._files
+
+    @property
+    def loaded(self) -> bool:
+        """Have the files been read (by a request that needed one)?"""
+        return self._files is not None
 
     def answer(self, method: str, path: str) -> UiAnswer | None:
         """The answer to a GET/HEAD under ``/ui``; ``None`` when the file does not exist."""
