@@ -1,0 +1,147 @@
+"""What an idle daemon holds: a real ``python -m daemon`` started, asked a few ``GET /health``,
+then made to list the modules it has loaded (a SIGUSR1 handler planted by a ``sitecustomize``
+on its path, so the daemon runs unchanged). Whatever only a later request needs (the modules of some routes and
+modes, the viewer's files, the transcript's page cache) is left out or given back until then;
+the first request of each kind still gets its answer."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from daemon.core.reclaim import MIN_CHURN_BYTES, QUIET_S
+from daemon.core.transcript_ops import UpsertSession
+from daemon.reclaimer import Reclaimer
+from daemon.transcript_store import CACHE_KIB, TranscriptDatabase
+from daemon.transcript_writer import TranscriptWriter
+from daemon.ui_files import UI_DIR, UiFiles
+from tests.harness import running_daemon
+
+pytestmark = pytest.mark.processes  # starts daemons: not in make unit-fast
+
+WAIT_S = 20.0
+
+# Loaded by the first request that needs them (their routes, cluster mode, the other
+# commands), never by a start: each one an eager import would bring back into every daemon.
+NOT_AT_IDLE = ("daemon.core.openapi", "daemon.backup", "daemon.transcript_backup",
+               "daemon.export", "daemon.core.transcript_markdown", "daemon.metrics_exposition",
+               "prometheus_client", "daemon.cluster", "coredis", "daemon.recover", "daemon.prune",
+               "daemon.backup_command", "httpx", "sdk._client", "sdk._errors", "sdk._repair")
+
+_SITECUSTOMIZE = """\
+import json, os, signal, sys
+
+def _dump(signum, frame):
+    path = os.environ["TK_TEST_MODULES_OUT"]
+    with open(path + ".tmp", "w") as out:
+        json.dump(sorted(sys.modules), out)
+    os.replace(path + ".tmp", path)
+
+signal.signal(signal.SIGUSR1, _dump)
+"""
+
+
+def _modules_at_idle(tmp_path: Path) -> list[str]:
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    out = tmp_path / "modules.json"
+    path = os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH", "")) if p)
+    with running_daemon(tmp_path, env={"PYTHONPATH": path,
+                                       "TK_TEST_MODULES_OUT": str(out)}) as daemon:
+        for _ in range(3):
+            assert httpx.get(f"{daemon.url}/health", timeout=WAIT_S).status_code == 200
+        daemon.proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + WAIT_S
+        while not out.exists():
+            assert time.monotonic() < deadline, "the daemon never listed its modules"
+            assert daemon.proc.poll() is None, daemon.stderr()
+            time.sleep(0.02)
+        modules: list[str] = json.loads(out.read_text())
+    return modules
+
+
+def test_an_idle_daemon_has_not_loaded_what_only_later_requests_need(tmp_path: Path) -> None:
+    modules = _modules_at_idle(tmp_path)
+    assert "daemon.server" in modules and "sitecustomize" in modules  # the listing is real
+    assert sorted(set(NOT_AT_IDLE) & set(modules)) == []
+
+
+def test_the_viewer_files_are_read_by_the_first_request_for_one(tmp_path: Path) -> None:
+    files = UiFiles()
+    assert not files.loaded
+    redirect = files.answer("GET", "/ui")
+    assert redirect is not None and redirect.status == 308 and not files.loaded
+    index = files.answer("GET", "/ui/")
+    assert files.loaded and index is not None and index.status == 200
+    assert index.body == (UI_DIR / "index.html").read_bytes()
+    assert files.answer("GET", "/ui/no-such-file.js") is None
+    with running_daemon(tmp_path) as daemon:  # a fresh daemon's first request is the page
+        page = httpx.get(f"{daemon.url}/ui/app.js", timeout=WAIT_S)
+        assert page.status_code == 200
+        assert page.content == (UI_DIR / "app.js").read_bytes()
+        assert page.headers["content-type"] == "text/javascript; charset=utf-8"
+
+
+def _cache_size(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA cache_size").fetchone()[0])
+
+
+def test_the_transcript_connection_has_its_small_cache_before_the_first_read(
+        tmp_path: Path) -> None:
+    path = tmp_path / "t.sqlite3"
+    TranscriptDatabase(path).close()
+    conn = TranscriptDatabase._connect(str(path))
+    try:
+        assert _cache_size(conn) == -CACHE_KIB
+    finally:
+        conn.close()
+
+
+async def test_the_writer_gives_back_sqlites_cache_only_when_idle_and_commits_after(
+        tmp_path: Path) -> None:
+    store = TranscriptDatabase(tmp_path / "t.sqlite3", quick_check_s=5)
+    writer = TranscriptWriter(store)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        writer.submit(UpsertSession("s1", str(tmp_path), 1))
+        assert not writer.release_memory()  # an op is queued: its pages are about to be used
+        assert await writer.wait_flushed()
+        assert writer.release_memory()
+        writer.submit(UpsertSession("s2", str(tmp_path), 2))
+        assert await writer.wait_flushed()
+        ids = await writer.read(lambda db: sorted(
+            row[0] for row in db._conn.execute("SELECT session_id FROM sessions")))
+        assert ids == ["s1", "s2"]
+        assert _cache_size(store._conn) == -CACHE_KIB  # the limit stays; only held pages go
+        await writer.aclose()
+    assert not writer.release_memory()  # stopped: the store may be closed under it
+    store.close()
+
+
+async def test_every_trim_first_lets_the_releasers_give_memory_back() -> None:
+    calls: list[str] = []
+
+    def trim() -> bool:
+        calls.append("trim")
+        return True
+
+    reclaimer = Reclaimer(trim=trim)
+    reclaimer.releasers.append(lambda: calls.append("release"))
+    reclaimer.trim_now("startup", quiet=True)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(reclaimer.run)
+        reclaimer.note(MIN_CHURN_BYTES)  # a churn trim, once publishing pauses
+        with trio.fail_after(WAIT_S):
+            while reclaimer.trims < 2:
+                await trio.sleep(QUIET_S)
+        nursery.cancel_scope.cancel()
+    assert calls == ["release", "trim", "release", "trim"]
