@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 from quart_trio import QuartTrio
@@ -26,19 +26,14 @@ from .manager import (
     SessionLimit,
     SessionManager,
 )
-from .session import Session
-from .streams import (
-    Receive,
-    Scope,
-    Send,
-    StreamRequestError,
-    deny_ws,
-    send_json_error,
-    serve_sse,
-    serve_ws,
-)
 from .transcript_store import TranscriptDamaged
 from .ui_files import UiFiles
+
+if TYPE_CHECKING:
+    # The event streams (and with them a session's bus) are imported by the first event-stream
+    # or WebSocket request, not by the daemon's start.
+    from .session import Session
+    from .streams import Receive, Scope, Send
 
 log = logging.getLogger("daemon.asgi")
 
@@ -108,6 +103,8 @@ class DaemonASGI:
 
     async def _live_session(self, session_id: str) -> Session | None:
         """:meth:`SessionManager.live`, its refusals as the JSON errors the routes give."""
+        from .streams import StreamRequestError
+
         try:
             return await self.manager.live(session_id)
         except SessionLimit as exc:
@@ -160,6 +157,8 @@ class DaemonASGI:
                     await _send_json(send, 503, body, close=True,
                                      extra=((_RETRY_AFTER, b"1"),))
                 else:
+                    from .streams import deny_ws
+
                     await deny_ws(send, 503, body, {RETRY_AFTER: "1"})
                 return
             send = _with_headers(send, [(b"connection", b"close")])
@@ -185,6 +184,8 @@ class DaemonASGI:
             if kind == "http":
                 await _send_json(early, denial.status, denial.body)
             else:
+                from .streams import deny_ws
+
                 await deny_ws(send, denial.status, denial.body)
             return
         if kind == "http" and is_ui_asset(method, path):
@@ -203,6 +204,14 @@ class DaemonASGI:
                                  extra=((b"upgrade", b"websocket"),))
                 return
             if (kind == "http") == (stream is routes.EVENTS):
+                from .streams import (
+                    StreamRequestError,
+                    deny_ws,
+                    send_json_error,
+                    serve_sse,
+                    serve_ws,
+                )
+
                 try:
                     # A session unloaded when idle is restored first, as load would.
                     session = await self._live_session(session_id)
@@ -229,6 +238,8 @@ class DaemonASGI:
                     await serve_ws(scope, receive, send, bus, headers, self.heartbeat_s)
                 return
         if kind == "websocket":
+            from .streams import deny_ws
+
             await deny_ws(send, 404, wire.route_not_found())
             return
         # Read the whole body before the app runs: a handler that answers without reading it

@@ -43,6 +43,8 @@ DEFAULT_LEASE_MS = 10_000
 DEFAULT_MAX_SESSIONS = 1000
 DEFAULT_MAX_CONNECTIONS = 1024
 DEFAULT_TRANSCRIPT_CHECK_MS = 5_000
+# Prompts a session queues behind the running one (fixed; capabilities' maxPendingPrompts).
+MAX_PENDING_PROMPTS = 5
 NODE_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 APPROVAL_MODES = ("default", "plan", "auto-edit", "auto", "yolo")
 TOKEN_ENV = "QWEN_SERVER_TOKEN"

@@ -24,10 +24,9 @@ from sdk.protocol import http as wire
 
 from . import bridge
 from .clock import now_ms
-from .config import DaemonConfig
+from .config import MAX_PENDING_PROMPTS, DaemonConfig
 from .core.envelope import decode_json, encode_json, spliced_parts, write_groups
 from .core.idempotency import Conflict, KeyedAdmission, Replay, decide, request_digest
-from .load_snapshot import resolve_compacted
 from .manager import (
     SESSION_LIMIT_RETRY_AFTER_S,
     AgentSessionConflict,
@@ -36,7 +35,6 @@ from .manager import (
     SessionLimit,
     SessionManager,
 )
-from .session import MAX_PENDING_PROMPTS, PromptQueueFull, Session, VoteResult
 from .session_list import InvalidListQuery, list_page, status_sessions, totals
 from .transcript_store import InvalidCursor, TranscriptDamaged
 from .transcript_writer import TranscriptWriter
@@ -44,6 +42,8 @@ from .workspace_git import branches
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
+
+    from .session import Session
 
 log = logging.getLogger("daemon.http")
 
@@ -485,6 +485,8 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> bridge.JsonErro
                                        or bus.journals.full.truncated_events > 0):
                 anchor = oldest
             # An over-cap turn is read back from the transcript here, after the snapshot.
+            from .load_snapshot import resolve_compacted
+
             compacted = await resolve_compacted(snap, bus.writer, bus.session_id)
         # The envelopes are spliced in as published (json_response: spliced_parts).
         return json_response(wire.LoadSessionResponse[bytes](
@@ -521,6 +523,8 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> bridge.JsonErro
 
     @serve(routes.PROMPT)
     async def prompt(session_id: str) -> Response:
+        from .session import PromptQueueFull
+
         key = header_idempotency_key()
         body = await read_json_object()
         session = await live_session(session_id)
@@ -647,6 +651,8 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> bridge.JsonErro
         if outcome is None:
             raise ApiError(400, "invalid_permission_vote",
                            REQUEST_ERROR_TEXT["invalid_permission_vote"])
+        from .session import VoteResult
+
         voted = session.vote(request_id, outcome)
         if voted is VoteResult.NOT_FOUND:
             raise ApiError(404, "permission_not_found",

@@ -35,24 +35,29 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
 from functools import partial
+from typing import TYPE_CHECKING
 
 import trio
 
 from sdk.protocol import __version__
 from sdk.protocol.http import SessionCounts, TranscriptRecovery
 
-from .agent import CLOSE_BOUND_S, AgentChannel, AgentStartError, SessionIdInUse
-from .bus import BusLimits, HeapReclaimer, SessionBus
 from .clock import now_ms
 from .config import MOCK_GATE_ENV, DaemonConfig
 from .core.clients import ClientRegistry
-from .core.restore import close_interrupted, seed_segments
 from .core.session_list import ListIndex
 from .core.throttle import LogThrottle
 from .metrics import totals
-from .session import DURABLE_WAIT_S, Session
 from .transcript_store import MarkClosed, SessionRow, UpsertSession
 from .transcript_writer import TranscriptWriter
+
+if TYPE_CHECKING:
+    # A session's machinery (its agent channel, bus and session, ~1.8 MB of code) is imported
+    # by the first session created or restored, not by the daemon's start: an idle daemon
+    # never holds it (tests/daemon/test_idle_footprint.py).
+    from .agent import AgentChannel
+    from .bus import BusLimits, HeapReclaimer, SessionBus
+    from .session import Session
 
 log = logging.getLogger("daemon.manager")
 
@@ -220,13 +225,7 @@ class SessionManager:
         # Told when a session is closed for good (DELETE): retention removes it.
         self.on_closed_for_good: Callable[[], None] | None = None
         self.retention_stats: object = None  # daemon.retention.RetentionStats (GET /metrics)
-        self.limits = BusLimits(
-            max_journal_events=config.max_journal_events,
-            max_journal_bytes=config.max_journal_bytes,
-            compacted_replay_max_bytes=config.compacted_replay_max_bytes,
-            event_ring_size=config.event_ring_size,
-            event_ring_bytes=config.event_ring_bytes,
-        )
+        self._limits: BusLimits | None = None
         self.shutting_down = False
         # Cluster mode: this node's id (GET /session/{id}/status shows it as ownerNodeId).
         self.node_id: str | None = None
@@ -250,6 +249,22 @@ class SessionManager:
         self.nursery.start_soon(fn)
 
     # -- clients ------------------------------------------------------------------------------
+
+    @property
+    def limits(self) -> BusLimits:
+        """Every bus's caps (from the configuration), made with the first bus."""
+        if self._limits is None:
+            from .bus import BusLimits
+
+            config = self.config
+            self._limits = BusLimits(
+                max_journal_events=config.max_journal_events,
+                max_journal_bytes=config.max_journal_bytes,
+                compacted_replay_max_bytes=config.compacted_replay_max_bytes,
+                event_ring_size=config.event_ring_size,
+                event_ring_bytes=config.event_ring_bytes,
+            )
+        return self._limits
 
     def register_client(self, session: Session, hint: str | None) -> str:
         """Register the caller on ``session``: a known id is kept, anything else replaced."""
@@ -338,6 +353,8 @@ class SessionManager:
             attempt.done.set()
 
     async def _spawn_agent(self, cwd: str) -> AgentChannel:
+        from .agent import AgentChannel, AgentStartError
+
         argv = self.config.effective_agent_argv()
         agent = AgentChannel(
             argv, cwd, init_timeout=self.config.agent_init_timeout_ms / 1000,
@@ -389,6 +406,8 @@ class SessionManager:
     def _claim(agent: AgentChannel, acp_session_id: str, session: Session) -> None:
         """Attach ``session`` under the id the agent gave it, before anything can await;
         :class:`AgentSessionConflict` if another live session of the agent holds that id."""
+        from .agent import SessionIdInUse
+
         try:
             # Held until session.run attaches again: the session is not set up yet.
             agent.attach(acp_session_id, session, hold=True)
@@ -620,6 +639,8 @@ class SessionManager:
         raw, in_flight = await writer.read(
             lambda store: (store.raw_events(session_id), store.in_flight_prompts(session_id)),
             session_id=session_id)
+        from .core.restore import close_interrupted, seed_segments
+
         ops = close_interrupted(session_id, raw, in_flight, now_ms=now_ms(),
                                 new_record_id=lambda: str(uuid.uuid4()))
         for op in ops:
@@ -676,12 +697,16 @@ class SessionManager:
 
     def _new_bus(self, session_id: str, writer: TranscriptWriter | None, *,
                  first_id: int = 1) -> SessionBus:
+        from .bus import SessionBus
+
         guard = self.publish_guard(session_id) if self.publish_guard is not None else None
         return SessionBus(session_id, self.limits, writer, first_id=first_id, spawn=self._spawn,
                           reclaimer=self.reclaimer, guard=guard)
 
     def _session(self, session_id: str, cwd: str, created_ms: int, agent: AgentChannel,
                  acp_session_id: str, bus: SessionBus, *, keys_complete: bool) -> Session:
+        from .session import Session
+
         timeout_ms = self.config.permission_response_timeout_ms
         return Session(
             session_id, cwd, iso_from_ms(created_ms), agent, acp_session_id, bus,
@@ -762,6 +787,8 @@ class SessionManager:
             else:
                 session.begin_close("daemon_shutdown")
         if writer is not None and batched:
+            from .session import DURABLE_WAIT_S
+
             limit = writer.durable_bound_s or DURABLE_WAIT_S
             with trio.move_on_after(limit) as bound:
                 await writer.wait_flushed()
@@ -785,6 +812,8 @@ class SessionManager:
 
     @staticmethod
     async def _close_agent_at_shutdown(agent: AgentChannel) -> None:
+        from .agent import CLOSE_BOUND_S
+
         with trio.move_on_after(CLOSE_BOUND_S):
             await agent.aclose()
             return

@@ -63,6 +63,7 @@ from sdk.protocol.terminals import CHANNEL_CLOSED
 from .agent import AgentChannel, AgentRpcError, ChannelClosed, Flow
 from .bus import SessionBus
 from .clock import now_ms
+from .config import MAX_PENDING_PROMPTS
 from .core.idempotency import AdmissionKeys, KeyedAdmission
 from .core.prompt_echo import USER_CHUNK, PromptEcho
 from .core.prompt_lifecycle import (
@@ -84,7 +85,6 @@ from .transcript_store import AdmitPrompt
 
 log = logging.getLogger("daemon.session")
 
-MAX_PENDING_PROMPTS = 5
 MAX_LEDGER_TERMINALS = 64
 MAX_ECHO_BLOCKS = 256
 # How long a terminal waits for the transcript before the session is marked degraded.

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Mapping
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import msgspec
 from msgspec import UNSET
@@ -28,8 +28,10 @@ from .core.session_list import ListKey, decode_cursor, encode_cursor, merge_page
 from .core.transcript_ops import SessionRow
 from .manager import SessionManager, canonical_workspace, iso_from_ms
 from .metrics import totals as metric_totals
-from .session import Session
 from .workspace_git import branches
+
+if TYPE_CHECKING:
+    from .session import Session
 
 __all__ = ["InvalidListQuery", "list_page", "state_of", "status_sessions", "totals"]
 
@@ -166,9 +168,10 @@ async def list_page(manager: SessionManager, args: Mapping[str, str]) -> wire.Se
     if state != "unloaded":
         live = list(_live(manager, workspace, state, before, want))
     page, next_key = merge_page(live, stored, query.limit)
-    git = await branches(item.workspace_cwd for item in page if isinstance(item, Session))
+    git = await branches(item.workspace_cwd for item in page
+                         if not isinstance(item, SessionRow))
     return wire.SessionList(
-        sessions=[_listing(item, git) if isinstance(item, Session) else _unloaded(item)
+        sessions=[_unloaded(item) if isinstance(item, SessionRow) else _listing(item, git)
                   for item in page],
         has_more=next_key is not None,
         next_cursor=encode_cursor(next_key) if next_key is not None else UNSET)

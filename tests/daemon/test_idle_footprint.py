@@ -34,7 +34,11 @@ WAIT_S = 20.0
 NOT_AT_IDLE = ("daemon.core.openapi", "daemon.backup", "daemon.transcript_backup",
                "daemon.export", "daemon.core.transcript_markdown", "daemon.metrics_exposition",
                "prometheus_client", "daemon.cluster", "coredis", "daemon.recover", "daemon.prune",
-               "daemon.backup_command", "httpx", "sdk._client", "sdk._errors", "sdk._repair")
+               "daemon.backup_command", "httpx", "sdk._client", "sdk._errors", "sdk._repair",
+               # a session's machinery: the first session created or restored imports it
+               "daemon.agent", "daemon.bus", "daemon.session", "daemon.streams",
+               "daemon.load_snapshot", "daemon.core.acp_client", "daemon.core.restore",
+               "daemon.core.replay_window", "daemon.core.live_journal", "daemon.core.ring")
 
 _SITECUSTOMIZE = """\
 import json, os, signal, sys
