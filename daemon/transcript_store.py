@@ -365,11 +365,6 @@ class TranscriptDatabase:
             # on. The cost is that no other process can read the database while the daemon
             # has it open, which the daemon's own data-directory lock already implies.
             conn.execute("PRAGMA locking_mode=EXCLUSIVE")
-            # The small page cache from the first page read on (``_configure`` sets it again):
-            # SQLite sizes the block it preallocates for the cache by the cache size in force
-            # at the first read, and keeps that block for the connection's life (at the
-            # default size and 64 KiB pages, 1.3 MB of the idle daemon's RSS).
-            conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
         except BaseException:
             conn.close()
             raise
@@ -422,6 +417,12 @@ class TranscriptDatabase:
     def _check_schema(self, conn: sqlite3.Connection) -> None:
         """Refuse, before anything is written, a file that is not ours or is too new."""
         try:
+            # The small page cache from the first page read on (``_configure`` sets it again):
+            # SQLite sizes the block it preallocates for the cache by the cache size in force
+            # at the first read, and keeps that block for the connection's life (at the
+            # default size and 64 KiB pages, 1.3 MB of the idle daemon's RSS). Setting it
+            # reads the header, so a file that is not a database is refused here.
+            conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
         except sqlite3.DatabaseError as exc:

@@ -99,15 +99,25 @@ def _cache_size(conn: sqlite3.Connection) -> int:
     return int(conn.execute("PRAGMA cache_size").fetchone()[0])
 
 
-def test_the_transcript_connection_has_its_small_cache_before_the_first_read(
-        tmp_path: Path) -> None:
+def test_the_transcript_sets_its_small_cache_before_its_first_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "t.sqlite3"
-    TranscriptDatabase(path).close()
-    conn = TranscriptDatabase._connect(str(path))
+    TranscriptDatabase(path).close()  # an existing file: opening it reads pages at once
+    statements: list[str] = []
+    connect = TranscriptDatabase._connect
+
+    def traced(path: str) -> sqlite3.Connection:
+        conn = connect(path)
+        conn.set_trace_callback(statements.append)
+        return conn
+
+    monkeypatch.setattr(TranscriptDatabase, "_connect", staticmethod(traced))
+    db = TranscriptDatabase(path, quick_check_s=5)
     try:
-        assert _cache_size(conn) == -CACHE_KIB
+        assert statements[0] == f"PRAGMA cache_size=-{CACHE_KIB}"
+        assert _cache_size(db._conn) == -CACHE_KIB
     finally:
-        conn.close()
+        db.close()
 
 
 async def test_the_writer_gives_back_sqlites_cache_only_when_idle_and_commits_after(
