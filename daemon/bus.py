@@ -1,13 +1,13 @@
-"""The session bus: the publish pipeline and subscriber wake-ups. Trio shell.
+"""The session bus: the publish pipeline. Trio shell.
 
 Publishing takes a typed payload (:mod:`sdk.protocol.events`) or one read's agent updates (a
 :class:`~daemon.core.updates.UpdateBatch`), assigns the ids, encodes once (the frame codec,
 :mod:`daemon.core.frame_codec`, splices plain text chunks), appends to the ring, feeds both live
 journals and the compactor, hands the bytes to the transcript writer and, once per batch
-(``flush``), wakes every subscriber and applies the slow-client rules. Subscribers read the
-shared ring through their own cursor; nothing is copied per subscriber. The flow-control rules
-are the pure :mod:`daemon.core.flow_control`; the bus only does the waiting. A bus may also be
-fed events numbered elsewhere (a cluster mirror: :meth:`SessionBus.append_numbered`).
+(``flush``), wakes the readers. The readers' side (who subscribes, the wake-ups, the
+slow-client rules, the publisher's wait) is :class:`daemon.fanout.Fanout`, which the bus
+extends. A bus may also be fed events numbered elsewhere (a cluster mirror:
+:meth:`SessionBus.append_numbered`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from functools import partial
 from typing import Protocol
 
 import msgspec
-import trio
 
 from sdk.protocol.constants import RESYNC_EPOCH_MISMATCH, RESYNC_EPOCH_RESET
 from sdk.protocol.events import (
@@ -34,19 +33,12 @@ from sdk.protocol.events import (
 from .clock import now_ms
 from .core.compactor import TurnCompactor, stamp_record
 from .core.envelope import Event, JsonObject, decode_json, typed_event, typed_synthetic
-from .core.flow_control import (
-    FLOW_STALL_S,
-    WaitBudget,
-    behind,
-    dispatch_group_lines,
-)
-from .core.frame_codec import Splicer, ws_frames
+from .core.frame_codec import Splicer
 from .core.live_journal import LiveJournals
 from .core.replay_window import Record, ReplayWindow, SegmentHandle, SpilledTurn
 from .core.ring import DEFAULT_RING_BYTES, EventRing
-from .core.shared_frames import SharedFrames
-from .core.subscriber import Eviction, SubscriberState, Warning
 from .core.updates import UpdateBatch, plain_chunk
+from .fanout import Fanout
 from .load_snapshot import LoadSnapshot
 from .metrics import totals
 from .transcript_store import (
@@ -68,25 +60,6 @@ class BusLimits:
     event_ring_bytes: int = DEFAULT_RING_BYTES
 
 
-class BusReader(Protocol):
-    """What the bus needs of one of its SSE/WS readers (``daemon.streams.Subscription``)."""
-
-    state: SubscriberState
-    # True while a write is in flight (only then can lag build up); writes completed so far;
-    # writes_done when flow control last found a write stalled.
-    sending: bool
-    writes_done: int
-    flow_stalled_at: int | None
-    pending_warning: Warning | None
-    # Stops its stream; cuts its transport (a stalled write cannot be cancelled).
-    scope: trio.CancelScope | None
-    abort: Callable[[], object] | None
-    evicted: trio.Event
-
-    async def wait_idle(self) -> None:
-        """Return once no write is in flight."""
-
-
 class HeapReclaimer(Protocol):
     """Where freed heap goes back to the OS (``daemon.reclaimer.Reclaimer``)."""
 
@@ -101,7 +74,9 @@ class HeapReclaimer(Protocol):
 Spawn = Callable[[Callable[[], Awaitable[None]]], None]
 
 
-class SessionBus:
+class SessionBus(Fanout):
+    """One session's events: published here, read through :class:`~daemon.fanout.Fanout`."""
+
     def __init__(
         self,
         session_id: str,
@@ -115,7 +90,7 @@ class SessionBus:
         guard: Callable[[], bool] | None = None,
         epoch: str | None = None,
     ) -> None:
-        self.session_id = session_id
+        super().__init__(session_id)
         self.limits = limits
         self.epoch = epoch if epoch is not None else str(uuid.uuid4())
         self.ring = EventRing(limits.event_ring_size, next_id=first_id,
@@ -141,37 +116,15 @@ class SessionBus:
         # A terminal written to the transcript but not shown yet (publish_terminal's hold):
         # the event, the turn's records and the seq of their FinishTurn.
         self._held: tuple[Event, list[Record], int | None] | None = None
-        self.subscribers: set[BusReader] = set()
-        # How many agent lines the reader may publish between two yields (flow control),
-        # kept up to date as subscribers come and go.
-        self.group_lines = dispatch_group_lines(())
-        # Called whenever the subscribers change (so group_lines may have): the agent
-        # channel keeps the smallest over its sessions instead of asking each on every read;
-        # a cluster mirror reports its reader count.
-        self.on_subscribers_changed: list[Callable[[], None]] = []
-        # SSE frames of the newest events, built once for all SSE subscribers; the same
-        # events as WebSocket messages, built once for all WebSocket subscribers.
-        self.frames = SharedFrames()
-        self.ws_frames = SharedFrames(build=ws_frames)
-        self.slow_client_warnings = 0
-        self.clients_evicted = 0
         # When the last event was published (ms; None before the first): GET /daemon/status's
         # lastActivityAt. Read off the clock once per flush, not per event.
         self.last_activity_ms: int | None = None
-        self._lot = trio.lowlevel.ParkingLot()
         self._dirty = False
-        # Subscribers the last flush found behind (daemon.core.flow_control).
-        self._behind: list[BusReader] = []
-        self._flow_budget = WaitBudget()
-        self.flow_wait_s = 0.0  # total time the publisher spent waiting for subscribers
         # The envelopes of spliced runs (the frame codec keeps the template of the moment).
         self._splicer = Splicer(session_id)
         # Cluster mode: True while this node certainly owns the session (the lease clock); a
         # publish that finds it False first cuts every subscriber. None: no check.
         self.guard = guard
-        # Frames to send a subscriber before its next events (see move_to_epoch); read it,
-        # take from it with take_resync.
-        self.resyncs: dict[BusReader, Event] = {}
         if writer is not None:
             writer.reset_durable(session_id)
 
@@ -446,7 +399,7 @@ class SessionBus:
         self.degraded = True
 
     def flush(self, now: int | None = None) -> None:
-        """Wake subscribers once for everything published since the last flush (``now``: the
+        """Wake the readers once for everything published since the last flush (``now``: the
         clock's milliseconds, if the caller just read it)."""
         if not self._dirty:
             return
@@ -457,53 +410,7 @@ class SessionBus:
             published = ring.appended_bytes
             self._reclaimer.note(published - self._published_noted)
             self._published_noted = published
-        self._behind = lagging = []
-        for sub in tuple(self.subscribers):
-            if not sub.sending:
-                continue
-            state = sub.state
-            verdict = state.check(ring)
-            if isinstance(verdict, Eviction):
-                self.evict(sub)
-                continue
-            if isinstance(verdict, Warning):
-                self.slow_client_warnings += 1
-                warned = verdict.data
-                log.info("event=slow_client_warning session=%s threshold=%s queue_size=%s "
-                         "queued_bytes=%s", self.session_id, warned.threshold,
-                         warned.queue_size, warned.queued_bytes)
-                sub.pending_warning = verdict
-            if behind(ring.next_id - 1 - state.cursor, ring.bytes_since(state.cursor),
-                      state.max_queued, state.max_queued_bytes):
-                lagging.append(sub)
-        self._lot.unpark_all()
-
-    async def wait_for_subscribers(self, stall_s: float = FLOW_STALL_S) -> None:
-        """Flow control for the publisher (the agent reader): wait for the writes in flight
-        of the subscribers the last flush found behind, skipping stalled ones, within the
-        bus's ration of waiting (:mod:`daemon.core.flow_control`). Returns at once when none
-        is behind."""
-        lagging = self._behind
-        if not lagging:
-            return
-        self._behind = []
-        budget = self._flow_budget
-        budget.refill(trio.current_time())
-        for sub in lagging:
-            if sub not in self.subscribers or sub.flow_stalled_at == sub.writes_done:
-                continue
-            limit = budget.allowance(stall_s)
-            if limit <= 0:
-                return  # rationed out: the slow-client caps decide from here
-            started = trio.current_time()
-            with trio.move_on_after(limit) as scope:
-                await sub.wait_idle()
-            waited = trio.current_time() - started
-            budget.spend(waited)
-            self.flow_wait_s += waited
-            if scope.cancelled_caught and limit >= stall_s:
-                sub.flow_stalled_at = sub.writes_done
-        budget.at = trio.current_time()  # time spent waiting earns nothing
+        self.wake()
 
     def _check_guard(self) -> None:
         """Before an event enters the ring: if this node may no longer be the session's owner
@@ -511,65 +418,11 @@ class SessionBus:
         if self.subscribers and self.guard is not None and not self.guard():
             self.cut_subscribers("lease_in_doubt")
 
-    def cut_subscribers(self, reason: str) -> None:
-        """End every subscriber's stream at once, without another frame: its connection is
-        shut down now, so nothing published from here on reaches it (the client resumes with
-        ``Last-Event-ID`` wherever the session lives then)."""
-        if not self.subscribers:
-            return
-        log.warning("event=subscribers_cut session=%s reason=%s count=%d", self.session_id,
-                    reason, len(self.subscribers))
-        for sub in tuple(self.subscribers):
-            self.subscribers.discard(sub)
-            if sub.scope is not None:
-                sub.scope.cancel()
-            if sub.abort is not None:
-                sub.abort()
-        self.frames.clear()
-        self.ws_frames.clear()
-        self._subscribers_changed()
-
-    def evict(self, sub: BusReader) -> None:
-        """Drop a subscriber that fell behind; its stream ends with ``client_evicted``."""
-        if sub in self.subscribers:
-            self.subscribers.discard(sub)
-            self._subscribers_changed()
-            self.clients_evicted += 1
-            evicted = sub.state.evicted
-            data = evicted.data if evicted is not None else None
-            totals.evicted[data.reason if data is not None else "unknown"] += 1
-            log.info("event=client_evicted session=%s reason=%s dropped_after=%s queue_size=%s "
-                     "queued_bytes=%s", self.session_id, data and data.reason,
-                     data and data.dropped_after, data and data.queue_size,
-                     data and data.queued_bytes)
-        # Its stream sends client_evicted and closes once its current write completes, or cuts
-        # the connection if that write stays stalled (see streams.watch_eviction).
-        sub.evicted.set()
-
     def close(self) -> None:
         """No more events: subscribers drain what is left and end their streams."""
         self.flush()
         self.closed = True
-        self._lot.unpark_all()
-
-    # -- subscribers ----------------------------------------------------------------------------
-
-    def take_resync(self, sub: BusReader) -> Event | None:
-        """A frame to send ``sub`` before its next events: the resync of
-        :meth:`move_to_epoch`, once."""
-        return self.resyncs.pop(sub, None)
-
-    def add_subscriber(self, sub: BusReader) -> None:
-        self.subscribers.add(sub)
-        self._subscribers_changed()
-
-    def remove_subscriber(self, sub: BusReader) -> None:
-        self.resyncs.pop(sub, None)
-        self.subscribers.discard(sub)
-        self._subscribers_changed()
-        if not self.subscribers:
-            self.frames.clear()  # nobody left to share them with
-            self.ws_frames.clear()
+        self.wake_closed()
 
     # -- events numbered elsewhere (a cluster mirror of another node's bus) --------------------
 
@@ -610,18 +463,7 @@ class SessionBus:
         self._dirty = True
         self.flush()
 
-    def _subscribers_changed(self) -> None:
-        self.group_lines = dispatch_group_lines(sub.state.max_queued for sub in self.subscribers)
-        for told in self.on_subscribers_changed:
-            told()
-
-    async def wait_for_events(self, cursor: int) -> None:
-        """Return once the ring holds an event after ``cursor`` or the bus closed."""
-        if self.ring.last_id > cursor or self.closed:
-            return
-        await self._lot.park()
-
-    # -- load ---------------------------------------------------------------------------------
+    # -- load ---    # -- load ---------------------------------------------------------------------------------
 
     def load_snapshot(self, mode: str) -> LoadSnapshot:
         """Replay window + live journal + cursor, taken with no checkpoint in between."""

@@ -4,9 +4,10 @@ What the interpreter enters to move one read of agent output to an SSE socket: a
 this process (its agent, the mock, is a real subprocess; its subscriber a real TCP socket),
 the agent writes one read of plain text chunks, and a profiler (``sys.setprofile``) records
 every call into and every return out of the product's modules (``daemon.*``, ``sdk.*``) made
-by the two tasks that carry the read: the agent's stdout reader, from the moment the read
-wakes it to the moment it waits for the next one, and the subscriber's stream, from its
-wake-up to the moment it waits again after writing the frames. Calls into the standard
+by the tasks that carry the read: the agent's stdout reader, from the moment the read wakes it
+to the moment it waits for the next one; the delivery loop (:mod:`daemon.delivery`), which
+writes the frames of a caught-up SSE subscriber; and the subscriber's own stream task, which
+waits in that loop and is not woken for a live write (its walk stays empty). Calls into the standard
 library, Trio or msgspec are not counted; a call within one module is not a step.
 
 The walk is the sequence of module changes: *entering* a module (a call from another one) or
@@ -32,7 +33,8 @@ import trio
 import trio.testing
 
 PRODUCT = ("daemon.", "sdk.")
-# The functions whose tasks carry the read: the agent's stdout reader and the SSE stream.
+# The functions whose tasks carry the read: the agent's stdout reader and the SSE stream
+# (waiting in the delivery loop, whose task writes it: it is not woken).
 READER = "_pump_stdout"
 STREAM = "_stream_sse"
 CHUNKS = 8
@@ -168,6 +170,8 @@ async def _measure(workdir: Path, gates: Path, config: Any) -> dict[str, Walk]:
             assert accepted.status_code == 202, accepted.text
             await read_until(b"event: session_update", 1)  # the daemon's echo of the prompt
             await trio.testing.wait_all_tasks_blocked(0.2)
+            from daemon.delivery import Delivery
+
             roles: dict[trio.lowlevel.Task, str] = {}
             for task in _tasks():
                 names = set(_await_chain(task.coro))
@@ -175,7 +179,10 @@ async def _measure(workdir: Path, gates: Path, config: Any) -> dict[str, Walk]:
                     roles[task] = "reader"
                 elif STREAM in names:
                     roles[task] = "stream"
-            assert sorted(roles.values()) == ["reader", "stream"], roles
+            delivery = Delivery.running()
+            assert delivery is not None and delivery.task is not None, "no delivery loop"
+            roles[delivery.task] = "delivery"
+            assert sorted(roles.values()) == ["delivery", "reader", "stream"], roles
             tracer = Tracer(roles)
             before = received.count(b"event: session_update")
             sys.setprofile(tracer)

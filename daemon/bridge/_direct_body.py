@@ -73,6 +73,28 @@ class DirectBody:
         Raises :class:`BodyGone` if the connection is closed or broken."""
         await write_all(self._sock, chunk(data))
 
+    def write_nowait(self, data: bytes) -> list[Buffer]:
+        """Write ``data`` (not empty) as one chunk, as far as the socket takes it now, without
+        waiting: what is left of the chunk (``[]`` once the kernel has all of it), to be
+        written next with :meth:`write_rest` before anything else. A closed or broken
+        connection takes nothing here; :meth:`write_rest` then raises :class:`BodyGone`."""
+        buffers = chunk(data)
+        fd = self._sock.fileno()
+        if fd < 0:
+            return buffers
+        try:
+            sent = os.writev(fd, buffers)
+        except OSError:  # would block, or the connection is gone (write_rest says which)
+            return buffers
+        if sent == len(buffers[0]) + len(data) + 2:
+            return []
+        return advance(buffers, sent)
+
+    async def write_rest(self, buffers: list[Buffer]) -> None:
+        """Write what :meth:`write_nowait` left; returns once the kernel has all of it.
+        Raises :class:`BodyGone` if the connection is closed or broken."""
+        await write_all(self._sock, buffers)
+
 
 async def write_all(sock: _Socket, buffers: list[Buffer]) -> None:
     """Write ``buffers`` to ``sock`` in vectored writes, shielded from cancellation; returns

@@ -20,7 +20,7 @@ import daemon.asgi
 import daemon.core.guards
 import daemon.http_api
 import daemon.session_list
-import daemon.streams
+import daemon.streams._request
 from daemon.config import DaemonConfig
 from daemon.core.openapi import body_schema, build_openapi, documented_error_codes, response_schema
 from daemon.http_api import create_app
@@ -137,8 +137,8 @@ def test_documented_error_codes_exist_in_the_daemon() -> None:
     """No invented codes: each one is a string literal somewhere in the HTTP layer (or in the
     protocol's builders of the errors several parts of it answer)."""
     source = "".join(inspect.getsource(module) for module in (
-        daemon.asgi, daemon.core.guards, daemon.http_api, daemon.session_list, daemon.streams,
-        wire))
+        daemon.asgi, daemon.core.guards, daemon.http_api, daemon.session_list,
+        daemon.streams._request, wire))
     for code in documented_error_codes():
         assert f'"{code}"' in source, code
 

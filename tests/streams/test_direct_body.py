@@ -375,7 +375,7 @@ async def test_serve_sse_ends_quietly_and_cuts_the_connection_when_the_socket_br
     local, peer = ("127.0.0.1", 4170), ("127.0.0.1", 50125)
     registry.add((local, peer), ours, plain=True)
     cut: list[tuple[object, object]] = []
-    monkeypatch.setattr("daemon.streams.shutdown_connection",
+    monkeypatch.setattr("daemon.streams._sse.shutdown_connection",
                         lambda server, client: cut.append((server, client)))
     server = _Server()
     bus = new_bus()

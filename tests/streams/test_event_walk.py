@@ -15,13 +15,13 @@ pytestmark = pytest.mark.processes  # the daemon's agent is a real subprocess
 
 ARCHITECTURE = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 # "| reader | 19 | 17 |": the table of docs/architecture.md's "One event's walk".
-_ROW = re.compile(r"^\| (reader|stream) \| (\d+) \| (\d+) \|", re.MULTILINE)
+_ROW = re.compile(r"^\| (reader|delivery|stream) \| (\d+) \| (\d+) \|", re.MULTILINE)
 
 
 def stated() -> dict[str, tuple[int, int]]:
     rows = {role: (int(entered), int(returned))
             for role, entered, returned in _ROW.findall(ARCHITECTURE.read_text())}
-    assert rows.keys() == {"reader", "stream"}, rows
+    assert rows.keys() == {"reader", "delivery", "stream"}, rows
     return rows
 
 

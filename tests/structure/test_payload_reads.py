@@ -34,19 +34,21 @@ ALLOWED: dict[tuple[str, str], str] = {
     # ASGI: the server's scope and message dicts (``type``, ``server``) are the server
     # interface, not the daemon's wire.
     ("daemon/asgi.py", "type"): "ASGI message type",
-    ("daemon/streams.py", "type"): "ASGI message type",
+    ("daemon/streams/_subscription.py", "type"): "ASGI message type",
+    ("daemon/streams/_ws.py", "type"): "ASGI message type",
     ("daemon/bridge/_direct_body.py", "type"): "ASGI scope key",
     ("daemon/bridge/_direct_body.py", "server"): "ASGI scope key",
     ("daemon/bridge/_direct_ws.py", "type"): "ASGI scope key",
     ("daemon/bridge/_direct_ws.py", "server"): "ASGI scope key",
     ("daemon/bridge/_probe.py", "type"): "ASGI scope and message type",
     ("daemon/asgi.py", "server"): "ASGI scope key",
-    ("daemon/streams.py", "server"): "ASGI scope key",
+    ("daemon/streams/_sse.py", "server"): "ASGI scope key",
+    ("daemon/streams/_ws.py", "server"): "ASGI scope key",
     ("daemon/cluster/_router.py", "type"): "ASGI message type",
     ("daemon/cluster/_router.py", "status"): "ASGI response-start status",
     # Query-string parameters, parsed from the URL (not a JSON body).
-    ("daemon/streams.py", "maxQueued"): "query-string parameter",
-    ("daemon/streams.py", "lastEventId"): "query-string parameter",
+    ("daemon/streams/_request.py", "maxQueued"): "query-string parameter",
+    ("daemon/streams/_request.py", "lastEventId"): "query-string parameter",
     ("daemon/http_api.py", "limit"): "query-string parameter",
     # A field of the cluster's session directory entry (a Redis hash), not of the wire.
     ("daemon/core/cluster.py", "workspace"): "Redis hash field of the session directory",

@@ -1,0 +1,176 @@
+"""The delivery loop: one task per daemon writes every caught-up SSE subscriber. Trio shell.
+
+An SSE subscriber whose stream is caught up (its replay sent, nothing in flight, its body
+written straight to the socket: :class:`daemon.bridge.DirectBody`) *parks* here instead of
+waiting on its bus. When a bus publishes (its ``flush``) it marks itself dirty; the loop wakes
+once for every bus marked since it last ran, lets the publisher run a few more scheduler passes
+while marks keep coming (:data:`GATHER_PASSES`: the agent reader publishing the next group of
+the same read), then, for each dirty bus, takes the frames after each parked subscriber's
+cursor (shared by the bus's SSE subscribers, :class:`daemon.core.shared_frames.SharedFrames`)
+and writes them as one chunk without waiting (:meth:`DirectBody.write_nowait`). A stream costs
+no task wake-up, no timer and no scheduler pass per write: one loop pass serves every session
+that published.
+
+Anything else goes back to the stream's own task (the loop sets :attr:`Parked.woken`), which runs
+the ordinary path: a write the socket did not take whole (the rest is written first, with
+``sending`` set, so the slow-client and stalled-write rules see it exactly as before), an
+evicted subscriber or one whose next event left the ring, a resync or warning to send, a closed
+bus. The task also wakes by itself when the heartbeat interval passes with nothing written.
+Wire bytes are the same as the task's own writes: one chunk of the frames after the cursor.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+import trio
+
+from .bridge import DirectBody
+from .core.flow_control import GATHER_PASSES
+from .core.frame_codec import Buffer
+from .fanout import BusReader, Fanout
+from .metrics import totals
+
+log = logging.getLogger("daemon.delivery")
+
+__all__ = ["Delivery", "Parked", "Reader"]
+
+
+class Reader(BusReader, Protocol):
+    """What the loop reads and updates of a subscriber (``daemon.streams.Subscription``)."""
+
+    def begin_write(self) -> None:
+        """A write is in flight from now on (its task ends it)."""
+
+
+class Parked:
+    """One caught-up SSE subscriber waiting in the delivery loop (its task waits on
+    :attr:`woken`)."""
+
+    __slots__ = ("body", "pending", "sub", "woken", "written_at")
+
+    def __init__(self, sub: Reader, body: DirectBody, written_at: float) -> None:
+        self.sub = sub
+        self.body = body
+        # What the socket did not take of the last write: the task writes it first.
+        self.pending: list[Buffer] = []
+        self.woken = trio.Event()
+        # trio.current_time() of the loop pass that last wrote it (heartbeats count from it).
+        self.written_at = written_at
+
+
+class Delivery:
+    """The delivery loop of one Trio run: see the module docstring. :meth:`current` finds (and
+    on first use starts) the loop of the running daemon."""
+
+    def __init__(self) -> None:
+        self._parked: dict[Fanout, dict[Reader, Parked]] = {}
+        self._dirty: dict[Fanout, None] = {}
+        self._lot = trio.lowlevel.ParkingLot()
+        self._marks = 0  # buses marked so far (the gathering watches it move)
+        self.passes = 0  # loop passes so far
+        self.task: trio.lowlevel.Task | None = None  # the loop's task, once started
+
+    @staticmethod
+    def current() -> Delivery:
+        found = _CURRENT.get()
+        if found is None:
+            found = Delivery()
+            _CURRENT.set(found)
+            found.task = trio.lowlevel.spawn_system_task(found.deliver_forever,
+                                                         name="daemon.delivery")
+        return found
+
+    @staticmethod
+    def running() -> Delivery | None:
+        """The loop of the running daemon if a stream started it, else ``None``."""
+        return _CURRENT.get()
+
+    @property
+    def parked(self) -> int:
+        """Streams waiting in the loop now."""
+        return sum(map(len, self._parked.values()))
+
+    # -- parking ------------------------------------------------------------------------------
+
+    def park(self, bus: Fanout, parked: Parked) -> None:
+        streams = self._parked.get(bus)
+        if streams is None:
+            streams = self._parked[bus] = {}
+            bus.deliver_to = self._mark
+        streams[parked.sub] = parked
+        if bus.ring.last_id > parked.sub.state.cursor or bus.closed:
+            self._mark(bus)
+
+    def unpark(self, bus: Fanout, parked: Parked) -> None:
+        streams = self._parked.get(bus)
+        if streams is None or streams.get(parked.sub) is not parked:
+            return
+        del streams[parked.sub]
+        if not streams:
+            del self._parked[bus]
+            bus.deliver_to = None
+
+    def _mark(self, bus: Fanout) -> None:
+        self._dirty[bus] = None
+        self._marks += 1
+        self._lot.unpark_all()
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    async def deliver_forever(self) -> None:
+        while True:
+            if not self._dirty:
+                await self._lot.park()
+            for _ in range(GATHER_PASSES):
+                marks = self._marks
+                await trio.lowlevel.checkpoint()
+                if self._marks == marks:
+                    break  # nothing published in that pass: write now
+            dirty, self._dirty = self._dirty, {}
+            now = trio.current_time()
+            for bus in dirty:
+                streams = self._parked.get(bus)
+                if streams:
+                    try:
+                        self._deliver(bus, streams, now)
+                    except Exception:
+                        log.exception("event=delivery_failed session=%s", bus.session_id)
+                        for parked in tuple(streams.values()):
+                            self._hand_back(bus, parked)
+            self.passes += 1
+
+    def _deliver(self, bus: Fanout, streams: dict[Reader, Parked], now: float) -> None:
+        ring = bus.ring
+        last = ring.last_id
+        first = ring.first_id
+        shared = bus.frames
+        for parked in tuple(streams.values()):
+            sub = parked.sub
+            state = sub.state
+            cursor = state.cursor
+            if (bus.closed or state.evicted is not None or (bus.resyncs and sub in bus.resyncs)
+                    or (first is not None and first > cursor + 1)):
+                self._hand_back(bus, parked)  # the task's path sends or ends it
+                continue
+            if last <= cursor:
+                continue
+            frames, state.cursor = shared.since(ring, cursor)
+            totals.events_delivered += state.cursor - cursor
+            rest = parked.body.write_nowait(frames[0] if len(frames) == 1 else b"".join(frames))
+            if rest:
+                parked.pending = rest
+                sub.begin_write()
+                self._hand_back(bus, parked)
+                continue
+            sub.writes_done += 1
+            parked.written_at = now
+
+    def _hand_back(self, bus: Fanout, parked: Parked) -> None:
+        self.unpark(bus, parked)
+        parked.woken.set()
+
+
+_CURRENT: trio.lowlevel.RunVar[Delivery | None] = trio.lowlevel.RunVar("daemon.delivery",
+                                                                     default=None)
