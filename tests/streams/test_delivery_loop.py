@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator, MutableMapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,16 @@ class _Peer:
             await trio.lowlevel.wait_readable(self.sock)
             self.read_now()
 
+    @contextmanager
+    def cut_on_failure(self) -> Iterator[None]:
+        """A failing check inside the stream's nursery shuts the peer's end down, so a write
+        the daemon's side waits on (shielded) ends and the test fails instead of hanging."""
+        try:
+            yield
+        except BaseException:
+            self.sock.shutdown(socket.SHUT_RDWR)
+            raise
+
     def close(self) -> None:
         registry.remove((self.local, self.peer), self.ours)
         self.ours.close()
@@ -167,24 +178,25 @@ async def test_a_write_the_socket_does_not_take_whole_is_finished_by_the_stream_
     try:
         with trio.fail_after(20):
             async with trio.open_nursery() as nursery:
-                peer.start(nursery, bus)
-                await trio.testing.wait_all_tasks_blocked()
-                delivery = Delivery.running()
-                assert delivery is not None and delivery.parked == 1
-                sub = _subscription(bus)
-                # Far more than the socket buffers take: the loop's write is cut short and the
-                # stream's task takes the rest over, its write in flight (sending) until the
-                # peer reads.
-                publish(bus, 200, text_bytes=500)
-                await trio.testing.wait_all_tasks_blocked()
-                assert sub.sending
-                assert delivery.parked == 0
-                assert await peer.read_until_ids(200) == list(range(1, 201))
-                await trio.testing.wait_all_tasks_blocked()
-                assert not sub.sending and delivery.parked == 1  # caught up: parked again
-                publish(bus, 5)
-                assert await peer.read_until_ids(205) == list(range(1, 206))
-                nursery.cancel_scope.cancel()
+                with peer.cut_on_failure():
+                    peer.start(nursery, bus)
+                    await trio.testing.wait_all_tasks_blocked()
+                    delivery = Delivery.running()
+                    assert delivery is not None and delivery.parked == 1
+                    sub = _subscription(bus)
+                    # Far more than the socket buffers take: the loop's write is cut short and the
+                    # stream's task takes the rest over, its write in flight (sending) until the
+                    # peer reads.
+                    publish(bus, 200, text_bytes=500)
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert sub.sending
+                    assert delivery.parked == 0
+                    assert await peer.read_until_ids(200) == list(range(1, 201))
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert not sub.sending and delivery.parked == 1  # caught up: parked again
+                    publish(bus, 5)
+                    assert await peer.read_until_ids(205) == list(range(1, 206))
+                    nursery.cancel_scope.cancel()
     finally:
         peer.close()
     frames = _dechunk(bytes(peer.received))
