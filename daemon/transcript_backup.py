@@ -3,7 +3,7 @@
 Synchronous (sqlite3 and one thread); the Trio shell is :mod:`daemon.backup`.
 
 While the daemon runs, its connection holds the file with an exclusive lock (see
-``TranscriptDatabase._connect``), so no other connection, in this process or another, can read it:
+``daemon.transcript_store._file``), so no other connection, in this process or another, can read it:
 the copy is made from that connection. :class:`SteppedBackup` runs ``Connection.backup`` in a
 thread of its own, which copies ``pages`` pages and then waits in the progress callback until it
 is told to take the next step. Each step is taken while the caller holds the writer's connection

@@ -119,7 +119,11 @@ TESTS: dict[str, tuple[str, ...]] = {
     ),
     "daemon/core/guards.py": ("daemon/test_guards_subscriber_restore.py",),
     "daemon/core/restore.py": ("daemon/test_guards_subscriber_restore.py", "durability/test_restore_terminals.py"),
-    "daemon/transcript_store.py": ("durability/test_transcript_store.py",),
+    "daemon/transcript_store/_writes.py": ("durability/test_transcript_store.py",),
+    "daemon/transcript_store/_reads.py": ("durability/test_transcript_store.py",),
+    "daemon/transcript_store/_schema.py": (
+        "durability/test_transcript_store.py", "durability/test_transcript_checks.py",
+    ),
     "daemon/core/idempotency.py": ("daemon/test_idempotency_core.py",),
     "daemon/core/checksum.py": ("durability/test_transcript_checks.py",),
 }
@@ -172,7 +176,9 @@ EQUIVALENT: dict[str, list[tuple[str, str]]] = {
 # Modules whose SQL statements are string literals: a surviving mutant that only changes the
 # letter case of an SQL line is equivalent (SQLite keywords and identifiers are
 # case-insensitive) and is left out of the score. Found per survivor from its diff.
-SQL_CASE_MODULES = frozenset({"daemon/transcript_store.py"})
+SQL_CASE_MODULES = frozenset({"daemon/transcript_store/_writes.py",
+                              "daemon/transcript_store/_reads.py",
+                              "daemon/transcript_store/_schema.py"})
 _SQL_WORDS = re.compile(
     r"\b(select|insert|update|delete|from|where|order by|values|create|pragma|begin|commit"
     r"|rollback|on conflict|excluded|coalesce|asc|desc)\b|for table in \(",

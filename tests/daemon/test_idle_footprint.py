@@ -20,7 +20,7 @@ import trio
 from daemon.core.reclaim import MIN_CHURN_BYTES, QUIET_S
 from daemon.core.transcript_ops import UpsertSession
 from daemon.reclaimer import Reclaimer
-from daemon.transcript_store import CACHE_KIB, TranscriptDatabase
+from daemon.transcript_store import CACHE_KIB, StoreHooks, TranscriptDatabase
 from daemon.transcript_writer import TranscriptWriter
 from daemon.ui_files import UI_DIR, UiFiles
 from tests.harness import running_daemon
@@ -99,23 +99,18 @@ def _cache_size(conn: sqlite3.Connection) -> int:
     return int(conn.execute("PRAGMA cache_size").fetchone()[0])
 
 
-def test_the_transcript_sets_its_small_cache_before_its_first_read(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_transcript_sets_its_small_cache_before_its_first_read(tmp_path: Path) -> None:
     path = tmp_path / "t.sqlite3"
     TranscriptDatabase(path).close()  # an existing file: opening it reads pages at once
     statements: list[str] = []
-    connect = TranscriptDatabase._connect
 
-    def traced(path: str) -> sqlite3.Connection:
-        conn = connect(path)
+    def traced(conn: sqlite3.Connection) -> None:
         conn.set_trace_callback(statements.append)
-        return conn
 
-    monkeypatch.setattr(TranscriptDatabase, "_connect", staticmethod(traced))
-    db = TranscriptDatabase(path, quick_check_s=5)
+    db = TranscriptDatabase(path, quick_check_s=5, hooks=StoreHooks(connected=traced))
     try:
         assert statements[0] == f"PRAGMA cache_size=-{CACHE_KIB}"
-        assert _cache_size(db._conn) == -CACHE_KIB
+        assert _cache_size(db.connection) == -CACHE_KIB
     finally:
         db.close()
 
@@ -133,9 +128,9 @@ async def test_the_writer_gives_back_sqlites_cache_only_when_idle_and_commits_af
         writer.submit(UpsertSession("s2", str(tmp_path), 2))
         assert await writer.wait_flushed()
         ids = await writer.read(lambda db: sorted(
-            row[0] for row in db._conn.execute("SELECT session_id FROM sessions")))
+            row[0] for row in db.connection.execute("SELECT session_id FROM sessions")))
         assert ids == ["s1", "s2"]
-        assert _cache_size(store._conn) == -CACHE_KIB  # the limit stays; only held pages go
+        assert _cache_size(store.connection) == -CACHE_KIB  # the limit stays; only held pages go
         await writer.aclose()
     assert not writer.release_memory()  # stopped: the store may be closed under it
     store.close()

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import io
 import signal
-import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ import trio
 from daemon import server
 from daemon.config import DaemonConfig, parse_config
 from daemon.transcript_store import AdmitPrompt, Op, TranscriptDatabase, UpsertSession
+from tests.builders.commit_gate import CommitGate
 from tests.harness import running_daemon, start_daemon
 
 pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
@@ -39,46 +39,12 @@ BUSY_EVENTS = 2000  # the busy session has streamed this far before the prompt i
 TIMEOUT_S = 30.0
 
 
-class GatedStore(TranscriptDatabase):
-    """A real store whose commits wait, in the writer's worker thread, while the gate is
-    closed; it remembers every op it committed."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
-        self.gate = threading.Event()
-        self.gate.set()
-        self.entered = trio.Event()
-        self.committed: list[Op] = []
-        self._lock = threading.Lock()
-        self._token: trio.lowlevel.TrioToken | None = None
-
-    def close_gate(self) -> trio.Event:
-        """From Trio: hold every commit from now on; the event returned is set when one is
-        held."""
-        self._token = trio.lowlevel.current_trio_token()
-        self.entered = trio.Event()
-        self.gate.clear()
-        return self.entered
-
-    def apply(self, ops: Sequence[Op]) -> None:
-        if not self.gate.is_set():
-            trio.from_thread.run_sync(self.entered.set, trio_token=self._token)
-            self.gate.wait()
-        super().apply(ops)
-        with self._lock:
-            self.committed.extend(ops)
-
-    def committed_now(self) -> list[Op]:
-        with self._lock:
-            return list(self.committed)
-
-
 def daemon_config(tmp_path: Path) -> DaemonConfig:
     return parse_config(["--port", "0", "--data-dir", str(tmp_path / "data"),
                          "--workspace", str(tmp_path)], environ={})
 
 
-async def reply_held_by_commit(store: GatedStore, client: httpx.AsyncClient,
+async def reply_held_by_commit(gate: CommitGate, client: httpx.AsyncClient,
                                request: Callable[[], Awaitable[httpx.Response]],
                                nursery: trio.Nursery) -> tuple[httpx.Response, list[Op]]:
     """Send ``request`` with every commit held; check that no reply arrives while its commit
@@ -88,10 +54,10 @@ async def reply_held_by_commit(store: GatedStore, client: httpx.AsyncClient,
 
     async def send() -> None:
         got["response"] = await request()
-        got["committed"] = store.committed_now()  # read the moment the reply is in
+        got["committed"] = gate.committed()  # read the moment the reply is in
         replied.set()
 
-    entered = store.close_gate()
+    entered = gate.close()
     try:
         nursery.start_soon(send)
         with trio.fail_after(TIMEOUT_S):
@@ -102,7 +68,7 @@ async def reply_held_by_commit(store: GatedStore, client: httpx.AsyncClient,
             assert (await other.get("/health")).status_code == 200
         assert not replied.is_set(), "the daemon replied before the write it names committed"
     finally:
-        store.gate.set()  # a held worker thread would keep the daemon from shutting down
+        gate.open()  # a held worker thread would keep the daemon from shutting down
     with trio.fail_after(TIMEOUT_S):
         await replied.wait()
     return got["response"], got["committed"]
@@ -113,27 +79,24 @@ async def test_no_reply_names_a_session_or_prompt_before_it_is_committed(
     gate_dir = tmp_path / "gates"
     gate_dir.mkdir()
     monkeypatch.setenv("MOCK_ACP_GATE_DIR", str(gate_dir))
-    stores: list[GatedStore] = []
+    gate = CommitGate()
 
     def open_gated_store(config: DaemonConfig) -> TranscriptDatabase:
-        store = GatedStore(config.data_dir / server.TRANSCRIPT_FILE)
-        stores.append(store)
-        return store
+        return TranscriptDatabase(config.data_dir / server.TRANSCRIPT_FILE, hooks=gate.hooks)
 
     monkeypatch.setattr(server, "open_store", open_gated_store)
     async with trio.open_nursery() as nursery:
         binds: list[str] = await nursery.start(partial(
             server.run_daemon, daemon_config(tmp_path), handle_signals=False, out=io.StringIO()))
-        (store,) = stores
         async with httpx.AsyncClient(base_url=binds[0], timeout=TIMEOUT_S) as client:
             created, committed = await reply_held_by_commit(
-                store, client, partial(client.post, "/session", json={}), nursery)
+                gate, client, partial(client.post, "/session", json={}), nursery)
             assert created.status_code == 200, created.text
             sid = created.json()["sessionId"]
             assert sid in {op.session_id for op in committed if isinstance(op, UpsertSession)}
 
             accepted, committed = await reply_held_by_commit(
-                store, client, partial(client.post, f"/session/{sid}/prompt",
+                gate, client, partial(client.post, f"/session/{sid}/prompt",
                                        json={"prompt": [{"type": "text", "text": HELD_TURN}]}),
                 nursery)
             assert accepted.status_code == 202, accepted.text

@@ -11,8 +11,6 @@ is the durability wait.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,36 +21,12 @@ import trio.testing
 from daemon.bus import BusLimits, SessionBus
 from daemon.core.envelope import Event
 from daemon.session import Session
-from daemon.transcript_store import Op, TranscriptDatabase, UpsertSession
+from daemon.transcript_store import TranscriptDatabase, UpsertSession
 from daemon.transcript_writer import TranscriptWriter
+from tests.builders.commit_gate import CommitGate
 
 SID = "44444444-4444-4444-8444-444444444444"
 CHUNKS = 200
-
-
-class GatedStore(TranscriptDatabase):
-    """Every commit waits, in the writer's worker thread, until the gate is open."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
-        self.gate = threading.Event()
-        self.gate.set()
-        self.held = 0  # batches that had to wait at the gate
-        self.entered = trio.Event()  # set (from the worker thread) when a batch is held
-        self._token: trio.lowlevel.TrioToken | None = None
-
-    def close_gate(self) -> None:
-        """From Trio: hold every commit from now on (the worker thread needs the loop's token
-        to say it is held)."""
-        self._token = trio.lowlevel.current_trio_token()
-        self.gate.clear()
-
-    def apply(self, ops: Sequence[Op]) -> None:
-        if not self.gate.is_set():
-            self.held += 1
-            trio.from_thread.run_sync(self.entered.set, trio_token=self._token)
-            self.gate.wait()
-        super().apply(ops)
 
 
 class StreamingAgent:
@@ -110,7 +84,8 @@ def terminals(seen: list[Event]) -> list[Event]:
 
 async def test_no_terminal_reaches_a_subscriber_before_its_turn_is_committed(
         tmp_path: Path) -> None:
-    store = GatedStore(tmp_path / "t.db")
+    gate = CommitGate()
+    store = TranscriptDatabase(tmp_path / "t.db", hooks=gate.hooks)
     store.apply([UpsertSession(SID, str(tmp_path), 1)])
     writer = TranscriptWriter(store)
     bus = SessionBus(SID, BusLimits(10_000, 8 << 20, 4 << 20, 8000), writer)
@@ -121,15 +96,15 @@ async def test_no_terminal_reaches_a_subscriber_before_its_turn_is_committed(
         await nursery.start(writer.run)
         await nursery.start(session.run)
         nursery.start_soon(follow, bus, seen)
-        store.close_gate()  # from here on nothing commits until the test opens the gate
+        entered = gate.close()  # from here on nothing commits until the test opens the gate
         try:
             session.admit([{"type": "text", "text": "hello"}], None, None)
             await agent.answered.wait()
-            await store.entered.wait()
+            await entered.wait()
             # Everything that can run has run: the agent answered, the runner is parked in its
             # durability wait, the writer's thread is held at the gate.
             await trio.testing.wait_all_tasks_blocked()
-            assert store.held >= 1
+            assert gate.held >= 1
             texts = [e for e in seen if e.type == "session_update"]
             assert len(texts) == CHUNKS + 1  # the echo and every chunk reached the reader
             assert terminals(seen) == []
@@ -137,7 +112,7 @@ async def test_no_terminal_reaches_a_subscriber_before_its_turn_is_committed(
             assert writer.durable_event_id(SID) < (texts[-1].id or 0)
         finally:
             # Released on failure too: a parked worker thread would hang the teardown.
-            store.gate.set()
+            gate.open()
         with trio.fail_after(10):
             while not terminals(seen):
                 await bus.wait_for_events(seen[-1].id or 0)

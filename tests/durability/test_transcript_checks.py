@@ -33,6 +33,7 @@ from daemon.transcript_store import (
     AppendEvent,
     DamagedRow,
     FinishTurn,
+    StoreHooks,
     TranscriptDamagedError,
     TranscriptDatabase,
     UpsertSession,
@@ -92,7 +93,7 @@ def test_every_single_bit_flip_of_a_row_is_found_when_it_is_read(tmp_path: Path,
     }
     whole = reads[table]()
     columns = transcript_store.CHECKED_TABLES[table].split(", ")
-    conn = store._conn
+    conn = store.connection
     rowid, *values = conn.execute(
         f"SELECT rowid, {transcript_store.CHECKED_TABLES[table]} FROM {table}").fetchone()
     flips = 0
@@ -125,30 +126,7 @@ def test_every_single_bit_flip_of_a_row_is_found_when_it_is_read(tmp_path: Path,
 # --- the start-up check ---------------------------------------------------------------------
 
 
-class _TimerThatSays(threading.Timer):
-    """The quick check's timer, telling when it has fired (its interrupt was made)."""
-
-    fired = threading.Event()
-
-    def run(self) -> None:
-        super().run()
-        _TimerThatSays.fired.set()
-
-
-class _SlowCheckStore(TranscriptDatabase):
-    """A store whose quick check cannot finish before its budget: SQLite's progress handler
-    holds the check's first step until the budget's timer has fired."""
-
-    def _quick_check(self, conn: sqlite3.Connection, budget_s: float) -> Any:
-        conn.set_progress_handler(lambda: 0 if _TimerThatSays.fired.wait(30) else 1, 1)
-        try:
-            return super()._quick_check(conn, budget_s)
-        finally:
-            conn.set_progress_handler(None, 0)
-
-
-def test_the_quick_check_is_cut_at_its_budget_and_the_store_still_opens(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_quick_check_is_cut_at_its_budget_and_the_store_still_opens(tmp_path: Path) -> None:
     path = tmp_path / "t.db"
     store = TranscriptDatabase(path)
     store.apply([UpsertSession(S1, "/w", 1)])
@@ -156,10 +134,15 @@ def test_the_quick_check_is_cut_at_its_budget_and_the_store_still_opens(
     whole = TranscriptDatabase(path, quick_check_s=60)
     assert whole.quick_check == "ok"
     whole.close()
-    monkeypatch.setattr(transcript_store.threading, "Timer", _TimerThatSays)
-    _TimerThatSays.fired.clear()
-    cut = _SlowCheckStore(path, quick_check_s=0.01)
-    assert _TimerThatSays.fired.is_set()
+    held: list[bool] = []
+
+    def slow_step(budget_out: threading.Event) -> None:
+        """A slow disk: the check's first step outlasts its budget (the cut was made)."""
+        if not held:
+            held.append(budget_out.wait(30))
+
+    cut = TranscriptDatabase(path, quick_check_s=0.01, hooks=StoreHooks(check_step=slow_step))
+    assert held == [True]
     assert cut.quick_check == "incomplete"
     assert cut.get_session(S1) is not None  # the interrupt did not outlive the check
     cut.close()
@@ -170,7 +153,7 @@ def test_a_damaged_page_fails_the_quick_check_and_the_file_is_left_alone(tmp_pat
     store = TranscriptDatabase(path)
     store.apply([UpsertSession(S1, "/w", 1)])
     store.apply([FinishTurn(S1, None, "completed", None, 2, [record(n) for n in range(1, 50)])])
-    root = store._conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'records'"
+    root = store.connection.execute("SELECT rootpage FROM sqlite_master WHERE name = 'records'"
                                ).fetchone()[0]
     store.close()
     data = bytearray(path.read_bytes())
@@ -210,8 +193,8 @@ def test_a_version_2_file_is_upgraded_in_place_and_checked_from_then_on(tmp_path
     assert to_builtins(store.prompt_terminals(S1)) == [{"v": 1, "promptId": P1, "terminal": "completed",
                                           "stopReason": "end_turn", "at": 9}]
     # From now on a changed byte of an old row is found like a new one's.
-    raw = store._conn.execute("SELECT raw FROM records WHERE seq = 2").fetchone()[0]
-    store._conn.execute("UPDATE records SET raw = ? WHERE seq = 2",
+    raw = store.connection.execute("SELECT raw FROM records WHERE seq = 2").fetchone()[0]
+    store.connection.execute("UPDATE records SET raw = ? WHERE seq = 2",
                         (raw.replace(b'"n":2', b'"n":3'),))
     with pytest.raises(DamagedRow, match="records row 2"):
         store.page(S1, limit=10)
@@ -308,7 +291,7 @@ async def test_the_background_check_finds_a_row_changed_on_disk(tmp_path: Path) 
     store = TranscriptDatabase(tmp_path / "t.db")
     store.apply([UpsertSession(S1, "/w", 1), UpsertSession(S2, "/w", 2)])
     store.apply([FinishTurn(S2, None, "completed", None, 2, [record(n) for n in range(1, 80)])])
-    store._conn.execute("UPDATE records SET raw = ? WHERE seq = 77", (record(78)[1],))
+    store.connection.execute("UPDATE records SET raw = ? WHERE seq = 77", (record(78)[1],))
     writer = TranscriptWriter(store)
     async with trio.open_nursery() as nursery:
         await nursery.start(writer.run)

@@ -188,7 +188,7 @@ def test_a_row_without_a_valid_checksum_is_refused_not_skipped(tmp_path: Path,
     try:
         with pytest.raises(DamagedRow, match="no checksum"):
             store.raw_events(S1)
-        store._conn.execute("UPDATE raw_events SET crc = 12345 WHERE raw = ?", (damaged,))
+        store.connection.execute("UPDATE raw_events SET crc = 12345 WHERE raw = ?", (damaged,))
         with pytest.raises(DamagedRow, match="checksum mismatch"):
             store.raw_events(S1)
     finally:

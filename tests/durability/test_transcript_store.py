@@ -65,7 +65,7 @@ def test_new_database_has_schema_version_and_wal(tmp_path: Path) -> None:
 def test_new_database_uses_large_pages_and_a_4_mib_wal(tmp_path: Path) -> None:
     path = tmp_path / "t.db"
     store = TranscriptDatabase(path)
-    conn = store._conn
+    conn = store.connection
     assert conn.execute("PRAGMA page_size").fetchone()[0] == PAGE_SIZE == 65536
     assert (conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
             == WAL_CHECKPOINT_BYTES // PAGE_SIZE == 64)
@@ -84,8 +84,8 @@ def test_an_existing_small_page_database_keeps_its_pages_and_works(tmp_path: Pat
     store.apply([UpsertSession(S1, "/w", 100, None), append(S1, 1)])
     store.close()
     again = TranscriptDatabase(path)
-    assert again._conn.execute("PRAGMA page_size").fetchone()[0] == 4096
-    assert again._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1024
+    assert again.connection.execute("PRAGMA page_size").fetchone()[0] == 4096
+    assert again.connection.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1024
     assert again.raw_events(S1) == [ev(1)]
     again.close()
 
@@ -323,7 +323,7 @@ def test_a_big_batch_is_split_into_rows_below_the_mmap_threshold(store: Transcri
     ops.append(append(S1, 61, text=big))
     ops.append(append(S1, 62))
     store.apply(ops)
-    rows = store._conn.execute(
+    rows = store.connection.execute(
         "SELECT event_id, length(raw) FROM raw_events WHERE session_id = ? ORDER BY seq",
         (S1,)).fetchall()
     assert len(rows) >= 4
@@ -402,7 +402,7 @@ def test_no_statement_keeps_a_batch_bound_after_it_is_written(tmp_path: Path, wh
     if isinstance(ops[0], AppendEvent):
         assert store.max_raw_event_id(S1) == ops[-1].event_id
     else:
-        assert store._conn.execute(
+        assert store.connection.execute(
             "SELECT count(*) FROM records WHERE session_id = ?", (S1,)).fetchone()[0] == 3
     store.close()
 
@@ -419,7 +419,7 @@ def test_an_event_batch_is_written_whole_or_not_at_all(tmp_path: Path, sessions:
     bad = AppendEvent(ids[-1], None, None, b"{}")  # type: ignore[arg-type]
     with pytest.raises(sqlite3.IntegrityError):
         store.apply([*good, bad])
-    assert store._conn.execute("SELECT count(*) FROM raw_events").fetchone()[0] == 0
+    assert store.connection.execute("SELECT count(*) FROM raw_events").fetchone()[0] == 0
     store.apply(good)  # and the same batch without the bad row is written whole
     for n, sid in enumerate(ids):
         assert store.raw_events(sid) == [ev(n + 1), ev(n + 1 + sessions)]
@@ -447,7 +447,7 @@ def test_commits_write_each_page_once(tmp_path: Path) -> None:
     event_id = 0
     for turn in range(2):  # the second turn reuses the pages the first one freed
         for _ in range(6):
-            store._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            store.connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             ops = [append(S1, event_id + i, text=body) for i in range(1, 89)]  # two rows
             event_id += 88
             before = _bytes_written()
@@ -455,7 +455,7 @@ def test_commits_write_each_page_once(tmp_path: Path) -> None:
             wrote = _bytes_written() - before
             wal = Path(f"{path}-wal").stat().st_size
             assert wrote == wal, f"batch: {wrote} bytes written for a {wal}-byte WAL"
-        store._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        store.connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         before = _bytes_written()
         store.apply([finish(S1, None, [rec(turn + 1)])])
         wrote = _bytes_written() - before
@@ -480,12 +480,12 @@ def test_a_deleted_session_leaves_none_of_its_bytes_in_the_files(tmp_path: Path)
                  append(S1, 3, text=body)])
     store.apply([finish(S1, None, [(str(uuid.UUID(int=9)), ev(9, body))]),
                  append(S1, 4, text=body)])
-    store._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     assert marker in _file_bytes(path)
     store.apply([DeleteSession(S1)])
-    store._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     assert store.raw_events(S2) == [ev(2, "kept")]
-    assert store._conn.execute("SELECT count(*) FROM raw_events").fetchone()[0] == 1
+    assert store.connection.execute("SELECT count(*) FROM raw_events").fetchone()[0] == 1
     store.close()
     data = _file_bytes(path)
     assert marker not in data
@@ -501,10 +501,10 @@ def test_a_turn_boundary_does_not_rewrite_the_pages_it_frees(tmp_path: Path) -> 
     text = "y" * 4000
     for batch in range(8):  # 8 rows of 100 events: about 3 MB, ~50 pages of overflow
         store.apply([append(S1, batch * 100 + i, text=text) for i in range(100)])
-    store._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    freed_before = store._conn.execute("PRAGMA freelist_count").fetchone()[0]
+    store.connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    freed_before = store.connection.execute("PRAGMA freelist_count").fetchone()[0]
     store.apply([finish(S1, None, [rec(1)])])
-    freed = store._conn.execute("PRAGMA freelist_count").fetchone()[0] - freed_before
+    freed = store.connection.execute("PRAGMA freelist_count").fetchone()[0] - freed_before
     wal_frames = (Path(f"{path}-wal").stat().st_size - 32) // (PAGE_SIZE + 24)
     store.close()
     assert freed >= 40

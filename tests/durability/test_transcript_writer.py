@@ -352,12 +352,12 @@ async def test_a_read_only_database_degrades_the_session_and_recovers(
     writer = TranscriptWriter(store)
     async with trio.open_nursery() as nursery:
         await start(nursery, writer)
-        store._conn.execute("PRAGMA query_only=ON")
+        store.connection.execute("PRAGMA query_only=ON")
         refused = writer.submit(append(S1, 1))
         assert await writer.wait_committed(refused) is False
         assert writer.failed_sessions == {S1} and writer.degraded
         assert writer.last_error is not None and "readonly" in writer.last_error
-        store._conn.execute("PRAGMA query_only=OFF")
+        store.connection.execute("PRAGMA query_only=OFF")
         later = writer.submit(append(S2, 1))
         assert await writer.wait_committed(later) is True
         assert writer.durable_event_id(S2) == 1 and writer.durable_event_id(S1) == 0

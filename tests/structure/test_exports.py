@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import daemon.transcript_store
 import sdk
 import sdk.protocol
 import webui_model
@@ -69,11 +70,22 @@ PROTOCOL = [
     "parse_sse", "parse_truncation", "sse_head", "terminal_for", "terminal_of",
 ]
 
+# The transcript store: its schema, file, checks, writes and reads are private modules.
+TRANSCRIPT_STORE = [
+    "AdmitPrompt", "AppendEvent", "CACHE_KIB", "CHECKED_TABLES", "DamagedRow", "DeleteSession", "FinishTurn",
+    "INDEX_TABLES", "InvalidCursor", "KeyedPromptRow", "MarkClosed", "Op", "PAGE_SIZE",
+    "PromptRow", "ROW_MAX_BYTES", "RunTemplate", "SCHEMA_VERSION", "SessionRow", "StoreHooks",
+    "StoredPage", "TERMINAL_STATES", "TerminalState", "TranscriptDamaged", "TranscriptDamagedError",
+    "TranscriptDatabase", "TranscriptSchemaError", "UpsertSession", "WAL_CHECKPOINT_BYTES",
+    "events_are_json", "is_corruption",
+]
+
 
 @pytest.mark.parametrize(
     ("package", "expected"),
-    [(sdk, SDK), (webui_model, WEBUI_MODEL), (sdk.protocol, PROTOCOL)],
-    ids=["sdk", "webui_model", "sdk.protocol"],
+    [(sdk, SDK), (webui_model, WEBUI_MODEL), (sdk.protocol, PROTOCOL),
+     (daemon.transcript_store, TRANSCRIPT_STORE)],
+    ids=["sdk", "webui_model", "sdk.protocol", "daemon.transcript_store"],
 )
 def test_public_names_are_pinned_and_importable(package: object, expected: list[str]) -> None:
     exported = package.__all__  # type: ignore[attr-defined]
@@ -127,6 +139,11 @@ def test_the_sdk_has_one_public_face() -> None:
               if (path.suffix == ".py" or (path / "__init__.py").exists())
               and not path.stem.startswith("_")} | {"__init__", "__main__"}
     assert public == SDK_PUBLIC_MODULES
+
+
+def test_the_transcript_store_has_one_public_face() -> None:
+    root = Path(daemon.transcript_store.__file__).parent
+    assert {path.stem for path in root.glob("*.py") if not path.stem.startswith("_")} == set()
 
 
 @pytest.mark.parametrize("shim", ["sdk.events", "sdk.sse", "sdk.client", "sdk.truncation"])
