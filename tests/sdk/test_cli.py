@@ -14,17 +14,17 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.builders.cli import ROOT, argv, cli, cli_env
 from tests.harness import RunningDaemon, running_daemon, start_daemon
 
 pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
 
-ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 30.0
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 LIVE_TEXT_RE = re.compile(
@@ -40,31 +40,6 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
     base = tmp_path_factory.mktemp("sdk-cli")
     with running_daemon(base, ["--max-journal-events", "3", "--max-journal-bytes", "300"]) as d:
         yield d
-
-
-def cli_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "QWEN_SERVER_TOKEN"}
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra or {})
-    return env
-
-
-def argv(url: str, *args: str) -> list[str]:
-    return [sys.executable, "-m", "sdk", "--url", url, *args]
-
-
-def cli(
-    url: str, *args: str, env: Mapping[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        argv(url, *args),
-        cwd=ROOT,
-        env=cli_env(env),
-        capture_output=True,
-        text=True,
-        timeout=WAIT_S,
-        check=False,
-    )
 
 
 def read_until(

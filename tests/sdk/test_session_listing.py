@@ -12,8 +12,8 @@ import msgspec
 import pytest
 
 from sdk import DaemonClient, SyncDaemonClient
+from tests.builders.cli import cli
 from tests.harness import running_daemon
-from tests.sdk.test_cli import cli
 
 pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
 

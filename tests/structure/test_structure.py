@@ -249,3 +249,31 @@ def test_one_public_class_name_means_one_class() -> None:
     twice = {name: where for name, where in public_classes(product_modules()).items()
              if len(where) > 1}
     assert twice == {}
+
+
+# --- the tests' shared helpers ---------------------------------------------------------------
+
+
+def imports_of_test_modules(tree: ast.Module) -> Iterator[tuple[ast.AST, str]]:
+    """Each import of a test module (``test_*``) in ``tree``, with the module it names."""
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        for name in names:
+            if name.rsplit(".", 1)[-1].startswith("test_"):
+                yield node, name
+                break
+
+
+def test_no_test_module_imports_another() -> None:
+    """A helper two test modules share lives in ``tests/builders/`` (or the harness), not in
+    one of them: a test module is imported by pytest only."""
+    found = [f"{_where(path, node)} imports {name}"
+             for path in sorted((ROOT / "tests").rglob("*.py"))
+             for node, name in imports_of_test_modules(_tree(path))]
+    assert found == []
+    probe = ast.parse("from tests.sdk.test_cli import cli\nimport tests.builders.cli\n")
+    assert [name for _, name in imports_of_test_modules(probe)] == ["tests.sdk.test_cli"]
