@@ -2,7 +2,7 @@
 // string type, an optional integer id in 1..2^53-1) and the prompt an event belongs to.
 // Pure: no DOM, no network.
 
-import { ENVELOPE_VERSION, MAX_EVENT_ID, TERMINAL_TYPES } from "./protocol.js";
+import { ENVELOPE_VERSION, EVENT, MAX_EVENT_ID, TERMINAL_TYPES } from "./protocol.js";
 
 export { MAX_EVENT_ID, TERMINAL_TYPES };
 
@@ -70,7 +70,7 @@ export function eventPromptId(event) {
 // puts the update itself in data.
 export function normalizePageEvent(obj, sessionId = null) {
   const event = eventFromMapping(obj);
-  if (event === null || event.type !== "session_update") return event;
+  if (event === null || event.type !== EVENT.sessionUpdate) return event;
   const data = event.data;
   if (!isObject(data) || "update" in data || !("sessionUpdate" in data)) return event;
   const sid = sessionId !== null ? sessionId : data.sessionId;

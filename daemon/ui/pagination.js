@@ -1,6 +1,7 @@
 // History paging rules (a port of the Python webui_model/pagination.py): the anchor of the
 // next older page, the request, the state after a page or a failure. Pure.
 
+import { HISTORY_TRUNCATED } from "./protocol.js";
 import { firstRecordId, validMarkerPayload } from "./records.js";
 
 export const DEFAULT_PAGE_SIZE = 100;
@@ -22,7 +23,7 @@ export function replayAnchor(events, historyAnchorRecordId = null) {
   let markerAnchor = null;
   let sawFullMarker = false;
   for (const event of events) {
-    if (event.type === "history_truncated") {
+    if (event.type === HISTORY_TRUNCATED) {
       const data = validMarkerPayload(event);
       if (data === null) continue;
       if (data.fullTranscriptAvailable === true) sawFullMarker = true;

@@ -2,12 +2,12 @@
 // webui_model/records.py). Pure.
 
 import { isObject } from "./events.js";
-import { HISTORY_TRUNCATED, RECORD_ID_META_KEY } from "./protocol.js";
+import { EVENT, HISTORY_TRUNCATED, RECORD_ID_META_KEY } from "./protocol.js";
 import { isRecoverableLive, parseTruncation } from "./truncation.js";
 
 export function sessionUpdateOf(event) {
   const data = event.data;
-  if (event.type !== "session_update" || !isObject(data)) return null;
+  if (event.type !== EVENT.sessionUpdate || !isObject(data)) return null;
   if (isObject(data.update)) return data.update;
   if (typeof data.sessionUpdate === "string") return data;
   return null;

@@ -197,7 +197,7 @@ export function renderBlock(b, actions) {
     case "tool": return renderTool(b);
     case "permission": return renderPermission(b, actions);
     case "error": return renderStrip(b, "alert");
-    case "status": return renderStrip(b, b.source === "history_truncated" ? "info" : "info");
+    case "status": return renderStrip(b, "info");
     case "prompt_cancelled": return renderStrip(b, "stop");
     case "debug": return renderDebug(b);
     default: return renderStrip(b, "info");

@@ -3,7 +3,7 @@
 // notice, and one repair episode's states. Pure.
 
 import { eventPromptId } from "./events.js";
-import { HISTORY_TRUNCATED, TERMINAL_TYPES } from "./protocol.js";
+import { EVENT, HISTORY_TRUNCATED, TERMINAL_TYPES } from "./protocol.js";
 import { isRecoverableLive, parseTruncation } from "./truncation.js";
 
 export const DEGRADED_TEXT = "Fresh replay is degraded";
@@ -53,7 +53,7 @@ export function findRepairTarget(sessionId, liveJournal, lastEventId, degraded) 
 }
 
 function isUserInput(event) {
-  if (event.type !== "session_update" || event.data === null || typeof event.data !== "object") return false;
+  if (event.type !== EVENT.sessionUpdate || event.data === null || typeof event.data !== "object") return false;
   const update = event.data.update;
   return update !== null && typeof update === "object" && update.sessionUpdate === "user_message_chunk";
 }

@@ -6,6 +6,7 @@ import { TranscriptDraft, prependBlocks } from "./draft.js";
 import {
   DEFAULT_PAGE_SIZE, afterPage, capacityRejected, initialPagination,
 } from "./pagination.js";
+import { HISTORY_TRUNCATED } from "./protocol.js";
 import { isRecoverableLiveMarker, transcriptRecordIds } from "./records.js";
 import { applyEvent, settleStreaming } from "./reducer.js";
 
@@ -85,7 +86,7 @@ export function applyHistoryPage(state, page, configuredMaxBlocks) {
 // --- what is shown ---------------------------------------------------------------------------------------
 
 export function isHiddenMarker(b, p) {
-  if (b.kind !== "status" || b.source !== "history_truncated") return false;
+  if (b.kind !== "status" || b.source !== HISTORY_TRUNCATED) return false;
   if (b.data === null || typeof b.data !== "object" || Array.isArray(b.data)) return false;
   if ("scope" in b.data || b.data.fullTranscriptAvailable !== true) return false;
   return p.has_more || p.history_complete;

@@ -89,6 +89,27 @@ def http_event_types() -> list[str]:
     return sorted(KNOWN_EVENT_TYPES)
 
 
+def wire_words_spelled(code: str) -> list[str]:
+    """Where a viewer module spells a wire word itself instead of importing it from
+    protocol.js: an event type an event's ``type`` (or a block's ``source``) is compared
+    with, or an ``X-Qwen-``/``X-Turnkeeper-`` header name."""
+    code = re.sub(r"//[^\n]*", "", code)
+    types = set(http_event_types())
+    found = [m.group(0) for m in re.finditer(
+        r"\.(?:type|source)\s*[!=]==?\s*[\"'`]([a-z_]+)[\"'`]", code) if m.group(1) in types]
+    return found + re.findall(r"[\"'`](?:X-Qwen-|X-Turnkeeper-)[A-Za-z-]*[\"'`]", code)
+
+
+def test_no_viewer_module_spells_a_wire_word_of_its_own() -> None:
+    """The event types and header names the viewer reads come from the generated protocol.js,
+    so a renamed one cannot go stale in one module."""
+    found = {path.name: wire_words_spelled(path.read_text())
+             for path in sorted(UI.glob("*.js")) if path.name != "protocol.js"}
+    assert {name: words for name, words in found.items() if words} == {}
+    assert wire_words_spelled('if (e.type !== "session_update") h["X-Qwen-Client-Id"] = 1;') == [
+        '.type !== "session_update"', '"X-Qwen-Client-Id"']
+
+
 def test_pure_modules_touch_no_dom_and_no_network() -> None:
     banned = re.compile(r"\b(document|window|fetch|localStorage|sessionStorage|navigator|"
                         r"XMLHttpRequest|innerHTML|outerHTML|insertAdjacentHTML|eval)\b")
