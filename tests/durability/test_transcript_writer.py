@@ -19,6 +19,7 @@ from daemon.transcript_store import (
     DeleteSession,
     FinishTurn,
     Op,
+    StoreHooks,
     TranscriptDatabase,
     UpsertSession,
 )
@@ -33,18 +34,19 @@ def append(sid: str, event_id: int) -> AppendEvent:
     return AppendEvent(sid, event_id, None, b'{"id":%d}' % event_id)
 
 
-class CountingStore(TranscriptDatabase):
-    """Records every batch size; can hold a batch inside apply() until released, and can be
-    told to raise for the next batches."""
+class BatchProbe:
+    """Through the store's fault-injection seam (``StoreHooks.before_commit``): records every
+    batch size, can hold the next batch before it is applied until released, and can be told
+    to raise for the next batches (the batch then fails with nothing of it written)."""
 
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
+    def __init__(self) -> None:
         self.batches: list[int] = []
         self.failures: list[BaseException] = []
         self._hold_next = False
         self._token: trio.lowlevel.TrioToken | None = None
         self.entered = trio.Event()  # set (from the worker thread) when a held batch is inside
         self.release = threading.Event()
+        self.hooks = StoreHooks(before_commit=self._before_commit)
 
     @property
     def hold_next(self) -> bool:
@@ -58,7 +60,7 @@ class CountingStore(TranscriptDatabase):
             self._token = trio.lowlevel.current_trio_token()
         self._hold_next = value
 
-    def apply(self, ops: Sequence[Op]) -> None:
+    def _before_commit(self, ops: Sequence[Op]) -> None:
         self.batches.append(len(ops))
         if self._hold_next:
             self._hold_next = False
@@ -66,14 +68,18 @@ class CountingStore(TranscriptDatabase):
             self.release.wait()
         if self.failures:
             raise self.failures.pop(0)
-        super().apply(ops)
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> CountingStore:
-    s = CountingStore(tmp_path / "t.db")
+def probe() -> BatchProbe:
+    return BatchProbe()
+
+
+@pytest.fixture
+def store(tmp_path: Path, probe: BatchProbe) -> TranscriptDatabase:
+    s = TranscriptDatabase(tmp_path / "t.db", hooks=probe.hooks)
     s.apply([UpsertSession(S1, "/w", 1), UpsertSession(S2, "/w", 2), UpsertSession(S3, "/w", 3)])
-    s.batches.clear()
+    probe.batches.clear()
     return s
 
 
@@ -81,7 +87,8 @@ async def start(nursery: trio.Nursery, writer: TranscriptWriter) -> None:
     await nursery.start(writer.run)
 
 
-async def test_many_submits_make_few_transactions(store: CountingStore) -> None:
+async def test_many_submits_make_few_transactions(
+        store: TranscriptDatabase, probe: BatchProbe) -> None:
     writer = TranscriptWriter(store, max_batch=300)
     seqs = [writer.submit(append(S1, i)) for i in range(1, 1001)]
     assert seqs == list(range(1, 1001))
@@ -89,30 +96,31 @@ async def test_many_submits_make_few_transactions(store: CountingStore) -> None:
         await start(nursery, writer)
         assert await writer.wait_committed(seqs[-1]) is True
         # Everything was queued before the loop ran: full batches, one transaction each.
-        assert store.batches == [300, 300, 300, 100]
+        assert probe.batches == [300, 300, 300, 100]
         assert writer.durable_event_id(S1) == 1000
         await writer.aclose()
     assert len(store.raw_events(S1)) == 1000
 
 
-async def test_ops_submitted_during_a_commit_form_the_next_batch(store: CountingStore) -> None:
+async def test_ops_submitted_during_a_commit_form_the_next_batch(
+        store: TranscriptDatabase, probe: BatchProbe) -> None:
     writer = TranscriptWriter(store)
     async with trio.open_nursery() as nursery:
         await start(nursery, writer)
-        store.hold_next = True
+        probe.hold_next = True
         first = writer.submit(append(S1, 1))
-        await store.entered.wait()  # batch [1] is inside apply, in the worker thread
+        await probe.entered.wait()  # batch [1] is inside apply, in the worker thread
         later = [writer.submit(append(S1, i)) for i in range(2, 502)]
         assert writer.pending_count == 500  # submit never waits for the stuck commit
-        store.release.set()
+        probe.release.set()
         assert await writer.wait_committed(first) is True
         assert await writer.wait_committed(later[-1]) is True
-        assert store.batches == [1, 500]
+        assert probe.batches == [1, 500]
         await writer.aclose()
 
 
 async def test_durable_id_moves_only_after_the_batch_is_in_the_file(
-        store: CountingStore) -> None:
+        store: TranscriptDatabase, probe: BatchProbe) -> None:
     """While a batch is inside ``apply`` (not yet committed), its events are not durable: the
     durable id stays at the last committed batch and no one waiting on it is woken; once
     ``apply`` returns, the id names the batch's last event and its rows are in the file."""
@@ -122,7 +130,7 @@ async def test_durable_id_moves_only_after_the_batch_is_in_the_file(
         first = writer.submit(append(S1, 1))
         assert await writer.wait_committed(first) is True
         assert writer.durable_event_id(S1) == 1
-        store.hold_next = True
+        probe.hold_next = True
         held = [writer.submit(append(S1, i)) for i in range(2, 6)]
         woken = trio.Event()
 
@@ -131,12 +139,12 @@ async def test_durable_id_moves_only_after_the_batch_is_in_the_file(
             woken.set()
 
         nursery.start_soon(waiter)
-        await store.entered.wait()  # the batch is inside apply, in the worker thread
+        await probe.entered.wait()  # the batch is inside apply, in the worker thread
         await trio.testing.wait_all_tasks_blocked()
         try:
             seen = (writer.durable_event_id(S1), woken.is_set(), store.raw_events(S1))
         finally:
-            store.release.set()  # never leave the worker thread parked, pass or fail
+            probe.release.set()  # never leave the worker thread parked, pass or fail
         assert seen == (1, False, [b'{"id":1}'])
         await woken.wait()
         assert writer.durable_event_id(S1) == 5
@@ -144,7 +152,7 @@ async def test_durable_id_moves_only_after_the_batch_is_in_the_file(
         await writer.aclose()
 
 
-async def test_read_waits_for_earlier_writes(store: CountingStore) -> None:
+async def test_read_waits_for_earlier_writes(store: TranscriptDatabase) -> None:
     writer = TranscriptWriter(store)
     async with trio.open_nursery() as nursery:
         await start(nursery, writer)
@@ -158,7 +166,7 @@ async def test_read_waits_for_earlier_writes(store: CountingStore) -> None:
         await writer.aclose()
 
 
-async def test_read_errors_propagate(store: CountingStore) -> None:
+async def test_read_errors_propagate(store: TranscriptDatabase) -> None:
     writer = TranscriptWriter(store)
     async with trio.open_nursery() as nursery:
         await start(nursery, writer)
@@ -167,7 +175,7 @@ async def test_read_errors_propagate(store: CountingStore) -> None:
         await writer.aclose()
 
 
-async def test_durable_event_id_and_reset(store: CountingStore) -> None:
+async def test_durable_event_id_and_reset(store: TranscriptDatabase) -> None:
     writer = TranscriptWriter(store)
     assert writer.durable_event_id(S1) == 0
     async with trio.open_nursery() as nursery:
@@ -201,11 +209,12 @@ async def test_durable_event_id_and_reset(store: CountingStore) -> None:
     ids=["locked", "enospc"],
 )
 async def test_failed_batch_latches_its_sessions_and_writer_goes_on(
-    store: CountingStore, exc: BaseException, caplog: pytest.LogCaptureFixture
+    store: TranscriptDatabase, probe: BatchProbe, exc: BaseException,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     calls: list[tuple[set[str], BaseException]] = []
     writer = TranscriptWriter(store, on_failure=lambda s, e: calls.append((s, e)))
-    store.failures.append(exc)
+    probe.failures.append(exc)
     caplog.set_level(logging.ERROR, logger="daemon.transcript")
     async with trio.open_nursery() as nursery:
         await start(nursery, writer)
@@ -243,7 +252,7 @@ async def test_failed_batch_latches_its_sessions_and_writer_goes_on(
         await writer.aclose()
 
 
-async def test_real_sqlite_error_fails_only_that_batch(store: CountingStore) -> None:
+async def test_real_sqlite_error_fails_only_that_batch(store: TranscriptDatabase) -> None:
     writer = TranscriptWriter(store)
     async with trio.open_nursery() as nursery:
         await start(nursery, writer)
@@ -260,12 +269,13 @@ async def test_real_sqlite_error_fails_only_that_batch(store: CountingStore) -> 
         await writer.aclose()
 
 
-async def test_on_failure_raising_does_not_stop_the_writer(store: CountingStore) -> None:
+async def test_on_failure_raising_does_not_stop_the_writer(
+        store: TranscriptDatabase, probe: BatchProbe) -> None:
     def boom(sessions: set[str], exc: BaseException) -> None:
         raise RuntimeError("callback bug")
 
     writer = TranscriptWriter(store, on_failure=boom)
-    store.failures.append(sqlite3.OperationalError("disk I/O error"))
+    probe.failures.append(sqlite3.OperationalError("disk I/O error"))
     async with trio.open_nursery() as nursery:
         await start(nursery, writer)
         assert await writer.wait_committed(writer.submit(append(S1, 1))) is False
@@ -273,9 +283,10 @@ async def test_on_failure_raising_does_not_stop_the_writer(store: CountingStore)
         await writer.aclose()
 
 
-async def test_reset_durable_clears_the_failure_latch(store: CountingStore) -> None:
+async def test_reset_durable_clears_the_failure_latch(
+        store: TranscriptDatabase, probe: BatchProbe) -> None:
     writer = TranscriptWriter(store)
-    store.failures.append(sqlite3.OperationalError("database is locked"))
+    probe.failures.append(sqlite3.OperationalError("database is locked"))
     async with trio.open_nursery() as nursery:
         await start(nursery, writer)
         await writer.wait_committed(writer.submit(append(S1, 1)))
@@ -286,7 +297,7 @@ async def test_reset_durable_clears_the_failure_latch(store: CountingStore) -> N
         await writer.aclose()
 
 
-async def test_aclose_flushes_and_stops(store: CountingStore) -> None:
+async def test_aclose_flushes_and_stops(store: TranscriptDatabase) -> None:
     writer = TranscriptWriter(store)
     async with trio.open_nursery() as nursery:
         await start(nursery, writer)
@@ -302,7 +313,7 @@ async def test_aclose_flushes_and_stops(store: CountingStore) -> None:
     assert store.raw_events(S2) == []
 
 
-async def test_aclose_without_run_commits_inline(store: CountingStore) -> None:
+async def test_aclose_without_run_commits_inline(store: TranscriptDatabase) -> None:
     writer = TranscriptWriter(store)
     writer.submit(append(S1, 1))
     await writer.aclose()
@@ -310,7 +321,7 @@ async def test_aclose_without_run_commits_inline(store: CountingStore) -> None:
     await writer.run()  # a loop started after aclose() returns at once
 
 
-async def test_cancelled_writer_still_commits_what_was_queued(store: CountingStore) -> None:
+async def test_cancelled_writer_still_commits_what_was_queued(store: TranscriptDatabase) -> None:
     writer = TranscriptWriter(store)
     async with trio.open_nursery() as nursery:
         await start(nursery, writer)
@@ -321,14 +332,14 @@ async def test_cancelled_writer_still_commits_what_was_queued(store: CountingSto
     assert writer.durable_event_id(S1) == 20
 
 
-async def test_wait_committed_rejects_unknown_seq(store: CountingStore) -> None:
+async def test_wait_committed_rejects_unknown_seq(store: TranscriptDatabase) -> None:
     writer = TranscriptWriter(store)
     with pytest.raises(ValueError):
         await writer.wait_committed(1)
     assert await writer.wait_committed(0) is True
 
 
-async def test_waiters_on_one_batch_all_wake(store: CountingStore) -> None:
+async def test_waiters_on_one_batch_all_wake(store: TranscriptDatabase) -> None:
     writer = TranscriptWriter(store)
     results: dict[int, bool] = {}
 
@@ -346,7 +357,7 @@ async def test_waiters_on_one_batch_all_wake(store: CountingStore) -> None:
 
 
 async def test_a_read_only_database_degrades_the_session_and_recovers(
-        store: CountingStore) -> None:
+        store: TranscriptDatabase) -> None:
     """A real read-only failure from SQLite (query_only: every write is refused the way a
     read-only file refuses it, even for root, whom file permissions do not stop)."""
     writer = TranscriptWriter(store)
@@ -367,21 +378,22 @@ async def test_a_read_only_database_degrades_the_session_and_recovers(
 # --- the durable prefix rule ------------------------------------------------------------------
 
 
-async def test_ops_queued_behind_a_failed_batch_are_refused(store: CountingStore) -> None:
+async def test_ops_queued_behind_a_failed_batch_are_refused(
+        store: TranscriptDatabase, probe: BatchProbe) -> None:
     """Ops already queued when a session's batch fails never land after the hole; other
     sessions' ops in the same later batch commit."""
     writer = TranscriptWriter(store)
     async with trio.open_nursery() as nursery:
         await start(nursery, writer)
         assert await writer.wait_committed(writer.submit(append(S1, 1))) is True
-        store.hold_next = True
-        store.failures.append(OSError(errno.EFBIG, "File too large"))
+        probe.hold_next = True
+        probe.failures.append(OSError(errno.EFBIG, "File too large"))
         failing = writer.submit(append(S1, 2))
-        await store.entered.wait()
+        await probe.entered.wait()
         queued = [writer.submit(append(S1, 3)), writer.submit(append(S2, 1)),
                   writer.submit(append(S1, 4)), writer.submit(AdmitPrompt(S1, "p", 1)),
                   writer.submit(FinishTurn(S1, "p", "completed", None, 1, [("r", b"{}")]))]
-        store.release.set()
+        probe.release.set()
         assert await writer.wait_committed(failing) is False
         results = [await writer.wait_committed(seq) for seq in queued]
         assert results == [False, True, False, False, False]
@@ -390,26 +402,26 @@ async def test_ops_queued_behind_a_failed_batch_are_refused(store: CountingStore
         assert await writer.read(lambda s: (s.raw_events(S1), s.record_count(S1),
                                             s.in_flight_prompts(S1))) == ([b'{"id":1}'], 0, [])
         # Only the tried batch reached SQLite: [1], [2] (failed), [S2's one op].
-        assert store.batches == [1, 1, 1]
+        assert probe.batches == [1, 1, 1]
         await writer.aclose()
 
 
 async def test_a_failing_kept_op_below_refused_ones_is_reported_failed(
-        store: CountingStore) -> None:
+        store: TranscriptDatabase, probe: BatchProbe) -> None:
     writer = TranscriptWriter(store)
-    store.failures.append(sqlite3.OperationalError("disk I/O error"))
+    probe.failures.append(sqlite3.OperationalError("disk I/O error"))
     async with trio.open_nursery() as nursery:
         await start(nursery, writer)
         assert await writer.wait_committed(writer.submit(append(S1, 1))) is False
         # One batch: S2's op is tried (and fails), S1's is refused above it. (The held
         # blocker takes the first of the two failures.)
-        store.failures += [sqlite3.OperationalError("disk I/O error")] * 2
-        store.hold_next = True
+        probe.failures += [sqlite3.OperationalError("disk I/O error")] * 2
+        probe.hold_next = True
         blocker = writer.submit(append(S3, 1))
-        await store.entered.wait()
+        await probe.entered.wait()
         tried = writer.submit(append(S2, 1))
         refused = writer.submit(append(S1, 2))
-        store.release.set()
+        probe.release.set()
         assert await writer.wait_committed(blocker) is False
         assert await writer.wait_committed(tried) is False
         assert await writer.wait_committed(refused) is False
@@ -418,9 +430,9 @@ async def test_a_failing_kept_op_below_refused_ones_is_reported_failed(
 
 
 async def test_a_new_bus_writes_again_but_old_queued_ops_stay_refused(
-        store: CountingStore) -> None:
+        store: TranscriptDatabase, probe: BatchProbe) -> None:
     writer = TranscriptWriter(store)
-    store.failures.append(sqlite3.OperationalError("disk I/O error"))
+    probe.failures.append(sqlite3.OperationalError("disk I/O error"))
     async with trio.open_nursery() as nursery:
         await start(nursery, writer)
         assert await writer.wait_committed(writer.submit(append(S1, 1))) is False
@@ -438,7 +450,7 @@ async def test_a_new_bus_writes_again_but_old_queued_ops_stay_refused(
         await writer.aclose()
 
 
-async def test_mark_failed_latches_and_refuses(store: CountingStore) -> None:
+async def test_mark_failed_latches_and_refuses(store: TranscriptDatabase) -> None:
     calls: list[set[str]] = []
     writer = TranscriptWriter(store, on_failure=lambda s, e: calls.append(s))
     async with trio.open_nursery() as nursery:
