@@ -52,7 +52,7 @@ from .transcript_store import MarkClosed, SessionRow, UpsertSession
 from .transcript_writer import TranscriptWriter
 
 if TYPE_CHECKING:
-    # A session's machinery (its agent channel, bus and session, ~1.8 MB of code) is imported
+    # A session's machinery (its agent channel, bus and session, and their code) is imported
     # by the first session created or restored, not by the daemon's start: an idle daemon
     # never holds it (tests/daemon/test_idle_footprint.py).
     from .agent import AgentChannel

@@ -107,9 +107,9 @@ def _connect(path: str) -> sqlite3.Connection:
     # cached_statements=0: every statement is prepared for its call and finalized when its
     # cursor goes. SQLite keeps a statement's bound values until they are bound again
     # (``sqlite3_reset`` does not clear them), so a cached INSERT held on to its last batch's
-    # blobs: up to 16 rows of up to ROW_MAX_BYTES for each multi-row INSERT shape, over
-    # 100 MB of RSS after a turn of large chunks. Preparing costs about 10 us a statement,
-    # and a batch of events is one statement.
+    # blobs: up to 16 rows of up to ROW_MAX_BYTES for each multi-row INSERT shape, held for
+    # the connection's life. Preparing per call is cheap beside that: a batch of events is
+    # one statement.
     conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
                            cached_statements=0)
     try:
@@ -211,8 +211,8 @@ def _configure(conn: sqlite3.Connection) -> None:
     # leaves whole pages that go to the freelist as they are. A turn boundary frees every
     # overflow page of its raw events; with ON each of them was zeroed and written to the
     # WAL, then checkpointed into the file again: twice the turn's bytes written for
-    # content that lives on in the turn's compacted records anyway, about 0.35 ms of the
-    # writer thread per 1,000 events. A deleted session's bytes are all overwritten, free
+    # content that lives on in the turn's compacted records anyway (the writer thread's cost
+    # is in benchmarks/README.md). A deleted session's bytes are all overwritten, free
     # pages included (``_writes``' ``_delete_session``): the one delete whose bytes nothing
     # else keeps.
     conn.execute("PRAGMA secure_delete=FAST")
