@@ -61,9 +61,16 @@ $(REDIS_STAMP): $(STAMP)
 # source again (~0.2 s of CPU per daemon start).
 BYTECODE := $(PY) -m compileall -q daemon sdk webui_model benchmarks tests >/dev/null
 
+# xdist workers: one and a half per core. A worker spends about a third of its time waiting on the
+# daemons, agents and timers its tests start (two workers kept 2 cores ~68% busy), so a third
+# worker per two cores fills that wait. worksteal hands each worker a contiguous run of tests (a
+# module's shared daemon starts once) and rebalances only at the end.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n + (n + 1) / 2 )))
+XDIST := -n $(TEST_WORKERS) --dist worksteal
+
 unit: $(STAMP) $(BROWSER_STAMP) $(REDIS_STAMP)
 	$(BYTECODE)
-	$(PY) -m pytest -q -p no:cacheprovider -n auto $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) $(PYTEST_ARGS)
 
 test: check unit
 
@@ -71,7 +78,7 @@ test: check unit
 # tests/hypothesis_profiles.py; `make test` runs the ci profile). Not part of `make test`.
 test-deep: $(STAMP) $(BROWSER_STAMP) $(REDIS_STAMP)
 	$(BYTECODE)
-	HYPOTHESIS_PROFILE=deep $(PY) -m pytest -q -p no:cacheprovider -n auto $(PYTEST_ARGS)
+	HYPOTHESIS_PROFILE=deep $(PY) -m pytest -q -p no:cacheprovider $(XDIST) $(PYTEST_ARGS)
 
 # The tests that start no process (pytest.mark.processes marks those that do; tests/conftest.py
 # fails an unmarked test that starts one), with a few hypothesis examples each: a quick pass
