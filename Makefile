@@ -107,7 +107,7 @@ chaos-prompts: $(STAMP)
 # The whole suite three times in a row while another process keeps one CPU busy (tests/stress.sh):
 # proves no test depends on how fast or idle the machine is. Not part of `make test`.
 test-stress: $(STAMP)
-	PY=$(PY) tests/stress.sh
+	PY=$(PY) XDIST="$(XDIST)" tests/stress.sh
 
 # The agent matrix (not part of `make test`): installs the popular ACP agents at pinned versions
 # from npm and PyPI into .agents-cache/ (kept between runs), then runs each behind a real daemon

@@ -5,6 +5,7 @@
 #   RUNS=3            how many full runs (default 3)
 #   RUN_TIMEOUT=1500  seconds allowed per run before it counts as failed
 #   PYTEST_ARGS=...   extra pytest arguments (e.g. a subset of files while iterating)
+#   XDIST=...         the workers' arguments (`make test-stress` passes make test's own)
 #
 # Prints one summary line per run and the failing tests of a failed run; exits 1 if any run
 # failed. The CPU burner is stopped however the script ends (trap).
@@ -29,8 +30,8 @@ log=$(mktemp)
 trap 'stop_burner; rm -f "$log"' EXIT
 for run in $(seq 1 "$RUNS"); do
     started=$(date +%s)
-    # shellcheck disable=SC2086 # PYTEST_ARGS is a list of arguments
-    timeout "$RUN_TIMEOUT" "$PY" -m pytest -q -p no:cacheprovider -n auto ${PYTEST_ARGS:-} >"$log" 2>&1
+    # shellcheck disable=SC2086 # XDIST and PYTEST_ARGS are lists of arguments
+    timeout "$RUN_TIMEOUT" "$PY" -m pytest -q -p no:cacheprovider ${XDIST:--n auto} ${PYTEST_ARGS:-} >"$log" 2>&1
     rc=$?
     summary=$(tail -n 1 "$log" | tr -s '=' ' ' | sed 's/^ *//; s/ *$//')
     [ "$rc" -eq 124 ] && summary="timed out after ${RUN_TIMEOUT} s"
