@@ -205,7 +205,8 @@ class Membership:
         ok = await self.redis.call(lambda: self.redis.scripts.renew(keys=keys.all(), args=[
             self.node_id, lease.generation, self.lease_ms, self.idle_retention_ms]))
         if not int(ok):
-            self.lost(session_id, "renew refused")
+            if self.leases.get(session_id) is lease:  # not released or claimed anew meanwhile
+                self.lost(session_id, "renew refused")
             return False
         self.lease.confirmed(session_id, sent_at)
         return True

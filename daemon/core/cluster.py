@@ -218,9 +218,11 @@ return {1, gen, redis.call('LLEN', KEYS[3])}
 # KEYS: directory, lease, ops, events. ARGV: node id, generation, lease ms, idle retention ms.
 # Extend our lease while the generation is still ours (also after it expired, if nobody took
 # over meanwhile), and the session keys' idle retention with it. Returns 1, or 0 when the
-# session is someone else's now.
+# session is someone else's now or was closed (a renewal sent before the owner's own release
+# of a deleted session must neither bring its lease back nor give its keys the idle retention).
 RENEW_SCRIPT: Final = """
-if redis.call('HGET', KEYS[1], 'gen') ~= ARGV[2] or redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then
+if redis.call('HGET', KEYS[1], 'gen') ~= ARGV[2] or redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1]
+   or redis.call('HGET', KEYS[1], 'closed') == '1' then
   return 0
 end
 redis.call('SET', KEYS[2], ARGV[1] .. ' ' .. ARGV[2], 'PX', ARGV[3])

@@ -132,6 +132,11 @@ async def test_lease_and_fencing_scripts_on_a_real_redis(tmp_path: Path) -> None
             assert await release(keys=lease, args=["B", 2, "1", HOUR]) == 1
             assert await client.exists([keys.lease]) == 0
             assert await client.hget(keys.directory, "closed") == b"1"
+            # A renewal the owner sent before its release of the deleted session lands after
+            # it: refused, the lease stays gone, the keys keep the closed retention.
+            assert await renew(keys=lease, args=["B", 2, 60_000, DAY]) == 0
+            assert await client.exists([keys.lease]) == 0
+            assert 0 < await client.pttl(keys.directory) <= HOUR
 
 
 async def test_compaction_and_retention_scripts_on_a_real_redis(tmp_path: Path) -> None:
