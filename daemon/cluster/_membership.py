@@ -6,7 +6,9 @@ Trio shell over :mod:`daemon.core.cluster_identity` and :mod:`daemon.core.cluste
   while it was paused leaves (:class:`ClusterStartError`). ``--node-url`` must reach this very
   process (:meth:`Membership.verify_url`).
 - **Leases.** A claim takes a free lease and raises its generation; the owner renews every third
-  of a lease; a refused renewal means another node owns the session now (:meth:`lost`). The
+  of a lease; a release retires the generation (Redis refuses whatever of it arrives later);
+  a refused renewal means another node owns the session now (:meth:`lost`), unless this node
+  gave that lease up meanwhile (a renewal sent before the release, answered after it). The
   lease clock tells when this node may no longer be sure it owns a session: its bus's guard
   (:meth:`may_publish`) then starts a renewal, and requests wait for it (:meth:`settle`).
 
@@ -42,11 +44,12 @@ log = logging.getLogger("daemon.cluster")
 
 @dataclass
 class Lease:
-    """A lease this node holds: its generation, and whether its release must mark the session
-    closed (a client deleted it)."""
+    """A lease this node holds: its generation, whether its release must mark the session
+    closed (a client deleted it), and the latest release sent for it (set once answered)."""
 
     generation: int
     closing: bool = False
+    releasing: trio.Event | None = None
 
 
 class Membership:
@@ -205,6 +208,10 @@ class Membership:
         ok = await self.redis.call(lambda: self.redis.scripts.renew(keys=keys.all(), args=[
             self.node_id, lease.generation, self.lease_ms, self.idle_retention_ms]))
         if not int(ok):
+            if lease.releasing is not None:
+                # A release of this lease is out: Redis ran it before this renewal, whose
+                # refusal may be read first. Its answer says whether the lease was given up.
+                await lease.releasing.wait()
             if self.leases.get(session_id) is lease:  # not released or claimed anew meanwhile
                 self.lost(session_id, "renew refused")
             return False
@@ -275,13 +282,17 @@ class Membership:
         lease.closing = lease.closing or closed
         keys = session_keys(session_id)
         flag = "1" if lease.closing else "0"
-        await self.redis.call(lambda: self.redis.scripts.release(keys=keys.all(), args=[
-            self.node_id, lease.generation, flag, self.closed_retention_ms]))
-        if self.leases.get(session_id) is not lease:
-            return  # claimed again meanwhile: that lease is not the one given up
-        self.leases.pop(session_id, None)
-        self.lease.forget(session_id)
-        log.info("event=lease_released session=%s closed=%s", session_id, lease.closing)
+        answered = lease.releasing = trio.Event()
+        try:
+            await self.redis.call(lambda: self.redis.scripts.release(keys=keys.all(), args=[
+                self.node_id, lease.generation, flag, self.closed_retention_ms]))
+            if self.leases.get(session_id) is not lease:
+                return  # claimed again meanwhile: that lease is not the one given up
+            self.leases.pop(session_id, None)
+            self.lease.forget(session_id)
+            log.info("event=lease_released session=%s closed=%s", session_id, lease.closing)
+        finally:
+            answered.set()  # after the lease is gone here: a renewal waiting on it sees that
 
     def lost(self, session_id: str, why: str) -> None:
         """Another node owns the session now: nothing of it may be written here again, and

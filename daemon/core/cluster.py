@@ -11,7 +11,8 @@ when the lease is free (never taken, expired, or already the caller's) and raise
 generation by one. Every append to the session's op log and event stream carries the
 generation; the script refuses it unless it is still the directory's generation, so a node
 that lost the session (paused past its lease while another node took over) cannot write into
-it any more, however late it wakes up.
+it any more, however late it wakes up. A release raises the generation as well: it retires the
+owner's, so nothing the owner sent before its release (a renewal, an append) lands after it.
 """
 
 from __future__ import annotations
@@ -218,8 +219,9 @@ return {1, gen, redis.call('LLEN', KEYS[3])}
 # KEYS: directory, lease, ops, events. ARGV: node id, generation, lease ms, idle retention ms.
 # Extend our lease while the generation is still ours (also after it expired, if nobody took
 # over meanwhile), and the session keys' idle retention with it. Returns 1, or 0 when the
-# session is someone else's now or was closed (a renewal sent before the owner's own release
-# of a deleted session must neither bring its lease back nor give its keys the idle retention).
+# session is someone else's now, was released (the release retired the generation: a
+# renewal the owner sent before its own release and that lands after it must not bring the
+# lease back) or was closed (nor give its keys the idle retention).
 RENEW_SCRIPT: Final = """
 if redis.call('HGET', KEYS[1], 'gen') ~= ARGV[2] or redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1]
    or redis.call('HGET', KEYS[1], 'closed') == '1' then
@@ -352,13 +354,18 @@ return 1
 # KEYS: directory, lease, ops, events. ARGV: node id, generation, closed ("1" when deleted
 # for good), closed retention ms.
 # Give the session up (graceful stop, or closed by a client): the lease goes at once so the
-# next request anywhere restores it without waiting for the TTL. A closed session's keys live
-# the closed retention from now (its directory entry answers 404 everywhere meanwhile, and
-# readers behind on its stream still get its end), then Redis drops them.
+# next request anywhere restores it without waiting for the TTL. The release retires the
+# generation (it raises ``gen`` with no owner holding the new value): whatever the former
+# owner sent before its release and Redis runs after it (a renewal, an append, a new epoch)
+# carries the old generation and is refused, so nothing brings the lease back or writes
+# into the session until the next claim (which raises ``gen`` again). A closed session's
+# keys live the closed retention from now (its directory entry answers 404 everywhere
+# meanwhile, and readers behind on its stream still get its end), then Redis drops them.
 RELEASE_SCRIPT: Final = """
 if redis.call('HGET', KEYS[1], 'gen') ~= ARGV[2] then
   return 0
 end
+redis.call('HINCRBY', KEYS[1], 'gen', 1)
 if ARGV[3] == '1' then
   redis.call('HSET', KEYS[1], 'closed', '1')
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
