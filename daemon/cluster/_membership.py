@@ -150,7 +150,8 @@ class Membership:
     # -- leases -----------------------------------------------------------------------------
 
     async def claim(self, session_id: str, workspace: str, epoch: str) -> int | None:
-        """Take the session's lease; its new generation, or ``None`` if another node has it."""
+        """Take the session's lease; its new generation, or ``None`` if another node has it
+        or the session is closed."""
         keys = session_keys(session_id)
         sent_at = trio.current_time()
         result = await self.redis.call(lambda: self.redis.scripts.claim(
@@ -159,6 +160,8 @@ class Membership:
                   self.idle_retention_ms]))
         ok, value = int(result[0]), int(result[1])
         if not ok:
+            if value < 0:
+                log.info("event=lease_claim_refused session=%s reason=closed", session_id)
             return None
         self.leases[session_id] = Lease(value)
         self.fenced.discard(session_id)

@@ -195,10 +195,15 @@ def route(
 # KEYS: directory, lease, ops, events. ARGV: node id, node url, workspace, epoch, lease ms,
 # idle retention ms.
 # Claim the session when its lease is free or already ours; raise the generation; the
-# session's keys live the idle retention from now (see RETENTION below).
+# session's keys live the idle retention from now (see RETENTION below). A closed session is
+# never claimed: a claim decided on a lookup made before the close must not reopen it (nor
+# give its keys the idle retention back).
 # Returns {1, generation, op-log length} on success, {0, remaining lease ms} when another
-# node holds it.
+# node holds it, {0, -1} when the session is closed.
 CLAIM_SCRIPT: Final = """
+if redis.call('HGET', KEYS[1], 'closed') == '1' then
+  return {0, -1}
+end
 local held = redis.call('GET', KEYS[2])
 if held then
   local owner = string.match(held, '^(%S+)')

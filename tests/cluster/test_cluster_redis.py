@@ -285,3 +285,63 @@ async def test_one_lookup_reads_the_directory_and_the_lease(tmp_path: Path) -> N
             fields = dict(zip(flat[::2], flat[1::2], strict=True))
             assert fields[b"owner"] == b"A" and fields[b"gen"] == b"1"
             assert 0 < pttl <= 60_000
+
+
+async def test_a_former_owner_s_late_writes_land_nowhere(tmp_path: Path) -> None:
+    """What a former owner sent before its graceful release and Redis runs after it (a
+    renewal, an append, a new epoch, a compaction) is refused, also while nobody has
+    claimed the session yet: the release retired its generation. A claim decided on a
+    lookup made before a close, and run after it, is refused: the session stays closed with
+    the closed retention."""
+    from daemon.core.cluster import (
+        APPEND_SCRIPT,
+        CLAIM_SCRIPT,
+        COMPACT_SCRIPT,
+        RELEASE_SCRIPT,
+        RENEW_SCRIPT,
+        SET_EPOCH_SCRIPT,
+        Compaction,
+        append_args,
+        session_keys,
+    )
+
+    keys = session_keys("s5")
+    with redis_server(tmp_path / "r") as server:
+        client = coredis.Redis(host="127.0.0.1", port=server.port)
+        async with client:
+            claim = client.register_script(CLAIM_SCRIPT)
+            renew = client.register_script(RENEW_SCRIPT)
+            append = client.register_script(APPEND_SCRIPT)
+            set_epoch = client.register_script(SET_EPOCH_SCRIPT)
+            compact = client.register_script(COMPACT_SCRIPT)
+            release = client.register_script(RELEASE_SCRIPT)
+            log = [keys.directory, keys.ops, keys.events]
+            assert (await claim(keys=keys.all(), args=["A", "u", "/w", "e1", 60_000, DAY]))[:2] \
+                == [1, 1]
+            assert await append(keys=log, args=append_args(1, "e1", 1, 0, [b"a", b"b"],
+                                                          [(1, 1, b"x")], DAY)) == 1
+            assert await release(keys=keys.all(), args=["A", 1, "0", HOUR]) == 1
+            assert await client.exists([keys.lease]) == 0
+            assert await renew(keys=keys.all(), args=["A", 1, 60_000, DAY]) == 0
+            assert await client.exists([keys.lease]) == 0
+            assert await append(keys=log, args=append_args(1, "e1", 1, 2, [b"late"],
+                                                          [(2, 2, b"y")], DAY)) == 0
+            assert await set_epoch(keys=[keys.directory, keys.lease],
+                                   args=["A", 1, "e-late", 9]) == 0
+            assert await compact(keys=[keys.directory, keys.ops],
+                                 args=Compaction(0, 2, (1,)).args(1)) == 0
+            assert await client.lrange(keys.ops, 0, -1) == [b"a", b"b"]
+            assert await client.xlen(keys.events) == 1
+            assert await client.hget(keys.directory, "epoch") == b"e1"
+            # The next claim (any node's) raises the generation again and writes on.
+            assert (await claim(keys=keys.all(), args=["B", "u", "/w", "e2", 60_000, DAY]))[:2] \
+                == [1, 3]
+            assert await append(keys=log, args=append_args(3, "e2", 1, 2, [b"c"], [], DAY)) == 1
+            # B closes it; A's claim, decided before the close, runs after it: refused.
+            assert await release(keys=keys.all(), args=["B", 3, "1", HOUR]) == 1
+            assert await claim(keys=keys.all(), args=["A", "u", "/w", "e3", 60_000, DAY]) \
+                == [0, -1]
+            assert await client.hget(keys.directory, "closed") == b"1"
+            assert await client.exists([keys.lease]) == 0
+            for key in (keys.directory, keys.ops, keys.events):
+                assert 0 < await client.pttl(key) <= HOUR
