@@ -16,7 +16,6 @@ from . import malloc
 from .clash import clash_message
 from .config import TOKEN_ENV, ConfigError, parse_config, program_name
 from .logs import configure_logging
-from .server import DaemonStartError, run_daemon
 
 SWITCH_INTERVAL_S = 0.001  # GIL switch interval (see main)
 
@@ -37,11 +36,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .backup_command import run_backup
 
         return run_backup(args[1:], prog)
+    # argparse only reads the command line: a daemon that loaded it for that forgets it after,
+    # and its code and objects go with the parser (nothing else holds them; see
+    # tests/daemon/test_idle_footprint.py). One that had it already (in process) leaves it.
+    forget_argparse = "argparse" not in sys.modules
     try:
         config = parse_config(args)
     except ConfigError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
+    if forget_argparse:
+        sys.modules.pop("argparse", None)
+    # The server and everything it runs on are imported once the command line is read: their
+    # objects then take the memory the parser gave back instead of pages of their own.
+    from .server import DaemonStartError, run_daemon
+
     configure_logging(config.log_level, config.log_format)
     if config.recover:
         from .recover import run_recovery

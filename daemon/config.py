@@ -12,7 +12,6 @@ absolute against the working directory, without looking at the disk); a bad valu
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import os
 import shlex
@@ -20,11 +19,17 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 from sdk.protocol import __version__
 
 from .core.retention import parse_size
 from .logs import LOG_FORMATS, LOG_LEVELS
+
+# argparse is imported by the functions that parse, never with this module: nothing of it is
+# needed once the command line is read, and the daemon forgets it then (daemon.__main__).
+if TYPE_CHECKING:
+    import argparse
 
 DEFAULT_PORT = 4170
 DEFAULT_MAX_JOURNAL_EVENTS = 10_000
@@ -215,11 +220,6 @@ def _non_negative_int(name: str, raw: str) -> int:
     return value
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise ConfigError(message)
-
-
 def program_name(argv0: str | None = None) -> str:
     """How the daemon was invoked, for ``--help`` and ``--version``: ``turnkeeper-daemon`` from
     the console script, ``python -m daemon`` from the module."""
@@ -268,6 +268,7 @@ _DEFAULT_TEXT = {
 
 def _document(p: argparse.ArgumentParser) -> None:
     """Append every flag's default and environment variable to its help text."""
+    import argparse
     for action in p._actions:
         flags = [s for s in action.option_strings if s.startswith("--")]
         if not flags or action.help == argparse.SUPPRESS or action.dest in ("help", "version"):
@@ -283,6 +284,7 @@ def _document(p: argparse.ArgumentParser) -> None:
 def _apply_env(p: argparse.ArgumentParser, environ: Mapping[str, str]) -> dict[str, str]:
     """Take each flag's environment variable as its default; returns ``{flag: variable}`` for
     the variables used (so an error can name where a bad value came from)."""
+    import argparse
     used: dict[str, str] = {}
     for action in p._actions:
         flags = [s for s in action.option_strings if s.startswith("--")]
@@ -310,6 +312,12 @@ def _choices(values: Sequence[str]) -> str:
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    import argparse
+
+    class _Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:
+            raise ConfigError(message)
+
     p = _Parser(prog=prog or program_name(),
                 description="Serve ACP agent sessions over HTTP, SSE and WebSocket.",
                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)

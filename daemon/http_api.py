@@ -26,7 +26,6 @@ from . import bridge
 from .clock import now_ms
 from .config import MAX_PENDING_PROMPTS, DaemonConfig
 from .core.envelope import decode_json, encode_json, spliced_parts, write_groups
-from .core.idempotency import Conflict, KeyedAdmission, Replay, decide, request_digest
 from .manager import (
     SESSION_LIMIT_RETRY_AFTER_S,
     AgentSessionConflict,
@@ -43,6 +42,7 @@ from .workspace_git import branches
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
+    from .core.idempotency import KeyedAdmission
     from .session import Session
 
 log = logging.getLogger("daemon.http")
@@ -523,6 +523,8 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> bridge.JsonErro
 
     @serve(routes.PROMPT)
     async def prompt(session_id: str) -> Response:
+        # Keyed prompts' rules load with the first prompt, as the session's machinery does.
+        from .core.idempotency import Conflict, Replay, decide, request_digest
         from .session import PromptQueueFull
 
         key = header_idempotency_key()
@@ -624,6 +626,8 @@ def create_app(config: DaemonConfig, manager: SessionManager) -> bridge.JsonErro
         if row is None:
             return None
         if admission is None:
+            from .core.idempotency import KeyedAdmission  # a session not loaded since a start
+
             admission = KeyedAdmission(key, row.request_digest, wire.PromptAccepted(
                 prompt_id=row.prompt_id, last_event_id=row.accepted_event_id,
                 event_epoch=row.accepted_epoch))

@@ -3,7 +3,7 @@ first request that needs it, not by the daemon's start (tests/daemon/test_idle_f
 that it is absent at idle). Here each kind of request is the very first one a fresh daemon
 serves, and gets its full answer: creating and prompting a session, an event stream or a
 WebSocket refused before any session exists, the list, a vote, and after a restart a load that
-restores a stored session."""
+restores a stored session or a look-up of a stored prompt by its Idempotency-Key."""
 
 from __future__ import annotations
 
@@ -38,9 +38,10 @@ def _events(client: httpx.Client, sid: str, until: str) -> list[dict[str, object
     raise AssertionError(f"the stream ended before {until}: {frames[-3:]}")
 
 
-def _prompt(client: httpx.Client, sid: str, text: str) -> str:
+def _prompt(client: httpx.Client, sid: str, text: str, key: str | None = None) -> str:
     answer = client.post(f"/session/{sid}/prompt",
-                         json={"prompt": [{"type": "text", "text": text}]})
+                         json={"prompt": [{"type": "text", "text": text}]},
+                         headers={} if key is None else {"Idempotency-Key": key})
     assert answer.status_code == 202, answer.text
     return str(answer.json()["promptId"])
 
@@ -95,14 +96,18 @@ async def test_first_request_is_a_websocket_the_daemon_refuses(
             assert msgspec.json.decode(refused.value.body)["code"] == code
 
 
+KEY = "first-use-key"
+
+
 @pytest.fixture
 def stored_session(tmp_path: Path) -> Iterator[tuple[Path, str, str]]:
-    """A session with one completed turn, stored by a daemon that then stopped."""
+    """A session with one completed turn (its prompt sent with an Idempotency-Key), stored by a
+    daemon that then stopped."""
     data = tmp_path / "data"
     with running_daemon(tmp_path / "first", data_dir=data) as daemon, \
             httpx.Client(base_url=daemon.url, timeout=WAIT_S) as client:
         sid = client.post("/session", json={"sessionScope": "thread"}).json()["sessionId"]
-        prompt_id = _prompt(client, sid, "mock:chunks=20 mock:delay_ms=0")
+        prompt_id = _prompt(client, sid, "mock:chunks=20 mock:delay_ms=0", key=KEY)
         _events(client, sid, "turn_complete")
     yield data, sid, prompt_id
 
@@ -118,3 +123,14 @@ def test_first_request_after_a_restart_loads_a_stored_session(
         terminals = [frame for frame in body["compactedReplay"]
                      if frame["type"] == "turn_complete"]
         assert [t["data"]["promptId"] for t in terminals] == [prompt_id]
+
+
+def test_first_request_after_a_restart_asks_for_a_stored_prompt_by_its_key(
+        tmp_path: Path, stored_session: tuple[Path, str, str]) -> None:
+    data, sid, prompt_id = stored_session
+    with running_daemon(tmp_path / "second", data_dir=data) as daemon:
+        answer = httpx.get(f"{daemon.url}/session/{sid}/prompts/{KEY}", timeout=WAIT_S)
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        assert (body["promptId"], body["idempotencyKey"], body["state"]) == (
+            prompt_id, KEY, "completed")

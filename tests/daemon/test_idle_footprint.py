@@ -2,7 +2,8 @@
 then made to list the modules it has loaded (a SIGUSR1 handler planted by a ``sitecustomize``
 on its path, so the daemon runs unchanged). Whatever only a later request needs (the modules of some routes and
 modes, the viewer's files, the transcript's page cache) is left out or given back until then;
-the first request of each kind still gets its answer."""
+the first request of each kind still gets its answer. What only the start needs (argparse, for
+the command line) is forgotten once used, and nothing keeps its module alive."""
 
 from __future__ import annotations
 
@@ -31,7 +32,9 @@ WAIT_S = 20.0
 
 # Loaded by the first request that needs them (their routes, cluster mode, the other
 # commands), never by a start: each one an eager import would bring back into every daemon.
-NOT_AT_IDLE = ("daemon.core.openapi", "daemon.backup", "daemon.transcript_backup",
+NOT_AT_IDLE = ("argparse",  # read the command line, then forgotten (daemon.__main__)
+               "daemon.core.idempotency",  # keyed prompts: the first prompt
+               "daemon.core.openapi", "daemon.backup", "daemon.transcript_backup",
                "daemon.export", "daemon.core.transcript_markdown", "daemon.metrics_exposition",
                "prometheus_client", "daemon.cluster", "coredis", "daemon.recover", "daemon.prune",
                "daemon.backup_command", "httpx", "sdk._client", "sdk._errors", "sdk._repair",
@@ -40,13 +43,17 @@ NOT_AT_IDLE = ("daemon.core.openapi", "daemon.backup", "daemon.transcript_backup
                "daemon.load_snapshot", "daemon.core.acp_client", "daemon.core.restore",
                "daemon.core.replay_window", "daemon.core.live_journal", "daemon.core.ring")
 
+# Lists the modules in sys.modules and every module object still alive outside it (one dropped
+# from sys.modules but still referenced holds all its memory).
 _SITECUSTOMIZE = """\
-import json, os, signal, sys
+import gc, json, os, signal, sys, types
 
 def _dump(signum, frame):
     path = os.environ["TK_TEST_MODULES_OUT"]
+    gc.collect()
+    alive = {o.__name__ for o in gc.get_objects() if isinstance(o, types.ModuleType)}
     with open(path + ".tmp", "w") as out:
-        json.dump(sorted(sys.modules), out)
+        json.dump(sorted(set(sys.modules) | alive), out)
     os.replace(path + ".tmp", path)
 
 signal.signal(signal.SIGUSR1, _dump)

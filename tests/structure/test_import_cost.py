@@ -104,3 +104,29 @@ def test_no_module_of_the_daemon_holds_a_large_constant() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "[]"
+
+
+def test_the_frame_decoders_are_built_by_the_first_decode_of_their_type() -> None:
+    """Importing the protocol builds no frame decoder (the daemon only writes frames); a fresh
+    process's first decode of each type builds that type's decoder and types its payload."""
+    code = (
+        "import sys\n"
+        "from sdk.protocol.events import _codec\n"
+        "from sdk.protocol.events import TurnCompleteData, SessionUpdateData\n"
+        "built = sorted(_codec._frame_decoders) + [_codec._update_decoders.cache_info().currsize]\n"
+        "done = _codec.decode_payload('turn_complete',\n"
+        "    b'{\"type\":\"turn_complete\",\"data\":{\"promptId\":\"p1\",\"stopReason\":\"end_turn\"}}',\n"
+        "    {'promptId': 'p1', 'stopReason': 'end_turn'})\n"
+        "update = {'sessionUpdate': 'agent_message_chunk',\n"
+        "          'content': {'type': 'text', 'text': 'hi'}}\n"
+        "chunk = _codec.decode_payload('session_update',\n"
+        "    b'{\"type\":\"session_update\",\"data\":{\"sessionId\":\"s\",\"update\":'\n"
+        "    b'{\"sessionUpdate\":\"agent_message_chunk\",\"content\":{\"type\":\"text\",\"text\":\"hi\"}}}}',\n"
+        "    {'sessionId': 's', 'update': update})\n"
+        "unknown = _codec.decode_payload('no_such_type', b'{}', {})\n"
+        "print(built, type(done).__name__, done.prompt_id, type(chunk).__name__,\n"
+        "      type(chunk.acp).__name__, unknown, sorted(_codec._frame_decoders))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == ("[0] TurnCompleteData p1 SessionUpdateData AgentMessageChunk None "
+                   "['turn_complete']")

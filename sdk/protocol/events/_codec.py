@@ -9,8 +9,8 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Final, TypeAlias
+import functools
+from typing import Any, TypeAlias
 
 import msgspec
 
@@ -29,16 +29,23 @@ from sdk.protocol.events._updates import (
 
 __all__ = ["Frame", "decode_payload", "payload_from_data"]
 
-_FRAME_DECODERS: Final[Mapping[str, msgspec.json.Decoder[Any]]] = {
-    kind: msgspec.json.Decoder(
-        msgspec.defstruct(f"_{cls.__name__}Frame", [("data", cls | None, None)], gc=False)
-    )
-    for kind, cls in PAYLOAD_TYPES.items()
-}
-
-
 # Frame decoders: each reads a whole frame's bytes and types only its ``data`` (msgspec skips
-# the envelope's other fields without building them).
+# the envelope's other fields without building them). Built by the first decode of a frame of
+# their type, not at import: a process that only writes frames (the daemon) never needs them.
+_frame_decoders: dict[str, msgspec.json.Decoder[Any] | None] = {}
+
+
+def _frame_decoder(event_type: str) -> msgspec.json.Decoder[Any] | None:
+    try:
+        return _frame_decoders[event_type]
+    except KeyError:
+        pass
+    cls = PAYLOAD_TYPES.get(event_type)
+    decoder = None if cls is None else msgspec.json.Decoder(
+        msgspec.defstruct(f"_{cls.__name__}Frame", [("data", cls | None, None)], gc=False))
+    if cls is not None:
+        _frame_decoders[event_type] = decoder  # unknown types are not kept: any string comes
+    return decoder
 
 
 class _SessionUpdateFrame(msgspec.Struct, gc=False):
@@ -51,8 +58,10 @@ class _PageShapeFrame(msgspec.Struct, gc=False):
     data: TypedUpdate
 
 
-_session_update_frame: Final = msgspec.json.Decoder(_SessionUpdateFrame)
-_page_shape_frame: Final = msgspec.json.Decoder(_PageShapeFrame)
+@functools.cache
+def _update_decoders() -> tuple[msgspec.json.Decoder[_SessionUpdateFrame],
+                                msgspec.json.Decoder[_PageShapeFrame]]:
+    return msgspec.json.Decoder(_SessionUpdateFrame), msgspec.json.Decoder(_PageShapeFrame)
 
 
 def _session_update(data: Any, typed: AcpUpdate | None) -> SessionUpdateData | None:
@@ -80,16 +89,17 @@ def decode_payload(event_type: str, frame: Frame, data: Any) -> EventPayload | N
     if event_type == "session_update":
         typed: AcpUpdate | None = None
         try:
+            session_update_frame, page_shape_frame = _update_decoders()
             if isinstance(data, dict) and "update" not in data:
-                typed = _page_shape_frame.decode(frame).data
+                typed = page_shape_frame.decode(frame).data
             else:
-                typed = _session_update_frame.decode(frame).data.update
+                typed = session_update_frame.decode(frame).data.update
         except msgspec.ValidationError:
             typed = None  # an untyped kind, or typed fields that do not fit: kept raw
         return _session_update(data, typed)
     if event_type == "history_truncated":
         return parse_truncation(data)
-    decoder = _FRAME_DECODERS.get(event_type)
+    decoder = _frame_decoder(event_type)
     if decoder is None:
         return None
     try:
