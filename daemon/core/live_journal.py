@@ -45,6 +45,7 @@ from sdk.protocol.events import DaemonHistoryTruncatedData
 __all__ = [
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_EVENTS",
+    "JOIN_PIECES",
     "LIVE_REPLAY_MODES",
     "MAX_EVENTS_PER_ENTRY",
     "LiveJournal",
@@ -58,6 +59,12 @@ __all__ = [
 DEFAULT_MAX_EVENTS: Final = 10_000
 DEFAULT_MAX_BYTES: Final = 8 * 1024 * 1024
 MAX_EVENTS_PER_ENTRY: Final = 256
+# A merged entry joins its text pieces into one string whenever it holds this many: a chunk's
+# text is often shorter than a string object's own header (49 bytes), so a list of one string
+# per merged event held more header than text (about 1.2 MB of a full journal of short
+# chunks). Each join copies the entry's text so far, about MAX_EVENTS_PER_ENTRY / 2 /
+# JOIN_PIECES times a chunk's text per event.
+JOIN_PIECES: Final = 16
 
 # The load request's ``liveReplayMode`` values, for the HTTP layer to validate against.
 LiveReplayMode = Literal["full", "summary"]
@@ -143,10 +150,11 @@ def _other_in_summary(update: OtherUpdate) -> bool:
 
 
 class _MergedEntry:
-    """Two or more merged chunk events. Texts are kept as pieces so adding one is O(1); the
+    """Two or more (``count``) merged chunk events. Texts are kept as pieces so adding one is
+    O(1) amortized, joined into one whenever there are :data:`JOIN_PIECES` of them; the
     journal grows it in place (and clears ``rendered``) on its hot path."""
 
-    __slots__ = ("first", "last", "nbytes", "pieces", "rendered")
+    __slots__ = ("count", "first", "last", "nbytes", "pieces", "rendered")
 
     def __init__(self, first: Event, second: Event, second_text: str,
                  first_text: str | None = None) -> None:
@@ -154,6 +162,7 @@ class _MergedEntry:
         self.last = second
         # The first event's text is decoded from its bytes unless the caller knows it.
         self.pieces = [_chunk_text(first) if first_text is None else first_text, second_text]
+        self.count = 2
         self.nbytes = first.size + second.size
         self.rendered: bytes | None = None
 
@@ -267,8 +276,12 @@ class LiveJournal:
             # A recorded key means the last entry exists and took a compatible chunk.
             last = entries[-1]
             if isinstance(last, _MergedEntry):
-                if len(last.pieces) < MAX_EVENTS_PER_ENTRY and last.nbytes + size <= self.max_bytes:
-                    last.pieces.append(text)
+                if last.count < MAX_EVENTS_PER_ENTRY and last.nbytes + size <= self.max_bytes:
+                    pieces = last.pieces
+                    pieces.append(text)
+                    if len(pieces) >= JOIN_PIECES:
+                        last.pieces = ["".join(pieces)]
+                    last.count += 1
                     last.last = event
                     last.nbytes += size
                     last.rendered = None
@@ -287,7 +300,7 @@ class LiveJournal:
                 dropped = 1
             else:
                 total -= oldest.nbytes
-                dropped = len(oldest.pieces)
+                dropped = oldest.count
             # Usually one eviction suffices; a big event can push several old ones out.
             while len(entries) > self.max_events or (total > self.max_bytes and len(entries) > 1):
                 oldest = entries.popleft()
@@ -296,7 +309,7 @@ class LiveJournal:
                     dropped += 1
                 else:
                     total -= oldest.nbytes
-                    dropped += len(oldest.pieces)
+                    dropped += oldest.count
             if dropped != 1:  # one in, one out leaves the retained count as it was
                 self._retained += 1 - dropped
             self._truncated += dropped
@@ -326,9 +339,8 @@ class LiveJournal:
             if key == self._last_key:
                 last = entries[-1]
                 if isinstance(last, _MergedEntry):
-                    pieces = last.pieces
                     nbytes = last.nbytes
-                    room = MAX_EVENTS_PER_ENTRY - len(pieces)
+                    room = MAX_EVENTS_PER_ENTRY - last.count
                     end = i
                     if room > 0 and nbytes <= max_bytes:
                         # The furthest end within the room whose events still fit the bytes.
@@ -336,7 +348,11 @@ class LiveJournal:
                                            min(count, i + room) + 1) - 1
                         nbytes += offsets[end] - offsets[i]
                     if end > i:
+                        pieces = last.pieces
                         pieces.extend(texts[i:end])
+                        if len(pieces) >= JOIN_PIECES:
+                            last.pieces = ["".join(pieces)]
+                        last.count += end - i
                         last.last = events[end - 1]
                         total += nbytes - last.nbytes
                         last.nbytes = nbytes
@@ -364,7 +380,7 @@ class LiveJournal:
                 dropped += 1
             else:
                 total -= oldest.nbytes
-                dropped += len(oldest.pieces)
+                dropped += oldest.count
         self._retained += count - dropped
         self._truncated += dropped
         self._total_bytes = total

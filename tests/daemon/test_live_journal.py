@@ -13,9 +13,11 @@ from daemon.core.envelope import Event, JsonObject, make_event
 from daemon.core.live_journal import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_EVENTS,
+    JOIN_PIECES,
     MAX_EVENTS_PER_ENTRY,
     LiveJournal,
     LiveJournals,
+    _MergedEntry,
     in_summary,
     merge_key,
 )
@@ -373,6 +375,18 @@ def test_entry_holds_at_most_256_source_events() -> None:
     assert text_of(first) == "".join(f"t{i}" for i in range(1, MAX_EVENTS_PER_ENTRY + 1))
     assert second["id"] == MAX_EVENTS_PER_ENTRY + 1
     assert text_of(second) == f"t{MAX_EVENTS_PER_ENTRY + 1}"
+
+
+def test_a_merged_entry_holds_few_strings_however_many_chunks_it_merged() -> None:
+    # One string per merged chunk would hold more string header than text for short chunks:
+    # the pieces are joined as they accumulate, the rendered text staying the same.
+    journal = LiveJournal()
+    feed(journal, (chunk(i) for i in range(1, MAX_EVENTS_PER_ENTRY + 1)))
+    (entry,) = journal._entries
+    assert isinstance(entry, _MergedEntry) and entry.count == MAX_EVENTS_PER_ENTRY
+    assert len(entry.pieces) < JOIN_PIECES
+    (merged,) = decoded(journal.entries())
+    assert text_of(merged) == "".join(f"t{i}" for i in range(1, MAX_EVENTS_PER_ENTRY + 1))
 
 
 @pytest.mark.parametrize("fit", [2, 3])

@@ -17,7 +17,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from daemon.core.envelope import Event, JsonObject
-from daemon.core.live_journal import MAX_EVENTS_PER_ENTRY, LiveJournal, LiveJournals, in_summary
+from daemon.core.live_journal import (
+    JOIN_PIECES,
+    MAX_EVENTS_PER_ENTRY,
+    LiveJournal,
+    LiveJournals,
+    in_summary,
+)
 
 CHUNK_KINDS = ("agent_message_chunk", "agent_thought_chunk")
 
@@ -249,7 +255,8 @@ def test_append_chunks_is_append_of_each(pads: list[int], runs: list[int], max_e
 
 def test_append_chunks_fills_entries_to_256_sources_across_runs() -> None:
     entries = check_runs_against_each([0] * 600, [100, 37, 300], 10, 8 << 20, False)
-    assert [len(entry.pieces) for entry in entries] == [256, 256, 88]
+    assert [entry.count for entry in entries] == [256, 256, 88]
+    assert all(len(entry.pieces) < JOIN_PIECES for entry in entries)  # joined as they grew
 
 
 def check_runs_against_each(pads: list[int], runs: list[int], max_events: int, max_bytes: int,
