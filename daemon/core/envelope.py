@@ -17,18 +17,11 @@ Pure: no clock (callers pass ``now_ms``), no I/O.
 from __future__ import annotations
 
 import math
+from types import ModuleType
 from typing import Any, Final
 
 import msgspec
 
-from sdk.protocol.acp import (
-    EnvelopeMetaView,
-    EnvelopeView,
-    SessionUpdateView,
-    UpdateMetaView,
-    UpdateView,
-    view,
-)
 from sdk.protocol.constants import ENVELOPE_VERSION
 from sdk.protocol.envelope import HOLE, envelope_fields
 from sdk.protocol.events import EventPayload, SessionUpdateData, event_type_of
@@ -36,6 +29,21 @@ from sdk.protocol.sse import SSE_FRAME_END, sse_head
 
 SCHEMA_VERSION: Final = ENVELOPE_VERSION
 _HOLE_BYTE: Final = bytes(HOLE)
+
+# The ACP views (sdk.protocol.acp) are imported by the first event built from a dict, not with
+# this module: an idle daemon (whose start-up probe builds its events from bytes) does without
+# them. Reached through one global (an import statement per call costs a few microseconds).
+_acp_module: ModuleType | None = None
+
+
+def _acp() -> ModuleType:
+    global _acp_module
+    if _acp_module is None:
+        from sdk.protocol import acp
+
+        _acp_module = acp
+    return _acp_module
+
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
@@ -84,7 +92,8 @@ class Event(msgspec.Struct, gc=False, eq=False):
     def with_env(cls, env: JsonObject, raw: bytes) -> Event:
         """The event of envelope ``env`` whose encoding is ``raw``; id, type and prompt id are
         read from ``env`` (raises ``TypeError`` unless it is an object with a string type)."""
-        head = view(env, EnvelopeView)
+        acp = _acp_module or _acp()
+        head = acp.view(env, acp.EnvelopeView)
         if head is None or not isinstance(head.type, str):
             raise TypeError("an envelope is an object with a string type")
         ident = head.id
@@ -137,9 +146,11 @@ class Event(msgspec.Struct, gc=False, eq=False):
 
 def _lifted_timestamp(data: Any) -> float | int | None:
     """``update._meta.serverTimestamp`` (else ``.timestamp``) of a session_update, if finite."""
-    found = view(data, SessionUpdateView)
-    update = None if found is None else view(found.update, UpdateView)
-    meta = None if update is None else view(update.meta, UpdateMetaView)
+    acp = _acp_module or _acp()
+    view = acp.view
+    found = view(data, acp.SessionUpdateView)
+    update = None if found is None else view(found.update, acp.UpdateView)
+    meta = None if update is None else view(update.meta, acp.UpdateMetaView)
     if meta is None:
         return None
     for value in (meta.server_timestamp, meta.timestamp):
@@ -165,7 +176,8 @@ def build_envelope(
     the one lifted from ``update._meta``, else ``now_ms``.
     """
     out_meta: JsonObject = dict(meta) if meta else {}
-    given = view(out_meta, EnvelopeMetaView) if out_meta else None
+    acp = _acp_module or _acp()
+    given = acp.view(out_meta, acp.EnvelopeMetaView) if out_meta else None
     if given is None or not is_finite_number(given.server_timestamp):
         lifted = _lifted_timestamp(data) if event_type == "session_update" else None
         out_meta["serverTimestamp"] = lifted if lifted is not None else now_ms

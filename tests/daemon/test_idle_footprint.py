@@ -34,6 +34,7 @@ WAIT_S = 20.0
 # commands), never by a start: each one an eager import would bring back into every daemon.
 NOT_AT_IDLE = ("argparse",  # read the command line, then forgotten (daemon.__main__)
                "daemon.core.idempotency",  # keyed prompts: the first prompt
+               "sdk.protocol.acp",  # the ACP views: the first event built from a dict
                "daemon.core.openapi", "daemon.backup", "daemon.transcript_backup",
                "daemon.export", "daemon.core.transcript_markdown", "daemon.metrics_exposition",
                "prometheus_client", "daemon.cluster", "coredis", "daemon.recover", "daemon.prune",
