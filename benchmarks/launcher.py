@@ -351,6 +351,7 @@ def spawn_daemon(
     stderr_path: Path,
     *,
     new_session: bool = False,
+    popen: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Start ``python -m daemon --hostname 127.0.0.1 --port 0 *args`` and wait for its URL.
 
@@ -360,7 +361,8 @@ def spawn_daemon(
     leads a process group of its own (see :func:`kill_everything`). The daemon's first stdout
     line names the URL it bound, so nothing guesses ports or sleeps; a daemon that exits or
     stays silent for ``START_TIMEOUT_S`` is killed and :class:`LaunchError` carries the tail of
-    its stderr.
+    its stderr. ``popen`` starts the process (the tests' harness may fork it from a zygote that
+    has the daemon's modules imported, see tests/harness_zygote.py).
     """
     full_env = dict(os.environ)
     full_env.pop("QWEN_SERVER_TOKEN", None)
@@ -368,8 +370,8 @@ def spawn_daemon(
     full_env.update(env)
     argv = [sys.executable, "-m", "daemon", "--hostname", "127.0.0.1", "--port", "0", *args]
     with open(stderr_path, "wb") as err:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, env=full_env,
-                                cwd=str(cwd), start_new_session=new_session)
+        proc = popen(argv, stdout=subprocess.PIPE, stderr=err, env=full_env, cwd=str(cwd),
+                     start_new_session=new_session)
     _RUNNING[proc.pid] = proc
     try:
         return proc, _read_url(proc, stderr_path)

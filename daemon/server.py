@@ -3,6 +3,7 @@ session manager in one nursery, and shut down gracefully on SIGTERM/SIGINT/SIGHU
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -323,20 +324,22 @@ async def run_daemon(
             # Start-up (imports, the schema, the app and its OpenAPI document) left freed heap
             # pages behind, below live objects where glibc never returns them on its own.
             reclaimer.trim_now("startup", quiet=True)
-            print(f"turnkeeper daemon listening on {url}", file=stream, flush=True)
-            print(startup_hint(config), file=stream, flush=True)
-            print(banner(config, url, gates), file=stream, flush=True)
-            log.info("event=listening url=%s data_dir=%s persistence=%s", url, config.data_dir,
-                     store is not None)
-            task_status.started(binds)
-            if handle_signals:
-                # SIGHUP (the terminal went away) ends the daemon as gracefully as SIGTERM.
-                with trio.open_signal_receiver(*SHUTDOWN_SIGNALS) as signals:
-                    async for signum in signals:
-                        log.info("event=shutdown signal=%s", signal.Signals(signum).name)
-                        break
-            else:
-                await trio.sleep_forever()
+            # The handlers are in place before the daemon says it listens: a SIGTERM sent as
+            # soon as the URL is read stops it gracefully, never by the default disposition.
+            # SIGHUP (the terminal went away) ends the daemon as gracefully as SIGTERM.
+            with (trio.open_signal_receiver(*SHUTDOWN_SIGNALS) if handle_signals
+                  else contextlib.nullcontext()) as signals:
+                print(f"turnkeeper daemon listening on {url}", file=stream, flush=True)
+                print(startup_hint(config), file=stream, flush=True)
+                print(banner(config, url, gates), file=stream, flush=True)
+                log.info("event=listening url=%s data_dir=%s persistence=%s", url,
+                         config.data_dir, store is not None)
+                task_status.started(binds)
+                if signals is None:
+                    await trio.sleep_forever()
+                async for signum in signals:
+                    log.info("event=shutdown signal=%s", signal.Signals(signum).name)
+                    break
             with trio.move_on_after(SHUTDOWN_BUDGET_S) as budget:
                 await manager.shutdown(process_exits=exit_when_stopped is not None)
                 if cluster is not None:

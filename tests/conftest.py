@@ -12,6 +12,8 @@ import pytest
 from hypothesis import settings
 
 import tests.hypothesis_profiles  # noqa: F401  (registers the profiles)
+from tests import harness
+from tests.harness_zygote import ForkedPopen, close_all
 
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
@@ -59,7 +61,8 @@ class _NoProcesses:
         def refuse(*args: Any, **kwargs: Any) -> Any:
             raise RuntimeError(_UNMARKED_STARTS)
 
-        for owner, name in ((subprocess.Popen, "_execute_child"), (os, "fork"),
+        for owner, name in ((subprocess.Popen, "_execute_child"),
+                            (ForkedPopen, "_execute_child"), (os, "fork"),
                             (os, "posix_spawn"), (os, "posix_spawnp"), (os, "execv"),
                             (os, "execve")):
             if hasattr(owner, name):
@@ -80,6 +83,9 @@ def _guarded(item: pytest.Item) -> contextlib.AbstractContextManager[None]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Any:
+    # A test marked exec_daemon gets daemons exec'd as `python -m daemon`, not forked from the
+    # worker's zygote (tests/harness.py): the tests of the start path and of memory figures.
+    harness.exec_daemons = item.get_closest_marker("exec_daemon") is not None
     with _guarded(item):
         return (yield)
 
@@ -94,3 +100,7 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
     with _guarded(item):
         return (yield)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    close_all()  # the workers' zygotes (tests/harness_zygote.py)

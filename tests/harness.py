@@ -2,7 +2,9 @@
 
 The daemon is started by :func:`benchmarks.launcher.spawn_daemon`, the one launcher the tests and
 the benchmarks share: ``--port 0``, and its first stdout line names the URL it bound, so tests
-never guess ports and never sleep waiting for start-up.
+never guess ports and never sleep waiting for start-up. The process is forked from the worker's
+zygote (:mod:`tests.harness_zygote`: the daemon's imports paid once) unless the test is marked
+``pytest.mark.exec_daemon``, which exec's ``python -m daemon`` as a user would.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.launcher import forget, spawn_daemon
+from tests.harness_zygote import daemon_popen
+
+# Set by tests/conftest.py for each test: whether it is marked ``exec_daemon``.
+exec_daemons = False
 
 
 @dataclass
@@ -75,7 +81,8 @@ def start_daemon(
                 "MOCK_ACP_PROMPT_DELAY_MS": "0"}
     # A daemon that does not start raises LaunchError (a RuntimeError) with its stderr's tail.
     proc, url = spawn_daemon(["--data-dir", str(data), "--workspace", str(base), *args],
-                             {**mock_env, **(env or {})}, base, stderr_path)
+                             {**mock_env, **(env or {})}, base, stderr_path,
+                             popen=subprocess.Popen if exec_daemons else daemon_popen)
     return RunningDaemon(url, proc, data, gate, log, stderr_path, list(args))
 
 

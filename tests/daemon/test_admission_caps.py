@@ -28,7 +28,8 @@ from tests.harness import RunningDaemon, running_daemon, start_daemon
 from tests.sse_client import Subscriber, is_terminal_for
 from tests.stalls import poll
 
-pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+# starts processes: not in make unit-fast; exec_daemon: real `python -m daemon` (memory test)
+pytestmark = [pytest.mark.processes, pytest.mark.exec_daemon]
 
 CAP = 48  # connections: one control client and 47 SSE readers fill it
 READERS = CAP - 1

@@ -44,7 +44,8 @@ from daemon.logs import JsonFormatter, LogfmtFormatter, logfmt_value
 from daemon.server import startup_hint
 from tests.harness import RunningDaemon, running_daemon
 
-pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+# starts processes: not in make unit-fast; exec_daemon: real `python -m daemon` (start path test)
+pytestmark = [pytest.mark.processes, pytest.mark.exec_daemon]
 
 WAIT_S = 20.0
 

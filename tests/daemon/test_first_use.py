@@ -18,7 +18,8 @@ from trio_websocket import ConnectionRejected, open_websocket_url
 
 from tests.harness import running_daemon
 
-pytestmark = pytest.mark.processes  # starts daemons: not in make unit-fast
+# starts processes: not in make unit-fast; exec_daemon: real `python -m daemon` (start path test)
+pytestmark = [pytest.mark.processes, pytest.mark.exec_daemon]
 
 WAIT_S = 20.0
 

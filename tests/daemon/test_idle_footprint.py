@@ -26,7 +26,8 @@ from daemon.transcript_writer import TranscriptWriter
 from daemon.ui_files import UI_DIR, UiFiles
 from tests.harness import running_daemon
 
-pytestmark = pytest.mark.processes  # starts daemons: not in make unit-fast
+# starts processes: not in make unit-fast; exec_daemon: real `python -m daemon` (memory test)
+pytestmark = [pytest.mark.processes, pytest.mark.exec_daemon]
 
 WAIT_S = 20.0
 

@@ -36,7 +36,8 @@ from daemon.transcript_writer import TranscriptWriter
 from sdk.protocol.events import SessionUpdateData, TurnCompleteData
 from tests.harness import RunningDaemon, running_daemon
 
-pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+# starts processes: not in make unit-fast; exec_daemon: real `python -m daemon` (memory test)
+pytestmark = [pytest.mark.processes, pytest.mark.exec_daemon]
 
 DEADLINE_S = 30.0
 

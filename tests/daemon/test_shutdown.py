@@ -117,3 +117,13 @@ async def test_many_sessions_stop_in_one_batch_and_every_close_is_stored(tmp_pat
     terminals = [e for e in busy_events if e["type"] in ("turn_complete", "turn_error")]
     assert [(t["data"]["promptId"], t["data"]["code"]) for t in terminals] == [
         (pid, "session_closed")]
+
+
+def test_a_signal_sent_as_soon_as_the_url_is_read_stops_the_daemon_gracefully(
+        tmp_path: Path) -> None:
+    """The shutdown handlers are in place before the daemon prints the URL it listens on. Before
+    that, a SIGTERM right after the URL found the default disposition (exit -15) in most of
+    such starts; eight starts in a row make the race visible."""
+    for attempt in range(8):
+        daemon = start_daemon(tmp_path / str(attempt))
+        assert daemon.stop(signal.SIGTERM) == 0, daemon.stderr()[-2000:]

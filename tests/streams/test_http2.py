@@ -27,7 +27,8 @@ from daemon.bridge._http2 import SendBuffer, SendBufferComplete
 from tests.harness import RunningDaemon, running_daemon
 from tests.stalls import host_port, poll, run_turn, status
 
-pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+# starts processes: not in make unit-fast; exec_daemon: real `python -m daemon` (memory test)
+pytestmark = [pytest.mark.processes, pytest.mark.exec_daemon]
 
 STREAMS = 64  # every reader slot of a session (MAX_SUBSCRIBERS)
 MAX_TURNS = 6  # the fixed daemon evicts them all in the first

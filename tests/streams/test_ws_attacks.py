@@ -38,7 +38,8 @@ from daemon.bridge import MAX_CLIENT_MESSAGE_BYTES
 from tests.harness import RunningDaemon, running_daemon
 from tests.stalls import holds_connection, host_port, poll
 
-pytestmark = pytest.mark.processes  # starts processes: not in make unit-fast
+# starts processes: not in make unit-fast; exec_daemon: real `python -m daemon` (memory test)
+pytestmark = [pytest.mark.processes, pytest.mark.exec_daemon]
 
 MIB = 1024 * 1024
 # Sizes the unfixed daemon pays in full (and then some): 128 MiB inflated from one frame of
