@@ -30,9 +30,11 @@ viewer-protocol: $(STAMP)
 		> daemon/ui/protocol.js
 
 # Lint + strict types on the pure cores, then the whole suite, then the benchmark smoke run.
+LINT := $(VENV)/bin/ruff check daemon sdk webui_model tests benchmarks
+TYPES := $(VENV)/bin/mypy --strict $(CORES)
 check: $(STAMP)
-	$(VENV)/bin/ruff check daemon sdk webui_model tests benchmarks
-	$(VENV)/bin/mypy --strict $(CORES)
+	$(LINT)
+	$(TYPES)
 
 # The viewer's browser tests drive Debian's chromium through Playwright (its pip wheel brings the
 # driver; no browser download). Installed here when missing and run as root; otherwise those
@@ -61,6 +63,12 @@ $(REDIS_STAMP): $(STAMP)
 # source again (~0.2 s of CPU per daemon start).
 BYTECODE := $(PY) -m compileall -q daemon sdk webui_model benchmarks tests >/dev/null
 
+# pytest's assertion-rewritten test modules, written once: pytest caches them only where bytecode
+# may be written, and otherwise every xdist worker rewrites all of them again while it collects
+# (~7 s of CPU each). A collection run without PYTHONDONTWRITEBYTECODE writes them.
+REWRITTEN := env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -p no:cacheprovider --collect-only \
+	>/dev/null
+
 # xdist workers: one and a half per core. A worker spends about a third of its time waiting on the
 # daemons, agents and timers its tests start (two workers kept 2 cores ~68% busy), so a third
 # worker per two cores fills that wait. worksteal hands each worker a contiguous run of tests (a
@@ -68,11 +76,20 @@ BYTECODE := $(PY) -m compileall -q daemon sdk webui_model benchmarks tests >/dev
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n + (n + 1) / 2 )))
 XDIST := -n $(TEST_WORKERS) --dist worksteal
 
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider $(XDIST) $(PYTEST_ARGS)
+
 unit: $(STAMP) $(BROWSER_STAMP) $(REDIS_STAMP)
 	$(BYTECODE)
-	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) $(PYTEST_ARGS)
+	$(REWRITTEN)
+	$(PYTEST)
 
-test: check unit
+# `make check` then `make unit`, with mypy (one core) run beside the collection run that writes
+# the rewritten test modules (the other core).
+test: $(STAMP) $(BROWSER_STAMP) $(REDIS_STAMP)
+	$(LINT)
+	$(BYTECODE)
+	$(TYPES) & types=$$!; $(REWRITTEN); rewritten=$$?; wait $$types && test $$rewritten = 0
+	$(PYTEST)
 
 # The whole suite with four times the property tests' examples (HYPOTHESIS_PROFILE=deep,
 # tests/hypothesis_profiles.py; `make test` runs the ci profile). Not part of `make test`.
