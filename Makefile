@@ -69,11 +69,12 @@ BYTECODE := $(PY) -m compileall -q daemon sdk webui_model benchmarks tests >/dev
 REWRITTEN := env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -p no:cacheprovider --collect-only \
 	>/dev/null
 
-# xdist workers: one and a half per core. A worker spends about a third of its time waiting on the
-# daemons, agents and timers its tests start (two workers kept 2 cores ~68% busy), so a third
-# worker per two cores fills that wait. worksteal hands each worker a contiguous run of tests (a
-# module's shared daemon starts once) and rebalances only at the end.
-TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n + (n + 1) / 2 )))
+# xdist workers: two per core. A worker spends about half of its time waiting on the daemons,
+# agents and timers its tests start (its daemons start from a zygote, tests/harness_zygote.py, so
+# little of their CPU is start-up), so a second worker per core fills that wait. worksteal hands
+# each worker a contiguous run of tests (a module's shared daemon starts once) and rebalances
+# only at the end.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( 2 * n )))
 XDIST := -n $(TEST_WORKERS) --dist worksteal
 
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider $(XDIST) $(PYTEST_ARGS)
