@@ -65,7 +65,7 @@ BYTECODE := $(PY) -m compileall -q daemon sdk webui_model benchmarks tests >/dev
 
 # pytest's assertion-rewritten test modules, written once: pytest caches them only where bytecode
 # may be written, and otherwise every xdist worker rewrites all of them again while it collects
-# (~7 s of CPU each). A collection run without PYTHONDONTWRITEBYTECODE writes them.
+# (most of its collection's CPU). A collection run without PYTHONDONTWRITEBYTECODE writes them.
 REWRITTEN := env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -p no:cacheprovider --collect-only \
 	>/dev/null
 
