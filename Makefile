@@ -65,9 +65,10 @@ BYTECODE := $(PY) -m compileall -q daemon sdk webui_model benchmarks tests >/dev
 
 # pytest's assertion-rewritten test modules, written once: pytest caches them only where bytecode
 # may be written, and otherwise every xdist worker rewrites all of them again while it collects
-# (most of its collection's CPU). A collection run without PYTHONDONTWRITEBYTECODE writes them.
-REWRITTEN := env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -p no:cacheprovider --collect-only \
-	>/dev/null
+# (most of its collection's CPU). A collection run without PYTHONDONTWRITEBYTECODE writes them;
+# not when PYTEST_ARGS picks what to run (a few files are rewritten quickly enough).
+REWRITTEN := $(if $(PYTEST_ARGS),true,env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q \
+	-p no:cacheprovider --collect-only >/dev/null)
 
 # xdist workers: two per core. A worker spends about half of its time waiting on the daemons,
 # agents and timers its tests start (its daemons start from a zygote, tests/harness_zygote.py, so
