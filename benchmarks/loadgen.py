@@ -46,6 +46,7 @@ from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
+from operator import itemgetter
 from typing import IO, Any
 from urllib.parse import quote
 
@@ -69,10 +70,37 @@ MARKER_WINDOW = 16 * 1024
 WS_ENVELOPE_HEAD = re.compile(rb'\{(?:"id":(\d+),)?"v":\d+,"type":"([^"\\]+)"')
 WS_HEAD_BYTES = 256  # how much of a message the envelope's head is looked for in
 # A whole text frame's head (FIN, opcode 1, unmasked; its length in one of three forms) and the
-# head of the envelope it carries, in one match.
+# head of the envelope it carries up to its id, in one match: (the length field, the id or
+# b""). The type is read only where it is needed (:func:`_kind`): capturing it for every
+# message doubled the scan's cost.
 WS_TEXT_FRAME = re.compile(
-    rb'\x81(?:([\x00-\x7d])|\x7e(..)|\x7f(........))'
-    rb'\{(?:"id":(\d+),)?"v":\d+,"type":"([^"\\]+)"', re.DOTALL)
+    rb'\x81([\x00-\x7d]|\x7e..|\x7f........)\{(?:"id":(\d+),)?"v":', re.DOTALL)
+# A message as the reader keeps it: (its length field, its id or b"").
+Message = tuple[bytes, bytes]
+_FIELD = itemgetter(0)
+_ID = itemgetter(1)
+
+
+def _kind(buf: bytearray, start: int) -> bytes:
+    """The envelope type of the text message whose frame starts at ``start`` (b"" if none)."""
+    length = buf[start + 1] & 0x7F
+    head = start + (4 if length == 126 else 10 if length == 127 else 2)
+    found = WS_ENVELOPE_HEAD.match(buf, head, head + WS_HEAD_BYTES)
+    return found.group(2) if found is not None else b""
+
+
+class _FrameSizes(dict[bytes, int]):
+    """A text frame's whole size (head and payload) by its length field, worked out once per
+    field (every frame's size is then one lookup, and a run of them is summed in C)."""
+
+    def __missing__(self, field: bytes) -> int:
+        size = 1 + len(field) + (field[0] if len(field) == 1
+                                 else int.from_bytes(field[1:], "big"))
+        self[field] = size
+        return size
+
+
+_FRAME_SIZES = _FrameSizes()
 
 
 def _cpu_seconds() -> float:
@@ -332,16 +360,17 @@ class WSCounter(SSECounter):
 
     def _read_frames(self) -> None:
         buf = self._frames
-        messages: list[tuple[bytes | None, bytes]] = []
-        pos = self._bulk(buf, messages)
+        messages: list[Message] = []
+        starts: list[int] = []  # where each message's frame starts in buf
+        pos = self._bulk(buf, messages, starts)
         if pos is None:  # not a plain run of text messages: frame by frame
-            pos = self._one_by_one(buf, messages)
-        del buf[:pos]
+            pos = self._one_by_one(buf, messages, starts)
         if messages:
-            self._messages(messages)
+            self._messages(buf, messages, starts)
+        del buf[:pos]
 
     @staticmethod
-    def _bulk(buf: bytearray, messages: list[tuple[bytes | None, bytes]]) -> int | None:
+    def _bulk(buf: bytearray, messages: list[Message], starts: list[int]) -> int | None:
         """The usual read, a run of whole text messages (and maybe the start of the next):
         every frame head found in one scan, the frames' bounds checked to follow each other
         from the start of the buffer. Where the whole ones end, or ``None`` when the read holds
@@ -349,49 +378,51 @@ class WSCounter(SSECounter):
         heads = WS_TEXT_FRAME.findall(buf)
         if not heads or buf[0] != 0x81:
             return None
-        ends = list(accumulate([
-            2 + short[0] if short else 4 + int.from_bytes(medium, "big") if medium
-            else 10 + int.from_bytes(long_, "big")
-            for short, medium, long_, _, _ in heads]))
+        ends = list(accumulate(map(_FRAME_SIZES.__getitem__, map(_FIELD, heads))))
         size = len(buf)
         whole = bisect_right(ends, size)
         if whole == 0:
             return None
         # Each whole frame must start where the one before it ended; a head found inside a
         # payload, or a frame the scan skipped, breaks that.
-        if any(buf[end] != 0x81 for end in ends[:whole - 1]):
-            return None
-        if whole < len(heads) and ends[whole - 1] < size and buf[ends[whole - 1]] != 0x81:
-            return None
-        # (findall gives b"" for a group that did not take part: a message without an id)
-        messages.extend((msg_id or None, kind) for _, _, _, msg_id, kind in heads[:whole])
+        after = ends[:whole - 1]
+        if whole < len(heads) and ends[whole - 1] < size:
+            after.append(ends[whole - 1])  # and the next one, if it is in view
+        if after:
+            first_bytes = itemgetter(*after)(buf)
+            if (first_bytes.count(0x81) != len(after) if len(after) > 1
+                    else first_bytes != 0x81):
+                return None
+        messages += heads[:whole] if whole < len(heads) else heads
+        starts.append(0)
+        starts += ends[:whole - 1]
         return ends[whole - 1]
 
-    def _one_by_one(self, buf: bytearray, messages: list[tuple[bytes | None, bytes]]) -> int:
+    def _one_by_one(self, buf: bytearray, messages: list[Message], starts: list[int]) -> int:
         size = len(buf)
         pos = 0
         match = WS_TEXT_FRAME.match
         while True:
             found = match(buf, pos)  # a text message, the daemon's envelope
             if found is not None:
-                short, medium, long_, msg_id, kind = found.groups()
-                end = found.end(3 if long_ is not None else 2 if medium is not None else 1) + (
-                    short[0] if short is not None else int.from_bytes(medium or long_, "big"))
+                field, msg_id = found.groups(b"")
+                end = pos + _FRAME_SIZES[field]
                 if end > size:
                     break
-                messages.append((msg_id, kind))
+                messages.append((field, msg_id))
+                starts.append(pos)
                 pos = end
                 continue
-            step = self._other_frame(buf, pos, size, messages)
+            step = self._other_frame(buf, pos, size, messages, starts)
             if step is None:
                 break
             pos = step
         return pos
 
-    def _messages(self, messages: list[tuple[bytes | None, bytes]]) -> None:
+    def _messages(self, buf: bytearray, messages: list[Message], starts: list[int]) -> None:
         """Check the ids of a read's messages and look for the finishing ones, as
         :meth:`SSECounter._body` does for frames."""
-        found = [msg_id for msg_id, _ in messages if msg_id is not None]
+        found = list(filter(None, map(_ID, messages)))
         finishing = self.until[len(b"event: "):-1]
         if found:
             first, last = int(found[0]), int(found[-1])
@@ -399,18 +430,26 @@ class WSCounter(SSECounter):
                      and last - first == len(found) - 1)
             # The SSE lines of the messages, searched only to explain a gap (_announcement).
             frames = b"" if clean else b"".join(
-                b"\nid: %b\nevent: %b\n" % (i, k) if i is not None else b"\nevent: %b\n" % k
-                for i, k in messages)
+                b"\nid: %b\nevent: %b\n" % (i, _kind(buf, at)) if i
+                else b"\nevent: %b\n" % _kind(buf, at)
+                for (_, i), at in zip(messages, starts, strict=True))
             self._check_ids(found, frames)
-        for msg_id, kind in messages[-64:]:
+        # The messages that finish a subscriber come last: the last 64 are looked at, and only
+        # when their bytes hold one of those types at all.
+        tail = starts[-64:]
+        if (buf.find(b'"type":"%b"' % finishing, tail[0]) < 0
+                and buf.find(b'"type":"client_evicted"', tail[0]) < 0):
+            return
+        for (_, msg_id), at in zip(messages[-64:], tail, strict=True):
+            kind = _kind(buf, at)
             if kind == finishing:
                 self.done = True
-                self.terminal_id = int(msg_id) if msg_id is not None else None
+                self.terminal_id = int(msg_id) if msg_id else None
             elif kind == b"client_evicted":
                 self.evicted = True
 
     def _other_frame(self, buf: bytearray, pos: int, size: int,
-                     messages: list[tuple[bytes | None, bytes]]) -> int | None:
+                     messages: list[Message], starts: list[int]) -> int | None:
         """A frame the fast path did not take (a control frame, a message whose head is not
         all in view yet, or anything unexpected): where the next one starts, ``None`` until
         it is whole (or once the stream is in error)."""
@@ -436,8 +475,8 @@ class WSCounter(SSECounter):
                               f"{bytes(buf[pos:pos + 80])!r}")
                 self.ended = True
                 return None
-            msg_id, kind = found.groups()
-            messages.append((msg_id, kind))
+            messages.append((b"", found.group(1) or b""))
+            starts.append(pos)
         elif opcode == 8:
             self.close_code = int.from_bytes(buf[start:start + 2], "big") if length >= 2 \
                 else None
