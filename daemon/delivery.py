@@ -1,22 +1,31 @@
-"""The delivery loop: one task per daemon writes every caught-up SSE subscriber. Trio shell.
+"""The delivery loop: one task per daemon writes every caught-up SSE and WebSocket subscriber.
+Trio shell.
 
-An SSE subscriber whose stream is caught up (its replay sent, nothing in flight, its body
-written straight to the socket: :class:`daemon.bridge.DirectBody`) *parks* here instead of
-waiting on its bus. When a bus publishes (its ``flush``) it marks itself dirty; the loop wakes
-once for every bus marked since it last ran, lets the publisher run a few more scheduler passes
-while marks keep coming (:data:`GATHER_PASSES`: the agent reader publishing the next group of
-the same read), then, for each dirty bus, takes the frames after each parked subscriber's
-cursor (shared by the bus's SSE subscribers, :class:`daemon.core.shared_frames.SharedFrames`)
-and writes them as one chunk without waiting (:meth:`DirectBody.write_nowait`). A stream costs
-no task wake-up, no timer and no scheduler pass per write: one loop pass serves every session
-that published.
+A subscriber whose stream is caught up (its replay sent, nothing in flight, its frames written
+straight to the socket: :class:`daemon.bridge.DirectBody` for SSE,
+:class:`daemon.bridge.DirectWebSocket` for WebSocket) *parks* here instead of waiting on its
+bus. When a bus publishes (its ``flush``) it marks itself dirty; the loop wakes once for every
+bus marked since it last ran, lets the publisher run a few more scheduler passes while marks
+keep coming (:data:`GATHER_PASSES`: the agent reader publishing the next group of the same
+read), then, for each dirty bus, takes the frames after each parked subscriber's cursor (shared
+by the bus's subscribers of one transport, :class:`daemon.core.shared_frames.SharedFrames`)
+and writes them in one write without waiting (``write_nowait``). A stream costs no task
+wake-up, no timer and no scheduler pass per write: one loop pass serves every session that
+published.
+
+A WebSocket's write holds its connection's send lock, the one Hypercorn holds for each of its
+own writes (pongs, pings, the close frame): taken without waiting, and a connection whose
+server is writing goes back to its task. A write the socket did not take whole keeps the lock
+held for the stream's task, which writes the rest and only then lets it go, so no frame of the
+server's ever lands inside one of the stream's.
 
 Anything else goes back to the stream's own task (the loop sets :attr:`Parked.woken`), which runs
 the ordinary path: a write the socket did not take whole (the rest is written first, with
-``sending`` set, so the slow-client and stalled-write rules see it exactly as before), an
-evicted subscriber or one whose next event left the ring, a resync or warning to send, a closed
-bus. The task also wakes by itself when the heartbeat interval passes with nothing written.
-Wire bytes are the same as the task's own writes: one chunk of the frames after the cursor.
+``sending`` set, so the slow-client and stalled-write rules see it exactly as before, and
+whatever ended the stream's wait: :meth:`Delivery.wait`), an evicted subscriber or one whose
+next event left the ring, a resync or warning to send, a closed bus. An SSE stream's task also
+wakes by itself when the heartbeat interval passes with nothing written. Wire bytes are the
+same as the task's own writes: one write of the frames after the cursor.
 """
 
 from __future__ import annotations
@@ -26,15 +35,15 @@ from typing import Protocol
 
 import trio
 
-from .bridge import DirectBody
 from .core.flow_control import GATHER_PASSES
 from .core.frame_codec import Buffer
+from .core.shared_frames import SharedFrames
 from .fanout import BusReader, Fanout
 from .metrics import totals
 
 log = logging.getLogger("daemon.delivery")
 
-__all__ = ["Delivery", "Parked", "Reader"]
+__all__ = ["Delivery", "Parked", "Reader", "Writer"]
 
 
 class Reader(BusReader, Protocol):
@@ -43,16 +52,32 @@ class Reader(BusReader, Protocol):
     def begin_write(self) -> None:
         """A write is in flight from now on (its task ends it)."""
 
+    def end_write(self) -> None:
+        """The write in flight is done."""
+
+
+class Writer(Protocol):
+    """A stream's connection written straight to its socket (``daemon.bridge``'s
+    :class:`~daemon.bridge.DirectBody`, :class:`~daemon.bridge.DirectWebSocket`)."""
+
+    def write_nowait(self, data: bytes) -> list[Buffer]:
+        """Write ``data`` as far as the socket takes it now: what is left (``[]``: all)."""
+
+    async def write_rest(self, buffers: list[Buffer]) -> None:
+        """Write what :meth:`write_nowait` left, before anything else."""
+
 
 class Parked:
-    """One caught-up SSE subscriber waiting in the delivery loop (its task waits on
-    :attr:`woken`)."""
+    """One caught-up subscriber waiting in the delivery loop (its task waits in
+    :meth:`Delivery.wait`); ``frames``: its bus's shared frames of its transport."""
 
-    __slots__ = ("body", "pending", "sub", "woken", "written_at")
+    __slots__ = ("body", "frames", "pending", "sub", "woken", "written_at")
 
-    def __init__(self, sub: Reader, body: DirectBody, written_at: float) -> None:
+    def __init__(self, sub: Reader, body: Writer, frames: SharedFrames,
+                 written_at: float) -> None:
         self.sub = sub
         self.body = body
+        self.frames = frames
         # What the socket did not take of the last write: the task writes it first.
         self.pending: list[Buffer] = []
         self.woken = trio.Event()
@@ -112,6 +137,32 @@ class Delivery:
             del self._parked[bus]
             bus.deliver_to = None
 
+    async def wait(self, bus: Fanout, parked: Parked, heartbeat_s: float) -> bool:
+        """Park a caught-up stream (its task calls this) until the loop hands it back (False)
+        or ``heartbeat_s`` passes with nothing written (True). A write the loop left
+        unfinished (:attr:`Parked.pending`) is finished here first, whatever ended the wait,
+        a cancellation too (the write is shielded): its connection's frames are never left
+        cut, and a WebSocket's send lock, held for it, is let go."""
+        self.park(bus, parked)
+        due = False
+        try:
+            while True:
+                with trio.move_on_at(parked.written_at + heartbeat_s):
+                    await parked.woken.wait()
+                    break
+                if trio.current_time() - parked.written_at >= heartbeat_s:
+                    due = True
+                    break
+        finally:
+            self.unpark(bus, parked)
+            if parked.pending:  # the rest goes first
+                rest, parked.pending = parked.pending, []
+                await parked.body.write_rest(rest)
+                parked.sub.writes_done += 1
+                parked.sub.end_write()
+                due = False  # something was written
+        return due
+
     def _mark(self, bus: Fanout) -> None:
         self._dirty[bus] = None
         self._marks += 1
@@ -145,7 +196,6 @@ class Delivery:
         ring = bus.ring
         last = ring.last_id
         first = ring.first_id
-        shared = bus.frames
         for parked in tuple(streams.values()):
             sub = parked.sub
             state = sub.state
@@ -156,7 +206,7 @@ class Delivery:
                 continue
             if last <= cursor:
                 continue
-            frames, state.cursor = shared.since(ring, cursor)
+            frames, state.cursor = parked.frames.since(ring, cursor)
             totals.events_delivered += state.cursor - cursor
             rest = parked.body.write_nowait(frames[0] if len(frames) == 1 else b"".join(frames))
             if rest:

@@ -10,9 +10,15 @@ extension), built once per wake-up for every subscriber and written in one vecto
 
 Hypercorn still owns the connection: it answers pings, sends its own pings and the close frame.
 It writes each of those under its connection's send lock, and so does this writer, so a frame
-of either is never cut into by the other; a frame of a message is written whole under one hold
-of the lock. wsproto keeps no state for a finished outgoing message, so its view of the
-connection is the same whoever wrote the messages.
+of either is never cut into by the other: a write of this writer's (whole frames) holds the lock
+until the kernel has all of it. The delivery loop (:mod:`daemon.delivery`) takes the lock
+without waiting (:meth:`DirectWebSocket.write_nowait`); when the socket takes only part of its
+write, the lock stays held and the stream's task writes the rest (:meth:`DirectWebSocket.
+write_rest`) before letting it go. That is why the lock is one no task owns
+(:mod:`daemon.bridge._sockets` gives each connection a ``trio.Semaphore(1)`` in place of
+Hypercorn's ``trio.Lock``, which only the task that took it may release). wsproto keeps no
+state for a finished outgoing message, so its view of the connection is the same whoever
+wrote the messages.
 
 Only where that holds: an HTTP/1.1 WebSocket (not one over HTTP/2) on a plain TCP connection
 the connection registry knows with its send lock, only with the WebSocket limits installed (no
@@ -24,11 +30,13 @@ Writes are shielded and fail with :class:`~daemon.bridge.BodyGone`, as a direct 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
 import trio
 
+from ..core.frame_codec import Buffer
 from . import _ws_limits as ws_limits
 from ._direct_body import _Socket, write_all
 from ._sockets import addr, registry
@@ -53,18 +61,62 @@ class DirectWebSocket:
     """Writes ready-framed WebSocket messages to one connection's socket, under the lock the
     server holds for its own writes to it."""
 
-    __slots__ = ("_lock", "_sock")
+    __slots__ = ("_held", "_lock", "_sock")
 
-    def __init__(self, sock: _Socket, lock: trio.Lock) -> None:
+    def __init__(self, sock: _Socket, lock: trio.Semaphore) -> None:
         self._sock = sock
         self._lock = lock
+        self._held = False  # the lock is held for a write write_nowait left unfinished
 
     async def write(self, frames: bytes) -> None:
         """Write ``frames`` (whole frames, not empty); returns once the kernel has all of them.
         Raises :class:`~daemon.bridge.BodyGone` if the connection is closed or broken."""
+        await self._write_locked([frames])
+
+    async def _write_locked(self, buffers: list[Buffer]) -> None:
         with trio.CancelScope(shield=True):
             async with self._lock:
-                await write_all(self._sock, [frames])
+                await write_all(self._sock, buffers)
+
+    def write_nowait(self, frames: bytes) -> list[Buffer]:
+        """Write ``frames`` (whole frames, not empty) as far as the socket takes it now,
+        without waiting: what is left (``[]`` once the kernel has all of it), to be written
+        next with :meth:`write_rest` before anything else. Nothing is written while the
+        server holds the send lock (all of it is left); when part of a frame is written the
+        lock stays held until :meth:`write_rest` has written the rest. A closed or broken
+        connection takes nothing here; :meth:`write_rest` then raises
+        :class:`~daemon.bridge.BodyGone`."""
+        lock = self._lock
+        try:
+            lock.acquire_nowait()
+        except trio.WouldBlock:  # the server is writing a frame of its own
+            return [frames]
+        sent = 0
+        try:
+            fd = self._sock.fileno()
+            if fd >= 0:
+                sent = os.write(fd, frames)
+        except OSError:  # would block, or the connection is gone (write_rest says which)
+            pass
+        if sent == len(frames) or not sent:
+            lock.release()
+            return [] if sent else [frames]
+        self._held = True  # the rest of a frame is still to come: nothing may go before it
+        return [memoryview(frames)[sent:]]
+
+    async def write_rest(self, buffers: list[Buffer]) -> None:
+        """Write what :meth:`write_nowait` left, under the send lock (still held from
+        :meth:`write_nowait` when it wrote part of a frame, let go here whatever happens);
+        returns once the kernel has all of it. Raises :class:`~daemon.bridge.BodyGone` if the
+        connection is closed or broken."""
+        if not self._held:
+            await self._write_locked(buffers)
+            return
+        try:
+            await write_all(self._sock, buffers)
+        finally:
+            self._held = False
+            self._lock.release()
 
 
 def direct_ws(scope: Mapping[str, Any]) -> DirectWebSocket | None:

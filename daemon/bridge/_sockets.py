@@ -51,13 +51,13 @@ class ConnectionRegistry:
         # key -> (socket, plain: the server writes to it as it is, with no TLS layer,
         #         reserve: a loopback health probe served over --max-connections,
         #         send lock: the lock the server holds while it writes to the socket)
-        self._open: dict[Key, tuple[_Shutdownable, bool, bool, trio.Lock | None]] = {}
+        self._open: dict[Key, tuple[_Shutdownable, bool, bool, trio.Semaphore | None]] = {}
 
     def __len__(self) -> int:
         return len(self._open)
 
     def add(self, key: Key, sock: _Shutdownable, *, plain: bool = False,
-            reserve: bool = False, send_lock: trio.Lock | None = None) -> None:
+            reserve: bool = False, send_lock: trio.Semaphore | None = None) -> None:
         """Register ``sock`` under ``key``; ``plain``: the server writes to it as it is (no
         TLS layer), so bytes written to it are what the peer reads; ``reserve``: it is served
         over ``--max-connections`` for one health probe; ``send_lock``: held by the server
@@ -79,7 +79,7 @@ class ConnectionRegistry:
         entry = self._open.get(key)
         return entry[0] if entry is not None and entry[1] else None
 
-    def plain_locked(self, key: Key) -> tuple[_Shutdownable, trio.Lock] | None:
+    def plain_locked(self, key: Key) -> tuple[_Shutdownable, trio.Semaphore] | None:
         """The socket of ``key`` and the server's send lock if it is open, plain TCP and was
         registered with its lock, else ``None``."""
         entry = self._open.get(key)
@@ -186,6 +186,14 @@ def install() -> bool:
         """Hypercorn's TCPServer, with its socket in :data:`registry` while it runs, run only
         if ``--max-connections`` admits the connection."""
 
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            # Hypercorn holds its send lock for each of its writes (``async with``, nothing
+            # else); in its place a lock no task owns, so that a direct WebSocket write the
+            # delivery loop began may be finished and let go by the stream's task
+            # (daemon.bridge._direct_ws).
+            self.send_lock = trio.Semaphore(1, max_value=1)
+
         async def run(self) -> None:
             stream = getattr(self, "stream", None)
             sock = _transport_socket(stream)
@@ -196,7 +204,7 @@ def install() -> bool:
             if key is not None:
                 lock = getattr(self, "send_lock", None)
                 registry.add(key, sock, plain=_is_plain(stream), reserve=reserve,
-                             send_lock=lock if isinstance(lock, trio.Lock) else None)
+                             send_lock=lock if isinstance(lock, trio.Semaphore) else None)
             try:
                 if reserve:
                     await connection_limit.serve_reserved(super().run, sock)

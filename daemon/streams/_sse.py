@@ -183,33 +183,11 @@ async def _stream_sse(sub: Subscription, pump: EventPump, plan: ResumePlan,
         if bus.closed:
             break
         if delivery is not None and direct is not None:
-            parked = Parked(sub, direct, trio.current_time())
-            heartbeat_due = await _parked(delivery, bus, parked, pump.heartbeat_s)
-            if parked.pending:  # a write the socket did not take whole: the rest goes first
-                await direct.write_rest(parked.pending)
-                sub.writes_done += 1
-                sub.end_write()
-                continue
-            if not heartbeat_due:
+            parked = Parked(sub, direct, bus.frames, trio.current_time())
+            if not await delivery.wait(bus, parked, pump.heartbeat_s):
                 continue
         elif await pump.wait():
             continue
         sub.begin_write()  # a stalled heartbeat is a stalled write like any other
         await body(SSE_HEARTBEAT)
         sub.end_write()
-
-
-async def _parked(delivery: Delivery, bus: SessionBus, parked: Parked,
-                  heartbeat_s: float) -> bool:
-    """Wait in the delivery loop until it hands the stream back (False) or the heartbeat
-    interval passes with nothing written (True)."""
-    delivery.park(bus, parked)
-    try:
-        while True:
-            with trio.move_on_at(parked.written_at + heartbeat_s):
-                await parked.woken.wait()
-                return False
-            if trio.current_time() - parked.written_at >= heartbeat_s:
-                return True
-    finally:
-        delivery.unpark(bus, parked)

@@ -5,9 +5,10 @@ shell."""
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import trio
 
@@ -27,6 +28,7 @@ from ..core.subscriber import (
     SubscriberState,
     client_evicted_event,
 )
+from ..delivery import Delivery, Parked
 from ..metrics import totals
 from ._request import (
     _EPOCH_BYTES,
@@ -50,6 +52,8 @@ from ._subscription import (
 )
 
 log = logging.getLogger("daemon.streams")
+
+T = TypeVar("T")
 
 
 async def _ws_group(write: Callable[[Sequence[Event]], Awaitable[None]],
@@ -80,7 +84,7 @@ async def serve_ws(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
     # socket from here on (daemon.bridge's direct WebSocket writer), framed once per wake-up
     # for every WebSocket subscriber of the bus; else one ASGI message per event.
     direct = direct_ws(scope)
-    writer: _WsWriter = (_DirectWs(direct, sub) if direct is not None
+    writer: _WsWriter[Any] = (_DirectWs(direct, sub) if direct is not None
                          else _AsgiWs(send, sub))
     close_code = 1000
     disconnected = False
@@ -113,75 +117,97 @@ async def serve_ws(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
     await final_send(sub, send, closing, EVICTED_FRAME_TIMEOUT_S)
 
 
-class _WsWriter:
-    """How a WebSocket stream's events reach its connection (one message per event)."""
+class _WsWriter(Generic[T]):
+    """How a WebSocket stream's events reach its connection (one message per event); ``T``:
+    what one live write carries."""
+
+    def __init__(self, sub: Subscription) -> None:
+        self._sub = sub
 
     async def events(self, events: Sequence[Event]) -> None:
         """Send ``events`` (a resume plan's or a replay's), in order."""
         raise NotImplementedError
 
+    async def _next(self, pump: EventPump) -> list[T] | None:
+        """The live events after the cursor (with a pending warning first) as one write's
+        parts; ``None`` once the subscriber is evicted. Advances the cursor."""
+        raise NotImplementedError
+
+    async def _send(self, batch: list[T]) -> None:
+        """Send what :meth:`_next` took."""
+        raise NotImplementedError
+
     async def live(self, pump: EventPump) -> bool | None:
         """Send the live events after the cursor (with a pending warning first): whether
         anything was sent, ``None`` once the subscriber is evicted."""
-        raise NotImplementedError
-
-
-class _AsgiWs(_WsWriter):
-    """Through the server: one ASGI ``websocket.send`` per event."""
-
-    def __init__(self, send: Send, sub: Subscription) -> None:
-        self._send = send
-        self._sub = sub
-
-    async def events(self, events: Sequence[Event]) -> None:
-        for event in events:
-            await self._send({"type": "websocket.send", "text": event.raw.decode()})
-        self._sub.writes_done += 1
-
-    async def live(self, pump: EventPump) -> bool | None:
-        batch = pump.next_batch()
+        batch = await self._next(pump)
         if batch is None:
             return None
         if not batch:
             return False
         self._sub.begin_write()
-        await self.events(batch)
+        await self._send(batch)
         self._sub.end_write()
         return True
 
+    async def idle(self, pump: EventPump) -> None:
+        """Wait for the next events (or for whatever else needs the stream's task)."""
+        await pump.wait()
 
-class _DirectWs(_WsWriter):
+
+class _AsgiWs(_WsWriter[Event]):
+    """Through the server: one ASGI ``websocket.send`` per event."""
+
+    def __init__(self, send: Send, sub: Subscription) -> None:
+        super().__init__(sub)
+        self._send_asgi = send
+
+    async def events(self, events: Sequence[Event]) -> None:
+        for event in events:
+            await self._send_asgi({"type": "websocket.send", "text": event.raw.decode()})
+        self._sub.writes_done += 1
+
+    async def _next(self, pump: EventPump) -> list[Event] | None:
+        return pump.next_batch()
+
+    async def _send(self, batch: list[Event]) -> None:
+        await self.events(batch)
+
+
+class _DirectWs(_WsWriter[bytes]):
     """Straight to the socket: a wake-up's frames, shared with the bus's other WebSocket
-    subscribers, in one write."""
+    subscribers, in one write; caught up, the stream waits in the delivery loop
+    (:mod:`daemon.delivery`), which writes its frames from then on."""
 
     def __init__(self, direct: DirectWebSocket, sub: Subscription) -> None:
+        super().__init__(sub)
         self._direct = direct
-        self._sub = sub
 
     async def events(self, events: Sequence[Event]) -> None:
         for chunk in ws_chunks(events, max_chunk=2 * REPLAY_CHUNK_BYTES):
             await self._direct.write(chunk)
             self._sub.writes_done += 1
 
-    async def live(self, pump: EventPump) -> bool | None:
+    async def _next(self, pump: EventPump) -> list[bytes] | None:
         for _ in range(GATHER_PASSES):  # see daemon.core.flow_control
             if not pump.worth_gathering():
                 break
             await trio.lowlevel.checkpoint()
-        frames = pump.next_ws()
-        if frames is None:
-            return None
-        if not frames:
-            return False
-        self._sub.begin_write()
+        return pump.next_ws()
+
+    async def _send(self, batch: list[bytes]) -> None:
         # One write per wake-up, however many segments it spans.
-        await self._direct.write(frames[0] if len(frames) == 1 else b"".join(frames))
+        await self._direct.write(batch[0] if len(batch) == 1 else b"".join(batch))
         self._sub.writes_done += 1
-        self._sub.end_write()
-        return True
+
+    async def idle(self, pump: EventPump) -> None:
+        # No heartbeat of the stream's own: the server pings (--ws-ping-ms).
+        bus = pump.bus
+        await Delivery.current().wait(
+            bus, Parked(self._sub, self._direct, bus.ws_frames, trio.current_time()), math.inf)
 
 
-async def _run_ws(sub: Subscription, pump: EventPump, plan: ResumePlan, writer: _WsWriter,
+async def _run_ws(sub: Subscription, pump: EventPump, plan: ResumePlan, writer: _WsWriter[Any],
                   scope: trio.CancelScope, gone: list[BodyGone]) -> None:
     """A WebSocket stream's events in a task of its own (see :func:`_run_sse`): the resume
     plan's events and replay, then live batches until the subscriber is evicted or the bus
@@ -201,7 +227,7 @@ async def _run_ws(sub: Subscription, pump: EventPump, plan: ResumePlan, writer: 
                 continue
             if bus.closed:
                 break
-            await pump.wait()
+            await writer.idle(pump)
     except BodyGone as exc:
         log.info("event=ws_connection_gone reason=%s", exc)
         gone.append(exc)

@@ -62,7 +62,7 @@ async def test_the_direct_writer_waits_for_the_servers_send_lock() -> None:
     ours, peer = socket.socketpair()
     ours.setblocking(False)
     peer.setblocking(False)
-    lock = trio.Lock()
+    lock = trio.Semaphore(1, max_value=1)  # the connection registry's lock (no owner)
     writer = DirectWebSocket(ours, lock)
     frames = ws_frames([_event(b"hello")])
     try:
