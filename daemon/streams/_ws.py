@@ -85,7 +85,7 @@ async def serve_ws(scope: Scope, receive: Receive, send: Send, bus: SessionBus,
     # for every WebSocket subscriber of the bus; else one ASGI message per event.
     direct = direct_ws(scope)
     writer: _WsWriter[Any] = (_DirectWs(direct, sub) if direct is not None
-                         else _AsgiWs(send, sub))
+                              else _AsgiWs(send, sub))
     close_code = 1000
     disconnected = False
     gone: list[BodyGone] = []  # the connection went away under a direct write
