@@ -25,6 +25,7 @@ from hypercorn.trio import run as hyper_run
 from hypercorn.trio import serve
 from hypercorn.trio.tcp_server import TCPServer
 
+from daemon.bridge import _patches
 from daemon.bridge import _sockets as sockets
 from tests.harness import answer_lifespan, start_daemon
 from tests.stalls import fd_count, holds_connection, open_stalled_sse, poll, run_turn, status
@@ -39,7 +40,7 @@ async def test_registry_tracks_exactly_the_open_hypercorn_connections() -> None:
     """The patched shape: Hypercorn's worker builds its per-connection server through the
     module's ``TCPServer`` name, which now registers the socket the ASGI scope names, for as
     long as the connection lives. Fails if a Hypercorn upgrade moves any of it."""
-    assert sockets.install()
+    assert _patches.install().connection_registry  # through the one installer, as the daemon
     assert hyper_run.TCPServer is not TCPServer and issubclass(hyper_run.TCPServer, TCPServer)
     seen: list[bool] = []
 

@@ -136,9 +136,13 @@ def _probe_config() -> Any:
 
 
 def _patches_installed() -> None:
-    from daemon.bridge import _sockets, _ws_limits
+    # Through the one installer, as the daemon does: installing a part on its own would leave
+    # the installer's status saying "nothing installed", and a daemon started later in this
+    # process would then check Hypercorn's shape against the patched code and refuse it.
+    from daemon.bridge import _patches
 
-    assert _sockets.install() and _ws_limits.install()
+    status = _patches.install()
+    assert status.connection_registry and status.ws_limits
 
 
 async def test_the_websocket_probe_finds_this_hypercorn_writes_what_the_direct_writer_does(
