@@ -331,7 +331,7 @@ class Shipping:
             bus = self.bus_for(session_id)
             keep_from = stream_keep_from(bus.ring.first_id if bus is not None else None,
                                          runs[-1][1], self.events_cap)
-        args = append_args(generation, oplog.epoch or "", keep_from, oplog.length,
+        args = append_args(self.membership.node_id, generation, oplog.epoch or "", keep_from, oplog.length,
                            [encode_op(op) for op in ops], runs,
                            self.membership.idle_retention_ms)
         ok = await self.redis.call(lambda: self.redis.scripts.append(
@@ -361,7 +361,8 @@ class Shipping:
         while True:
             try:
                 ok = await self.redis.call(lambda: self.redis.scripts.compact(
-                    keys=[keys.directory, keys.ops], args=compaction.args(generation)))
+                    keys=[keys.directory, keys.ops],
+                    args=compaction.args(self.membership.node_id, generation)))
                 break
             except Exception as exc:
                 log.warning("event=cluster_compact_failed session=%s error=%r retry_s=%.2f",

@@ -8,10 +8,13 @@ one slot and each script below touches one slot only (a requirement of Redis Clu
 Ownership: a session's owner holds its lease key (value ``"<nodeId> <generation>"``, with a TTL of
 ``--lease-ms``) and its directory entry names the owner and the generation. A claim succeeds
 when the lease is free (never taken, expired, or already the caller's) and raises the
-generation by one. Every append to the session's op log and event stream carries the
-generation; the script refuses it unless it is still the directory's generation, so a node
-that lost the session (paused past its lease while another node took over) cannot write into
-it any more, however late it wakes up. A release raises the generation as well: it retires the
+generation by one. Every append to the session's op log and event stream carries the fencing
+token ``"<nodeId> <generation>"`` (the lease's value); the script refuses it unless it is still
+the directory's owner and generation, so a node that lost the session (paused past its lease
+while another node took over) cannot write into it any more, however late it wakes up. (The
+owner is part of the token because Redis can lose a claim, in a crash within its AOF's last
+second or a failover to a replica behind, and issue the same generation again, to another
+node.) A release raises the generation as well: it retires the
 owner's, so nothing the owner sent before its release (a renewal, an append) lands after it.
 """
 
@@ -239,18 +242,20 @@ redis.call('PEXPIRE', KEYS[4], ARGV[4])
 return 1
 """
 
-# KEYS: directory, ops, events. ARGV: generation, epoch, the oldest event id to keep in the
-# stream (0: trim nothing), the op log's length before this batch, idle retention ms, n ops,
-# then n encoded ops, then triples (first id, last id, joined envelopes) for the event stream.
-# Append only while the generation is the directory's: a stale owner's writes are refused
-# whole. The expected length makes a resend idempotent: a batch that already landed (its
+# KEYS: directory, ops, events. ARGV: fencing token ("<node id> <generation>"), epoch, the
+# oldest event id to keep in the stream (0: trim nothing), the op log's length before this
+# batch, idle retention ms, n ops, then n encoded ops, then triples (first id, last id, joined
+# envelopes) for the event stream.
+# Append only while the token is the directory's owner and generation: a stale owner's writes
+# are refused whole. The expected length makes a resend idempotent: a batch that already landed (its
 # answer was lost) is not appended twice. The keys written live the idle retention from now.
 # The stream is trimmed by event id (see STREAM IDS below): it keeps no event of the current
 # epoch older than the one named, and nothing of earlier epochs then.
 # Returns 1 (appended, or already there), 0 when fenced, -1 when the op log is not where the
 # owner thinks (it must not write on).
 APPEND_SCRIPT: Final = """
-if redis.call('HGET', KEYS[1], 'gen') ~= ARGV[1] then
+local held = redis.call('HMGET', KEYS[1], 'owner', 'gen')
+if (held[1] or '') .. ' ' .. (held[2] or '') ~= ARGV[1] then
   return 0
 end
 local n = tonumber(ARGV[6])
@@ -305,8 +310,8 @@ return 1
 # whatever the sizes of the publish batches (``MAXLEN`` counted entries, i.e. batches).
 
 
-# KEYS: directory, ops. ARGV: generation, the op log's length now, the index its compacted
-# stretch starts at, then the positions (relative to that index) of the stretch's ops that
+# KEYS: directory, ops. ARGV: fencing token (as for an append), the op log's length now, the
+# index its compacted stretch starts at, then the positions (relative to that index) of the stretch's ops that
 # stay, ascending.
 # Compaction: replace the stretch from the start index to the end of the log by the ops
 # that stay (a finished turn's raw events go: its FinishTurn holds the compacted records and
@@ -315,7 +320,8 @@ return 1
 # one op) and does nothing. Returns 1 (compacted, or already), 0 when fenced, -1 when the op
 # log is not where the owner thinks.
 COMPACT_SCRIPT: Final = """
-if redis.call('HGET', KEYS[1], 'gen') ~= ARGV[1] then
+local held = redis.call('HMGET', KEYS[1], 'owner', 'gen')
+if (held[1] or '') .. ' ' .. (held[2] or '') ~= ARGV[1] then
   return 0
 end
 local have = redis.call('LLEN', KEYS[2])
@@ -347,9 +353,9 @@ return {redis.call('HGETALL', KEYS[1]), redis.call('PTTL', KEYS[2])}
 
 # KEYS: directory, lease. ARGV: node id, generation, epoch, first event id.
 # The owner's new bus (a new session, or a restore): its event epoch and the id its events
-# start at, fenced like an append.
+# start at, fenced like an append (owner and generation).
 SET_EPOCH_SCRIPT: Final = """
-if redis.call('HGET', KEYS[1], 'gen') ~= ARGV[2] then
+if redis.call('HGET', KEYS[1], 'gen') ~= ARGV[2] or redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then
   return 0
 end
 redis.call('HSET', KEYS[1], 'epoch', ARGV[3], 'base', ARGV[4])
@@ -367,7 +373,7 @@ return 1
 # keys live the closed retention from now (its directory entry answers 404 everywhere
 # meanwhile, and readers behind on its stream still get its end), then Redis drops them.
 RELEASE_SCRIPT: Final = """
-if redis.call('HGET', KEYS[1], 'gen') ~= ARGV[2] then
+if redis.call('HGET', KEYS[1], 'gen') ~= ARGV[2] or redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then
   return 0
 end
 redis.call('HINCRBY', KEYS[1], 'gen', 1)
@@ -436,13 +442,14 @@ def readers_by_node(flat: list[Any], own_node_id: str, own_count: int) -> dict[s
     return out
 
 
-def append_args(generation: int, epoch: str, keep_from: int, log_len: int, ops: list[bytes],
-                runs: list[tuple[int, int, bytes]],
+def append_args(owner: str, generation: int, epoch: str, keep_from: int, log_len: int,
+                ops: list[bytes], runs: list[tuple[int, int, bytes]],
                 retention_ms: int = IDLE_RETENTION_MS) -> list[str | bytes | int]:
-    """``ARGV`` of :data:`APPEND_SCRIPT` (``log_len``: the op log's length before ``ops``;
-    ``keep_from``: the oldest event id the stream keeps, 0 for all)."""
-    out: list[str | bytes | int] = [str(generation), epoch, keep_from, log_len, retention_ms,
-                                    len(ops), *ops]
+    """``ARGV`` of :data:`APPEND_SCRIPT` for the lease ``owner`` holds at ``generation``
+    (``log_len``: the op log's length before ``ops``; ``keep_from``: the oldest event id the
+    stream keeps, 0 for all)."""
+    out: list[str | bytes | int] = [lease_value(owner, generation), epoch, keep_from, log_len,
+                                    retention_ms, len(ops), *ops]
     for first, last, raw in runs:
         out += [first, last, raw]
     return out
@@ -539,8 +546,8 @@ class Compaction:
     end: int
     keep: tuple[int, ...]
 
-    def args(self, generation: int) -> list[int | str]:
-        return [str(generation), self.end, self.start, *self.keep]
+    def args(self, owner: str, generation: int) -> list[int | str]:
+        return [lease_value(owner, generation), self.end, self.start, *self.keep]
 
     @property
     def new_length(self) -> int:

@@ -149,8 +149,8 @@ def test_stream_keeps_what_the_ring_holds() -> None:
 
 
 def test_append_args_layout() -> None:
-    assert append_args(4, "ep", 8000, 7, [b"o1", b"o2"], [(1, 2, b"x\ny")], 60_000) == [
-        "4", "ep", 8000, 7, 60_000, 2, b"o1", b"o2", 1, 2, b"x\ny"]
+    assert append_args("A", 4, "ep", 8000, 7, [b"o1", b"o2"], [(1, 2, b"x\ny")], 60_000) == [
+        "A 4", "ep", 8000, 7, 60_000, 2, b"o1", b"o2", 1, 2, b"x\ny"]
 
 
 def test_single_node_mode_never_imports_the_cluster_code() -> None:
@@ -236,7 +236,7 @@ def test_log_tail_compacts_each_finished_turn_as_the_owner_appends() -> None:
     assert log == [ops[i] for i in compact_ops(ops)]
     assert [(c.start, c.end, c.keep) for c in compactions] == [(0, 5, (0, 1, 4)),
                                                               (3, 8, (0, 2, 4))]
-    assert compactions[0].args(7) == ["7", 5, 0, 0, 1, 4]
+    assert compactions[0].args("A", 7) == ["A 7", 5, 0, 0, 1, 4]
     # The tail of a log read at a takeover: what follows its last FinishTurn.
     resumed = LogTail.of(log)
     assert (resumed.start, resumed.length, resumed.keep) == (6, 3, [0])

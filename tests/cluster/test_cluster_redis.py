@@ -102,26 +102,26 @@ async def test_lease_and_fencing_scripts_on_a_real_redis(tmp_path: Path) -> None
             assert refused[0] == 0 and 0 < refused[1] <= 60_000  # the lease's remaining ms
             assert await client.get(keys.lease) == b"A 1"
             log = [keys.directory, keys.ops, keys.events]
-            assert await append(keys=log, args=append_args(1, "e1", 1, 0, [b"op1"],
+            assert await append(keys=log, args=append_args("A", 1, "e1", 1, 0, [b"op1"],
                                                           [(1, 2, b"x\ny")])) == 1
             # The same batch again (its answer was lost): already there, not appended twice.
-            assert await append(keys=log, args=append_args(1, "e1", 1, 0, [b"op1"],
+            assert await append(keys=log, args=append_args("A", 1, "e1", 1, 0, [b"op1"],
                                                           [(1, 2, b"x\ny")])) == 1
             assert await client.llen(keys.ops) == 1 and await client.xlen(keys.events) == 1
             # A writer that lost track of the log is refused (-1), nothing lands.
-            assert await append(keys=log, args=append_args(1, "e1", 1, 5, [b"op?"], [])) == -1
+            assert await append(keys=log, args=append_args("A", 1, "e1", 1, 5, [b"op?"], [])) == -1
             assert await client.llen(keys.ops) == 1
             # The lease runs out (here: dropped, as its TTL would); B takes over.
             await client.delete([keys.lease])
             assert await claim(keys=claiming, args=["B", "http://b", "/w", "e2", 60_000, DAY]) \
                 == [1, 2, 1]
             assert await renew(keys=lease, args=["A", 1, 60_000, DAY]) == 0
-            assert await append(keys=log, args=append_args(1, "e1", 1, 1, [b"late"],
+            assert await append(keys=log, args=append_args("A", 1, "e1", 1, 1, [b"late"],
                                                           [(3, 3, b"z")])) == 0
             assert await client.lrange(keys.ops, 0, -1) == [b"op1"]
             assert await client.xlen(keys.events) == 1
             assert await renew(keys=lease, args=["B", 2, 60_000, DAY]) == 1
-            assert await append(keys=log, args=append_args(2, "e2", 1, 1, [b"op2"], [])) == 1
+            assert await append(keys=log, args=append_args("B", 2, "e2", 1, 1, [b"op2"], [])) == 1
             assert await client.lrange(keys.ops, 0, -1) == [b"op1", b"op2"]
             entry = (await client.xrange(keys.events))[0].field_values
             assert (entry[b"e"], entry[b"f"], entry[b"l"], entry[b"b"]) == (
@@ -166,23 +166,23 @@ async def test_compaction_and_retention_scripts_on_a_real_redis(tmp_path: Path) 
             assert 0 < await client.pttl(keys.directory) <= DAY
             log = [keys.directory, keys.ops, keys.events]
             batch = [b"up", b"admit", b"ev1", b"ev2", b"finish"]
-            assert await append(keys=log, args=append_args(1, "e1", 1, 0, batch,
+            assert await append(keys=log, args=append_args("A", 1, "e1", 1, 0, batch,
                                                           [(1, 1, b"x")], DAY)) == 1
             for key in (keys.ops, keys.events):
                 assert 0 < await client.pttl(key) <= DAY
             turn = Compaction(1, 5, (0, 3))  # from "admit": keep admit and finish
             ops = [keys.directory, keys.ops]
-            assert await compact(keys=ops, args=turn.args(2)) == 0  # another generation
+            assert await compact(keys=ops, args=turn.args("A", 2)) == 0  # another generation
             assert await client.llen(keys.ops) == 5
-            assert await compact(keys=ops, args=Compaction(1, 6, (0, 3)).args(1)) == -1
-            assert await compact(keys=ops, args=turn.args(1)) == 1
+            assert await compact(keys=ops, args=Compaction(1, 6, (0, 3)).args("A", 1)) == -1
+            assert await compact(keys=ops, args=turn.args("A", 1)) == 1
             assert await client.lrange(keys.ops, 0, -1) == [b"up", b"admit", b"finish"]
-            assert await compact(keys=ops, args=turn.args(1)) == 1  # resent: already done
+            assert await compact(keys=ops, args=turn.args("A", 1)) == 1  # resent: already done
             assert await client.lrange(keys.ops, 0, -1) == [b"up", b"admit", b"finish"]
-            assert await compact(keys=ops, args=Compaction(0, 3, ()).args(1)) == 1
+            assert await compact(keys=ops, args=Compaction(0, 3, ()).args("A", 1)) == 1
             assert await client.exists([keys.ops]) == 0
             # A client deletes the session: its keys live the closed retention, then go.
-            await append(keys=log, args=append_args(1, "e1", 1, 0, [b"again"], [], DAY))
+            await append(keys=log, args=append_args("A", 1, "e1", 1, 0, [b"again"], [], DAY))
             assert await release(keys=keys.all(), args=["A", 1, "1", 1_000]) == 1
             for key in (keys.directory, keys.ops, keys.events):
                 assert 0 < await client.pttl(key) <= 1_000
@@ -216,7 +216,7 @@ async def test_the_event_stream_is_trimmed_by_event_id(tmp_path: Path) -> None:
                 first, last = last + 1, last + size
                 runs = [(first, last, b"\n".join(b"e%d" % i for i in range(first, last + 1)))]
                 keep = max(1, last - ring + 1)
-                assert await append(keys=log, args=append_args(1, "e1", keep, length,
+                assert await append(keys=log, args=append_args("A", 1, "e1", keep, length,
                                                               [b"op"], runs, DAY)) == 1
                 length += 1
                 held = await events_held(client)
@@ -227,7 +227,7 @@ async def test_the_event_stream_is_trimmed_by_event_id(tmp_path: Path) -> None:
             # A new epoch (a takeover) starts at id 1 again: its entries sort after.
             await client.delete([keys.lease])
             assert (await claim(keys=keys.all(), args=["B", "u", "/w", "e2", 60_000, DAY]))[0]
-            assert await append(keys=log, args=append_args(2, "e2", 1, length, [b"op"],
+            assert await append(keys=log, args=append_args("B", 2, "e2", 1, length, [b"op"],
                                                           [(1, 5, b"a\nb\nc\nd\ne")], DAY)) == 1
             entries = await client.xrange(keys.events)
             assert [e.field_values[b"e"] for e in entries] == [b"e2"]  # the old epoch left
@@ -318,25 +318,25 @@ async def test_a_former_owner_s_late_writes_land_nowhere(tmp_path: Path) -> None
             log = [keys.directory, keys.ops, keys.events]
             assert (await claim(keys=keys.all(), args=["A", "u", "/w", "e1", 60_000, DAY]))[:2] \
                 == [1, 1]
-            assert await append(keys=log, args=append_args(1, "e1", 1, 0, [b"a", b"b"],
+            assert await append(keys=log, args=append_args("A", 1, "e1", 1, 0, [b"a", b"b"],
                                                           [(1, 1, b"x")], DAY)) == 1
             assert await release(keys=keys.all(), args=["A", 1, "0", HOUR]) == 1
             assert await client.exists([keys.lease]) == 0
             assert await renew(keys=keys.all(), args=["A", 1, 60_000, DAY]) == 0
             assert await client.exists([keys.lease]) == 0
-            assert await append(keys=log, args=append_args(1, "e1", 1, 2, [b"late"],
+            assert await append(keys=log, args=append_args("A", 1, "e1", 1, 2, [b"late"],
                                                           [(2, 2, b"y")], DAY)) == 0
             assert await set_epoch(keys=[keys.directory, keys.lease],
                                    args=["A", 1, "e-late", 9]) == 0
             assert await compact(keys=[keys.directory, keys.ops],
-                                 args=Compaction(0, 2, (1,)).args(1)) == 0
+                                 args=Compaction(0, 2, (1,)).args("A", 1)) == 0
             assert await client.lrange(keys.ops, 0, -1) == [b"a", b"b"]
             assert await client.xlen(keys.events) == 1
             assert await client.hget(keys.directory, "epoch") == b"e1"
             # The next claim (any node's) raises the generation again and writes on.
             assert (await claim(keys=keys.all(), args=["B", "u", "/w", "e2", 60_000, DAY]))[:2] \
                 == [1, 3]
-            assert await append(keys=log, args=append_args(3, "e2", 1, 2, [b"c"], [], DAY)) == 1
+            assert await append(keys=log, args=append_args("B", 3, "e2", 1, 2, [b"c"], [], DAY)) == 1
             # B closes it; A's claim, decided before the close, runs after it: refused.
             assert await release(keys=keys.all(), args=["B", 3, "1", HOUR]) == 1
             assert await claim(keys=keys.all(), args=["A", "u", "/w", "e3", 60_000, DAY]) \
@@ -345,3 +345,55 @@ async def test_a_former_owner_s_late_writes_land_nowhere(tmp_path: Path) -> None
             assert await client.exists([keys.lease]) == 0
             for key in (keys.directory, keys.ops, keys.events):
                 assert 0 < await client.pttl(key) <= HOUR
+
+
+async def test_a_generation_issued_twice_still_fences_the_node_it_was_taken_from(
+        tmp_path: Path) -> None:
+    """Redis can lose an acknowledged claim (a crash within its AOF's last second, a
+    failover to a replica behind) and then issue the same generation to another node. The
+    fencing token is the owner and the generation: the node whose claim was lost has its
+    appends, compactions, new epoch and release refused under the other node's equal
+    generation, and nothing of them lands."""
+    from daemon.core.cluster import (
+        APPEND_SCRIPT,
+        CLAIM_SCRIPT,
+        COMPACT_SCRIPT,
+        RELEASE_SCRIPT,
+        SET_EPOCH_SCRIPT,
+        Compaction,
+        append_args,
+        session_keys,
+    )
+
+    keys = session_keys("s6")
+    with redis_server(tmp_path / "r") as server:
+        client = coredis.Redis(host="127.0.0.1", port=server.port)
+        async with client:
+            claim = client.register_script(CLAIM_SCRIPT)
+            append = client.register_script(APPEND_SCRIPT)
+            set_epoch = client.register_script(SET_EPOCH_SCRIPT)
+            compact = client.register_script(COMPACT_SCRIPT)
+            release = client.register_script(RELEASE_SCRIPT)
+            log = [keys.directory, keys.ops, keys.events]
+            assert (await claim(keys=keys.all(), args=["A", "u", "/w", "e1", 60_000, DAY]))[:2] \
+                == [1, 1]
+            # Redis loses A's claim (what a failover to a replica without it leaves) ...
+            await client.delete([keys.directory, keys.lease])
+            # ... and B claims: generation 1 again, B's now.
+            assert (await claim(keys=keys.all(), args=["B", "u", "/w", "e2", 60_000, DAY])) \
+                == [1, 1, 0]
+            assert await append(keys=log, args=append_args("A", 1, "e1", 1, 0, [b"a"],
+                                                          [(1, 1, b"x")], DAY)) == 0
+            assert await set_epoch(keys=[keys.directory, keys.lease],
+                                   args=["A", 1, "e1", 1]) == 0
+            assert await release(keys=keys.all(), args=["A", 1, "0", HOUR]) == 0
+            assert await client.get(keys.lease) == b"B 1"
+            assert await append(keys=log, args=append_args("B", 1, "e2", 1, 0, [b"b1", b"b2"],
+                                                          [], DAY)) == 1
+            assert await compact(keys=[keys.directory, keys.ops],
+                                 args=Compaction(0, 2, (1,)).args("A", 1)) == 0
+            assert await client.lrange(keys.ops, 0, -1) == [b"b1", b"b2"]
+            assert await client.exists([keys.events]) == 0
+            assert await client.hget(keys.directory, "epoch") == b"e2"
+            assert await set_epoch(keys=[keys.directory, keys.lease],
+                                   args=["B", 1, "e2", 1]) == 1
