@@ -43,7 +43,8 @@ class Reclaimer:
         published bytes starts again."""
         return self._trim_logged(reason, quiet=quiet)
 
-    def _trim_logged(self, reason: str, *, quiet: bool = False) -> bool:
+    def _trim_logged(self, reason: str, *, quiet: bool = False,
+                     now: float | None = None) -> bool:
         self.trims += 1
         for release in self.releasers:
             release()
@@ -53,7 +54,7 @@ class Reclaimer:
         if not quiet:
             log.info("event=heap_trimmed reason=%s published_bytes=%d released=%s", reason,
                      self.policy.churn, released)
-        self.policy.trimmed()
+        self.policy.trimmed(now)
         return released
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -66,5 +67,5 @@ class Reclaimer:
             # stops moving.
             while (due := policy.due_at()) is not None and due > trio.current_time():
                 await trio.sleep_until(due)
-            self._trim_logged("churn")
+            self._trim_logged("churn", now=trio.current_time())
             self._due = trio.Event()

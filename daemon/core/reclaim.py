@@ -7,6 +7,10 @@ gives them back, but it costs milliseconds when it releases tens of MB, so it ru
 bytes have gone through the buses, when publishing pauses, and at most about once a second
 while it does not (figures: benchmarks/README.md, "Figures behind the code").
 
+A trim forced while publishing goes on (the longest delay) leaves the stream's tail: the bytes
+published after it free heap too, and fewer than the minimum would never trim again. The first
+pause after such a trim trims, whatever the churn since.
+
 Pure: :class:`ReclaimPolicy` is told the bytes published and the times, and says when to trim.
 """
 
@@ -36,6 +40,9 @@ class ReclaimPolicy:
     churn: int = 0
     _last_note_at: float = 0.0
     _armed_at: float | None = None
+    # The last trim ran while publishing went on: the next pause trims, whatever the churn.
+    _tail: bool = False
+    _tail_at: float | None = None  # the first note of that tail
 
     def __post_init__(self) -> None:
         if self.min_churn_bytes < 1:
@@ -51,20 +58,31 @@ class ReclaimPolicy:
             return False
         self.churn += nbytes
         self._last_note_at = now
-        if self._armed_at is None and self.churn >= self.min_churn_bytes:
-            self._armed_at = now
-            return True
+        if self._armed_at is None:
+            if self.churn >= self.min_churn_bytes:
+                self._armed_at = now
+                return True
+            if self._tail and self._tail_at is None:
+                self._tail_at = now
+                return True
         return False
 
     def due_at(self) -> float | None:
         """When the next trim is due (it may be in the past), or None while the churn is below
         the minimum. Later notes move it on, up to ``max_delay_s`` after the churn passed the
-        minimum."""
-        if self._armed_at is None:
-            return None
-        return min(self._last_note_at + self.quiet_s, self._armed_at + self.max_delay_s)
+        minimum. After a trim that ran while publishing went on, the next pause is due too."""
+        if self._armed_at is not None:
+            return min(self._last_note_at + self.quiet_s, self._armed_at + self.max_delay_s)
+        if self._tail_at is not None:
+            return self._last_note_at + self.quiet_s
+        return None
 
-    def trimmed(self) -> None:
-        """A trim ran: count from zero again."""
+    def trimmed(self, now: float | None = None) -> None:
+        """A trim ran (at ``now``, for one this policy made due): count from zero again. One
+        that ran while publishing went on (the last note less than ``quiet_s`` before it)
+        makes the next pause due, whatever the churn by then."""
+        self._tail = (now is not None and self._armed_at is not None
+                      and now < self._last_note_at + self.quiet_s)
         self.churn = 0
         self._armed_at = None
+        self._tail_at = None

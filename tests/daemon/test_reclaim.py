@@ -56,6 +56,31 @@ def test_a_stream_that_never_pauses_is_trimmed_after_the_longest_delay() -> None
     assert policy.due_at() == pytest.approx(4.0)
 
 
+def test_the_tail_of_a_stream_trimmed_while_it_flowed_is_trimmed_once_it_pauses() -> None:
+    policy = ReclaimPolicy(min_churn_bytes=10, quiet_s=0.05, max_delay_s=1.0)
+    policy.note(10, 3.0)
+    policy.note(1, 3.99)
+    assert policy.due_at() == pytest.approx(4.0)
+    policy.trimmed(4.0)  # the longest delay: the stream still flowed
+    # Its tail stays below the minimum; the first note of it wakes the trimmer, and the pause
+    # after the last one is due.
+    assert policy.note(2, 4.01) is True
+    assert policy.note(2, 4.02) is False
+    assert policy.churn == 4 and policy.due_at() == pytest.approx(4.07)
+    policy.trimmed(4.07)  # that trim ran in a pause: the next few bytes wait for the minimum
+    assert policy.note(2, 9.0) is False and policy.due_at() is None
+
+
+def test_a_trim_in_a_pause_or_asked_for_leaves_no_tail_to_trim() -> None:
+    policy = ReclaimPolicy(min_churn_bytes=10, quiet_s=0.05, max_delay_s=1.0)
+    policy.note(10, 1.0)
+    policy.trimmed(1.05)  # the burst had paused
+    assert policy.note(1, 1.5) is False and policy.due_at() is None
+    policy.note(10, 2.0)
+    policy.trimmed()  # asked for (trim_now), not made due by the policy
+    assert policy.note(1, 2.01) is False and policy.due_at() is None
+
+
 @pytest.mark.parametrize("kwargs", [{"min_churn_bytes": 0}, {"quiet_s": 0},
                                     {"quiet_s": 2.0, "max_delay_s": 1.0}])
 def test_bad_policy_settings_are_refused(kwargs: dict[str, float]) -> None:
@@ -96,6 +121,19 @@ async def test_the_task_trims_after_a_burst_and_under_a_steady_stream(
         assert len(trims) == pytest.approx(elapsed / MAX_DELAY_S, abs=1)
         assert all(b - a >= MAX_DELAY_S * 0.9 for a, b in itertools.pairwise(trims))
         assert reclaimer.trims == 1 + len(trims) and reclaimer.released == reclaimer.trims
+        # A stream trimmed at the longest delay whose tail stays below the minimum: the tail
+        # is trimmed once the stream pauses.
+        await trio.sleep(1)
+        trims.clear()
+        tail_start = trio.current_time()
+        reclaimer.note(MIN_CHURN_BYTES)
+        for _ in range(150):  # 1.5 s of a byte every QUIET_S / 5
+            reclaimer.note(1)
+            last_note = trio.current_time()
+            await trio.sleep(QUIET_S / 5)
+        await trio.sleep(1)
+        assert trims == [pytest.approx(tail_start + MAX_DELAY_S, abs=QUIET_S / 5),
+                         pytest.approx(last_note + QUIET_S)]
         nursery.cancel_scope.cancel()
 
 
