@@ -7,7 +7,8 @@
 - :class:`JsonErrorsQuart`: the errors Quart raises itself (no route, a method the route does
   not take, a body over the limit) are answered by the daemon's own handler, which gets the
   status, the description and the allowed methods, never Quart's exception classes (they
-  belong to a library the daemon does not depend on directly).
+  belong to a library the daemon does not depend on directly). Its routes compile their URL
+  builders (:class:`LazyBuilderRule`) only when a URL is built.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from types import TracebackType
 from typing import Any
 
 from quart import Response
+from quart.routing import QuartRule
 from quart.wrappers.response import ResponseBody
 from quart_trio import QuartTrio
 
-__all__ = ["HttpErrorHandler", "JsonErrorsQuart", "PartsBody"]
+__all__ = ["HttpErrorHandler", "JsonErrorsQuart", "LazyBuilderRule", "PartsBody"]
 
 #: ``(status, description, allowed methods or None) -> response``.
 HttpErrorHandler = Callable[[int, str | None, Collection[str] | None], Awaitable[Response]]
@@ -48,9 +50,29 @@ class PartsBody(ResponseBody):
             yield part
 
 
+class LazyBuilderRule(QuartRule):
+    """A route whose URL builders are compiled by the first URL built with them. Werkzeug
+    compiles two builders (Python code generated for the rule) per route as the route is
+    added; the daemon matches requests and builds no URL while it serves, so an idle daemon
+    would hold that code for every route for nothing (tests/daemon/test_idle_footprint.py)."""
+
+    def _compile_builder(self, append_unknown: bool = True) -> Callable[..., tuple[str, str]]:
+        name = "_build_unknown" if append_unknown else "_build"
+        compile_builder = super()._compile_builder  # Werkzeug's, called at the first build
+
+        def build(rule: LazyBuilderRule, **values: Any) -> tuple[str, str]:
+            compiled: Callable[..., tuple[str, str]] = \
+                compile_builder(append_unknown).__get__(rule, None)
+            setattr(rule, name, compiled)  # later builds call Werkzeug's own builder
+            return compiled(**values)
+
+        return build
+
+
 class JsonErrorsQuart(QuartTrio):
     """A Quart-Trio app whose own HTTP errors (4xx, 5xx) go to :attr:`http_error_handler`."""
 
+    url_rule_class: type[QuartRule] = LazyBuilderRule
     http_error_handler: HttpErrorHandler | None = None
 
     async def handle_http_exception(self, error: Any) -> Any:

@@ -13,13 +13,18 @@ import signal
 import sqlite3
 import time
 from pathlib import Path
+from typing import cast
 
 import httpx
 import pytest
 import trio
+from werkzeug.routing import Map, Rule
 
+from daemon.config import DaemonConfig
 from daemon.core.reclaim import MIN_CHURN_BYTES, QUIET_S
 from daemon.core.transcript_ops import UpsertSession
+from daemon.http_api import create_app
+from daemon.manager import SessionManager
 from daemon.reclaimer import Reclaimer
 from daemon.transcript_store import CACHE_KIB, StoreHooks, TranscriptDatabase
 from daemon.transcript_writer import TranscriptWriter
@@ -163,3 +168,32 @@ async def test_every_trim_first_lets_the_releasers_give_memory_back() -> None:
                 await trio.sleep(QUIET_S)
         nursery.cancel_scope.cancel()
     assert calls == ["release", "trim", "release", "trim"]
+
+
+def _compiled_builders(rule: Rule) -> list[str]:
+    """Which of ``rule``'s two URL builders are Werkzeug's generated code."""
+    return [name for name in ("_build", "_build_unknown")
+            if getattr(rule, name).__func__.__code__.co_filename == "<werkzeug routing>"]
+
+
+def test_the_routes_compile_their_url_builders_with_the_first_url_built() -> None:
+    app = create_app(DaemonConfig(), cast(SessionManager, None))
+    rules = list(app.url_map.iter_rules())
+    assert len(rules) > 10 and all(_compiled_builders(rule) == [] for rule in rules)
+    # The same routes in a plain Werkzeug map (builders compiled as the routes are added).
+    plain = Map([Rule(rule.rule, methods=rule.methods, endpoint=rule.endpoint)
+                 for rule in rules], merge_slashes=False)
+    assert all(_compiled_builders(rule) == ["_build", "_build_unknown"]
+               for rule in plain.iter_rules())
+    adapter, expected = app.url_map.bind("localhost"), plain.bind("localhost")
+    for rule in rules:
+        method = sorted(rule.methods or ())[0]
+        values = {name: "a b/c" for name in rule.arguments}
+        for append in (False, True):  # one builder each; an unknown value is a query or not
+            args = (rule.endpoint, {**values, "extra": "1"}, method)
+            built = adapter.build(*args, append_unknown=append)
+            assert built == expected.build(*args, append_unknown=append)
+            assert built == adapter.build(*args, append_unknown=append)  # compiled by now
+            assert built.endswith("?extra=1") == append
+        assert _compiled_builders(rule) == ["_build", "_build_unknown"]
+    assert adapter.build("health", {"extra": "1"}) == "/health?extra=1"
