@@ -70,12 +70,13 @@ BYTECODE := $(PY) -m compileall -q daemon sdk webui_model benchmarks tests >/dev
 REWRITTEN := $(if $(PYTEST_ARGS),true,env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q \
 	-p no:cacheprovider --collect-only >/dev/null)
 
-# xdist workers: two per core. A worker spends about half of its time waiting on the daemons,
-# agents and timers its tests start (its daemons start from a zygote, tests/harness_zygote.py, so
-# little of their CPU is start-up), so a second worker per core fills that wait. worksteal hands
+# xdist workers: one and a half per core. A worker spends part of its time waiting on the
+# daemons, agents and timers its tests start (its daemons start from a zygote,
+# tests/harness_zygote.py, so little of their CPU is start-up); half a worker more per core fills
+# that wait, while a whole one more only adds its own start-up and contention. worksteal hands
 # each worker a contiguous run of tests (a module's shared daemon starts once) and rebalances
 # only at the end.
-TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( 2 * n )))
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n + (n + 1) / 2 )))
 XDIST := -n $(TEST_WORKERS) --dist worksteal
 
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider $(XDIST) $(PYTEST_ARGS)

@@ -18,7 +18,7 @@ __all__ = ["MAX_PROBLEMS", "CheckStep", "Integrity", "quick_check"]
 # Most problems a check lists (SQLite stops looking after this many).
 MAX_PROBLEMS: Final = 100
 
-#: Called at every step of the opening ``quick_check`` (see ``StoreHooks.check_step``) with the
+#: Called before and at every step of the opening ``quick_check`` (see ``StoreHooks.check_step``) with the
 #: event that is set once the check's budget has run out and its cut was made.
 CheckStep = Callable[[threading.Event], None]
 
@@ -35,19 +35,31 @@ def quick_check(conn: sqlite3.Connection, path: str, budget_s: float,
     """SQLite's ``quick_check`` (every page and b-tree, not the indexes' content against
     their tables), cut after ``budget_s`` seconds (``incomplete``). ``sqlite3_interrupt`` is
     what stops it: the check is one step of SQLite's program, which a progress handler cannot
-    cut. A damaged file raises :class:`TranscriptDamagedError`."""
+    cut. A damaged file raises :class:`TranscriptDamagedError`.
+
+    SQLite forgets an interrupt made while none of the connection's statements runs (the next
+    one clears it as it starts), so a budget that ran out just before the check began would be
+    lost and the check would run unbounded. A progress handler therefore also ends the check
+    at its first step once the budget is spent; and the timer's thread is joined before
+    anything else runs on the connection, so its interrupt cannot reach a later statement."""
     spent = threading.Event()
 
     def cut() -> None:
-        conn.interrupt()
         spent.set()
+        conn.interrupt()
+
+    def progress() -> bool:
+        if step is not None:
+            step(spent)
+        return spent.is_set()  # true: SQLite ends the statement ("interrupted")
 
     timer = threading.Timer(budget_s, cut)
     timer.daemon = True
-    if step is not None:
-        conn.set_progress_handler(lambda: step(spent), 1)  # returns None: go on
+    conn.set_progress_handler(progress, 1)  # the check is a few steps; the work is one of them
     timer.start()
     try:
+        if step is not None:
+            step(spent)  # before the statement starts: a cut made now must not be lost
         rows = conn.execute(f"PRAGMA quick_check({MAX_PROBLEMS})").fetchall()
     except sqlite3.DatabaseError as exc:
         if is_interrupt(exc):
@@ -59,8 +71,8 @@ def quick_check(conn: sqlite3.Connection, path: str, budget_s: float,
             f"({exc}); refusing to open it (the file was not modified)") from exc
     finally:
         timer.cancel()
-        if step is not None:
-            conn.set_progress_handler(None, 0)
+        timer.join()  # a cut already under way ends before the connection is used again
+        conn.set_progress_handler(None, 0)
     problems = _problems(rows)
     if problems:
         raise TranscriptDamagedError(

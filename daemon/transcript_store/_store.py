@@ -30,8 +30,8 @@ class StoreHooks:
     - ``before_commit(ops)``: before a batch is applied. It may block (the commit is held:
       nothing of the batch is written yet) or raise (the batch fails; nothing is written).
     - ``after_commit(ops)``: once the batch is committed.
-    - ``check_step(budget_out)``: at every step of the ``quick_check`` run when the file is
-      opened, with the event set once the check's budget has run out (a slow disk).
+    - ``check_step(budget_out)``: before and at every step of the ``quick_check`` run when
+      the file is opened, with the event set once the check's budget has run out (a slow disk).
     - ``connected(conn)``: with the connection as soon as it is open, before anything reads
       the file (to trace the statements it runs from the first on).
     """

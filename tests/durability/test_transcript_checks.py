@@ -126,7 +126,11 @@ def test_every_single_bit_flip_of_a_row_is_found_when_it_is_read(tmp_path: Path,
 # --- the start-up check ---------------------------------------------------------------------
 
 
-def test_the_quick_check_is_cut_at_its_budget_and_the_store_still_opens(tmp_path: Path) -> None:
+@pytest.mark.parametrize("slow_call", [0, 1], ids=["before-the-statement", "inside-it"])
+def test_the_quick_check_is_cut_at_its_budget_and_the_store_still_opens(
+        tmp_path: Path, slow_call: int) -> None:
+    """The budget runs out before the check's statement has started (SQLite forgets an
+    interrupt made then) or while it runs: either way the check is cut."""
     path = tmp_path / "t.db"
     store = TranscriptDatabase(path)
     store.apply([UpsertSession(S1, "/w", 1)])
@@ -134,11 +138,13 @@ def test_the_quick_check_is_cut_at_its_budget_and_the_store_still_opens(tmp_path
     whole = TranscriptDatabase(path, quick_check_s=60)
     assert whole.quick_check == "ok"
     whole.close()
+    calls: list[int] = []
     held: list[bool] = []
 
     def slow_step(budget_out: threading.Event) -> None:
-        """A slow disk: the check's first step outlasts its budget (the cut was made)."""
-        if not held:
+        """A slow disk: this step of the check outlasts its budget (the cut was made)."""
+        calls.append(1)
+        if len(calls) - 1 == slow_call:
             held.append(budget_out.wait(30))
 
     cut = TranscriptDatabase(path, quick_check_s=0.01, hooks=StoreHooks(check_step=slow_step))
