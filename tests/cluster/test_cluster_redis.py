@@ -24,6 +24,15 @@ pytestmark = [pytest.mark.skipif(not HAVE_REDIS, reason=SKIP_REASON), pytest.mar
 coredis = pytest.importorskip("coredis", reason="coredis is not installed (pip install '.[cluster]')")
 
 
+def _scripts(client: Any, *names: str) -> list[Any]:
+    """The named Lua scripts of the cluster cores (``"claim"`` is ``CLAIM_SCRIPT``), registered on
+    ``client``, in the order named."""
+    from daemon.core import cluster, cluster_identity
+
+    sources = {**vars(cluster), **vars(cluster_identity)}
+    return [client.register_script(sources[f"{name.upper()}_SCRIPT"]) for name in names]
+
+
 async def test_server_has_aof_on_and_is_reaped(tmp_path: Path) -> None:
     with redis_server(tmp_path / "r") as server:
         client = coredis.Redis(host="127.0.0.1", port=server.port)
@@ -79,10 +88,6 @@ async def test_lease_and_fencing_scripts_on_a_real_redis(tmp_path: Path) -> None
     from then on the old generation can neither renew nor append (nothing of it lands), the
     new one can."""
     from daemon.core.cluster import (
-        APPEND_SCRIPT,
-        CLAIM_SCRIPT,
-        RELEASE_SCRIPT,
-        RENEW_SCRIPT,
         append_args,
         session_keys,
     )
@@ -91,10 +96,7 @@ async def test_lease_and_fencing_scripts_on_a_real_redis(tmp_path: Path) -> None
     with redis_server(tmp_path / "r") as server:
         client = coredis.Redis(host="127.0.0.1", port=server.port)
         async with client:
-            claim = client.register_script(CLAIM_SCRIPT)
-            renew = client.register_script(RENEW_SCRIPT)
-            append = client.register_script(APPEND_SCRIPT)
-            release = client.register_script(RELEASE_SCRIPT)
+            claim, renew, append, release = _scripts(client, "claim", "renew", "append", "release")
             lease = claiming = keys.all()
             assert await claim(keys=claiming, args=["A", "http://a", "/w", "e1", 60_000, DAY]) \
                 == [1, 1, 0]  # generation 1, an empty op log
@@ -145,10 +147,6 @@ async def test_compaction_and_retention_scripts_on_a_real_redis(tmp_path: Path) 
     owner knows; every write gives the session's keys the idle retention, a close the closed
     one."""
     from daemon.core.cluster import (
-        APPEND_SCRIPT,
-        CLAIM_SCRIPT,
-        COMPACT_SCRIPT,
-        RELEASE_SCRIPT,
         Compaction,
         append_args,
         session_keys,
@@ -158,10 +156,8 @@ async def test_compaction_and_retention_scripts_on_a_real_redis(tmp_path: Path) 
     with redis_server(tmp_path / "r") as server:
         client = coredis.Redis(host="127.0.0.1", port=server.port)
         async with client:
-            claim = client.register_script(CLAIM_SCRIPT)
-            append = client.register_script(APPEND_SCRIPT)
-            compact = client.register_script(COMPACT_SCRIPT)
-            release = client.register_script(RELEASE_SCRIPT)
+            claim, append, compact, release = _scripts(
+                client, "claim", "append", "compact", "release")
             assert (await claim(keys=keys.all(), args=["A", "u", "/w", "e1", 60_000, DAY]))[0]
             assert 0 < await client.pttl(keys.directory) <= DAY
             log = [keys.directory, keys.ops, keys.events]
@@ -193,7 +189,7 @@ async def test_the_event_stream_is_trimmed_by_event_id(tmp_path: Path) -> None:
     the publish batches (MAXLEN counted batches: 1,000 one-event entries and one 1,000-event
     entry held the same "length"); a new epoch's entries keep growing ids and push the old
     epoch out; a stream written with Redis' own ids (before this rule) is carried on."""
-    from daemon.core.cluster import APPEND_SCRIPT, CLAIM_SCRIPT, append_args, session_keys
+    from daemon.core.cluster import append_args, session_keys
 
     keys = session_keys("s3")
     ring = 100
@@ -205,8 +201,7 @@ async def test_the_event_stream_is_trimmed_by_event_id(tmp_path: Path) -> None:
     with redis_server(tmp_path / "r") as server:
         client = coredis.Redis(host="127.0.0.1", port=server.port)
         async with client:
-            claim = client.register_script(CLAIM_SCRIPT)
-            append = client.register_script(APPEND_SCRIPT)
+            claim, append = _scripts(client, "claim", "append")
             log = [keys.directory, keys.ops, keys.events]
             # Redis' own ids first (the old rule): the numbering starts above them.
             await client.xadd(keys.events, {"e": "old", "f": "1", "l": "1", "b": "x"})
@@ -239,14 +234,13 @@ async def test_node_identity_scripts_on_a_real_redis(tmp_path: Path) -> None:
     registration, and takes it over only when it is exactly as seen (a dead process's beat);
     REFRESH_SCRIPT beats and tells a process that its id was taken over."""
     from daemon.core.cluster import node_key
-    from daemon.core.cluster_identity import JOIN_SCRIPT, REFRESH_SCRIPT, Holder, join_result
+    from daemon.core.cluster_identity import Holder, join_result
 
     key = node_key("A")
     with redis_server(tmp_path / "r") as server:
         client = coredis.Redis(host="127.0.0.1", port=server.port)
         async with client:
-            join = client.register_script(JOIN_SCRIPT)
-            refresh = client.register_script(REFRESH_SCRIPT)
+            join, refresh = _scripts(client, "join", "refresh")
             assert join_result(await join(keys=[key], args=["i1", "http://a", 5000, "", ""])) \
                 is None
             assert join_result(await join(keys=[key], args=["i1", "http://a", 5000, "", ""])) \
@@ -271,14 +265,13 @@ async def test_node_identity_scripts_on_a_real_redis(tmp_path: Path) -> None:
 
 async def test_one_lookup_reads_the_directory_and_the_lease(tmp_path: Path) -> None:
     """LOOKUP_SCRIPT: a request's routing decision costs one Redis call."""
-    from daemon.core.cluster import CLAIM_SCRIPT, LOOKUP_SCRIPT, session_keys
+    from daemon.core.cluster import session_keys
 
     keys = session_keys("s4")
     with redis_server(tmp_path / "r") as server:
         client = coredis.Redis(host="127.0.0.1", port=server.port)
         async with client:
-            lookup = client.register_script(LOOKUP_SCRIPT)
-            claim = client.register_script(CLAIM_SCRIPT)
+            lookup, claim = _scripts(client, "lookup", "claim")
             assert await lookup(keys=[keys.directory, keys.lease]) == [[], -2]
             await claim(keys=keys.all(), args=["A", "http://a", "/w", "e1", 60_000, DAY])
             flat, pttl = await lookup(keys=[keys.directory, keys.lease])
@@ -294,12 +287,6 @@ async def test_a_former_owner_s_late_writes_land_nowhere(tmp_path: Path) -> None
     lookup made before a close, and run after it, is refused: the session stays closed with
     the closed retention."""
     from daemon.core.cluster import (
-        APPEND_SCRIPT,
-        CLAIM_SCRIPT,
-        COMPACT_SCRIPT,
-        RELEASE_SCRIPT,
-        RENEW_SCRIPT,
-        SET_EPOCH_SCRIPT,
         Compaction,
         append_args,
         session_keys,
@@ -309,12 +296,8 @@ async def test_a_former_owner_s_late_writes_land_nowhere(tmp_path: Path) -> None
     with redis_server(tmp_path / "r") as server:
         client = coredis.Redis(host="127.0.0.1", port=server.port)
         async with client:
-            claim = client.register_script(CLAIM_SCRIPT)
-            renew = client.register_script(RENEW_SCRIPT)
-            append = client.register_script(APPEND_SCRIPT)
-            set_epoch = client.register_script(SET_EPOCH_SCRIPT)
-            compact = client.register_script(COMPACT_SCRIPT)
-            release = client.register_script(RELEASE_SCRIPT)
+            claim, renew, append, set_epoch, compact, release = _scripts(
+                client, "claim", "renew", "append", "set_epoch", "compact", "release")
             log = [keys.directory, keys.ops, keys.events]
             assert (await claim(keys=keys.all(), args=["A", "u", "/w", "e1", 60_000, DAY]))[:2] \
                 == [1, 1]
@@ -355,11 +338,6 @@ async def test_a_generation_issued_twice_still_fences_the_node_it_was_taken_from
     appends, compactions, new epoch and release refused under the other node's equal
     generation, and nothing of them lands."""
     from daemon.core.cluster import (
-        APPEND_SCRIPT,
-        CLAIM_SCRIPT,
-        COMPACT_SCRIPT,
-        RELEASE_SCRIPT,
-        SET_EPOCH_SCRIPT,
         Compaction,
         append_args,
         session_keys,
@@ -369,11 +347,8 @@ async def test_a_generation_issued_twice_still_fences_the_node_it_was_taken_from
     with redis_server(tmp_path / "r") as server:
         client = coredis.Redis(host="127.0.0.1", port=server.port)
         async with client:
-            claim = client.register_script(CLAIM_SCRIPT)
-            append = client.register_script(APPEND_SCRIPT)
-            set_epoch = client.register_script(SET_EPOCH_SCRIPT)
-            compact = client.register_script(COMPACT_SCRIPT)
-            release = client.register_script(RELEASE_SCRIPT)
+            claim, append, set_epoch, compact, release = _scripts(
+                client, "claim", "append", "set_epoch", "compact", "release")
             log = [keys.directory, keys.ops, keys.events]
             assert (await claim(keys=keys.all(), args=["A", "u", "/w", "e1", 60_000, DAY]))[:2] \
                 == [1, 1]
