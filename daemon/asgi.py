@@ -15,8 +15,8 @@ from sdk.protocol import routes
 from sdk.protocol.headers import RETRY_AFTER, lower
 
 from .bridge import is_reserve
-from .core.envelope import encode_json
 from .core.guards import Guard, is_loopback_peer, is_ui_asset
+from .core.json_codec import encode_json
 from .core.throttle import LogThrottle
 from .http_api import MAX_BODY_BYTES
 from .manager import (

@@ -25,7 +25,7 @@ from sdk.protocol import http as wire
 from . import bridge
 from .clock import now_ms
 from .config import MAX_PENDING_PROMPTS, DaemonConfig
-from .core.envelope import decode_json, encode_json, spliced_parts, write_groups
+from .core.json_codec import decode_json, encode_json
 from .manager import (
     SESSION_LIMIT_RETRY_AFTER_S,
     AgentSessionConflict,
@@ -94,6 +94,10 @@ def spliced_body(body: msgspec.Struct) -> list[bytes]:
     """The bytes of a response Struct with lists of envelope bytes (``spliced_parts``), as the
     writes that send it: one joined body when small, else the parts grouped by
     ``write_groups`` (the large envelopes as they are, the small pieces between them joined)."""
+    # The envelope's module (and the event types with it) loads with the first such answer,
+    # not with the routes: a daemon with no session yet has no envelope to splice.
+    from .core.envelope import spliced_parts, write_groups
+
     parts = spliced_parts(body)
     if sum(map(len, parts)) < SPLICED_WRITE_MIN_BYTES:
         return [b"".join(parts)]

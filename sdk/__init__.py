@@ -7,40 +7,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from sdk.protocol.constants import TERMINAL_TYPES
-from sdk.protocol.envelope import (
-    DaemonEvent,
-    UnknownEventCounter,
-    decode_event,
-    decode_events,
-    event_from_mapping,
-    event_prompt_id,
-    normalize_page_event,
-    typed_data,
-)
-from sdk.protocol.events import (
-    KNOWN_EVENT_TYPES,
-    ClientEvictedData,
-    KnownEventData,
-    PendingPromptAddedData,
-    PendingPromptCompletedData,
-    PendingPromptStartedData,
-    PermissionRequestData,
-    PermissionResolvedData,
-    PromptCancelledData,
-    ReplayCompleteData,
-    SessionClosedData,
-    SessionDiedData,
-    SessionSnapshotData,
-    SessionUpdateData,
-    SlowClientWarningData,
-    StateResyncRequiredData,
-    StreamErrorData,
-    TurnCompleteData,
-    TurnErrorData,
-)
-from sdk.protocol.sse import SSEParser, parse_sse
-
 if TYPE_CHECKING:
     from sdk._client import (
         Capabilities,
@@ -117,11 +83,48 @@ if TYPE_CHECKING:
         truncation_marker,
     )
     from sdk._ws import WebSocketEventStream
+    from sdk.protocol.constants import TERMINAL_TYPES
+    from sdk.protocol.envelope import (
+        DaemonEvent,
+        UnknownEventCounter,
+        decode_event,
+        decode_events,
+        event_from_mapping,
+        event_prompt_id,
+        normalize_page_event,
+        typed_data,
+    )
+    from sdk.protocol.events import (
+        KNOWN_EVENT_TYPES,
+        ClientEvictedData,
+        KnownEventData,
+        PendingPromptAddedData,
+        PendingPromptCompletedData,
+        PendingPromptStartedData,
+        PermissionRequestData,
+        PermissionResolvedData,
+        PromptCancelledData,
+        ReplayCompleteData,
+        SessionClosedData,
+        SessionDiedData,
+        SessionSnapshotData,
+        SessionUpdateData,
+        SlowClientWarningData,
+        StateResyncRequiredData,
+        StreamErrorData,
+        TurnCompleteData,
+        TurnErrorData,
+    )
+    from sdk.protocol.sse import SSEParser, parse_sse
 
-# The errors, the repair rules and the async/HTTP parts load on first use, so that importing the
-# pure protocol (the daemon does, for sdk.protocol) pulls in none of them (nor httpx, anyio and
-# wsproto).
+# Every name loads on first use, so that importing the pure protocol (the daemon does, for
+# sdk.protocol.http) pulls in neither the event types nor the errors, the repair rules and the
+# async/HTTP parts (nor httpx, anyio and wsproto).
 _LAZY: dict[str, str] = {
+    "TERMINAL_TYPES": "sdk.protocol.constants",
+    **dict.fromkeys(('DaemonEvent', 'UnknownEventCounter', 'decode_event', 'decode_events', 'event_from_mapping', 'event_prompt_id', 'normalize_page_event', 'typed_data'), "sdk.protocol.envelope"),
+    **dict.fromkeys(('KNOWN_EVENT_TYPES', 'ClientEvictedData', 'KnownEventData', 'PendingPromptAddedData', 'PendingPromptCompletedData', 'PendingPromptStartedData', 'PermissionRequestData', 'PermissionResolvedData', 'PromptCancelledData', 'ReplayCompleteData', 'SessionClosedData', 'SessionDiedData', 'SessionSnapshotData', 'SessionUpdateData', 'SlowClientWarningData', 'StateResyncRequiredData', 'StreamErrorData', 'TurnCompleteData', 'TurnErrorData'), "sdk.protocol.events"),
+    **dict.fromkeys(('SSEParser', 'parse_sse'), "sdk.protocol.sse"),
     **dict.fromkeys(('AuthError', 'DaemonError', 'DaemonHTTPError', 'IdempotencyKeyReusedError', 'InvalidTokenError', 'PromptOutcomeUnknownError', 'PromptQueueFullError', 'ServerError', 'SessionNotFoundError', 'SSEBufferOverflow', 'TransportError', 'TurnError', 'error_for_status', 'is_retriable',), "sdk._errors"),
     **dict.fromkeys(('EpisodeRegistry', 'RepairEpisode', 'RepairGuards', 'RepairNotice', 'RepairState', 'RepairTarget', 'RepairValidationError', 'SuffixResult', 'find_repair_target', 'find_suffix_start', 'is_new_event', 'repair_failure_notice', 'repair_signature', 'validate_fresh_snapshot',), "sdk._repair"),
     **dict.fromkeys(('DaemonHistoryTruncatedData', 'TruncationDebugItem', 'TruncationStatusItem', 'normalize_status_item', 'parse_truncation', 'status_text', 'truncation_marker',), "sdk._truncation"),

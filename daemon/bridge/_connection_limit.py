@@ -25,7 +25,7 @@ import trio
 from sdk.protocol.http import ErrorBody
 
 from ..core.admission import Admission, ConnectionGate, asks_for_health, is_loopback_peer
-from ..core.envelope import encode_json
+from ..core.json_codec import encode_json
 from ..core.throttle import LogThrottle
 
 log = logging.getLogger("daemon.connection_limit")

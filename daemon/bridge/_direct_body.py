@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import trio
 
-from ..core.frame_codec import Buffer, advance, chunk
+from ..core.transport_frames import Buffer, advance, chunk
 from ._sockets import addr, registry
 
 __all__ = ["BodyGone", "DirectBody", "direct_body", "enable", "enabled", "find_direct_body",

@@ -36,7 +36,7 @@ from typing import Any
 
 import trio
 
-from ..core.frame_codec import Buffer
+from ..core.transport_frames import Buffer
 from . import _ws_limits as ws_limits
 from ._direct_body import _Socket, write_all
 from ._sockets import addr, registry

@@ -19,10 +19,12 @@ every stream writes through ASGI, and the daemon logs why.
 
 :func:`probe_ws` does the same for :mod:`daemon.bridge._direct_ws`: a WebSocket (its client
 offering ``permessage-deflate``, which must not be agreed) at ``/asgi`` sends every message
-through ASGI, one at ``/direct`` the first through ASGI and the others framed by
-:func:`daemon.core.frame_codec.ws_frames` in one direct write; both then close through ASGI
-(1000). The bytes each client reads, from the handshake's answer to the close frame, must be
-identical; only then does :func:`daemon.bridge.direct_ws` hand out writers.
+through ASGI, one at ``/direct`` the first through ASGI and the others in one direct write,
+each behind the frame head the daemon's streams write
+(:func:`daemon.core.transport_frames.ws_frame_head`, as
+:func:`daemon.core.frame_codec.ws_frames` does); both then close through ASGI (1000). The
+bytes each client reads, from the handshake's answer to the close frame, must be identical;
+only then does :func:`daemon.bridge.direct_ws` hand out writers.
 """
 
 from __future__ import annotations
@@ -35,8 +37,7 @@ from typing import Any
 
 import trio
 
-from ..core.envelope import Event
-from ..core.frame_codec import ws_frames
+from ..core.transport_frames import ws_frame_head
 from ._direct_body import find_direct_body
 from ._direct_ws import find_direct_ws
 
@@ -125,8 +126,7 @@ async def _ws_app(found: list[bool], scope: Scope, receive: Receive, send: Send)
         found.append(direct is not None)
     if direct is not None:
         raws = [piece.encode() for piece in messages[1:]]
-        await direct.write(ws_frames([Event(raw, len(raw), i, "probe", None)
-                                      for i, raw in enumerate(raws, 2)]))
+        await direct.write(b"".join(ws_frame_head(len(raw)) + raw for raw in raws))
     else:
         for piece in messages[1:]:
             await send({"type": "websocket.send", "text": piece})

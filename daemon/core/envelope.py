@@ -27,6 +27,10 @@ from sdk.protocol.envelope import HOLE, envelope_fields
 from sdk.protocol.events import EventPayload, SessionUpdateData, event_type_of
 from sdk.protocol.sse import SSE_FRAME_END, sse_head
 
+# Re-exported: the event modules read and write their JSON through the same codec.
+from .json_codec import decode_json as decode_json
+from .json_codec import encode_json as encode_json
+
 SCHEMA_VERSION: Final = ENVELOPE_VERSION
 _HOLE_BYTE: Final = bytes(HOLE)
 
@@ -45,11 +49,6 @@ def _acp() -> ModuleType:
     return _acp_module
 
 
-_encoder = msgspec.json.Encoder()
-_decoder = msgspec.json.Decoder()
-
-encode_json = _encoder.encode
-decode_json = _decoder.decode
 
 JsonObject = dict[str, Any]
 

@@ -13,16 +13,12 @@ Three formats, from the inside out:
   a wake-up's run of ring events, built once for every subscriber, :func:`sse_chunks` for a
   replay cut into writes.
 - **WebSocket frames.** An event as a server's WebSocket text message: one unmasked frame
-  (FIN, opcode 1), its payload length in the shortest of the protocol's three forms, then the
-  envelope; the bytes wsproto writes for a finished text message with no extension
-  (:func:`ws_frames` for a wake-up's run, shared like the SSE frames, :func:`ws_chunks` for a
-  replay cut into writes).
-- **HTTP/1.1 chunks.** A body piece written straight to the socket
-  (``daemon.bridge``'s direct body) goes as one chunk: its size in hex, CRLF, the bytes, CRLF.
-  :func:`chunk` gives the three parts as separate buffers, so a vectored write
-  (``writev``/``sendmsg``) sends them without joining (copying) the piece; :func:`advance`
-  drops what a partial write already sent. The body's last chunk (size 0) is not written here:
-  the HTTP server that sent the response head also ends the body.
+  (:func:`daemon.core.transport_frames.ws_frame_head`), then the envelope; the bytes wsproto
+  writes for a finished text message with no extension (:func:`ws_frames` for a wake-up's
+  run, shared like the SSE frames, :func:`ws_chunks` for a replay cut into writes).
+
+The HTTP/1.1 chunks a direct body is written in, and the WebSocket frame head, are
+:mod:`daemon.core.transport_frames` (re-exported here): they frame bytes, not events.
 """
 
 from __future__ import annotations
@@ -30,7 +26,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from itertools import repeat
 from operator import attrgetter
-from struct import Struct
 from typing import Final
 
 from daemon.core.envelope import Event
@@ -38,6 +33,13 @@ from daemon.core.transcript_ops import RunTemplate
 from sdk.protocol.envelope import HOLE, envelope_template
 from sdk.protocol.events import SessionUpdateData
 from sdk.protocol.sse import SSE_FRAME, SSE_FRAME_END, frame_format
+
+# Re-exported: the transport's framing, which holds no event (see that module).
+from .transport_frames import CRLF as CRLF
+from .transport_frames import Buffer as Buffer
+from .transport_frames import advance as advance
+from .transport_frames import chunk as chunk
+from .transport_frames import ws_frame_head as ws_frame_head
 
 __all__ = ["CRLF", "Buffer", "EnvelopeSplicer", "Splicer", "advance", "chunk", "run_envelopes",
            "sse_chunks", "sse_frames", "ws_chunks", "ws_frame_head", "ws_frames"]
@@ -195,24 +197,7 @@ def sse_chunks(events: Iterable[Event], max_chunk: int = 1024 * 1024) -> list[by
 
 # --- WebSocket frames -------------------------------------------------------------------------
 
-#: FIN set, no reserved bit (no extension is ever agreed), opcode 1 (text).
-_WS_TEXT: Final = 0x81
-_WS_SHORT: Final = tuple(bytes((_WS_TEXT, n)) for n in range(126))  # payloads of 0-125 bytes
-_WS_MEDIUM: Final = Struct("!BBH").pack  # 126, then a 16-bit length
-_WS_LONG: Final = Struct("!BBQ").pack  # 127, then a 64-bit length
 _size = attrgetter("size")
-
-
-def ws_frame_head(size: int) -> bytes:
-    """The head of a server's (unmasked) WebSocket text frame carrying ``size`` payload bytes,
-    the whole message in one frame."""
-    if size < 126:
-        if size < 0:
-            raise ValueError(f"a payload cannot have {size} bytes")
-        return _WS_SHORT[size]
-    if size < 0x10000:
-        return _WS_MEDIUM(_WS_TEXT, 126, size)
-    return _WS_LONG(_WS_TEXT, 127, size)
 
 
 def ws_frames(events: list[Event]) -> bytes:
@@ -241,35 +226,3 @@ def ws_chunks(events: Iterable[Event], max_chunk: int = 1024 * 1024) -> list[byt
     if parts:
         out.append(b"".join(parts))
     return out
-
-
-# --- HTTP/1.1 chunks --------------------------------------------------------------------------
-
-CRLF: Final = b"\r\n"
-
-Buffer = bytes | memoryview
-
-
-def chunk(data: bytes) -> list[Buffer]:
-    """The buffers that carry ``data`` as one chunk. ``data`` must not be empty: a chunk of
-    size 0 ends the body."""
-    if not data:
-        raise ValueError("an empty chunk would end the body")
-    return [b"%x\r\n" % len(data), data, CRLF]
-
-
-def advance(buffers: list[Buffer], sent: int) -> list[Buffer]:
-    """``buffers`` less their first ``sent`` bytes (what a partial write took), in place; an
-    empty list once everything was sent."""
-    if sent < 0:
-        raise ValueError(f"sent must not be negative, got {sent}")
-    while sent:
-        if not buffers:
-            raise ValueError("sent more bytes than the buffers hold")
-        first = buffers[0]
-        if sent < len(first):
-            buffers[0] = memoryview(first)[sent:]
-            break
-        sent -= len(first)
-        del buffers[0]
-    return buffers

@@ -19,7 +19,6 @@ from typing import Any, Final
 import msgspec
 
 from daemon.core.checksum import row_crc
-from daemon.core.frame_codec import run_envelopes
 from daemon.core.transcript_ops import AppendEvent, Op, RunTemplate
 
 __all__ = ["CURSOR_PREFIX", "InvalidCursor", "RawRow", "Segment", "decode_cursor",
@@ -117,6 +116,10 @@ def row_events(raw: bytes) -> list[bytes]:
         segments = _decode_segments(raw)
     except msgspec.DecodeError as exc:
         raise ValueError(f"a raw_events row that is neither form ({exc})") from None
+    # The frame codec (and the event types it splices with) loads with the first row of runs
+    # read back, not with the store: a daemon reading no events has no use for it.
+    from daemon.core.frame_codec import run_envelopes
+
     events: list[bytes] = []
     for first_id, head, tail, joined in segments:
         if first_id == 0:

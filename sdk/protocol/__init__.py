@@ -20,32 +20,87 @@ Pure: no trio, no sockets, no clock. Modules, lowest first:
 - ``routes``: the HTTP routes (method, path, body types, errors), each written once.
 """
 
-from sdk.protocol import http
+from __future__ import annotations
+
+from types import ModuleType
+from typing import TYPE_CHECKING
+
 from sdk.protocol._version import __version__
-from sdk.protocol.constants import ENVELOPE_VERSION, MAX_EVENT_ID, TERMINAL_TYPES
-from sdk.protocol.cursor import ResumeCursor, check_cursor, is_epoch_reset
-from sdk.protocol.envelope import (
-    DaemonEvent,
-    UnknownEventCounter,
-    decode_event,
-    decode_events,
-    encode_envelope,
-    event_from_mapping,
-    event_prompt_id,
-)
-from sdk.protocol.events import (
-    KNOWN_EVENT_TYPES,
-    AcpUpdate,
-    DaemonHistoryTruncatedData,
-    EventPayload,
-    RawUpdate,
-    SessionUpdateData,
-    TurnCompleteData,
-    TurnErrorData,
-    parse_truncation,
-)
-from sdk.protocol.sse import SSEParser, encode_sse_frame, parse_sse, sse_head
-from sdk.protocol.terminals import TerminalOutcome, terminal_for, terminal_of
+
+if TYPE_CHECKING:
+    from sdk.protocol import http
+    from sdk.protocol.constants import ENVELOPE_VERSION, MAX_EVENT_ID, TERMINAL_TYPES
+    from sdk.protocol.cursor import ResumeCursor, check_cursor, is_epoch_reset
+    from sdk.protocol.envelope import (
+        DaemonEvent,
+        UnknownEventCounter,
+        decode_event,
+        decode_events,
+        encode_envelope,
+        event_from_mapping,
+        event_prompt_id,
+    )
+    from sdk.protocol.events import (
+        KNOWN_EVENT_TYPES,
+        AcpUpdate,
+        DaemonHistoryTruncatedData,
+        EventPayload,
+        RawUpdate,
+        SessionUpdateData,
+        TurnCompleteData,
+        TurnErrorData,
+        parse_truncation,
+    )
+    from sdk.protocol.sse import SSEParser, encode_sse_frame, parse_sse, sse_head
+    from sdk.protocol.terminals import TerminalOutcome, terminal_for, terminal_of
+
+# Each name is imported from its module by its first use, not with the package: a process
+# that needs one part of the protocol (the daemon at idle: the HTTP bodies and routes, no
+# event types) loads that part alone. The submodules import as usual
+# (``from sdk.protocol import http``).
+_LAZY: dict[str, str] = {
+    "http": "http",
+    **dict.fromkeys(("ENVELOPE_VERSION", "MAX_EVENT_ID", "TERMINAL_TYPES"), "constants"),
+    **dict.fromkeys(("ResumeCursor", "check_cursor", "is_epoch_reset"), "cursor"),
+    **dict.fromkeys(("DaemonEvent", "UnknownEventCounter", "decode_event", "decode_events",
+                     "encode_envelope", "event_from_mapping", "event_prompt_id"), "envelope"),
+    **dict.fromkeys(("KNOWN_EVENT_TYPES", "AcpUpdate", "DaemonHistoryTruncatedData",
+                     "EventPayload", "RawUpdate", "SessionUpdateData", "TurnCompleteData",
+                     "TurnErrorData", "parse_truncation"), "events"),
+    **dict.fromkeys(("SSEParser", "encode_sse_frame", "parse_sse", "sse_head"), "sse"),
+    **dict.fromkeys(("TerminalOutcome", "terminal_for", "terminal_of"), "terminals"),
+}
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+def __getattr__(name: str) -> object:
+    module: ModuleType
+    # One plain import per submodule (no import by a computed name): the imports stay what a
+    # reader and the lint see.
+    match _LAZY.get(name):
+        case "http":
+            import sdk.protocol.http as module
+        case "constants":
+            import sdk.protocol.constants as module
+        case "cursor":
+            import sdk.protocol.cursor as module
+        case "envelope":
+            import sdk.protocol.envelope as module
+        case "events":
+            import sdk.protocol.events as module
+        case "sse":
+            import sdk.protocol.sse as module
+        case "terminals":
+            import sdk.protocol.terminals as module
+        case _:
+            raise AttributeError(f"module 'sdk.protocol' has no attribute {name!r}")
+    value = module if name == "http" else getattr(module, name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ENVELOPE_VERSION",

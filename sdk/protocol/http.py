@@ -25,8 +25,6 @@ from typing import Annotated, Any, Final, Generic, Literal, TypeVar
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from sdk.protocol.envelope import DaemonEvent
-
 __all__ = [
     "ABSOLUTE_PATH_PATTERN",
     "CLIENT_ID_PATTERN",
@@ -767,9 +765,8 @@ RESPONSE_TYPES: Final = (HealthResponse, CapabilitiesResponse, DaemonStatusRespo
                          PromptAccepted, PromptByKeyResponse, PermissionVoteResponse,
                          TranscriptPage, SessionStatusResponse, HeartbeatResponse, SessionList,
                          ErrorBody)
-# The lists of envelopes, as the schema describes them.
-_DESCRIBED: Final[dict[type, Any]] = {LoadSessionResponse: LoadSessionResponse[DaemonEvent],
-                                      TranscriptPage: TranscriptPage[DaemonEvent]}
+# The generic bodies whose lists of envelopes the schema describes as DaemonEvent.
+_DESCRIBED: Final = (LoadSessionResponse, TranscriptPage)
 
 
 def body_schemas(ref_template: str) -> dict[str, dict[str, Any]]:
@@ -777,7 +774,12 @@ def body_schemas(ref_template: str) -> dict[str, dict[str, Any]]:
     Structs (``msgspec.json.schema_components``): the lists of envelopes as
     :class:`~sdk.protocol.envelope.DaemonEvent`, and each :data:`Sent` member required (and
     without the default a client falls back to)."""
-    types = [_DESCRIBED.get(kind, kind) for kind in (*REQUEST_TYPES, *RESPONSE_TYPES)]
+    # The envelope's types load here, not with the bodies: a daemon serves these bodies from
+    # its start, and builds no event until its first session.
+    from sdk.protocol.envelope import DaemonEvent
+
+    described: dict[type, Any] = {kind: kind[DaemonEvent] for kind in _DESCRIBED}
+    types = [described.get(kind, kind) for kind in (*REQUEST_TYPES, *RESPONSE_TYPES)]
     _, generated = msgspec.json.schema_components(types, ref_template=ref_template)
     # A generic body's component is named for its parameter (TranscriptPage_DaemonEvent_).
     renamed = {f"{kind.__name__}_DaemonEvent_": kind.__name__ for kind in _DESCRIBED}

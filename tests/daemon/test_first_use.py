@@ -2,8 +2,11 @@
 first request that needs it, not by the daemon's start (tests/daemon/test_idle_footprint.py pins
 that it is absent at idle). Here each kind of request is the very first one a fresh daemon
 serves, and gets its full answer: creating and prompting a session, an event stream or a
-WebSocket refused before any session exists, the list, a vote, and after a restart a load that
-restores a stored session or a look-up of a stored prompt by its Idempotency-Key."""
+WebSocket refused before any session exists, the list, a vote, the OpenAPI document, and after a
+restart a load that restores a stored session or a look-up of a stored prompt by its
+Idempotency-Key. The event types and their codecs (sdk.protocol's
+envelope, events and SSE modules, the daemon's envelope and frame codec) load with the first of
+these that builds or reads back an event, the envelope's schema with the first document."""
 
 from __future__ import annotations
 
@@ -124,6 +127,18 @@ def test_first_request_after_a_restart_loads_a_stored_session(
         terminals = [frame for frame in body["compactedReplay"]
                      if frame["type"] == "turn_complete"]
         assert [t["data"]["promptId"] for t in terminals] == [prompt_id]
+
+
+def test_first_request_is_the_openapi_document(tmp_path: Path) -> None:
+    with running_daemon(tmp_path) as daemon:
+        answer = httpx.get(f"{daemon.url}/openapi.json", timeout=WAIT_S)
+        assert answer.status_code == 200, answer.text
+        schemas = answer.json()["components"]["schemas"]
+        for body, member in (("LoadSessionResponse", "liveJournal"),
+                             ("TranscriptPage", "events")):
+            items = schemas[body]["properties"][member]["items"]
+            assert items == {"$ref": "#/components/schemas/DaemonEvent"}, (body, items)
+        assert "promptId" in schemas["DaemonEvent"]["properties"]
 
 
 def test_first_request_after_a_restart_asks_for_a_stored_prompt_by_its_key(

@@ -48,7 +48,12 @@ NOT_AT_IDLE = ("argparse",  # read the command line, then forgotten (daemon.__ma
                # a session's machinery: the first session created or restored imports it
                "daemon.agent", "daemon.bus", "daemon.session", "daemon.streams",
                "daemon.load_snapshot", "daemon.core.acp_client", "daemon.core.restore",
-               "daemon.core.replay_window", "daemon.core.live_journal", "daemon.core.ring")
+               "daemon.core.replay_window", "daemon.core.live_journal", "daemon.core.ring",
+               # the event types and their codecs: the first event built or read back (the
+               # routes and their bodies, sdk.protocol.http, are all an idle daemon holds)
+               "sdk.protocol.constants", "sdk.protocol.envelope", "sdk.protocol.events",
+               "sdk.protocol.sse", "sdk.protocol.terminals", "sdk.protocol.cursor",
+               "daemon.core.envelope", "daemon.core.frame_codec")
 
 # Lists the modules in sys.modules and every module object still alive outside it (one dropped
 # from sys.modules but still referenced holds all its memory).

@@ -30,7 +30,7 @@ from daemon.bridge._direct_body import BodyGone, DirectBody, direct_body, enable
 from daemon.bridge._sockets import install as sockets_install
 from daemon.bridge._sockets import registry
 from daemon.bus import SessionBus
-from daemon.core.frame_codec import advance, chunk
+from daemon.core.transport_frames import advance, chunk
 from daemon.streams import serve_sse
 from tests.builders.sse_gather import ID_LINE, new_bus, publish
 from tests.harness import answer_lifespan, start_daemon

@@ -34,6 +34,43 @@ def test_a_plain_start_does_not_load_what_only_some_routes_or_the_sdk_use() -> N
     assert out == "[]"
 
 
+def test_the_protocols_http_bodies_load_without_the_event_types() -> None:
+    """The daemon answers its routes from the start (``sdk.protocol.http``, ``routes``) and
+    builds its first event with its first session: neither ``sdk`` nor ``sdk.protocol`` imports
+    the event modules with the package, and the daemon's start-up modules do not either."""
+    events = ("sdk.protocol.constants", "sdk.protocol.envelope", "sdk.protocol.events",
+              "sdk.protocol.sse", "sdk.protocol.terminals", "sdk.protocol.cursor",
+              "daemon.core.envelope", "daemon.core.frame_codec")
+    code = ("import sys, sdk, sdk.protocol, sdk.protocol.http, sdk.protocol.routes, "
+            "daemon.__main__, daemon.server; "
+            f"print(sorted(m for m in {events!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[]"
+
+
+def test_the_protocols_names_load_their_modules_on_first_use() -> None:
+    """Each public name of ``sdk.protocol`` and of ``sdk`` that comes from the protocol, read
+    first thing in a fresh process, is its module's own object (one definition)."""
+    code = (
+        "import sys, sdk, sdk.protocol\n"
+        "from importlib import import_module\n"
+        "wrong = []\n"
+        "for package, lazy in ((sdk.protocol, sdk.protocol._LAZY), (sdk, sdk._LAZY)):\n"
+        "    for name, module in lazy.items():\n"
+        "        if package is sdk and not module.startswith('sdk.protocol'):\n"
+        "            continue\n"
+        "        path = module if '.' in module else 'sdk.protocol.' + module\n"
+        "        value = getattr(package, name)\n"
+        "        own = import_module(path)\n"
+        "        if value is not (own if path.endswith('.' + name) else getattr(own, name)):\n"
+        "            wrong.append(name)\n"
+        "print(wrong, sdk.protocol.http.__name__, sdk.protocol.DaemonEvent.__module__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[] sdk.protocol.http sdk.protocol.envelope"
+
+
 def test_the_command_line_does_not_load_httpxs_command_line() -> None:
     """httpx imports its own command line (rich, click, pygments) when they are installed, as
     they are here; ``turnkeeper`` never runs it, so its process leaves it out. WebSocket
