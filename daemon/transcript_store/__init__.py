@@ -67,12 +67,13 @@ from ._errors import (
     TranscriptSchemaError,
     is_corruption,
 )
-from ._file import CACHE_KIB, PAGE_SIZE, WAL_CHECKPOINT_BYTES
+from ._file import CACHE_BUSY_KIB, CACHE_KIB, PAGE_SIZE, WAL_CHECKPOINT_BYTES
 from ._schema import CHECKED_TABLES, INDEX_TABLES, SCHEMA_VERSION
 from ._store import StoreHooks, TranscriptDatabase
 from ._writes import ROW_MAX_BYTES
 
 __all__ = [
+    "CACHE_BUSY_KIB",
     "CACHE_KIB",
     "CHECKED_TABLES",
     "INDEX_TABLES",

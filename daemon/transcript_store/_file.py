@@ -13,8 +13,8 @@ from ._errors import TranscriptDamagedError, TranscriptSchemaError, is_corruptio
 from ._integrity import CheckStep, quick_check
 from ._schema import check_version, create_or_upgrade
 
-__all__ = ["CACHE_KIB", "CACHE_SPILL_KIB", "PAGE_SIZE", "WAL_CHECKPOINT_BYTES", "OpenFile",
-           "open_file", "release_memory"]
+__all__ = ["CACHE_BUSY_KIB", "CACHE_KIB", "CACHE_SPILL_KIB", "PAGE_SIZE", "WAL_CHECKPOINT_BYTES",
+           "OpenFile", "open_file", "release_memory"]
 
 # A short wait rides out a brief lock taken by another opener before this connection holds
 # its exclusive lock (see ``locking_mode`` in ``_connect``) instead of failing at once. It stays
@@ -27,6 +27,7 @@ _BUSY_TIMEOUT_MS: Final = 1000
 PAGE_SIZE: Final = 64 * 1024
 CACHE_KIB: Final = 512
 CACHE_SPILL_KIB: Final = 2048
+CACHE_BUSY_KIB: Final = CACHE_SPILL_KIB
 WAL_CHECKPOINT_BYTES: Final = 4 * 1024 * 1024
 
 
@@ -189,8 +190,16 @@ def _configure(conn: sqlite3.Connection) -> None:
     # that last case; the durability promise is about the daemon process dying.
     conn.execute("PRAGMA synchronous=NORMAL")
     # The daemon's memory should track its journals, not the database: a small page cache
-    # (writes are appends; reads are rare pages of history) and a WAL of about 4 MB.
-    conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+    # (writes are appends; reads are rare pages of history) and a WAL of about 4 MB. Small,
+    # but as large as the dirty pages a transaction may hold (below): SQLite keeps a
+    # transaction's dirty pages in the cache whatever its size, and once they fill it every
+    # clean page is dropped as soon as it is used. A batch of events of many sessions (the
+    # LLM-paced load: a few events each of dozens of sessions per commit) dirties a leaf of
+    # the session index per session, and with an 8-page cache each row's insert then read
+    # both trees' interior pages back from the file, two 64 KiB reads per row. The block
+    # SQLite preallocates stays the small one (_small_cache_first); what the cache holds is
+    # given back at the daemon's pauses (release_memory).
+    conn.execute(f"PRAGMA cache_size=-{CACHE_BUSY_KIB}")
     # A transaction's dirty pages may outgrow that cache (8 pages of 64 KiB); SQLite then
     # writes some out early ("spills" them to the WAL mid-transaction), and a spilled page
     # the transaction changes again is written again. The turn boundary did that all the

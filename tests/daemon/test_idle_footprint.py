@@ -26,7 +26,7 @@ from daemon.core.transcript_ops import UpsertSession
 from daemon.http_api import create_app
 from daemon.manager import SessionManager
 from daemon.reclaimer import Reclaimer
-from daemon.transcript_store import CACHE_KIB, StoreHooks, TranscriptDatabase
+from daemon.transcript_store import CACHE_BUSY_KIB, CACHE_KIB, StoreHooks, TranscriptDatabase
 from daemon.transcript_writer import TranscriptWriter
 from daemon.ui_files import UI_DIR, UiFiles
 from tests.harness import running_daemon
@@ -129,7 +129,7 @@ def test_the_transcript_sets_its_small_cache_before_its_first_read(tmp_path: Pat
     db = TranscriptDatabase(path, quick_check_s=5, hooks=StoreHooks(connected=traced))
     try:
         assert statements[0] == f"PRAGMA cache_size=-{CACHE_KIB}"
-        assert _cache_size(db.connection) == -CACHE_KIB
+        assert _cache_size(db.connection) == -CACHE_BUSY_KIB  # the limit once open
     finally:
         db.close()
 
@@ -149,7 +149,7 @@ async def test_the_writer_gives_back_sqlites_cache_only_when_idle_and_commits_af
         ids = await writer.read(lambda db: sorted(
             row[0] for row in db.connection.execute("SELECT session_id FROM sessions")))
         assert ids == ["s1", "s2"]
-        assert _cache_size(store.connection) == -CACHE_KIB  # the limit stays; only held pages go
+        assert _cache_size(store.connection) == -CACHE_BUSY_KIB  # the limit stays; pages go
         await writer.aclose()
     assert not writer.release_memory()  # stopped: the store may be closed under it
     store.close()

@@ -72,8 +72,8 @@ PROTOCOL = [
 
 # The transcript store: its schema, file, checks, writes and reads are private modules.
 TRANSCRIPT_STORE = [
-    "AdmitPrompt", "AppendEvent", "CACHE_KIB", "CHECKED_TABLES", "DamagedRow", "DeleteSession", "FinishTurn",
-    "INDEX_TABLES", "InvalidCursor", "KeyedPromptRow", "MarkClosed", "Op", "PAGE_SIZE",
+    "AdmitPrompt", "AppendEvent", "CACHE_BUSY_KIB", "CACHE_KIB", "CHECKED_TABLES", "DamagedRow",
+    "DeleteSession", "FinishTurn", "INDEX_TABLES", "InvalidCursor", "KeyedPromptRow", "MarkClosed", "Op", "PAGE_SIZE",
     "PromptRow", "ROW_MAX_BYTES", "RunTemplate", "SCHEMA_VERSION", "SessionRow", "StoreHooks",
     "StoredPage", "TERMINAL_STATES", "TerminalState", "TranscriptDamaged", "TranscriptDamagedError",
     "TranscriptDatabase", "TranscriptSchemaError", "UpsertSession", "WAL_CHECKPOINT_BYTES",
