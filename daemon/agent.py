@@ -18,6 +18,7 @@ Its stderr is logged within a budget of lines and bytes per second; the rest is 
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
@@ -25,7 +26,7 @@ import signal
 import subprocess
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final, NamedTuple, Protocol
 
 import trio
 
@@ -61,6 +62,7 @@ from daemon.core.acp_client import (
 from daemon.core.acp_codec import LineSplitter, Read
 from daemon.core.throttle import LineBudget, LogThrottle
 from daemon.core.updates import UpdateBatch
+from daemon.delivery import Delivery
 from sdk.protocol.acp import PermissionAnswer
 
 __all__ = [
@@ -184,6 +186,46 @@ def _widen_pipe(stream: trio.abc.ReceiveStream | None) -> None:
         fcntl.fcntl(fileno(), set_size, PIPE_BYTES)
     except OSError:
         pass  # over /proc/sys/fs/pipe-max-size: the default pipe still works, in smaller reads
+
+
+class _Received(NamedTuple):
+    data: bytes | bytearray
+    waited: bool  # the pipe was empty: the read parked until the agent wrote
+
+
+async def _receive(stream: trio.abc.ReceiveStream, max_bytes: int, *, eager: bool
+                   ) -> _Received:
+    """``stream.receive_some(max_bytes)``, and whether it had to wait for the agent.
+
+    Trio's pipe stream yields first and then reads; an empty pipe then parks it again until
+    the pipe is readable: two passes of the scheduler per read, each a wake-up of the event
+    loop. That order is kept while the agent is ahead of the reader (the last read found data
+    waiting: a fast turn), so the read takes what piled up meanwhile. ``eager`` (the last read
+    had to wait: an agent that writes a few lines at a time) reads first instead: an empty
+    pipe parks once, data found waiting is returned after one yield (every call is still a
+    checkpoint). Same results and errors as ``receive_some``, which reads a stream that is not
+    a file descriptor's (``waited`` then False)."""
+    fileno = getattr(stream, "fileno", None)
+    if fileno is None:
+        return _Received(await stream.receive_some(max_bytes), False)
+    if not eager:
+        await trio.lowlevel.checkpoint()
+    waited = False
+    while True:
+        fd = fileno()
+        try:
+            data = os.read(fd, max_bytes)
+        except BlockingIOError:
+            await trio.lowlevel.wait_readable(fd)
+            waited = True
+            continue
+        except OSError as exc:
+            if exc.errno == errno.EBADF:
+                raise trio.ClosedResourceError("the agent's stdout was closed") from None
+            raise trio.BrokenResourceError from exc
+        if eager and not waited:
+            await trio.lowlevel.checkpoint()
+        return _Received(data, waited)
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
@@ -631,10 +673,11 @@ class AgentChannel:
         assert proc.stdout is not None
         stream = proc.stdout
         splitter = LineSplitter()
+        waited = False
         try:
             while True:
                 try:
-                    data = await stream.receive_some(READ_CHUNK_BYTES)
+                    data, waited = await _receive(stream, READ_CHUNK_BYTES, eager=waited)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     break
                 if not data:
@@ -655,9 +698,22 @@ class AgentChannel:
                 for start in range(0, len(lines), step):
                     if start:
                         await trio.lowlevel.checkpoint()
+                    last = start + step >= len(lines)
                     group = read if len(lines) <= step else Read(
                         lines[start:start + step], read.spaced)
-                    for sink in self._dispatch(group):
+                    # A read the agent made us wait for (paced output: a few lines of a few
+                    # sessions) has its subscribers written by this task before it yields
+                    # (see daemon.delivery). A read that found more waiting, or a group before
+                    # the last, lets the loop gather them with what comes next.
+                    delivery = Delivery.running() if last and waited else None
+                    if delivery is not None:
+                        delivery.hold()
+                    try:
+                        sinks = self._dispatch(group)
+                    finally:
+                        if delivery is not None:
+                            delivery.deliver_held()
+                    for sink in sinks:
                         await sink.flow.wait_for_subscribers()
                     await self._wait_reply_backlog()
             # Stdout ended: the agent is usually exiting. Learn how before failing the pending

@@ -11,7 +11,11 @@ read), then, for each dirty bus, takes the frames after each parked subscriber's
 by the bus's subscribers of one transport, :class:`daemon.core.shared_frames.SharedFrames`)
 and writes them in one write without waiting (``write_nowait``). A stream costs no task
 wake-up, no timer and no scheduler pass per write: one loop pass serves every session that
-published.
+published. A publisher that is about to publish and will not yield before it is done (the
+agent reader, for a read it had to wait for) *holds* the loop instead (:meth:`Delivery.hold`):
+its marks do not wake the loop, and :meth:`Delivery.deliver_held` runs the same pass in its own
+task before it yields. Under LLM-paced load, where every read carries a few updates of a few
+sessions, that is the loop's wake-up and its gathering pass saved on every read.
 
 A WebSocket's write holds its connection's send lock, the one Hypercorn holds for each of its
 own writes (pongs, pings, the close frame): taken without waiting, and a connection whose
@@ -94,6 +98,7 @@ class Delivery:
         self._dirty: dict[Fanout, None] = {}
         self._lot = trio.lowlevel.ParkingLot()
         self._marks = 0  # buses marked so far (the gathering watches it move)
+        self._held = 0  # publishers between hold() and deliver_held()
         self.passes = 0  # loop passes so far
         self.task: trio.lowlevel.Task | None = None  # the loop's task, once started
 
@@ -166,7 +171,22 @@ class Delivery:
     def _mark(self, bus: Fanout) -> None:
         self._dirty[bus] = None
         self._marks += 1
-        self._lot.unpark_all()
+        if not self._held:
+            self._lot.unpark_all()
+
+    def hold(self) -> None:
+        """A publisher is about to publish and will call :meth:`deliver_held` before it next
+        yields: marks meanwhile do not wake the loop (the publisher's own pass writes them)."""
+        self._held += 1
+
+    def deliver_held(self) -> None:
+        """End a :meth:`hold`: write every parked subscriber of every bus marked since, now,
+        in the caller's task (what the loop's next pass would have written, without waking
+        it). Cannot raise: a failure is handled per bus as in the loop."""
+        self._held -= 1
+        if self._held or not self._dirty:
+            return
+        self._pass(trio.current_time())
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -179,18 +199,21 @@ class Delivery:
                 await trio.lowlevel.checkpoint()
                 if self._marks == marks:
                     break  # nothing published in that pass: write now
-            dirty, self._dirty = self._dirty, {}
-            now = trio.current_time()
-            for bus in dirty:
-                streams = self._parked.get(bus)
-                if streams:
-                    try:
-                        self._deliver(bus, streams, now)
-                    except Exception:
-                        log.exception("event=delivery_failed session=%s", bus.session_id)
-                        for parked in tuple(streams.values()):
-                            self._hand_back(bus, parked)
-            self.passes += 1
+            self._pass(trio.current_time())
+
+    def _pass(self, now: float) -> None:
+        """Write the parked subscribers of every bus marked since the last pass."""
+        dirty, self._dirty = self._dirty, {}
+        for bus in dirty:
+            streams = self._parked.get(bus)
+            if streams:
+                try:
+                    self._deliver(bus, streams, now)
+                except Exception:
+                    log.exception("event=delivery_failed session=%s", bus.session_id)
+                    for parked in tuple(streams.values()):
+                        self._hand_back(bus, parked)
+        self.passes += 1
 
     def _deliver(self, bus: Fanout, streams: dict[Reader, Parked], now: float) -> None:
         ring = bus.ring

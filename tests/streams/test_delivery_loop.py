@@ -171,6 +171,48 @@ async def test_the_subscribers_of_every_session_that_published_are_written_in_on
             peer.close()
 
 
+async def test_a_publisher_holding_the_loop_writes_what_it_published_before_it_yields(
+) -> None:
+    """The agent reader's way: between ``hold`` and ``deliver_held`` a read's publishes mark
+    their buses without waking the loop, and ``deliver_held`` writes every parked subscriber
+    of them at once, in the publisher's task: one pass, the loop's task never woken."""
+    buses = [new_bus() for _ in range(6)]
+    peers = [_Peer(51050 + i) for i in range(2 * len(buses))]
+    try:
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                for index, peer in enumerate(peers):
+                    peer.start(nursery, buses[index // 2])
+                await trio.testing.wait_all_tasks_blocked()
+                delivery = Delivery.running()
+                assert delivery is not None and delivery.parked == len(peers)
+                passes = delivery.passes
+                delivery.hold()
+                for bus in buses:
+                    publish(bus, 3)
+                assert delivery.passes == passes  # nothing written yet
+                delivery.deliver_held()
+                assert delivery.passes == passes + 1
+                for peer in peers:  # in the sockets already, before this task yields
+                    peer.read_now()
+                    assert len(ID_LINE.findall(peer.received)) == 3
+                await trio.testing.wait_all_tasks_blocked()
+                assert delivery.passes == passes + 1  # the loop had nothing left to do
+                assert delivery.parked == len(peers)
+                for peer in peers:
+                    assert await peer.read_until_ids(3) == [1, 2, 3]
+                for bus in buses:  # without a hold the loop writes them, as before
+                    publish(bus, 2)
+                await trio.testing.wait_all_tasks_blocked()
+                assert delivery.passes == passes + 2
+                for peer in peers:
+                    assert await peer.read_until_ids(5) == [1, 2, 3, 4, 5]
+                nursery.cancel_scope.cancel()
+    finally:
+        for peer in peers:
+            peer.close()
+
+
 async def test_a_write_the_socket_does_not_take_whole_is_finished_by_the_stream_first(
 ) -> None:
     bus = new_bus()
