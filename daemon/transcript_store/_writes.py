@@ -40,8 +40,12 @@ ROW_MAX_BYTES: Final = MMAP_THRESHOLD - 64 * 1024
 _WIPE_ROW_PAGES: Final = 2048
 
 _SESSION_EXISTS: Final = "EXISTS (SELECT 1 FROM sessions WHERE session_id = ?)"
-# Most raw_events rows one INSERT statement writes (4 bound values each; see _append_only).
+# Most raw_events rows one INSERT statement writes (5 bound values each; see _append_only):
+# any 16 rows, or up to 256 small ones (their blobs together at most _ONE_STATEMENT_BYTES,
+# which SQLite copies all at once for the statement).
 _ONE_STATEMENT_ROWS: Final = 16
+_ONE_STATEMENT_SMALL_ROWS: Final = 256
+_ONE_STATEMENT_BYTES: Final = 1024 * 1024
 _INSERT_RAW: Final = (
     "INSERT INTO raw_events (session_id, event_id, prompt_id, raw, crc) VALUES (?, ?, ?, ?, ?)"
 )
@@ -121,11 +125,13 @@ class TranscriptWrites:
     def _append_only(self, ops: Sequence[AppendEvent]) -> None:
         """A batch of nothing but events: no op in it creates or deletes a session, so the
         committed set of stored sessions decides which rows are written. Up to
-        ``_ONE_STATEMENT_ROWS`` rows (a fast turn's batch is one to three) are one INSERT with
-        that many VALUES tuples, its own transaction: one SQLite call instead of BEGIN, an
-        INSERT per row and COMMIT, each of which the worker thread leaves and re-takes the GIL
-        for, against the event loop. Outside an explicit transaction such a statement needs no
-        statement journal: if it fails, the whole (implicit) transaction is rolled back."""
+        ``_ONE_STATEMENT_ROWS`` rows (a fast turn's batch is one to three), or up to
+        ``_ONE_STATEMENT_SMALL_ROWS`` small ones (the LLM-paced batch: a row for each of dozens
+        of sessions), are one INSERT with that many VALUES tuples, its own transaction: one
+        SQLite call instead of BEGIN, an INSERT per row and COMMIT, each of which the worker
+        thread leaves and re-takes the GIL for, against the event loop. Outside an explicit
+        transaction such a statement needs no statement journal: if it fails, the whole
+        (implicit) transaction is rolled back."""
         stored = self._stored
         rows = [row for row in event_rows(ops, ROW_MAX_BYTES) if row[0] in stored]
         if not rows:
@@ -133,7 +139,9 @@ class TranscriptWrites:
         if len(rows) == 1:
             self._conn.execute(_INSERT_RAW, rows[0])
             return
-        if len(rows) <= _ONE_STATEMENT_ROWS:
+        if len(rows) <= _ONE_STATEMENT_ROWS or (
+                len(rows) <= _ONE_STATEMENT_SMALL_ROWS
+                and sum(len(row[3]) for row in rows) <= _ONE_STATEMENT_BYTES):
             self._conn.execute(_INSERT_RAW + _RAW_VALUES * (len(rows) - 1),
                                [value for row in rows for value in row])
             return

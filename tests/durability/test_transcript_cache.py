@@ -1,7 +1,8 @@
-"""The transcript's page cache under the LLM-paced load: a batch holding a few events of each of
-many sessions (every session's index leaf dirtied) must not read the b-trees' interior pages
-back from the file for each row it inserts. Counted in read system calls of the thread that
-applies the batch (Linux's per-thread I/O counters), not timed."""
+"""The transcript's write path under the LLM-paced load, where a commit holds a few events of
+each of many sessions: the batch must not read the b-trees' interior pages back from the file
+for each row it inserts (counted in read system calls of the thread that applies it, Linux's
+per-thread I/O counters), and is one SQL statement (counted by SQLite's trace callback). Not
+timed."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.transcript_store import AppendEvent, TranscriptDatabase, UpsertSession
+from daemon.transcript_store import AppendEvent, StoreHooks, TranscriptDatabase, UpsertSession
 
 THREAD_IO = Path("/proc/thread-self/io")
 pytestmark = pytest.mark.skipif(not THREAD_IO.exists(), reason="needs Linux's /proc/thread-self/io")
@@ -48,5 +49,29 @@ def test_a_batch_across_many_sessions_reads_few_pages_back(tmp_path: Path) -> No
         # back (about 2 * rows); kept, a commit reads at most a few.
         assert reads <= rows // 4, f"{reads} reads for {rows} rows"
         assert len(store.raw_events(sids[0])) == HISTORY + 5
+    finally:
+        store.close()
+
+
+def test_a_batch_of_a_row_for_each_of_many_sessions_is_one_statement(tmp_path: Path) -> None:
+    """The LLM-paced commit (one small row for each of dozens of sessions) is one INSERT, its
+    own transaction: one SQLite call, where BEGIN, a row at a time and COMMIT made the writer
+    thread give up and take back the GIL for every row."""
+    statements: list[str] = []
+    sids = [f"{i:08d}-2222-4222-8222-222222222222" for i in range(SESSIONS)]
+    store = TranscriptDatabase(tmp_path / "t.sqlite3", quick_check_s=5,
+                               hooks=StoreHooks(connected=lambda conn: conn.set_trace_callback(
+                                   statements.append)))
+    try:
+        store.apply([UpsertSession(sid, "/w", i) for i, sid in enumerate(sids)])
+        statements.clear()
+        store.apply([AppendEvent(sid, 1, None, RAW) for sid in sids])
+        assert len(statements) == 1 and statements[0].startswith("INSERT INTO raw_events")
+        # Big rows still go one at a time in one transaction (SQLite would copy them all).
+        statements.clear()
+        big = b'{"update":"' + b"y" * 60_000 + b'"}'
+        store.apply([AppendEvent(sid, 2, None, big) for sid in sids])
+        assert statements[0] == "BEGIN IMMEDIATE" and statements[-1] == "COMMIT"
+        assert [sid for sid in sids if len(store.raw_events(sid)) != 2] == []
     finally:
         store.close()
