@@ -500,17 +500,15 @@ class AcpClient(Generic[S, W]):
             prefix = prefix_of(lines[0])
             session_id = None if prefix is None else self._by_prefix.get(prefix)
             if prefix is not None and session_id is not None:
-                plain = plain_chunk_lines(lines, prefix)
-                if plain is not None:  # the usual read of a turn: text chunks only
-                    raws, run = plain
-                    if spaced:
-                        raws = compact_chunks(raws, run[1])
-                    return self._route_one(session_id, raws, UpdateBatch(raws, run))
-                spliced = splice_updates(lines, prefix)
-                if spliced is not None:
-                    if spaced:
-                        spliced = list(map(compact, spliced))
-                    return self._route_one(session_id, spliced)
+                if lines[-1].startswith(prefix):
+                    batch = _prefixed_batch(lines, prefix, spaced)
+                    if batch is not None:
+                        return self._route_one(session_id, batch.updates, batch)
+                # Several sessions' updates (many paced turns on one agent): each session's
+                # lines checked at once, as above.
+                grouped = self._grouped(lines, spaced)
+                if grouped is not None:
+                    return grouped
         updates: dict[str, tuple[S, list[bytes]]] = {}
         events: list[Event[S, W]] = []
         sinks = self.sinks
@@ -573,6 +571,33 @@ class AcpClient(Generic[S, W]):
             last.append(raw)
         return Batch({session_id: (sink, UpdateBatch.of(raws))
                       for session_id, (sink, raws) in updates.items()}, events)
+
+    def _grouped(self, lines: list[bytes], spaced: bool) -> Batch[S, W] | None:
+        """A read of nothing but updates of attached, ready sessions, each line starting
+        with its session's prefix: each session's lines read at once (``_prefixed_batch``),
+        the sessions in the order of their first line. ``None`` when any line is not such an
+        update (the caller then reads the lines one at a time, with the same result)."""
+        by_prefix = self._by_prefix
+        groups: dict[bytes, list[bytes]] = {}
+        for line in lines:
+            prefix = prefix_of(line)
+            if prefix is None or prefix not in by_prefix:
+                return None
+            group = groups.get(prefix)
+            if group is None:
+                groups[prefix] = [line]
+            else:
+                group.append(line)
+        updates: dict[str, tuple[S, UpdateBatch]] = {}
+        for prefix, group in groups.items():
+            session_id = by_prefix[prefix]
+            if session_id in self._loading or session_id in self._held:
+                return None
+            batch = _prefixed_batch(group, prefix, spaced)
+            if batch is None:
+                return None
+            updates[session_id] = (self.sinks[session_id], batch)
+        return Batch(updates, [])
 
     def _route_one(self, session_id: str, raws: list[bytes],
                    batch: UpdateBatch | None = None) -> Batch[S, W]:
@@ -647,3 +672,21 @@ class AcpClient(Generic[S, W]):
 
     def pending_permissions(self, session_id: str) -> int:
         return self._asking.get(session_id, 0)
+
+
+def _prefixed_batch(lines: list[bytes], prefix: bytes, spaced: bool) -> UpdateBatch | None:
+    """The batch of ``lines``, each ``prefix``, one update object and ``}}``, read at once
+    (plain text chunks of one kind in one decode, else the updates spliced out), made compact
+    if the read was ``spaced``; ``None`` when any line is not such a line."""
+    plain = plain_chunk_lines(lines, prefix)
+    if plain is not None:  # the usual read of a turn: text chunks only
+        raws, run = plain
+        if spaced:
+            raws = compact_chunks(raws, run[1])
+        return UpdateBatch(raws, run)
+    spliced = splice_updates(lines, prefix)
+    if spliced is None:
+        return None
+    if spaced:
+        spliced = list(map(compact, spliced))
+    return UpdateBatch.of(spliced)

@@ -567,6 +567,66 @@ def test_a_batch_means_what_its_lines_mean_one_by_one(start: int, size: int) -> 
     assert batch.events == events
 
 
+def _thought(session_id: str, text: str) -> bytes:
+    return update_prefix(session_id) + json.dumps(
+        {"sessionUpdate": "agent_thought_chunk", "content": {"type": "text", "text": text}},
+        separators=(",", ":")).encode() + b"}}"
+
+
+# Reads of several sessions' updates at once (many paced turns on one agent): each session's
+# lines are read at once when every line is an update of an attached session starting with its
+# prefix; anything else sends the whole read line by line.
+_SESSIONS_READS = [
+    [update("a", "1"), update("b", "2"), update("a", "3 4"), update("b", "5")],
+    [update("b", "1"), update("a", "2")],
+    [update("a", "1"), _thought("b", "t u"), _thought("b", "v"), update("a", "w x")],
+    [update("a", "1"), _thought("a", "mixed kinds"), update("b", "2")],
+    [update("a", "1"), update_prefix("b") + b'{"sessionUpdate":"tool_call","k": [1, 2]}}}'],
+    [update("a", "1"), update("b", "2", spaced=True)],
+    [update("a", "1"), update("ghost", "2")],
+    [update("a", "1"), update_prefix("b") + b'{"k":1} }}'],
+    [update("a", "1"), update("b", "2"), reply(99)],
+]
+
+
+# Read as the line splitter marks them (a read with a space is ``spaced``), and marked spaced.
+@pytest.mark.parametrize(("lines", "spaced"), [
+    (lines, spaced) for lines in _SESSIONS_READS
+    for spaced in sorted({True, any(b" " in line for line in lines)})])
+def test_a_read_of_several_sessions_means_what_its_lines_mean_one_by_one(
+        lines: list[bytes], spaced: bool) -> None:
+    batch = attached("a", "b").receive(Read(lines, spaced=spaced))
+    routed, events = _one_by_one(lines)
+    assert {sid: published.updates
+            for sid, (_, published) in batch.updates.items()} == _merged(routed)
+    assert list(batch.updates) == list(_merged(routed))  # sessions in first-line order
+    for sid, (sink, published) in batch.updates.items():
+        assert sink == f"sink-{sid}"
+        assert published.run == plain_chunk_run(published.updates)
+    assert batch.events == events
+
+
+def test_a_read_of_several_sessions_plain_updates_reads_no_line_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    alone: list[bytes] = []
+
+    def counted(line: bytes) -> tuple[str, bytes] | None:
+        alone.append(line)
+        return parse_update(line)
+
+    monkeypatch.setattr(acp_client_module, "parse_update", counted)
+    lines = [update("a", "1"), update("b", "two words"), update("a", "3"),
+             update_prefix("b") + b'{"sessionUpdate":"tool_call","toolCallId":"t"}}}']
+    batch = attached("a", "b").receive(Read(lines, spaced=True))
+    assert alone == []
+    assert texts(batch, "a") == ["1", "3"]
+    assert batch.updates["b"][1].updates[0] == (
+        b'{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"two words"}}')
+    # A line of a session that is not attached sends the read line by line.
+    batch = attached("a", "b").receive(Read([update("a", "1"), update("c", "2")]))
+    assert len(alone) == 2 and texts(batch, "a") == ["1"]
+
+
 def test_a_read_of_one_sessions_plain_updates_is_checked_at_once() -> None:
     lines = [update("a", "1"), update("a", "2"), update("a", "3 4")]
     prefix = update_prefix("a")
