@@ -62,14 +62,17 @@ class EnvelopeSplicer:
 
     def __init__(
         self, session_id: str, prompt_id: str | None, originator_client_id: str | None,
-        now_ms: int,
+        now_ms: int, *, pieces: tuple[bytes, bytes, bytes] | None = None,
     ) -> None:
         # The id leads every envelope, so the piece before it is always _ID_START (a run's
-        # RunTemplate keeps only the two pieces after it).
-        _, self._head, self._tail = envelope_template(
-            "session_update", SessionUpdateData(session_id=session_id, update=HOLE),
-            prompt_id=prompt_id, originator_client_id=originator_client_id,
-            meta={"serverTimestamp": now_ms})
+        # RunTemplate keeps only the two pieces after it). ``pieces``: what
+        # :func:`_timestamped_pieces` made for these ids, filled with ``now_ms`` here instead
+        # of encoding the envelope again.
+        if pieces is None:
+            pieces = _timestamped_pieces(session_id, prompt_id, originator_client_id)
+        head, after_update, after_stamp = pieces
+        self._head = head
+        self._tail = b"%b%d%b" % (after_update, now_ms, after_stamp)
         self._format = _envelope_format(self._head, self._tail)
         self._prompt_id = prompt_id
 
@@ -99,24 +102,47 @@ class Splicer:
     """A session's spliced runs: :meth:`EnvelopeSplicer.run` with the envelope template of
     the moment, the last one reused while the prompt, the originator and the clock's
     millisecond are the same (a turn's reads come several to a millisecond, and a template
-    costs several envelopes to make)."""
+    costs several envelopes to make). The envelope's pieces around the timestamp are kept
+    while the prompt and the originator are the same: a paced turn publishes every few tens
+    of milliseconds, each time in a new millisecond, and a new millisecond only fills them."""
 
-    __slots__ = ("_key", "_splicer", "session_id")
+    __slots__ = ("_ids", "_key", "_pieces", "_splicer", "session_id")
 
     def __init__(self, session_id: str) -> None:
         self.session_id = session_id
         self._key: tuple[str | None, str | None, int] | None = None
         self._splicer: EnvelopeSplicer | None = None
+        self._ids: tuple[str | None, str | None] | None = None
+        self._pieces: tuple[bytes, bytes, bytes] | None = None
 
     def run(self, prompt_id: str | None, originator_client_id: str | None, now_ms: int,
             first_id: int, updates: list[bytes]) -> tuple[list[Event], RunTemplate]:
         key = (prompt_id, originator_client_id, now_ms)
         splicer = self._splicer
         if splicer is None or key != self._key:
+            ids = (prompt_id, originator_client_id)
+            pieces = self._pieces
+            if pieces is None or ids != self._ids:
+                pieces = self._pieces = _timestamped_pieces(self.session_id, prompt_id,
+                                                            originator_client_id)
+                self._ids = ids
             splicer = self._splicer = EnvelopeSplicer(self.session_id, prompt_id,
-                                                      originator_client_id, now_ms)
+                                                      originator_client_id, now_ms,
+                                                      pieces=pieces)
             self._key = key
         return splicer.run(first_id, updates)
+
+
+def _timestamped_pieces(session_id: str, prompt_id: str | None,
+                        originator_client_id: str | None) -> tuple[bytes, bytes, bytes]:
+    """The envelope of a ``session_update`` with these ids, encoded once with holes at its
+    id, its update and its ``_meta.serverTimestamp`` (the envelope's members come in that
+    order): the pieces after the id, after the update and after the timestamp."""
+    _, head, after_update, after_stamp = envelope_template(
+        "session_update", SessionUpdateData(session_id=session_id, update=HOLE),
+        prompt_id=prompt_id, originator_client_id=originator_client_id,
+        meta={"serverTimestamp": HOLE})
+    return head, after_update, after_stamp
 
 
 #: What an envelope with an id starts with, before the id's digits (``{"id":``).

@@ -15,10 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daemon.bus import BusLimits, SessionBus
+from daemon.core import frame_codec
 from daemon.core.acp_codec import splice_updates, update_prefix
 from daemon.core.cluster import event_run
 from daemon.core.envelope import decode_json, encode_json, make_event
-from daemon.core.frame_codec import EnvelopeSplicer
+from daemon.core.frame_codec import EnvelopeSplicer, Splicer
 from daemon.core.live_journal import LiveJournal, merge_key, plain_chunk_key
 from daemon.core.updates import (
     UpdateBatch,
@@ -211,6 +212,34 @@ def test_splicer_matches_make_event_byte_for_byte() -> None:
         assert expected is not None
         splicer = EnvelopeSplicer(SID, prompt_id, client_id, 123)
         assert splicer.envelope(7, encode_json(update)) == expected.raw
+
+
+def test_a_session_splicer_encodes_its_envelope_once_per_prompt_whatever_the_millisecond(
+) -> None:
+    """A paced turn publishes in a new millisecond every time: the splicer fills the kept
+    pieces with the new timestamp (the envelope encoded again only for a new prompt or
+    originator), and every envelope is still make_event's, byte for byte."""
+    update = text_chunk("agent_message_chunk", "%d %b 100% é")
+    encoded = encode_json(update)
+    splicer = Splicer(SID)
+    calls: list[object] = []
+    real = frame_codec.envelope_template
+
+    def counted(*args: Any, **kwargs: Any) -> list[bytes]:
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    with mock.patch.object(frame_codec, "envelope_template", counted):
+        event_id = 1
+        for prompt_id, client_id in ((PROMPT, CLIENT), (PROMPT, None), (None, None)):
+            for now in (1_796_204_640_885, 1_796_204_640_909, 9, 1_796_204_641_000):
+                events, _ = splicer.run(prompt_id, client_id, now, event_id, [encoded])
+                expected = make_event(event_id, "session_update",
+                                      {"sessionId": SID, "update": update}, now_ms=now,
+                                      prompt_id=prompt_id, originator_client_id=client_id)
+                assert expected is not None and events[0].raw == expected.raw
+                event_id += 1
+    assert len(calls) == 3  # one per prompt and originator, not one per millisecond
 
 
 def test_plain_chunk_takes_only_exact_text_chunks() -> None:
