@@ -27,13 +27,13 @@ from .manager import (
     SessionManager,
 )
 from .transcript_store import TranscriptDamaged
-from .ui_files import UiFiles
 
 if TYPE_CHECKING:
     # The event streams (and with them a session's bus) are imported by the first event-stream
     # or WebSocket request, not by the daemon's start.
     from .session import Session
     from .streams import Receive, Scope, Send
+    from .ui_files import UiFiles
 
 log = logging.getLogger("daemon.asgi")
 
@@ -96,7 +96,7 @@ class DaemonASGI:
         self.body_timeout_s = manager.config.body_timeout_ms / 1000
         self.stalled_write_s = manager.config.stalled_write_ms / 1000
         self.body_timeouts = LogThrottle(BODY_TIMEOUT_LOG_INTERVAL_S)
-        self.ui = UiFiles()
+        self._ui: UiFiles | None = None  # the viewer's files: see _serve_ui
         # Cluster mode (daemon.cluster.ClusterRouter): routes requests for sessions this node
         # does not run. None in single-node mode.
         self.cluster: Any = None
@@ -132,7 +132,13 @@ class DaemonASGI:
                         scope.get("method"), scope.get("path"))
 
     async def _serve_ui(self, send: Send, method: str, path: str) -> None:
-        answer = self.ui.answer(method, path)
+        # The viewer's module (and its files, read by its first answer) loads with the first
+        # request for the viewer: a daemon nobody opens in a browser holds neither.
+        if self._ui is None:
+            from .ui_files import UiFiles
+
+            self._ui = UiFiles()
+        answer = self._ui.answer(method, path)
         if answer is None:
             await _send_json(send, 404, wire.route_not_found())
             return

@@ -17,9 +17,10 @@ import os
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
+
+import msgspec
 
 from sdk.protocol import __version__
 
@@ -66,12 +67,14 @@ class ConfigError(ValueError):
     """A configuration value the daemon refuses to start with."""
 
 
-@dataclass(frozen=True)
-class DaemonConfig:
+# A Struct, not a dataclass: a dataclass compiles its generated methods when the class is made
+# (for this many fields, tens of kilobytes of code held for the daemon's whole life, and the
+# compiler's scratch memory at start); msgspec makes a Struct's methods without compiling.
+class DaemonConfig(msgspec.Struct, frozen=True, kw_only=True):
     hostname: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     token: str | None = None
-    data_dir: Path = field(default_factory=lambda: default_data_dir())
+    data_dir: Path = msgspec.field(default_factory=lambda: default_data_dir())
     agent_argv: tuple[str, ...] = ()
     approval_mode: str = "default"
     max_journal_events: int = DEFAULT_MAX_JOURNAL_EVENTS
@@ -83,7 +86,7 @@ class DaemonConfig:
     # A session idle this long (no subscriber, no prompt, no request) is unloaded; 0: never.
     session_idle_ms: int = DEFAULT_SESSION_IDLE_MS
     allow_origins: tuple[str, ...] = ()
-    workspace: str = field(default_factory=os.getcwd)
+    workspace: str = msgspec.field(default_factory=os.getcwd)
     require_auth: bool = False
     agent_init_timeout_ms: int = DEFAULT_AGENT_INIT_TIMEOUT_MS
     # An agent whose stdin accepts nothing this long is declared dead (killed).

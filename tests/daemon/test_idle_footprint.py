@@ -53,7 +53,8 @@ NOT_AT_IDLE = ("argparse",  # read the command line, then forgotten (daemon.__ma
                # routes and their bodies, sdk.protocol.http, are all an idle daemon holds)
                "sdk.protocol.constants", "sdk.protocol.envelope", "sdk.protocol.events",
                "sdk.protocol.sse", "sdk.protocol.terminals", "sdk.protocol.cursor",
-               "daemon.core.envelope", "daemon.core.frame_codec")
+               "daemon.core.envelope", "daemon.core.frame_codec",
+               "daemon.ui_files")  # the viewer: its first request (its files with it)
 
 # Lists the modules in sys.modules and every module object still alive outside it (one dropped
 # from sys.modules but still referenced holds all its memory).

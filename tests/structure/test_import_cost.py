@@ -71,6 +71,33 @@ def test_the_protocols_names_load_their_modules_on_first_use() -> None:
     assert out == "[] sdk.protocol.http sdk.protocol.envelope"
 
 
+def test_the_daemons_configuration_compiles_no_code_as_it_is_defined() -> None:
+    """A dataclass compiles its generated methods from source text when its class is made; for
+    the configuration's ~45 fields that is code held for the daemon's life and the compiler's
+    scratch memory at every start. ``DaemonConfig`` is a Struct: importing ``daemon.config``
+    (its own imports done first) compiles no source text (a module read from source is not
+    counted), and the class is still frozen, compared by value and given its defaults."""
+    code = (
+        "import sys\n"
+        "import msgspec, pathlib, daemon.core.retention, daemon.logs, sdk.protocol\n"
+        "compiled = []\n"
+        "sys.addaudithook(lambda event, args: compiled.append(args[1]) "
+        "if event == 'compile' and not str(args[1]).endswith('.py') else None)\n"
+        "import daemon.config\n"
+        "config = daemon.config.DaemonConfig(port=1, workspace='/w')\n"
+        "try:\n"
+        "    config.port = 2\n"
+        "except AttributeError:\n"
+        "    frozen = True\n"
+        "else:\n"
+        "    frozen = False\n"
+        "print(compiled, config.port, config.workspace, frozen, config == "
+        "daemon.config.DaemonConfig(port=1, workspace='/w', data_dir=config.data_dir))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[] 1 /w True True"
+
+
 def test_the_command_line_does_not_load_httpxs_command_line() -> None:
     """httpx imports its own command line (rich, click, pygments) when they are installed, as
     they are here; ``turnkeeper`` never runs it, so its process leaves it out. WebSocket
