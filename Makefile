@@ -9,10 +9,10 @@ STAMP := $(VENV)/.installed
 .PHONY: viewer-protocol serve demo test test-deep unit-fast test-stress test-agents check unit bench bench-quick mutation \
 	clean chaos-cluster chaos-prompts
 
-# A new version reinstalls too: the installed metadata carries it.
+# A new version reinstalls too: the installed metadata carries it. The venv's own pip installs
+# the project as it is (no upgrade of pip first: one index look-up and install less).
 $(STAMP): pyproject.toml sdk/protocol/_version.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
@@ -75,7 +75,8 @@ REWRITTEN := $(if $(PYTEST_ARGS),true,env -u PYTHONDONTWRITEBYTECODE $(PY) -m py
 # tests/harness_zygote.py, so little of their CPU is start-up); half a worker more per core fills
 # that wait, while a whole one more only adds its own start-up and contention. worksteal hands
 # each worker a contiguous run of tests (a module's shared daemon starts once) and rebalances
-# only at the end.
+# only at the end; tests/conftest.py lays the collection out so that each worker's run starts
+# with its share of the long modules (tests/scheduling.py), leaving short tests for the end.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n + (n + 1) / 2 )))
 XDIST := -n $(TEST_WORKERS) --dist worksteal
 
@@ -86,12 +87,14 @@ unit: $(STAMP) $(BROWSER_STAMP) $(REDIS_STAMP)
 	$(REWRITTEN)
 	$(PYTEST)
 
-# `make check` then `make unit`, with mypy (one core) run beside the collection run that writes
-# the rewritten test modules (the other core).
+# `make check` then `make unit`: mypy (one core) and ruff run beside the byte-compiling and the
+# collection run that writes the rewritten test modules (the other core); the step fails if any
+# of them failed, once all have ended. Then the suite (see XDIST and tests/scheduling.py).
 test: $(STAMP) $(BROWSER_STAMP) $(REDIS_STAMP)
-	$(LINT)
-	$(BYTECODE)
-	$(TYPES) & types=$$!; $(REWRITTEN); rewritten=$$?; wait $$types && test $$rewritten = 0
+	$(TYPES) & types=$$!; $(LINT) & lint=$$!; \
+		$(BYTECODE) && $(REWRITTEN); prepared=$$?; \
+		wait $$lint; linted=$$?; wait $$types; typed=$$?; \
+		test $$prepared = 0 && test $$linted = 0 && test $$typed = 0
 	$(PYTEST)
 
 # The whole suite with four times the property tests' examples (HYPOTHESIS_PROFILE=deep,

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import settings
 
 import tests.hypothesis_profiles  # noqa: F401  (registers the profiles)
-from tests import harness
+from tests import harness, scheduling
 from tests.harness_zygote import ForkedPopen, close_all
 
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
@@ -38,10 +38,23 @@ def anyio_backend(request: pytest.FixtureRequest) -> Any:
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("anyio") is not None:
             item.own_markers[:] = [m for m in item.own_markers if m.name != "trio"]
+    # Under xdist, the long modules first in each worker's share (tests/scheduling.py). Every
+    # worker collects, and lays out, the same list.
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and workerinput.get("dist") == "worksteal":
+        items[:] = scheduling.order(items, [item.nodeid for item in items],
+                                    int(workerinput["workercount"]))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist, in the controller: tell each worker the distribution mode (a worker's own
+    ``--dist`` option reads ``no``)."""
+    node.workerinput["dist"] = node.config.getoption("dist")
 
 
 # --- tests that start processes -----------------------------------------------------------------
