@@ -171,7 +171,7 @@ class Delivery:
     def _mark(self, bus: Fanout) -> None:
         self._dirty[bus] = None
         self._marks += 1
-        if not self._held:
+        if not self._held and self._lot:
             self._lot.unpark_all()
 
     def hold(self) -> None:

@@ -114,14 +114,15 @@ class Fanout:
                 lagging.append(sub)
         if self.deliver_to is not None:
             self.deliver_to(self)
-        self._lot.unpark_all()
-
+        if self._lot:  # usually nobody: a caught-up stream waits in the delivery loop
+            self._lot.unpark_all()
 
     def wake_closed(self) -> None:
         """The bus closed: readers drain what is left and end their streams."""
         if self.deliver_to is not None:
             self.deliver_to(self)
-        self._lot.unpark_all()
+        if self._lot:
+            self._lot.unpark_all()
 
     async def wait_for_subscribers(self, stall_s: float = FLOW_STALL_S) -> None:
         """Flow control for the publisher (the agent reader): wait for the writes in flight

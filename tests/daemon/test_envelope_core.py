@@ -17,7 +17,7 @@ from daemon.core.envelope import (
     synthetic,
     write_groups,
 )
-from daemon.core.frame_codec import sse_chunks
+from daemon.core.frame_codec import sse_chunks, sse_frames
 from sdk.protocol import http as wire
 
 
@@ -90,6 +90,16 @@ def test_events_compare_and_hash_by_identity() -> None:
     b = Event.spliced(b"{}", 1, "x", None)
     assert a != b and a == a
     assert len({a, b}) == 2
+
+
+def test_one_events_frames_are_its_frame_whatever_its_type() -> None:
+    """The wake-up of a paced turn frames one ring event: the same bytes as the event's own
+    frame (and as a run of them), for any type."""
+    for kind in ("session_update", "turn_complete", "odd%dtype", "odd%btype"):
+        events = [Event.from_env({"id": i, "v": 1, "type": kind, "data": "%d %b é"})
+                  for i in (7, 8)]
+        assert sse_frames(events[:1]) == events[0].sse_frame
+        assert sse_frames(events) == events[0].sse_frame + events[1].sse_frame
 
 
 def test_sse_frames_and_chunks() -> None:
