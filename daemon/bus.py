@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
 
@@ -51,8 +50,7 @@ from .transcript_writer import TranscriptWriter
 log = logging.getLogger("daemon.bus")
 
 
-@dataclass(frozen=True)
-class BusLimits:
+class BusLimits(msgspec.Struct, frozen=True):
     max_journal_events: int
     max_journal_bytes: int
     compacted_replay_max_bytes: int

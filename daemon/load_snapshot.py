@@ -11,8 +11,9 @@ back from the transcript, after the snapshot and outside the bus.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from functools import partial
+
+import msgspec
 
 from .core.replay_window import SpilledTurn
 from .transcript_store import TranscriptDatabase
@@ -23,8 +24,7 @@ __all__ = ["LoadSnapshot", "resolve_compacted"]
 log = logging.getLogger("daemon.bus")
 
 
-@dataclass(frozen=True)
-class LoadSnapshot:
+class LoadSnapshot(msgspec.Struct, frozen=True):
     # A SpilledTurn stands for an over-cap turn the window serves from the transcript; the
     # route replaces it with the records (resolve_compacted) after the snapshot is taken.
     compacted: list[bytes | SpilledTurn]

@@ -21,10 +21,10 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Final, TypeVar
 
+import msgspec
 import trio
 
 from .core.retention import RetentionPolicy, by_bytes_order, expired
@@ -59,8 +59,7 @@ DEFAULT_INTERVAL_S: Final = 60.0
 MAX_CUTS: Final = 20
 
 
-@dataclass
-class RetentionStats:
+class RetentionStats(msgspec.Struct):
     passes: int = 0
     sessions_removed: int = 0
     steps: int = 0

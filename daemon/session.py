@@ -22,7 +22,6 @@ import math
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 import msgspec
@@ -100,8 +99,7 @@ class PromptQueueFull(Exception):
         self.pending = pending
 
 
-@dataclass
-class PendingPrompt:
+class PendingPrompt(msgspec.Struct):
     prompt_id: str
     blocks: list[Any]
     client_id: str | None
@@ -111,23 +109,22 @@ class PendingPrompt:
     keyed: bool = False
     state: PromptState = PromptState.QUEUED
     scope: trio.CancelScope | None = None
-    done: trio.Event = field(default_factory=trio.Event)
+    done: trio.Event = msgspec.field(default_factory=trio.Event)
     key: str | None = None  # its Idempotency-Key
     # Cluster mode: the prompt runs only once its 202 was given, i.e. its admission reached
     # Redis in time (Session.wait_admitted decides; None until then). A prompt answered 503
     # never runs, even when its admission lands later.
     admission_seq: int = 0
     acknowledged: bool | None = None
-    decided: trio.Event = field(default_factory=trio.Event)
+    decided: trio.Event = msgspec.field(default_factory=trio.Event)
 
 
-@dataclass
-class PermissionWaiter:
+class PermissionWaiter(msgspec.Struct):
     request_id: str
     prompt_id: str | None
     # The optionIds the agent offered: a vote must name one of them.
     option_ids: frozenset[str] = frozenset()
-    event: trio.Event = field(default_factory=trio.Event)
+    event: trio.Event = msgspec.field(default_factory=trio.Event)
     outcome: PermissionOutcome | None = None
 
 

@@ -10,9 +10,10 @@ its own files and talk to nothing but its own daemon. ``/ui`` redirects to ``/ui
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
+
+import msgspec
 
 UI_DIR: Final = Path(__file__).with_name("ui")
 INDEX: Final = "index.html"
@@ -31,8 +32,7 @@ CSP: Final = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 
               "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
 
-@dataclass(frozen=True)
-class UiAnswer:
+class UiAnswer(msgspec.Struct, frozen=True):
     status: int
     headers: list[tuple[bytes, bytes]]
     body: bytes

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import inspect
 import logging
-from dataclasses import dataclass, replace
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
+
+import msgspec
 
 from . import _direct_body as direct_body
 from . import _direct_ws as direct_ws
@@ -38,8 +39,7 @@ log = logging.getLogger("daemon.bridge")
 TESTED_HYPERCORN = ">=0.18,<0.19"
 
 
-@dataclass(frozen=True)
-class PatchStatus:
+class PatchStatus(msgspec.Struct, frozen=True):
     ws_keepalive: bool
     connection_registry: bool
     ws_limits: bool
@@ -243,6 +243,6 @@ async def probe_direct_body(config: Any) -> bool:
         else:
             log.warning("event=%s_disabled hypercorn=%s reason=%r path=asgi", kind,
                         _status.hypercorn_version, result.reason)
-    _status = replace(_status, direct_body=results[0].identical,
-                      direct_ws=results[1].identical)
+    _status = msgspec.structs.replace(_status, direct_body=results[0].identical,
+                                      direct_ws=results[1].identical)
     return results[0].identical

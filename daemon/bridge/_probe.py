@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import msgspec
 import trio
 
 from ..core.transport_frames import ws_frame_head
@@ -77,8 +77,7 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
-@dataclass(frozen=True)
-class ProbeResult:
+class ProbeResult(msgspec.Struct, frozen=True):
     identical: bool
     reason: str  # "identical", or what differed / why the probe could not run
 

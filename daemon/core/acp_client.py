@@ -37,8 +37,9 @@ waiter for one reply; the core stores both and never calls them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
+
+import msgspec
 
 from sdk.protocol import __version__
 from sdk.protocol.acp import (
@@ -168,8 +169,7 @@ def initialize_params(client_info: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-@dataclass(frozen=True, slots=True)
-class Initialized:
+class Initialized(msgspec.Struct, frozen=True):
     """A valid ``initialize`` result."""
 
     capabilities: dict[str, Any]
@@ -243,8 +243,7 @@ def permission_failed(request: Request, exc: BaseException) -> bytes:
 # What one read batch meant (besides the updates): reports, replies, the agent's requests
 
 
-@dataclass(frozen=True, slots=True)
-class Replied(Generic[W]):
+class Replied(msgspec.Struct, Generic[W], frozen=True):
     """A reply to one of our requests: ``error`` is None on success."""
 
     waiter: W
@@ -253,15 +252,13 @@ class Replied(Generic[W]):
     error: AgentRpcError | None
 
 
-@dataclass(frozen=True, slots=True)
-class ReplyUnknown:
+class ReplyUnknown(msgspec.Struct, frozen=True):
     """A reply whose id no request is waiting for (never sent, answered, or given up on)."""
 
     id: Any
 
 
-@dataclass(frozen=True, slots=True)
-class PermissionAsked(Generic[S]):
+class PermissionAsked(msgspec.Struct, Generic[S], frozen=True):
     """The agent asks ``sink`` (attached under ``session_id``) for a permission; the shell
     answers it in its own task, then calls :meth:`AcpClient.permission_answered`."""
 
@@ -271,16 +268,14 @@ class PermissionAsked(Generic[S]):
     params: dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class PermissionRefused:
+class PermissionRefused(msgspec.Struct, frozen=True):
     """A permission request over the session's cap; ``reply`` is the error to send."""
 
     session_id: str
     reply: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class UnsupportedRequest:
+class UnsupportedRequest(msgspec.Struct, frozen=True):
     """The agent made a request the client does not serve; ``reply`` is the error to send."""
 
     method: str
@@ -288,15 +283,13 @@ class UnsupportedRequest:
     reply: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class UnroutedUpdate:
+class UnroutedUpdate(msgspec.Struct, frozen=True):
     """A ``session/update`` for a session nobody attached: dropped."""
 
     session_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class HeldUpdatesDropped:
+class HeldUpdatesDropped(msgspec.Struct, frozen=True):
     """Updates for a session not attached yet went past the hold's bounds (reported once per
     session): ``reason`` says which bound."""
 
@@ -304,28 +297,24 @@ class HeldUpdatesDropped:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class BadUpdate:
+class BadUpdate(msgspec.Struct, frozen=True):
     """A ``session/update`` without a string ``sessionId`` and an object ``update``."""
 
     excerpt: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class NotificationIgnored:
+class NotificationIgnored(msgspec.Struct, frozen=True):
     method: str
 
 
-@dataclass(frozen=True, slots=True)
-class MalformedLine:
+class MalformedLine(msgspec.Struct, frozen=True):
     """A line that is not a JSON-RPC 2.0 message."""
 
     reason: str
     excerpt: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class UnroutedPermission:
+class UnroutedPermission(msgspec.Struct, frozen=True):
     """A permission request naming no attached session; ``reply`` is the error to send."""
 
     session_id: Any
@@ -340,8 +329,7 @@ Event = (
 )
 
 
-@dataclass(slots=True)
-class Batch(Generic[S, W]):
+class Batch(msgspec.Struct, Generic[S, W]):
     """What one read batch meant.
 
     ``updates`` maps each session that got updates to its sink and those updates (an

@@ -15,7 +15,6 @@ plus a few attribute checks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from itertools import repeat
 from operator import itemgetter
 from typing import Any, Final, Generic, TypeVar
@@ -409,8 +408,7 @@ def encode_error(id: RequestId | None, code: int, message: str) -> bytes:
 W = TypeVar("W")
 
 
-@dataclass(frozen=True, slots=True)
-class Pending(Generic[W]):
+class Pending(msgspec.Struct, Generic[W], frozen=True):
     """One outstanding request: its id, its method (for logs) and the caller's waiter."""
 
     id: int

@@ -37,8 +37,9 @@ agent channel paces its reads, ``daemon.streams`` gathers its writes):
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Final
+
+import msgspec
 
 __all__ = [
     "DISPATCH_GROUP_FRACTION",
@@ -87,8 +88,7 @@ def worth_gathering(pending_bytes: int, pending: int, max_queued: int) -> bool:
     return 0 < pending_bytes < GATHER_BYTES and pending <= max_queued // 4
 
 
-@dataclass(slots=True)
-class WaitBudget:
+class WaitBudget(msgspec.Struct):
     """The publisher's ration of waiting for subscribers (see the module docstring); times are
     the shell's monotonic clock, in seconds."""
 

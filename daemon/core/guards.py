@@ -11,7 +11,8 @@ from __future__ import annotations
 import hmac
 import ipaddress
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+import msgspec
 
 from sdk.protocol import routes
 from sdk.protocol.headers import CORS_ALLOWED, CORS_EXPOSED
@@ -44,8 +45,7 @@ def is_loopback_peer(client: Sequence[object] | None) -> bool:
         return False
 
 
-@dataclass(frozen=True)
-class Denial:
+class Denial(msgspec.Struct, frozen=True):
     status: int
     body: ErrorBody
 
@@ -71,8 +71,7 @@ def bearer_token(authorization: str | None) -> str | None:
     return value or None
 
 
-@dataclass(frozen=True)
-class Guard:
+class Guard(msgspec.Struct, frozen=True):
     token: str | None
     loopback_bind: bool
     bind_hostname: str

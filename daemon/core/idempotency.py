@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Final
 
 import msgspec
@@ -38,8 +37,7 @@ def request_digest(body: Mapping[str, Any]) -> str:
     return hashlib.sha256(_canonical(body)).hexdigest()
 
 
-@dataclass(frozen=True, slots=True)
-class KeyedAdmission:
+class KeyedAdmission(msgspec.Struct, frozen=True):
     """A prompt admitted with ``key``: the digest of its request, the 202 body it got and
     when (ms since the epoch)."""
 
@@ -49,15 +47,13 @@ class KeyedAdmission:
     admitted_at: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Replay:
+class Replay(msgspec.Struct, frozen=True):
     """Answer the earlier admission's 202 body again; admit nothing."""
 
     accepted: PromptAccepted
 
 
-@dataclass(frozen=True, slots=True)
-class Conflict:
+class Conflict(msgspec.Struct, frozen=True):
     """The key was used for a different request (409 ``idempotency_key_reused``)."""
 
     prompt_id: str

@@ -25,8 +25,9 @@ how it ended           terminal
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from typing import Final, Literal, TypeAlias
+
+import msgspec
 
 from sdk.protocol.events import TurnCompleteData, TurnErrorData
 from sdk.protocol.terminals import (
@@ -85,36 +86,31 @@ def after_close(state: PromptState) -> PromptState:
 # --- how the agent call (or the queue wait) ended ----------------------------------------------
 
 
-@dataclass(frozen=True)
-class AgentAnswered:
+class AgentAnswered(msgspec.Struct, frozen=True):
     """The agent answered ``session/prompt``; ``stop_reason`` is its raw ``stopReason``."""
 
     stop_reason: object = None
 
 
-@dataclass(frozen=True)
-class AgentFailed:
+class AgentFailed(msgspec.Struct, frozen=True):
     """The agent answered with a JSON-RPC error."""
 
     code: int | str
     message: str
 
 
-@dataclass(frozen=True)
-class ChannelLost:
+class ChannelLost(msgspec.Struct, frozen=True):
     """The agent process died (or its pipes closed) before it answered."""
 
 
-@dataclass(frozen=True)
-class CallCut:
+class CallCut(msgspec.Struct, frozen=True):
     """The prompt's own cancel scope ended the call; ``deadline_passed``: the prompt's
     ``deadlineMs`` had run out when it did."""
 
     deadline_passed: bool
 
 
-@dataclass(frozen=True)
-class SessionEnded:
+class SessionEnded(msgspec.Struct, frozen=True):
     """The prompt never ran: the session ended with it queued."""
 
     agent_died: bool
@@ -123,8 +119,7 @@ class SessionEnded:
 EndCause: TypeAlias = AgentAnswered | AgentFailed | ChannelLost | CallCut | SessionEnded
 
 
-@dataclass(frozen=True)
-class TerminalDecision:
+class TerminalDecision(msgspec.Struct, frozen=True):
     """The one terminal of a prompt: its event type, the ledger's state and the payload fields.
     ``cancel_agent``: the agent is still working on it and must be told ``session/cancel``."""
 

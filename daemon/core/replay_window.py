@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Final
+
+import msgspec
 
 from daemon.core.envelope import Event, typed_synthetic
 from sdk.protocol.constants import REPLAY_WINDOW_EXCEEDED
@@ -31,8 +32,7 @@ __all__ = ["DEFAULT_MAX_BYTES", "Record", "ReplayWindow", "SegmentHandle", "Spil
 DEFAULT_MAX_BYTES: Final = 4 * 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class Record(msgspec.Struct, frozen=True):
     """One compacted event and the transcript record id it was stored under (None when the
     transcript is off or the write failed)."""
 
@@ -40,8 +40,7 @@ class Record:
     record_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class SpilledTurn:
+class SpilledTurn(msgspec.Struct, frozen=True):
     """A snapshot's stand-in for a spilled segment: the record ids to read back from the
     transcript, in order, and the bytes they add up to."""
 

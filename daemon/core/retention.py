@@ -10,7 +10,8 @@ in the daemon) is never a candidate, whatever its age.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+
+import msgspec
 
 __all__ = ["DAY_MS", "RetentionPolicy", "StoredSession", "by_bytes_order", "expired",
            "parse_size"]
@@ -22,15 +23,13 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g"
           "gib": 1024**3, "tib": 1024**4}
 
 
-@dataclass(frozen=True)
-class StoredSession:
+class StoredSession(msgspec.Struct, frozen=True):
     session_id: str
     closed: bool
     last_activity_ms: int
 
 
-@dataclass(frozen=True)
-class RetentionPolicy:
+class RetentionPolicy(msgspec.Struct, frozen=True):
     """``retain_days``/``retain_bytes``: ``None`` is off."""
 
     retain_days: float | None = None

@@ -20,10 +20,11 @@ live delivery continues. It never yields a duplicate, and every gap it leaves is
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from itertools import accumulate
 from operator import attrgetter
 from typing import Final
+
+import msgspec
 
 from daemon.core.envelope import Event, typed_synthetic
 from sdk.protocol.constants import (
@@ -256,8 +257,7 @@ class EventRing:
         return self._total - self._ends[after_id % size]
 
 
-@dataclass(frozen=True, slots=True)
-class ResumePlan:
+class ResumePlan(msgspec.Struct, frozen=True):
     """What a subscriber with a cursor is sent before live delivery.
 
     Send ``before``, then ``replay``, then ``after``; then deliver live events with

@@ -12,8 +12,9 @@ a replay stalled until its next event left the ring is evicted like a live subsc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Final, Protocol
+
+import msgspec
 
 from daemon.core.envelope import Event, typed_synthetic
 from sdk.protocol.events import ClientEvictedData, SlowClientWarningData
@@ -34,13 +35,11 @@ class RingView(Protocol):
     def bytes_since(self, after_id: int) -> int: ...
 
 
-@dataclass(frozen=True)
-class Warning:
+class Warning(msgspec.Struct, frozen=True):
     data: SlowClientWarningData
 
 
-@dataclass(frozen=True)
-class Eviction:
+class Eviction(msgspec.Struct, frozen=True):
     data: ClientEvictedData
 
 

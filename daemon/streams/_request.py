@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
+
+import msgspec
 
 from sdk.protocol import headers as wire_headers
 from sdk.protocol import http as wire
@@ -46,8 +47,7 @@ class StreamRequestError(Exception):
         self.headers = headers or {}
 
 
-@dataclass(frozen=True)
-class StreamRequest:
+class StreamRequest(msgspec.Struct, frozen=True):
     cursor: int | None
     epoch: str | None
     max_queued: int

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
 from os import PathLike
 from typing import Any, Literal
+
+import msgspec
 
 from daemon.core.transcript_ops import KeyedPromptRow, Op, PromptRow, SessionRow, StoredPage
 from sdk.protocol.http import PromptTerminal
@@ -21,8 +22,7 @@ from ._writes import TranscriptWrites
 __all__ = ["StoreHooks", "TranscriptDatabase"]
 
 
-@dataclass(frozen=True, slots=True)
-class StoreHooks:
+class StoreHooks(msgspec.Struct, frozen=True):
     """The store's one deliberate seam for fault injection: tests hold, count, record or fail
     commits and slow the opening check through it, on a real file and a real connection. The
     daemon never passes one. Every hook runs in the thread that called the store.

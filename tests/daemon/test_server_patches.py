@@ -38,8 +38,8 @@ def test_installed_hypercorn_has_the_patched_shape() -> None:
 
 def test_patches_install_on_the_installed_hypercorn() -> None:
     status = _fresh_interpreter(
-        "import json, dataclasses; from daemon import bridge as p; "
-        "print(json.dumps(dataclasses.asdict(p.install())))")
+        "import json, msgspec; from daemon import bridge as p; "
+        "print(json.dumps(msgspec.structs.asdict(p.install())))")
     assert all(status[name] is True for name in (
         "ws_keepalive", "connection_registry", "ws_limits", "http2_flow_control")), status
 

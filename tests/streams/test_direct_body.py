@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
-from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ import trio
 import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
+from msgspec.structs import replace
 
 from daemon.bridge._direct_body import BodyGone, DirectBody, direct_body, enable
 from daemon.bridge._sockets import install as sockets_install

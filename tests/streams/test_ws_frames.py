@@ -14,13 +14,13 @@ writer never cuts into a frame of the server's.
 from __future__ import annotations
 
 import socket
-from dataclasses import replace
 from typing import Any
 
 import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from msgspec.structs import replace
 from wsproto import ConnectionType
 from wsproto.connection import Connection
 from wsproto.events import TextMessage
