@@ -7,9 +7,12 @@ gives them back, but it costs milliseconds when it releases tens of MB, so it ru
 bytes have gone through the buses, when publishing pauses, and at most about once a second
 while it does not (figures: benchmarks/README.md, "Figures behind the code").
 
-A trim forced while publishing goes on (the longest delay) leaves the stream's tail: the bytes
-published after it free heap too, and fewer than the minimum would never trim again. The first
-pause after such a trim trims, whatever the churn since.
+A trim the churn made due leaves the stream's tail: the bytes published after it free heap too,
+and fewer than the minimum would never trim again. That holds for a trim forced while publishing
+goes on (the longest delay) and for one at a pause after which the stream resumed (a slow agent,
+a busy machine): published bytes understate what they free when small events push big ones out
+of the ring. So the first pause after a churn trim trims once more, whatever the churn since: at
+most two trims per minimum of churn.
 
 Pure: :class:`ReclaimPolicy` is told the bytes published and the times, and says when to trim.
 """
@@ -40,7 +43,8 @@ class ReclaimPolicy:
     churn: int = 0
     _last_note_at: float = 0.0
     _armed_at: float | None = None
-    # The last trim ran while publishing went on: the next pause trims, whatever the churn.
+    # The last trim was made due by the churn: the next pause after more publishing trims,
+    # whatever the churn by then.
     _tail: bool = False
     _tail_at: float | None = None  # the first note of that tail
 
@@ -70,7 +74,7 @@ class ReclaimPolicy:
     def due_at(self) -> float | None:
         """When the next trim is due (it may be in the past), or None while the churn is below
         the minimum. Later notes move it on, up to ``max_delay_s`` after the churn passed the
-        minimum. After a trim that ran while publishing went on, the next pause is due too."""
+        minimum. After a trim the churn made due, the next pause is due too."""
         if self._armed_at is not None:
             return min(self._last_note_at + self.quiet_s, self._armed_at + self.max_delay_s)
         if self._tail_at is not None:
@@ -79,10 +83,9 @@ class ReclaimPolicy:
 
     def trimmed(self, now: float | None = None) -> None:
         """A trim ran (at ``now``, for one this policy made due): count from zero again. One
-        that ran while publishing went on (the last note less than ``quiet_s`` before it)
-        makes the next pause due, whatever the churn by then."""
-        self._tail = (now is not None and self._armed_at is not None
-                      and now < self._last_note_at + self.quiet_s)
+        the churn made due makes the next pause after more publishing due, whatever the churn
+        by then; the trim of that tail, or one asked for, leaves none."""
+        self._tail = now is not None and self._armed_at is not None
         self.churn = 0
         self._armed_at = None
         self._tail_at = None
