@@ -235,6 +235,9 @@ class SessionManager:
         self.cluster_recovery: Callable[[str], TranscriptRecovery | None] | None = None
         # Cluster mode: a session's bus guard (is this node still certainly its owner?).
         self.publish_guard: Callable[[str], Callable[[], bool]] | None = None
+        # Cluster mode: a session's dispatch gate (may its runner hand a prompt to the agent
+        # now?, see Session.may_act).
+        self.dispatch_gate: Callable[[str], Callable[[], Awaitable[bool]]] | None = None
         # Unloading needs the transcript to restore from; a cluster node's sessions move
         # between nodes by their own rules, so it keeps them loaded.
         if config.session_idle_ms and writer is not None and config.cluster_redis is None:
@@ -717,6 +720,7 @@ class SessionManager:
             on_ended=self._session_ended,
             on_admitted=self._note_admitted,
             keys_complete=keys_complete,
+            may_act=self.dispatch_gate(session_id) if self.dispatch_gate is not None else None,
         )
 
     def _session_ended(self, session: Session) -> None:

@@ -173,6 +173,7 @@ class Session:
         on_admitted: Callable[[Session], None] | None = None,
         keys_complete: bool = True,
         created_ms: int = 0,
+        may_act: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self.id = session_id
         self.workspace_cwd = workspace_cwd
@@ -224,6 +225,11 @@ class Session:
         self._updates: list[bytes] = []
         # The running prompt as the agent may echo it back (only while a prompt runs).
         self._echo: PromptEcho | None = None
+        # Cluster mode: asked before a prompt is handed to the agent; True once this node is
+        # sure it owns the session (a lease in doubt is settled with Redis first), False once
+        # it lost it. None on a single node: the runner hands prompts over at once.
+        self.may_act = may_act
+        self._gate_scope: trio.CancelScope | None = None  # while the runner asks may_act
 
     # -- admission ----------------------------------------------------------------------------
 
@@ -331,6 +337,12 @@ class Session:
                     # Cluster mode: not before its 202 (within the admission bound).
                     await self.queue[0].decided.wait()
                     continue
+                if self.may_act is not None and self.queue[0].acknowledged \
+                        and not await self._may_dispatch(self.may_act):
+                    # This node lost the session (the new owner ends the prompt): it stays
+                    # queued and ends with the session here, never reaching the agent.
+                    self.begin_close("lease_lost")
+                    continue
                 await self._run_prompt(self.queue.popleft())
             await self._drain_and_end()
         finally:
@@ -339,6 +351,22 @@ class Session:
             self.ended.set()
             if self.on_ended is not None:
                 self.on_ended(self)
+
+    async def _may_dispatch(self, may_act: Callable[[], Awaitable[bool]]) -> bool:
+        """Cluster mode: may the prompt at the head of the queue be handed to the agent now?
+        Waits as long as ``may_act`` does (Redis silent: until it answers), unless the session
+        closes or its agent dies meanwhile (False then too: the runner ends the session)."""
+        with trio.CancelScope() as scope:
+            self._gate_scope = scope
+            try:
+                return await may_act()
+            finally:
+                self._gate_scope = None
+        return False
+
+    def _stop_gate(self) -> None:
+        if self._gate_scope is not None:
+            self._gate_scope.cancel()
 
     async def _run_prompt(self, prompt: PendingPrompt) -> None:
         self.active = prompt
@@ -663,6 +691,7 @@ class Session:
                 prompt.state = after_close(prompt.state)
                 if prompt.scope is not None:
                     prompt.scope.cancel()
+            self._stop_gate()
             self._notify()
 
     def close_idle_now(self, reason: str, *, park: bool = False) -> bool:
@@ -691,6 +720,7 @@ class Session:
     def agent_died(self, exit_code: int | None, signal_code: str | None) -> None:
         if self.agent_exit is None:
             self.agent_exit = (exit_code, signal_code)
+            self._stop_gate()
             self._notify()
 
     # -- permission flow ---------------------------------------------------------------------

@@ -86,12 +86,14 @@ class Cluster:
     def attach(self, manager: SessionManager, writer: TranscriptWriter, *,
                token: str | None = None) -> ClusterRouter:
         """Serve ``manager``'s sessions as this node's: its buses get the lease clock as their
-        guard, its status counts the mirrors' readers; returns the router for the ASGI app."""
+        guard, its runners the dispatch gate (:meth:`Membership.may_act`), its status counts
+        the mirrors' readers; returns the router for the ASGI app."""
         self.manager = manager
         manager.node_id = self.node_id
         manager.cluster_readers = self.redis.readers
         manager.cluster_recovery = self.shipping.recovery
         manager.publish_guard = self._publish_guard
+        manager.dispatch_gate = self._dispatch_gate
         return ClusterRouter(self.redis, self.membership, self.shipping, self.mirrors,
                              manager, writer, self.secret, token=token)
 
@@ -107,6 +109,10 @@ class Cluster:
     def _publish_guard(self, session_id: str) -> Callable[[], bool]:
         membership = self.membership
         return lambda: membership.may_publish(session_id)
+
+    def _dispatch_gate(self, session_id: str) -> Callable[[], Awaitable[bool]]:
+        membership = self.membership
+        return lambda: membership.may_act(session_id)
 
     def _bus_for(self, session_id: str) -> SessionBus | None:
         session = self.manager.sessions.get(session_id) if self.manager is not None else None

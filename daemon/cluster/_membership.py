@@ -10,7 +10,8 @@ Trio shell over :mod:`daemon.core.cluster_identity` and :mod:`daemon.core.cluste
   a refused renewal means another node owns the session now (:meth:`lost`), unless this node
   gave that lease up meanwhile (a renewal sent before the release, answered after it). The
   lease clock tells when this node may no longer be sure it owns a session: its bus's guard
-  (:meth:`may_publish`) then starts a renewal, and requests wait for it (:meth:`settle`).
+  (:meth:`may_publish`) then starts a renewal, requests wait for it (:meth:`settle`), and so
+  does a prompt about to be handed to the agent (:meth:`may_act`).
 
 Who else must know is told through two lists of callbacks, :attr:`on_claimed` (the op-log
 shipping learns the log's length) and :attr:`on_lost` (the shipping forgets the session, the
@@ -275,6 +276,19 @@ class Membership:
                 if self.in_doubt(session_id):
                     await trio.sleep(0.05)  # Redis did not answer: ask again (paced)
         return session_id in self.leases and not self.in_doubt(session_id)
+
+    async def may_act(self, session_id: str) -> bool:
+        """The session runner's gate before it hands a prompt to the agent: True while this
+        node is sure it owns ``session_id`` (a lease in doubt is confirmed with Redis first),
+        False once it lost it. While Redis does not answer it keeps asking (paced, as
+        :meth:`settle`), however long: nothing is handed over unconfirmed (the caller's
+        cancellation ends the wait). A session not claimed yet passes, as with
+        :meth:`may_publish`."""
+        while self.in_doubt(session_id):
+            await self.start_confirm(session_id).wait()
+            if self.in_doubt(session_id):
+                await trio.sleep(0.05)  # Redis did not answer: ask again (paced)
+        return session_id in self.leases or session_id not in self.fenced
 
     async def release(self, session_id: str, *, closed: bool) -> None:
         """Give the lease up (``closed``: the session was deleted for good). When Redis does
