@@ -11,9 +11,10 @@ promise in Redis) but its answer is held by the relay past B's forward timeout (
 - ``slow``: A is alive, only slow to answer: B answers 503 ``session_owner_unavailable``, the
   SDK sends the prompt again, B forwards it to A, which answers with the first admission
   (``Idempotent-Replayed``).
-- ``paused``: A is SIGSTOPped right after it admitted the prompt, past its lease: B takes the
-  session over from Redis, where the admission and its key are, and answers the request it
-  still holds (or a resend) with the first admission; then A wakes up.
+- ``paused``: A is SIGSTOPped once it admitted the prompt and its agent got it, past its
+  lease: B takes the session over from Redis, where the admission and its key are, and
+  answers the request it still holds (or a resend) with the first admission (the takeover
+  never runs an in-flight prompt again); then A wakes up.
 
 Either way the prompt ran once on all the nodes' agents together, the call returned that
 prompt, ``find_prompt`` on either node says so, and every forward carried the client's key.
@@ -114,6 +115,11 @@ async def test_a_prompt_forwarded_to_a_slow_owner_and_resent_runs_once(
                                 await relay.wait_for(lambda: any(
                                     r.path.endswith("/prompt") for r, _ in relay.answers))
                             if owner == "paused":
+                                # A's agent got the prompt (A's runner handed it over) before
+                                # A stops: the case proves "ran on A, not run again by B".
+                                with trio.fail_after(30):
+                                    while runs(tmp_path, text)["A"] == 0:
+                                        await trio.sleep(0.02)  # polling A's agent's log
                                 a.proc.send_signal(signal.SIGSTOP)
                                 paused = True
                         [accepted] = sent

@@ -182,3 +182,33 @@ async def test_a_refused_renewal_read_before_the_release_s_answer_is_no_loss(
             a.redis._scripts = dataclasses.replace(scripts, release=a.redis.scripts.release)
             assert not await a.renew(SID)
             assert a.lost_calls == [SID] and SID in a.fenced
+
+
+async def test_the_dispatch_gate_settles_a_lease_in_doubt_with_redis(tmp_path: Path) -> None:
+    """The session runner's gate (``Membership.may_act``) before a prompt reaches the agent.
+    A's lease is in doubt (its lease clock ran out: A was paused). Nobody took the session:
+    the gate confirms the lease with Redis and answers True. Then A is "paused" again, its
+    lease expires and B claims the session meanwhile: the gate answers False, and A takes
+    it for a loss (fenced, ``on_lost`` told)."""
+    with redis_server(tmp_path / "r") as server:
+        async with node(server, "A") as a, node(server, "B") as b, \
+                trio.open_nursery() as nursery:
+            await a.join()
+            await nursery.start(a.run)  # runs the confirmations the gate starts
+            assert await a.claim(SID, "/w", "e1") == 1
+            assert not a.in_doubt(SID)
+            assert await a.may_act(SID)  # sure: no Redis round trip needed
+            a.lease.forget(SID)  # the lease clock ran out
+            assert a.in_doubt(SID)
+            with trio.fail_after(30):
+                assert await a.may_act(SID)
+            assert not a.in_doubt(SID) and a.lost_calls == []
+
+            a.lease.forget(SID)
+            server.cli("DEL", session_keys(SID).lease)  # A's lease expired...
+            assert await b.claim(SID, "/w", "e2") is not None  # ...and B took the session
+            with trio.fail_after(30):
+                assert not await a.may_act(SID)
+            assert a.lost_calls == [SID] and SID in a.fenced and not a.owns(SID)
+            assert lease_of(server).startswith("B ")
+            nursery.cancel_scope.cancel()
