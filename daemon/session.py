@@ -337,12 +337,14 @@ class Session:
                     # Cluster mode: not before its 202 (within the admission bound).
                     await self.queue[0].decided.wait()
                     continue
-                if self.may_act is not None and self.queue[0].acknowledged \
-                        and not await self._may_dispatch(self.may_act):
-                    # This node lost the session (the new owner ends the prompt): it stays
-                    # queued and ends with the session here, never reaching the agent.
-                    self.begin_close("lease_lost")
-                    continue
+                if self.may_act is not None and self.queue[0].acknowledged:
+                    allowed = await self._may_dispatch(self.may_act)
+                    if allowed is False:
+                        # This node lost the session (the new owner ended the prompt): it
+                        # stays queued and ends with the session here, never reaching the agent.
+                        self.begin_close("lease_lost")
+                    if not allowed:
+                        continue
                 await self._run_prompt(self.queue.popleft())
             await self._drain_and_end()
         finally:
@@ -352,17 +354,17 @@ class Session:
             if self.on_ended is not None:
                 self.on_ended(self)
 
-    async def _may_dispatch(self, may_act: Callable[[], Awaitable[bool]]) -> bool:
+    async def _may_dispatch(self, may_act: Callable[[], Awaitable[bool]]) -> bool | None:
         """Cluster mode: may the prompt at the head of the queue be handed to the agent now?
         Waits as long as ``may_act`` does (Redis silent: until it answers), unless the session
-        closes or its agent dies meanwhile (False then too: the runner ends the session)."""
+        closes or its agent dies meanwhile: ``None`` then (the runner ends the session)."""
         with trio.CancelScope() as scope:
             self._gate_scope = scope
             try:
                 return await may_act()
             finally:
                 self._gate_scope = None
-        return False
+        return None
 
     def _stop_gate(self) -> None:
         if self._gate_scope is not None:

@@ -164,3 +164,18 @@ async def test_a_single_node_has_no_gate() -> None:
         assert agent.received == [BLOCKS]
         await session.close("test_done")
 
+
+
+async def test_an_agent_dying_ends_the_wait_for_the_gate() -> None:
+    gate = HandGate()  # never answers
+    session, agent = make_session(gate)
+    async with running(session):
+        session.admit(BLOCKS, None, None)
+        await trio.testing.wait_all_tasks_blocked()  # the runner waits for the gate
+        assert gate.asks == 1
+        session.agent_died(1, None)
+        with trio.fail_after(10):
+            await session.ended.wait()
+    assert agent.received == []
+    assert session.closing is None  # it died; it was not taken for a lost lease
+    assert terminals(session) == ["turn_error"]
