@@ -20,6 +20,7 @@ public feeding methods, the manager's session table.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Awaitable, Callable
 
 import trio
@@ -38,6 +39,11 @@ __all__ = ["Cluster", "ClusterRouter", "ClusterStartError", "ClusterUnavailable"
 
 log = logging.getLogger("daemon.cluster")
 
+# Test seam (tests/cluster): with this set to a directory, a session's dispatch gate first
+# writes ``held`` there, then waits until ``go`` exists (shielded: a close does not end it),
+# so that a test can stop the node between a prompt's 202 and its hand-off to the agent.
+DISPATCH_HOLD_ENV = "TURNKEEPER_TEST_DISPATCH_HOLD"
+
 
 class Cluster:
     """This daemon as a node of the cluster (its tasks run in the server's root nursery)."""
@@ -55,6 +61,7 @@ class Cluster:
         self.manager: SessionManager | None = None
         self.membership.idle = self._idle
         self.membership.on_lost.append(self._end_session)
+        self._dispatch_hold = os.environ.get(DISPATCH_HOLD_ENV) or None
 
     @property
     def node_id(self) -> str:
@@ -112,7 +119,15 @@ class Cluster:
 
     def _dispatch_gate(self, session_id: str) -> Callable[[], Awaitable[bool]]:
         membership = self.membership
-        return lambda: membership.may_act(session_id)
+        hold = self._dispatch_hold
+        if hold is None:
+            return lambda: membership.may_act(session_id)
+
+        async def held() -> bool:
+            with trio.CancelScope(shield=True):
+                await _held_until_go(trio.Path(hold))
+            return await membership.may_act(session_id)
+        return held
 
     def _bus_for(self, session_id: str) -> SessionBus | None:
         session = self.manager.sessions.get(session_id) if self.manager is not None else None
@@ -134,3 +149,10 @@ class Cluster:
             session.bus.cut_subscribers("lease_lost")
             session.bus.close()
             manager.nursery.start_soon(session.close, "lease_lost")
+
+
+async def _held_until_go(directory: trio.Path) -> None:
+    """The test seam's wait (see :data:`DISPATCH_HOLD_ENV`)."""
+    await (directory / "held").touch()
+    while not await (directory / "go").exists():
+        await trio.sleep(0.02)  # a test seam: polling the test's file

@@ -18,6 +18,10 @@ promise in Redis) but its answer is held by the relay past B's forward timeout (
 
 Either way the prompt ran once on all the nodes' agents together, the call returned that
 prompt, ``find_prompt`` on either node says so, and every forward carried the client's key.
+A third case stops A between its 202 and the hand-off to its agent (a test seam in the daemon
+holds the runner there): the prompt ends ``interrupted`` on B, and A, once awake, never hands it
+to its agent.
+
 Broken on purpose: the forward without the key runs the prompt twice in both (on A twice; on A
 and on B); the SDK resending with a new key runs it twice on A in ``slow``.
 """
@@ -156,3 +160,66 @@ async def test_a_prompt_forwarded_to_a_slow_owner_and_resent_runs_once(
                 a.kill()
                 b.kill()
             nursery.cancel_scope.cancel()
+
+
+async def poll(check: object, what: str, timeout: float = 30) -> None:
+    """Wait (polling, under a deadline) until ``check()`` is true."""
+    assert callable(check)
+    with trio.fail_after(timeout):
+        while not check():
+            await trio.sleep(0.02)  # polling files the processes write
+
+
+async def test_an_owner_stopped_between_its_202_and_the_hand_off_never_runs_the_prompt(
+        tmp_path: Path) -> None:
+    """A answers 202 for a prompt, then stops before its runner handed it to the agent (the
+    daemon's test seam holds the runner there: ``TURNKEEPER_TEST_DISPATCH_HOLD``), past its
+    lease. B takes the session over and ends the prompt ``interrupted``. A wakes, finds its
+    lease lost, and only then is its runner let go: it must not hand the prompt to A's agent.
+    Broken on purpose (the gate answering True without asking Redis): A's agent runs it."""
+    from daemon.cluster import DISPATCH_HOLD_ENV
+
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    text = "stopped-before-hand-off mock:chunks=2"
+    key = "stopped-before-hand-off-key"
+    with redis_server(tmp_path / "redis") as redis:
+        a = await trio.to_thread.run_sync(lambda: start_node(
+            tmp_path, redis.url, "A", env={DISPATCH_HOLD_ENV: str(hold)}))
+        b = await trio.to_thread.run_sync(lambda: start_node(tmp_path, redis.url, "B"))
+        try:
+            async with httpx.AsyncClient(base_url=a.url, timeout=TIMEOUT) as ca, \
+                    httpx.AsyncClient(base_url=b.url, timeout=TIMEOUT) as cb:
+                sid = (await ca.post("/session", json={})).json()["sessionId"]
+                sent = await ca.post(f"/session/{sid}/prompt", headers={"Idempotency-Key": key},
+                                     json={"prompt": [{"type": "text", "text": text}]})
+                assert sent.status_code == 202, sent.text
+                await poll(lambda: (hold / "held").exists(), "A's runner at the gate")
+                a.proc.send_signal(signal.SIGSTOP)
+                try:
+                    with trio.fail_after(60):
+                        while True:  # B forwards to A (stopped) until A's lease runs out
+                            status = await cb.get(f"/session/{sid}/status")
+                            if status.status_code == 200 and \
+                                    status.json()["ownerNodeId"] == "B":
+                                break
+                            await trio.sleep(0.05)  # polling the cluster's own answer
+                    found = await cb.get(f"/session/{sid}/prompts/{key}")
+                    assert found.status_code == 200, found.text
+                    assert found.json()["state"] == "interrupted", found.json()
+                finally:
+                    a.proc.send_signal(signal.SIGCONT)
+                await poll(lambda: f"event=lease_lost session={sid}" in a.stderr(),
+                           "A found its lease lost")
+                (hold / "go").touch()
+                await poll(lambda: f"event=session_ended session={sid}" in a.stderr(),
+                           "A's session ended")
+                ran = runs(tmp_path, text)
+                print(f"\nruns={ran}")
+                assert ran == {"A": 0, "B": 0}
+                found = await cb.get(f"/session/{sid}/prompts/{key}")
+                assert found.json()["state"] == "interrupted", found.json()
+        finally:
+            resume(a)
+            a.kill()
+            b.kill()
