@@ -352,7 +352,12 @@ async def run_daemon(
                 log.warning("event=shutdown_budget_exceeded budget_s=%s", SHUTDOWN_BUDGET_S)
             elif exit_when_stopped is not None:
                 # Everything is committed: what is left of the tasks holds nothing to keep.
-                if store is not None:
+                # The connection is closed once no worker thread uses it (a retention step
+                # may still run there); should that not come in time, the exit closes it.
+                if writer is not None:
+                    with trio.move_on_after(SHUTDOWN_BUDGET_S):
+                        await writer.close_store()
+                elif store is not None:
                     store.close()
                 lock.close()
                 exit_when_stopped(0)

@@ -202,6 +202,7 @@ class TranscriptWriter:
         # refused, although the latch itself was cleared for the new bus.
         self._refuse_before: dict[str, int] = {}
         self._db_lock = trio.Lock()
+        self._store_closed = False  # close_store ran: nobody may use the connection again
         self._wakeup = trio.Event()
         self._progress = trio.Event()
         self._running = False
@@ -284,6 +285,7 @@ class TranscriptWriter:
         await self._wait_resolved(self._last_seq)
         self._yield_maintenance()
         async with self._db_lock:
+            self._check_open()
             try:
                 return await in_worker_thread(partial(fn, self.store))
             except TranscriptDamaged as exc:
@@ -303,6 +305,7 @@ class TranscriptWriter:
         connection meanwhile cuts it (:meth:`TranscriptDatabase.interrupt`; ``fn`` must expect
         that), so a long check never holds back the daemon's work. A cancellation cuts it too."""
         async with self._db_lock:
+            self._check_open()
             self.store.interruptible(interruptible)
             self._maintaining = interruptible
             try:
@@ -312,12 +315,28 @@ class TranscriptWriter:
                 self._maintaining = False
                 self.store.interruptible(False)
 
+    async def close_store(self) -> None:
+        """Close the connection, once nobody uses it: a read or a maintenance step (retention,
+        a check) still running in a worker thread is cut (a step rolls back) and waited for
+        first; closing under it would free what SQLite is still using in that thread. Any use
+        after this is refused. For the end of a daemon that has stopped the writer
+        (:meth:`aclose`)."""
+        self._yield_maintenance()
+        async with self._db_lock:
+            if not self._store_closed:
+                self._store_closed = True
+                self.store.close()
+
+    def _check_open(self) -> None:
+        if self._store_closed:
+            raise RuntimeError("the transcript store is closed")
+
     def release_memory(self) -> bool:
         """Let SQLite give back its cache (:meth:`TranscriptDatabase.release_memory`) when the
         writer is idle: nothing queued and nobody on the connection. Runs on the caller's
         thread (it takes microseconds); True if it ran. For a pause in the work (before a heap
         trim), so the pages a busy writer is about to reuse are never dropped."""
-        if self._pending or self._db_lock.locked() or self._stopped:
+        if self._pending or self._db_lock.locked() or self._stopped or self._store_closed:
             return False
         self.store.release_memory()
         return True

@@ -127,3 +127,27 @@ def test_a_signal_sent_as_soon_as_the_url_is_read_stops_the_daemon_gracefully(
     for attempt in range(8):
         daemon = start_daemon(tmp_path / str(attempt))
         assert daemon.stop(signal.SIGTERM) == 0, daemon.stderr()[-2000:]
+
+
+def test_a_stop_while_retention_removes_a_deleted_session_exits_zero(tmp_path: Path) -> None:
+    """A session deleted just before SIGTERM is still being removed from the transcript (a
+    retention step in the writer's worker thread) when the daemon stops: the connection is
+    closed only once that step is over. Closing it under the step freed what SQLite was using
+    in that thread (the daemon died of SIGSEGV, exit -11, at every such stop)."""
+    daemon = start_daemon(tmp_path, data_dir=tmp_path / "data", tag="retention")
+    try:
+        with httpx.Client(base_url=daemon.url, timeout=60) as client:
+            for _ in range(3):
+                sid = client.post("/session", json={}).json()["sessionId"]
+                reply = client.post(f"/session/{sid}/prompt", json={"prompt": [
+                    {"type": "text", "text": "mock:chunks=20000"}]})
+                assert reply.status_code == 202, reply.text
+                deadline = time.monotonic() + 60
+                while client.get(f"/session/{sid}/status").json()["hasActivePrompt"]:
+                    assert time.monotonic() < deadline, "the turn did not end"
+                    time.sleep(0.02)  # polling the daemon's own state
+                assert client.delete(f"/session/{sid}").status_code in (200, 204)
+        code = daemon.stop(signal.SIGTERM)
+        assert code == 0, daemon.stderr()[-3000:]
+    finally:
+        daemon.kill()
