@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
@@ -143,7 +144,8 @@ async def test_a_lost_lease_never_hands_the_prompt_over_and_the_session_ends() -
     assert terminals(session) == ["turn_error", "turn_error"]
 
 
-async def test_a_close_ends_the_wait_for_the_gate() -> None:
+@pytest.mark.parametrize("ending", ["close", "agent_death"])
+async def test_a_close_or_the_agents_death_ends_the_wait_for_the_gate(ending: str) -> None:
     gate = HandGate()  # never answers
     session, agent = make_session(gate)
     async with running(session):
@@ -151,8 +153,14 @@ async def test_a_close_ends_the_wait_for_the_gate() -> None:
         await trio.testing.wait_all_tasks_blocked()  # the runner waits for the gate
         assert gate.asks == 1
         with trio.fail_after(10):
-            await session.close("client_close")
+            if ending == "close":
+                await session.close("client_close")
+            else:
+                session.agent_died(1, None)
+                await session.ended.wait()
     assert agent.received == []
+    if ending == "agent_death":
+        assert session.closing is None  # it died; it was not taken for a lost lease
     assert terminals(session) == ["turn_error"]
 
 
@@ -163,19 +171,3 @@ async def test_a_single_node_has_no_gate() -> None:
         await turn_ended(session)
         assert agent.received == [BLOCKS]
         await session.close("test_done")
-
-
-
-async def test_an_agent_dying_ends_the_wait_for_the_gate() -> None:
-    gate = HandGate()  # never answers
-    session, agent = make_session(gate)
-    async with running(session):
-        session.admit(BLOCKS, None, None)
-        await trio.testing.wait_all_tasks_blocked()  # the runner waits for the gate
-        assert gate.asks == 1
-        session.agent_died(1, None)
-        with trio.fail_after(10):
-            await session.ended.wait()
-    assert agent.received == []
-    assert session.closing is None  # it died; it was not taken for a lost lease
-    assert terminals(session) == ["turn_error"]
